@@ -1,0 +1,50 @@
+"""The `sweep` command. Each subcommand lives in its own module and imports heavy things lazily."""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+import typer
+
+from sweeper.errors import SweepError
+
+app = typer.Typer(
+    name="sweep",
+    help="Find the fastest parallel layout for training a large transformer on a SLURM cluster.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def abort(message: str, *, code: int = 2) -> NoReturn:
+    """Print one styled error line on stderr and exit; the single way user errors leave the CLI."""
+    from rich.console import Console
+
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {message}", markup=True)
+    raise typer.Exit(code)
+
+
+def _register() -> None:
+    from sweeper.cli import run as run_cmd
+    from sweeper.cli import trial as trial_cmd
+
+    app.command("run", help=run_cmd.__doc__)(run_cmd.run)
+    app.command("trial", help=trial_cmd.__doc__)(trial_cmd.trial)
+
+
+_register()
+
+
+def main() -> None:
+    """Console-script entry point: user errors become one line and exit code 2."""
+    try:
+        app()
+    except SweepError as e:  # raised outside a command's own handling
+        from rich.markup import escape
+
+        try:
+            abort(escape(str(e)), code=e.exit_code)
+        except typer.Exit as ex:
+            sys.exit(ex.exit_code)

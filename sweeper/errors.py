@@ -1,0 +1,13 @@
+"""One root for user errors: printed as one line, exit code 2; anything else is a bug."""
+
+from __future__ import annotations
+
+
+class SweepError(Exception):
+    """A problem with what the user gave us (a sweep file, a flag, a path)."""
+
+    exit_code = 2
+
+
+class SpecError(SweepError):
+    """The sweep file is malformed or asks for something impossible."""

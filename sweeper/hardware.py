@@ -1,0 +1,64 @@
+"""Accelerator table: memory and dense peak FLOP/s, the denominators of MFU and of the memory check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TERA = 1e12
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One accelerator type. Peaks are dense (no 2:4 sparsity) matrix FLOP/s, in TFLOP/s."""
+
+    name: str
+    memory_gib: float
+    bf16_tflops: float
+    tf32_tflops: float | None = None
+    fp8_tflops: float | None = None
+    note: str = ""
+
+    def peak_flops(self, precision: str) -> float:
+        """Peak FLOP/s that MFU divides by for a run in `precision` (bf16 for float8 runs too, as torchtitan does)."""
+        if precision == "fp32" and self.tf32_tflops is not None:
+            return self.tf32_tflops * TERA
+        return self.bf16_tflops * TERA
+
+    @property
+    def supports_fp8(self) -> bool:
+        return self.fp8_tflops is not None
+
+
+# Memory: what nvidia-smi / rocm-smi report as total (MiB / 1024). Peaks: vendor data sheets, dense.
+GPUS: dict[str, GPU] = {
+    g.name: g
+    for g in [
+        GPU("a100-40gb", 40.0, 312.0, 156.0, None, "A100 SXM4 40GB"),
+        GPU("a100-80gb", 80.0, 312.0, 156.0, None, "A100 SXM4 80GB"),
+        GPU("h100-sxm", 79.6, 989.4, 494.7, 1978.9, "H100 SXM5 80GB"),
+        GPU("h100-pcie", 79.6, 756.0, 378.0, 1513.0, "H100 PCIe 80GB"),
+        GPU("h200", 140.4, 989.4, 494.7, 1978.9, "H200 SXM 141GB"),
+        GPU("b200", 179.1, 2250.0, 1100.0, 4500.0, "B200 (HGX) 180GB"),
+        GPU("mi300x", 192.0, 1307.4, 653.7, 2614.9, "AMD Instinct MI300X"),
+        GPU("l40s", 45.0, 362.1, 183.0, 733.0, "L40S 48GB"),
+        # Not a GPU: one CPU process per "device" in tests and the demo. The peak is a nominal
+        # figure (2 cores x 3 GHz x 32 fp32 FLOP/cycle), so CPU MFUs are comparable with each
+        # other, not with a GPU's.
+        GPU("cpu", 4.0, 0.192, 0.192, None, "CPU process (nominal peak, tests and demo only)"),
+    ]
+}
+
+GPU_ALIASES: dict[str, str] = {
+    "a100": "a100-80gb",
+    "a100-80g": "a100-80gb",
+    "a100-40g": "a100-40gb",
+    "h100": "h100-sxm",
+    "h100-80gb": "h100-sxm",
+}
+
+
+def lookup_gpu(name: str) -> GPU | None:
+    """The table entry for a GPU name (case-insensitive, a few common aliases), or None."""
+    key = name.strip().lower().replace("_", "-")
+    return GPUS.get(GPU_ALIASES.get(key, key))

@@ -1,0 +1,218 @@
+"""Layouts: one frozen value per parallel configuration, and the validity rules of DESIGN.md.
+
+Each rule is written once over columns of numpy arrays, so the same code checks one `Layout`
+(as one-row columns) and a whole cross product of a million layouts (see `sweeper.plan`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from sweeper.knobs import KNOBS
+from sweeper.spec import Sweep
+
+Columns = Mapping[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The value of every knob for one trial. Derived values need the sweep (world, batch)."""
+
+    tp: int = KNOBS["tp"].default
+    pp: int = KNOBS["pp"].default
+    micro_batch_size: int = KNOBS["micro_batch_size"].default
+    sequence_parallel: bool = KNOBS["sequence_parallel"].default
+    activation_checkpointing: str = KNOBS["activation_checkpointing"].default
+    attention: str = KNOBS["attention"].default
+    rmsnorm: str = KNOBS["rmsnorm"].default
+    sharding: str = KNOBS["sharding"].default
+    pp_schedule: str = KNOBS["pp_schedule"].default
+    virtual_stages: int = KNOBS["virtual_stages"].default
+    compile: bool = KNOBS["compile"].default
+    float8: bool = KNOBS["float8"].default
+
+    def dp(self, world: int) -> int:
+        """Data-parallel degree: what is left of the world after tensor and pipeline parallelism."""
+        return world // (self.tp * self.pp)
+
+    def grad_accum(self, world: int, global_batch_size: int) -> int:
+        """Micro-batches per optimizer step on each data-parallel rank (the pipeline's micro-batches)."""
+        return global_batch_size // (self.micro_batch_size * self.dp(world))
+
+    def stages_per_rank(self) -> int:
+        """Pipeline model chunks held by one pipeline rank (virtual stages only when interleaved)."""
+        return self.virtual_stages if (self.pp_schedule == "interleaved" and self.pp > 1) else 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def columns(self, sweep: Sweep) -> dict[str, np.ndarray]:
+        """This layout as one-row columns, derived values included."""
+        cols = {k: np.asarray([v]) for k, v in self.as_dict().items()}
+        return with_derived(cols, sweep)
+
+    def rejection(self, sweep: Sweep) -> Rejection | None:
+        """The first validity rule this layout breaks, or None when it is valid."""
+        cols = self.columns(sweep)
+        for rule in RULES:
+            if bool(rule.broken(cols, sweep)[0]):
+                return Rejection(rule.code, rule.explain(cols, sweep, 0))
+        return None
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> Layout:
+        """A layout from knob values; unknown names raise KeyError naming them."""
+        unknown = set(values) - set(KNOBS)
+        if unknown:
+            raise KeyError(f"unknown knobs {sorted(unknown)}; knobs: {', '.join(KNOBS)}")
+        return cls(**{k: _python(v) for k, v in values.items()})
+
+
+def _python(v: Any) -> Any:
+    return v.item() if isinstance(v, np.generic) else v
+
+
+LAYOUT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Layout))
+
+
+@dataclass(frozen=True)
+class Rejection:
+    code: str
+    message: str
+
+
+def with_derived(cols: dict[str, np.ndarray], sweep: Sweep) -> dict[str, np.ndarray]:
+    """Add dp and grad_accum (integer division; rules flag the cases where it does not divide)."""
+    world = sweep.cluster.world
+    model_par = cols["tp"] * cols["pp"]
+    dp = np.where(world % model_par == 0, world // np.maximum(model_par, 1), 0)
+    per_step = cols["micro_batch_size"] * dp
+    grad_accum = np.where(per_step > 0, sweep.global_batch_size // np.maximum(per_step, 1), 0)
+    # interleaving only exists with pp > 1; otherwise one chunk per rank
+    chunks = np.where((cols["pp_schedule"] == "interleaved") & (cols["pp"] > 1), cols["virtual_stages"], 1)
+    return {**cols, "dp": dp, "grad_accum": grad_accum, "chunks": chunks}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A validity rule: `broken` marks the rows that violate it; `explain` says why for one row."""
+
+    code: str
+    summary: str
+    broken: Callable[[Columns, Sweep], np.ndarray]
+    explain: Callable[[Columns, Sweep, int], str]
+
+
+def _i(cols: Columns, name: str, i: int) -> Any:
+    return _python(cols[name][i])
+
+
+def _microbatch_rounds_ok(cols: Columns) -> np.ndarray:
+    # torch's ScheduleInterleaved1F1B splits the micro-batches into rounds of about pp each
+    m, pp = cols["grad_accum"], cols["pp"]
+    rounds = np.maximum(1, m // np.maximum(pp, 1))
+    return m % rounds == 0
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "world_not_divisible", "tp*pp does not divide the number of GPUs",
+        lambda c, s: s.cluster.world % (c["tp"] * c["pp"]) != 0,
+        lambda c, s, i: f"tp*pp = {_i(c,'tp',i)}*{_i(c,'pp',i)} does not divide world = {s.cluster.world} GPUs",
+    ),
+    Rule(
+        "tp_exceeds_node", "tp larger than the GPUs of one node",
+        lambda c, s: c["tp"] > s.cluster.gpus_per_node,
+        lambda c, s, i: f"tp = {_i(c,'tp',i)} exceeds gpus_per_node = {s.cluster.gpus_per_node}",
+    ),
+    Rule(
+        "heads_not_divisible", "tp does not divide the attention heads",
+        lambda c, s: s.model.heads % c["tp"] != 0,
+        lambda c, s, i: f"tp = {_i(c,'tp',i)} does not divide heads = {s.model.heads}",
+    ),
+    Rule(
+        "kv_heads_not_divisible", "tp does not divide the key/value heads",
+        lambda c, s: s.model.kv_heads % c["tp"] != 0,
+        lambda c, s, i: f"tp = {_i(c,'tp',i)} does not divide kv_heads = {s.model.kv_heads}",
+    ),
+    Rule(
+        "ffn_not_divisible", "tp does not divide the MLP width",
+        lambda c, s: s.model.ffn % c["tp"] != 0,
+        lambda c, s, i: f"tp = {_i(c,'tp',i)} does not divide ffn = {s.model.ffn}",
+    ),
+    Rule(
+        "layers_not_divisible", "pp does not divide the layers",
+        lambda c, s: s.model.layers % c["pp"] != 0,
+        lambda c, s, i: f"pp = {_i(c,'pp',i)} does not divide layers = {s.model.layers}",
+    ),
+    Rule(
+        "batch_not_divisible", "micro_batch_size*dp does not divide the global batch",
+        lambda c, s: (c["dp"] == 0) | (s.global_batch_size % np.maximum(c["micro_batch_size"] * c["dp"], 1) != 0),
+        lambda c, s, i: (
+            f"micro_batch_size*dp = {_i(c,'micro_batch_size',i)}*{_i(c,'dp',i)} does not divide "
+            f"global_batch_size = {s.global_batch_size}"
+        ),
+    ),
+    Rule(
+        "seq_not_divisible", "sequence parallel needs tp to divide seq_len",
+        lambda c, s: c["sequence_parallel"].astype(bool) & (s.seq_len % c["tp"] != 0),
+        lambda c, s, i: f"sequence_parallel with tp = {_i(c,'tp',i)} needs it to divide seq_len = {s.seq_len}",
+    ),
+    Rule(
+        "too_few_microbatches", "1F1B needs at least pp micro-batches",
+        lambda c, s: (c["pp"] > 1) & (c["pp_schedule"] != "gpipe") & (c["grad_accum"] < c["pp"]),
+        lambda c, s, i: (
+            f"grad_accum = {_i(c,'grad_accum',i)} micro-batches is fewer than pp = {_i(c,'pp',i)} stages "
+            f"({_i(c,'pp_schedule',i)} needs at least one per stage)"
+        ),
+    ),
+    Rule(
+        "interleaved_virtual_stages", "interleaved schedule needs virtual_stages >= 2",
+        lambda c, s: (c["pp"] > 1) & (c["pp_schedule"] == "interleaved") & (c["virtual_stages"] < 2),
+        lambda c, s, i: f"pp_schedule = interleaved needs virtual_stages >= 2, got {_i(c,'virtual_stages',i)}",
+    ),
+    Rule(
+        "interleaved_layers", "pp*virtual_stages does not divide the layers",
+        lambda c, s: (c["chunks"] > 1) & (s.model.layers % (c["pp"] * c["chunks"]) != 0),
+        lambda c, s, i: (
+            f"interleaved: pp*virtual_stages = {_i(c,'pp',i)}*{_i(c,'virtual_stages',i)} "
+            f"does not divide layers = {s.model.layers}"
+        ),
+    ),
+    Rule(
+        "interleaved_microbatches", "interleaved 1F1B needs micro-batches in whole rounds",
+        lambda c, s: (c["chunks"] > 1) & ~_microbatch_rounds_ok(c),
+        lambda c, s, i: (
+            f"interleaved: grad_accum = {_i(c,'grad_accum',i)} is not a multiple of its "
+            f"{max(1, _i(c,'grad_accum',i) // _i(c,'pp',i))} rounds of pp = {_i(c,'pp',i)}"
+        ),
+    ),
+    Rule(
+        "float8_unsupported", "float8 on a GPU without fp8",
+        lambda c, s: c["float8"].astype(bool) & (not s.cluster.gpu.supports_fp8),
+        lambda c, s, i: f"float8 needs fp8 matmuls; {s.cluster.gpu.name} has none",
+    ),
+)
+
+RULE_SUMMARIES: dict[str, str] = {r.code: r.summary for r in RULES} | {
+    "duplicate": "same as another layout (a knob that has no effect here)",
+    "memory": "predicted peak memory exceeds the card",
+}
+
+
+def canonical_columns(cols: Columns) -> dict[str, np.ndarray]:
+    """Layouts that run identically map to one form: knobs with no effect take a fixed value.
+
+    sequence parallel at tp=1, a pipeline schedule at pp=1, virtual stages outside the
+    interleaved schedule, data-parallel sharding at dp=1, are all no-ops.
+    """
+    out = dict(cols)
+    out["sequence_parallel"] = cols["sequence_parallel"].astype(bool) & (cols["tp"] > 1)
+    out["pp_schedule"] = np.where(cols["pp"] > 1, cols["pp_schedule"], "1f1b")
+    out["virtual_stages"] = np.where(out["pp_schedule"] == "interleaved", cols["virtual_stages"], 1)
+    out["sharding"] = np.where(cols["dp"] > 1, cols["sharding"], "none")
+    return out

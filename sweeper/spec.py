@@ -1,0 +1,397 @@
+"""The sweep file: pydantic models that validate it, and `load_sweep` that turns it into a `Sweep`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sweeper.errors import SpecError
+from sweeper.hardware import GPU, GPUS, lookup_gpu
+from sweeper.knobs import KNOBS
+from sweeper.models import PRESETS, ModelShape
+
+MAX_SPEC_BYTES = 1 << 20  # a sweep file is a few dozen lines; anything bigger is a mistake
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    """An explicit model shape, for anything that is not a preset."""
+
+    layers: int = Field(ge=1, le=100_000)
+    hidden: int = Field(ge=1, le=1_000_000)
+    heads: int = Field(ge=1, le=100_000)
+    kv_heads: int | None = Field(default=None, ge=1, le=100_000)
+    ffn: int = Field(ge=1, le=10_000_000)
+    vocab: int = Field(ge=1, le=100_000_000)
+    tied_embeddings: bool = False
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelSpec:
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden must be a multiple of heads, but got hidden={self.hidden}, heads={self.heads}")
+        kv = self.kv_heads or self.heads
+        if self.heads % kv:
+            raise ValueError(f"heads must be a multiple of kv_heads, but got heads={self.heads}, kv_heads={kv}")
+        return self
+
+    def shape(self, name: str = "custom") -> ModelShape:
+        return ModelShape(
+            self.layers, self.hidden, self.heads, self.kv_heads or self.heads, self.ffn, self.vocab,
+            self.tied_embeddings, name,
+        )
+
+
+class GPUSpec(_Strict):
+    """A GPU that is not in the table: its memory and dense bf16 peak."""
+
+    name: str = "custom-gpu"
+    memory_gib: float = Field(gt=0, le=100_000)
+    peak_tflops: float = Field(gt=0, le=1_000_000)
+    fp8_tflops: float | None = Field(default=None, gt=0)
+
+    def gpu(self) -> GPU:
+        return GPU(self.name, self.memory_gib, self.peak_tflops, None, self.fp8_tflops, "user-defined")
+
+
+class ClusterSpec(_Strict):
+    nodes: int = Field(ge=1, le=100_000)
+    gpus_per_node: int = Field(ge=1, le=1024)
+    gpu: str | GPUSpec
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v: str | GPUSpec) -> str | GPUSpec:
+        if isinstance(v, str) and lookup_gpu(v) is None:
+            raise ValueError(
+                f"unknown GPU {v!r}; known: {', '.join(GPUS)} "
+                "(or give a mapping {memory_gib, peak_tflops})"
+            )
+        return v
+
+    def resolved_gpu(self) -> GPU:
+        return self.gpu.gpu() if isinstance(self.gpu, GPUSpec) else lookup_gpu(self.gpu)  # type: ignore[return-value]
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class TrialSettings(_Strict):
+    """How one trial is run and measured (the 10-step protocol)."""
+
+    steps: int = Field(default=10, ge=2, le=100_000, description="optimizer steps per trial")
+    warmup_steps: int = Field(default=1, ge=0, description="steps dropped before averaging")
+    timeout_min: float = Field(default=20, gt=0, le=10_000, description="wall-clock limit of one trial")
+    precision: Literal["bf16", "fp32"] = Field(default="bf16", description="compute precision")
+    seed: int = Field(default=0, ge=0)
+    lr: float = Field(default=3e-4, gt=0, le=10)
+
+    @model_validator(mode="after")
+    def _warmup_leaves_steps(self) -> TrialSettings:
+        if self.warmup_steps >= self.steps:
+            raise ValueError(
+                f"warmup_steps must be smaller than steps, but got warmup_steps={self.warmup_steps}, steps={self.steps}"
+            )
+        return self
+
+
+class SearchSettings(_Strict):
+    max_trials: int = Field(default=40, ge=1, le=1_000_000)
+    parallel: int = Field(default=1, ge=1, le=10_000)
+    sampler: Literal["auto", "grid", "random", "tpe", "gp"] = "auto"
+    seed: int = Field(default=0, ge=0)
+    storage: str | None = Field(default=None, description="an Optuna storage URL; default SQLite beside the results")
+
+
+class MemorySettings(_Strict):
+    headroom: float = Field(default=0.05, ge=0, lt=1, description="share of the card kept free")
+    overhead_gib: float | None = Field(
+        default=None, ge=0, le=1000, description="fixed per-process overhead; default by device type"
+    )
+
+
+def _space_field(name: str) -> Any:
+    knob = KNOBS[name]
+    return Field(default=None, min_length=1, max_length=256, description=knob.help)
+
+
+class SpaceSpec(_Strict):
+    """Each knob: the list of values to search. A knob left out takes its default alone."""
+
+    tp: list[int] | None = _space_field("tp")
+    pp: list[int] | None = _space_field("pp")
+    micro_batch_size: list[int] | None = _space_field("micro_batch_size")
+    sequence_parallel: list[bool] | None = _space_field("sequence_parallel")
+    activation_checkpointing: list[str] | None = _space_field("activation_checkpointing")
+    attention: list[str] | None = _space_field("attention")
+    rmsnorm: list[str] | None = _space_field("rmsnorm")
+    sharding: list[str] | None = _space_field("sharding")
+    pp_schedule: list[str] | None = _space_field("pp_schedule")
+    virtual_stages: list[int] | None = _space_field("virtual_stages")
+    compile: list[bool] | None = _space_field("compile")
+    float8: list[bool] | None = _space_field("float8")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scalars_to_lists(cls, data: Any) -> Any:
+        # `tp: 2` is read as `tp: [2]`: a single value is a one-element list.
+        if isinstance(data, dict):
+            return {k: (v if isinstance(v, list) else [v]) for k, v in data.items()}
+        return data
+
+    @model_validator(mode="after")
+    def _values_allowed(self) -> SpaceSpec:
+        for name, knob in KNOBS.items():
+            values = getattr(self, name)
+            if values is None:
+                continue
+            if len(set(values)) != len(values):
+                raise ValueError(f"space.{name} lists a value twice: {values}")
+            if knob.choices:
+                bad = [v for v in values if v not in knob.choices]
+                if bad:
+                    raise ValueError(f"space.{name}: {bad} not allowed; allowed: {', '.join(knob.choices)}")
+            if knob.kind is int:
+                bad = [v for v in values if not 1 <= v <= 1_000_000]
+                if bad:
+                    raise ValueError(f"space.{name} values must be between 1 and 1000000, but got {bad}")
+        return self
+
+    def values(self) -> dict[str, tuple[Any, ...]]:
+        """Every knob with its tuple of values (defaults filled in)."""
+        out = {}
+        for name, knob in KNOBS.items():
+            v = getattr(self, name)
+            out[name] = tuple(v) if v is not None else (knob.default,)
+        return out
+
+
+class SweepFile(_Strict):
+    """The whole sweep file as written."""
+
+    name: str
+    model: str | ModelSpec
+    seq_len: int = Field(ge=1, le=10_000_000)
+    global_batch_size: int = Field(ge=1, le=100_000_000, description="sequences per optimizer step")
+    cluster: ClusterSpec
+    space: SpaceSpec = SpaceSpec()
+    trial: TrialSettings = TrialSettings()
+    search: SearchSettings = SearchSettings()
+    memory: MemorySettings = MemorySettings()
+    launcher: str | dict[str, Any] = "local"
+    results_dir: str = "results"
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        if not SAFE_NAME.match(v):
+            raise ValueError(f"name must be letters, digits, '_', '.', '-' (a folder name), but got {v!r}")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str | ModelSpec) -> str | ModelSpec:
+        if isinstance(v, str) and v.lower() not in PRESETS:
+            raise ValueError(f"unknown model preset {v!r}; presets: {', '.join(PRESETS)} (or give a mapping)")
+        return v
+
+    @field_validator("launcher")
+    @classmethod
+    def _launcher_name(cls, v: str | dict[str, Any]) -> str | dict[str, Any]:
+        if isinstance(v, str) and not SAFE_NAME.match(v):
+            raise ValueError(f"launcher must be a profile name (letters, digits, '_', '.', '-'), but got {v!r}")
+        if isinstance(v, dict) and not isinstance(v.get("kind"), str):
+            raise ValueError("an inline launcher mapping needs a 'kind' (local, slurm, ...)")
+        return v
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: int
+    gpus_per_node: int
+    gpu: GPU
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A validated sweep: what the planner, the search and the trial runner consume."""
+
+    name: str
+    model: ModelShape
+    seq_len: int
+    global_batch_size: int
+    cluster: Cluster
+    space: dict[str, tuple[Any, ...]]
+    trial: TrialSettings = TrialSettings()
+    search: SearchSettings = SearchSettings()
+    memory: MemorySettings = MemorySettings()
+    launcher: str | dict[str, Any] = "local"
+    results_dir: Path = Path("results")
+    source: Path | None = field(default=None, compare=False)
+
+    @property
+    def results_path(self) -> Path:
+        return self.results_dir / self.name
+
+
+def build_sweep(raw: SweepFile, *, source: Path | None = None) -> Sweep:
+    """Resolve presets and check that every searched value can appear in some valid layout."""
+    shape = PRESETS[raw.model.lower()] if isinstance(raw.model, str) else raw.model.shape()
+    cluster = Cluster(raw.cluster.nodes, raw.cluster.gpus_per_node, raw.cluster.resolved_gpu())
+    space = raw.space.values()
+    _check_usable(space, shape, cluster, raw.global_batch_size)
+    return Sweep(
+        name=raw.name, model=shape, seq_len=raw.seq_len, global_batch_size=raw.global_batch_size,
+        cluster=cluster, space=space, trial=raw.trial, search=raw.search, memory=raw.memory,
+        launcher=raw.launcher, results_dir=Path(raw.results_dir), source=source,
+    )
+
+
+def _check_usable(space: dict[str, tuple[Any, ...]], shape: ModelShape, cluster: Cluster, gbs: int) -> None:
+    """A tp or pp value that no layout can use is a typo, not a search dimension: say so."""
+    world = cluster.world
+    for v in space["tp"]:
+        why = []
+        if world % v:
+            why.append(f"world size {world} is not a multiple of it")
+        if v > cluster.gpus_per_node:
+            why.append(f"it exceeds gpus_per_node={cluster.gpus_per_node}")
+        if shape.heads % v or shape.kv_heads % v:
+            why.append(f"it does not divide heads={shape.heads}, kv_heads={shape.kv_heads}")
+        if why:
+            raise SpecError(f"space.tp: value {v} can never be used: {'; '.join(why)}")
+    for v in space["pp"]:
+        why = []
+        if world % v:
+            why.append(f"world size {world} is not a multiple of it")
+        if v > shape.layers:
+            why.append(f"it exceeds layers={shape.layers}")
+        if why:
+            raise SpecError(f"space.pp: value {v} can never be used: {'; '.join(why)}")
+    for v in space["micro_batch_size"]:
+        if v > gbs:
+            raise SpecError(f"space.micro_batch_size: value {v} exceeds global_batch_size={gbs}")
+
+
+def parse_sweep(text: str | bytes, *, source: str = "<sweep file>") -> Sweep:
+    """Validate the text of a sweep file; every problem raises SpecError naming the field."""
+    if isinstance(text, bytes):
+        if len(text) > MAX_SPEC_BYTES:
+            raise SpecError(f"{source}: file is {len(text)} bytes; a sweep file must be under {MAX_SPEC_BYTES}")
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise SpecError(f"{source}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    data = _load_yaml(text, source)
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a mapping of fields (name, model, ...), got {type(data).__name__}")
+    try:
+        raw = SweepFile.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(f"{source}: {format_validation_error(e)}") from None
+    try:
+        return build_sweep(raw, source=Path(source) if source != "<sweep file>" else None)
+    except SpecError as e:
+        raise SpecError(f"{source}: {e}") from None
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases, so an anchor 'bomb' cannot expand into gigabytes."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.MarkedYAMLError("while reading the sweep file", None, "aliases (*name) are not supported", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise SpecError(f"{source}: invalid YAML: {' '.join(str(e).split())}") from None
+
+
+def format_validation_error(e: ValidationError) -> str:
+    """One line per problem: the dotted field path, then what is wrong and what is allowed."""
+    lines = []
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"] if not _is_union_tag(p))
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown field; allowed: {', '.join(_allowed_fields(err['loc']))}"
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    # unions report one error per branch; keep the distinct ones, in order
+    return "; ".join(dict.fromkeys(lines))
+
+
+def _is_union_tag(part: Any) -> bool:
+    return isinstance(part, str) and (part in {"str", "int", "bool", "float"} or "[" in part or part in {"ModelSpec", "GPUSpec"})
+
+
+def _allowed_fields(loc: tuple[Any, ...]) -> list[str]:
+    model: type[BaseModel] = SweepFile
+    for part in loc[:-1]:
+        if _is_union_tag(part):
+            continue
+        info = model.model_fields.get(str(part))
+        if info is None:
+            break
+        inner = _pydantic_class(info.annotation)
+        if inner is None:
+            break
+        model = inner
+    return list(model.model_fields)
+
+
+def _pydantic_class(annotation: Any) -> type[BaseModel] | None:
+    candidates = getattr(annotation, "__args__", (annotation,))
+    for c in candidates:
+        if isinstance(c, type) and issubclass(c, BaseModel):
+            return c
+    return None
+
+
+def load_sweep(path_or_name: str | Path) -> Sweep:
+    """Read a sweep file by path, or by bare name in the current directory, then among the shipped spaces."""
+    path = find_sweep_file(path_or_name)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read: {e.strerror}") from None
+    return parse_sweep(data, source=str(path))
+
+
+def shipped_spaces_dir() -> Path:
+    return Path(__file__).parent / "data" / "search_spaces"
+
+
+def find_sweep_file(path_or_name: str | Path) -> Path:
+    p = Path(path_or_name)
+    if p.is_file():
+        return p
+    if p.is_dir():
+        raise SpecError(f"{p}: is a folder; give a sweep file (YAML)")
+    names = [p.name] if p.suffix in (".yaml", ".yml") else [p.name + ".yaml", p.name + ".yml"]
+    if len(p.parts) == 1:
+        for base in (Path.cwd(), Path.cwd() / "search_spaces", shipped_spaces_dir()):
+            for n in names:
+                if (base / n).is_file():
+                    return base / n
+    shipped = sorted(x.stem for x in shipped_spaces_dir().glob("*.yaml"))
+    raise SpecError(f"{path_or_name}: no such sweep file (shipped search spaces: {', '.join(shipped) or 'none'})")
