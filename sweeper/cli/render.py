@@ -1,0 +1,75 @@
+"""Rich tables for the terminal: the plan of a dry run."""
+
+from __future__ import annotations
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from sweeper.knobs import KNOBS
+from sweeper.layout import RULE_SUMMARIES
+from sweeper.plan import Plan
+
+SHORT = {
+    "micro_batch_size": "mbs",
+    "sequence_parallel": "sp",
+    "activation_checkpointing": "ckpt",
+    "attention": "attn",
+    "pp_schedule": "schedule",
+    "virtual_stages": "v",
+}
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "-"
+    return str(v)
+
+
+def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -> None:
+    """Candidates (knobs that vary, dp, grad_accum, predicted GiB and share of the card), then a summary."""
+    console = console or Console()
+    sweep = plan.sweep
+    frame = plan.to_frame()
+    cands = frame[frame.status == "candidate"]
+    varying = [k for k in KNOBS if len(sweep.space[k]) > 1 or k in ("tp", "pp", "micro_batch_size")]
+    gpu = sweep.cluster.gpu
+
+    table = Table(title=f"{sweep.name}: candidate layouts", title_justify="left", header_style="bold")
+    for k in varying[:3]:
+        table.add_column(SHORT.get(k, k), justify="right")
+    table.add_column("dp", justify="right")
+    table.add_column("accum", justify="right")
+    for k in varying[3:]:
+        table.add_column(SHORT.get(k, k))
+    table.add_column("GiB/GPU", justify="right")
+    table.add_column(f"of {gpu.memory_gib:g}", justify="right")
+    shown = cands if limit <= 0 else cands.head(limit)
+    for row in shown.itertuples(index=False):
+        r = row._asdict()
+        cells = [_fmt(r[k]) for k in varying[:3]] + [str(r["dp"]), str(r["grad_accum"])]
+        cells += [_fmt(r[k]) for k in varying[3:]]
+        cells += [f"{r['mem_total_gib']:.1f}", f"{100 * r['mem_share']:.0f}%"]
+        table.add_row(*cells)
+    if len(cands):
+        console.print(table)
+    if len(shown) < len(cands):
+        console.print(f"[dim]… {len(cands) - len(shown)} more candidates (--limit 0 shows all; --out writes the plan)[/]")
+
+    counts = plan.counts()
+    m = sweep.model
+    console.print(
+        f"\n[bold]{sweep.name}[/]: {m.name} ({m.num_params / 1e9:.2f}B params), seq {sweep.seq_len}, "
+        f"global batch {sweep.global_batch_size}, {sweep.cluster.nodes}×{sweep.cluster.gpus_per_node} {gpu.name}"
+    )
+    summary = Table(show_header=False, box=None, padding=(0, 2))
+    summary.add_row("layouts in the cross product", str(len(plan)))
+    for code, n in plan.reason_counts().items():
+        if code != "memory":
+            summary.add_row(f"  invalid: {RULE_SUMMARIES.get(code, code)}", str(n))
+    summary.add_row(
+        f"  pruned: predicted memory over {100 * (1 - sweep.memory.headroom):.0f}% of {gpu.memory_gib:g} GiB",
+        str(counts.get("pruned", 0)),
+    )
+    summary.add_row("[bold]candidates[/]", f"[bold]{counts.get('candidate', 0)}[/]")
+    console.print(summary)
