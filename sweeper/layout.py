@@ -204,15 +204,19 @@ RULE_SUMMARIES: dict[str, str] = {r.code: r.summary for r in RULES} | {
 }
 
 
-def canonical_columns(cols: Columns) -> dict[str, np.ndarray]:
-    """Layouts that run identically map to one form: knobs with no effect take a fixed value.
+# Knobs that have no effect in some layouts, and the value they then behave as.
+NO_EFFECT_VALUE: dict[str, Any] = {"sequence_parallel": False, "pp_schedule": "1f1b", "virtual_stages": 1, "sharding": "none"}
+
+
+def ineffective(cols: Columns) -> dict[str, np.ndarray]:
+    """Where each collapsible knob is a no-op: layouts differing only there run identically.
 
     sequence parallel at tp=1, a pipeline schedule at pp=1, virtual stages outside the
-    interleaved schedule, data-parallel sharding at dp=1, are all no-ops.
+    interleaved schedule, data-parallel sharding at dp=1.
     """
-    out = dict(cols)
-    out["sequence_parallel"] = cols["sequence_parallel"].astype(bool) & (cols["tp"] > 1)
-    out["pp_schedule"] = np.where(cols["pp"] > 1, cols["pp_schedule"], "1f1b")
-    out["virtual_stages"] = np.where(out["pp_schedule"] == "interleaved", cols["virtual_stages"], 1)
-    out["sharding"] = np.where(cols["dp"] > 1, cols["sharding"], "none")
-    return out
+    return {
+        "sequence_parallel": cols["tp"] <= 1,
+        "pp_schedule": cols["pp"] <= 1,
+        "virtual_stages": cols["chunks"] <= 1,
+        "sharding": cols["dp"] <= 1,
+    }

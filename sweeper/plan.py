@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sweeper.knobs import KNOBS
-from sweeper.layout import RULES, Layout, canonical_columns, with_derived
+from sweeper.layout import NO_EFFECT_VALUE, RULES, Layout, ineffective, with_derived
 from sweeper.memory import Estimate, estimate
 from sweeper.spec import Sweep
 
@@ -72,19 +72,20 @@ class Plan:
         return frame
 
 
-def cross_product(space: dict[str, tuple[Any, ...]]) -> dict[str, np.ndarray]:
-    """Columns of every combination of knob values, the last knob varying fastest."""
-    names = list(KNOBS)
-    sizes = [len(space[n]) for n in names]
+def cross_product(space: dict[str, tuple[Any, ...]]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Columns of every combination of knob values (the last knob varying fastest), and the
+    same as integer codes (the index of each value in its list), for fast grouping."""
+    sizes = [len(space[n]) for n in KNOBS]
     total = int(np.prod(sizes))
     cols: dict[str, np.ndarray] = {}
+    codes: dict[str, np.ndarray] = {}
     repeat = total
-    for name, size in zip(names, sizes):
+    for name, size in zip(KNOBS, sizes):
         repeat //= size
         idx = np.tile(np.repeat(np.arange(size), repeat), total // (size * repeat))
-        values = np.asarray(space[name], dtype=_dtype(KNOBS[name].kind))
-        cols[name] = values[idx]
-    return cols
+        codes[name] = idx
+        cols[name] = np.asarray(space[name], dtype=_dtype(KNOBS[name].kind))[idx]
+    return cols, codes
 
 
 def _dtype(kind: type) -> Any:
@@ -93,7 +94,9 @@ def _dtype(kind: type) -> Any:
 
 def make_plan(sweep: Sweep) -> Plan:
     """Enumerate, validate, de-duplicate and memory-check every layout of the sweep's space."""
-    cols = with_derived(cross_product(sweep.space), sweep)
+    raw, codes = cross_product(sweep.space)
+    cols = with_derived(raw, sweep)
+    radix = {k: len(sweep.space[k]) + 1 for k in KNOBS}
     n = len(cols["tp"])
     status = np.full(n, CANDIDATE, dtype=object)
     code = np.full(n, "", dtype=object)
@@ -104,9 +107,11 @@ def make_plan(sweep: Sweep) -> Plan:
         if hit.size == 0:
             continue
         status[hit], code[hit] = INVALID, rule.code
-        reason[hit] = _explain_many(rule, cols, sweep, hit)
+        # a rule's message depends on tp, pp, micro-batch, schedule and virtual stages only
+        key = _group_key({k: codes[k][hit] for k in _MESSAGE_KNOBS}, radix)
+        reason[hit] = _per_distinct(key, lambda i, rule=rule: rule.explain(cols, sweep, int(i)), hit)
 
-    _mark_duplicates(cols, status, code, reason)
+    _mark_duplicates(cols, codes, radix, status, code, reason)
     mem = estimate(cols, sweep)
     over = np.flatnonzero((status == CANDIDATE) & ~mem.fits)
     status[over], code[over] = PRUNED, "memory"
@@ -115,45 +120,62 @@ def make_plan(sweep: Sweep) -> Plan:
     return Plan(sweep, cols, status.astype(str), code.astype(str), reason.astype(str), mem)
 
 
-def _explain_many(rule: Any, cols: dict[str, np.ndarray], sweep: Sweep, rows: np.ndarray) -> list[str]:
-    """Messages for many rows; identical knob values give identical messages, so cache by row key."""
-    cache: dict[tuple, str] = {}
-    out = []
-    keys = ("tp", "pp", "micro_batch_size", "dp", "grad_accum", "virtual_stages", "pp_schedule", "chunks")
-    for i in rows:
-        key = tuple(cols[k][i].item() for k in keys)
-        if key not in cache:
-            cache[key] = rule.explain(cols, sweep, int(i))
-        out.append(cache[key])
-    return out
+_MESSAGE_KNOBS = ("tp", "pp", "micro_batch_size", "pp_schedule", "virtual_stages")
 
 
-def _mark_duplicates(cols: dict[str, np.ndarray], status: np.ndarray, code: np.ndarray, reason: np.ndarray) -> None:
-    """Among valid layouts, keep the first of each group that runs identically; mark the rest."""
+def _group_key(codes: dict[Any, np.ndarray], radix: dict[Any, int]) -> np.ndarray:
+    """One int64 per row from several small codes (mixed radix; -1 allowed as 'no effect')."""
+    key = np.zeros(len(next(iter(codes.values()))), dtype=np.int64)
+    for k, c in codes.items():
+        key = key * radix[k] + (c + 1)
+    return key
+
+
+def _per_distinct(key: np.ndarray, explain: Any, rows: np.ndarray) -> np.ndarray:
+    """Call explain(row) once per distinct key and spread the answers over all rows with that key."""
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    messages = np.asarray([explain(rows[i]) for i in first], dtype=object)
+    return messages[inverse.reshape(-1)]
+
+
+def _mark_duplicates(
+    cols: dict[str, np.ndarray], codes: dict[str, np.ndarray], radix: dict[str, int],
+    status: np.ndarray, code: np.ndarray, reason: np.ndarray,
+) -> None:
+    """Among valid layouts, keep one of each group that runs identically and mark the others.
+
+    The kept one is the layout whose no-op knobs already hold their neutral value when there
+    is one (sequence_parallel=false at tp=1, ...), else the first in the space's order.
+    """
     valid = np.flatnonzero(status == CANDIDATE)
     if valid.size == 0:
         return
-    canon = canonical_columns({k: v[valid] for k, v in cols.items()})
-    raw_differs = np.zeros(valid.size, dtype=bool)
-    keys = []
-    for k in KNOBS:
-        _, inverse = np.unique(canon[k], return_inverse=True)
-        keys.append(inverse)
-        raw_differs |= canon[k] != cols[k][valid]
-    # prefer the row that is already in canonical form, then the earliest
-    order = np.lexsort((np.arange(valid.size), raw_differs, *reversed(keys)))
-    stacked = np.stack(keys, axis=1)[order]
-    first_of_group = np.ones(valid.size, dtype=bool)
-    first_of_group[1:] = np.any(stacked[1:] != stacked[:-1], axis=1)
-    group_head = np.maximum.accumulate(np.where(first_of_group, np.arange(valid.size), 0))
-    dup = ~first_of_group
-    for pos in np.flatnonzero(dup):
-        row, head = valid[order[pos]], valid[order[group_head[pos]]]
-        status[row], code[row] = INVALID, "duplicate"
-        reason[row] = "same run as " + _describe_difference(cols, head, row)
+    sub = {k: v[valid] for k, v in cols.items()}
+    noop = ineffective(sub)
+    group_codes = {k: np.where(noop[k], -1, codes[k][valid]) if k in noop else codes[k][valid] for k in KNOBS}
+    group = _group_key(group_codes, radix)
+    not_neutral = np.zeros(valid.size, dtype=bool)
+    for k, mask in noop.items():
+        not_neutral |= mask & (sub[k] != NO_EFFECT_VALUE[k])
+    order = np.lexsort((np.arange(valid.size), not_neutral, group))
+    g = group[order]
+    first = np.ones(valid.size, dtype=bool)
+    first[1:] = g[1:] != g[:-1]
+    head_pos = np.maximum.accumulate(np.where(first, np.arange(valid.size), 0))
+    dup_pos = np.flatnonzero(~first)
+    if dup_pos.size == 0:
+        return
+    rows, heads = valid[order[dup_pos]], valid[order[head_pos[dup_pos]]]
+    status[rows], code[rows] = INVALID, "duplicate"
+    # a message names the no-op knobs of the row and of the kept layout, and tp, pp (so dp)
+    parts = {("row", k): codes[k][rows] for k in (*NO_EFFECT_VALUE, "tp", "pp")}
+    parts |= {("kept", k): codes[k][heads] for k in NO_EFFECT_VALUE}
+    key = _group_key(parts, {p: radix[p[1]] for p in parts})
+    by_row = dict(zip(rows.tolist(), heads.tolist()))
+    reason[rows] = _per_distinct(key, lambda r: _describe_difference(cols, by_row[int(r)], int(r)), rows)
 
 
 def _describe_difference(cols: dict[str, np.ndarray], kept: int, row: int) -> str:
-    diffs = [f"{k}={cols[k][kept].item()}" for k in KNOBS if cols[k][kept] != cols[k][row]]
+    diffs = [f"{k}={cols[k][kept].item()}" for k in NO_EFFECT_VALUE if cols[k][kept] != cols[k][row]]
     where = f"tp={cols['tp'][row]}, pp={cols['pp'][row]}, dp={cols['dp'][row]}"
-    return f"{', '.join(diffs)} (no effect at {where})"
+    return f"same run as {', '.join(diffs)} (no effect at {where})"

@@ -325,9 +325,12 @@ def _load_yaml(text: str, source: str) -> Any:
         raise SpecError(f"{source}: invalid YAML: {' '.join(str(e).split())}") from None
 
 
+_UNION_BRANCH_MISMATCH = {"string_type", "model_type", "dict_type", "model_attributes_type", "list_type"}
+
+
 def format_validation_error(e: ValidationError) -> str:
     """One line per problem: the dotted field path, then what is wrong and what is allowed."""
-    lines = []
+    entries = []
     for err in e.errors():
         loc = ".".join(str(p) for p in err["loc"] if not _is_union_tag(p))
         msg = err["msg"].removeprefix("Value error, ")
@@ -335,8 +338,18 @@ def format_validation_error(e: ValidationError) -> str:
             msg = f"unknown field; allowed: {', '.join(_allowed_fields(err['loc']))}"
         elif err["type"] == "missing":
             msg = "required field is missing"
-        lines.append(f"{loc}: {msg}" if loc else msg)
-    # unions report one error per branch; keep the distinct ones, in order
+        entries.append((loc, err["type"], msg))
+    # A union (e.g. `model: preset | mapping`) reports a type mismatch for the branch the user
+    # did not mean; drop it when the other branch has something specific to say.
+    specific = [loc for loc, kind, _ in entries if kind not in _UNION_BRANCH_MISMATCH]
+    lines = []
+    for loc, kind, msg in entries:
+        if kind in _UNION_BRANCH_MISMATCH and any(o == loc or o.startswith(loc + ".") for o in specific):
+            continue
+        if not loc or msg.startswith((loc + ".", loc + ":")):
+            lines.append(msg)
+        else:
+            lines.append(f"{loc}: {msg}")
     return "; ".join(dict.fromkeys(lines))
 
 

@@ -1,0 +1,114 @@
+"""Every validity rule of DESIGN.md, checked on single layouts and through the planner."""
+
+from __future__ import annotations
+
+import pytest
+
+from sweeper.layout import Layout
+from sweeper.plan import make_plan
+from tests.conftest import make_sweep
+
+# A card with room for anything, so that these tests see validity alone, not memory.
+HUGE = {"nodes": 8, "gpus_per_node": 8, "gpu": {"memory_gib": 100000, "peak_tflops": 100}}
+
+
+def reject_code(layout: Layout, **sweep_overrides) -> str | None:
+    r = layout.rejection(make_sweep(**sweep_overrides))
+    return r.code if r else None
+
+
+def test_derived_values(sweep13b):
+    lay = Layout(tp=4, pp=2, micro_batch_size=2)
+    assert lay.dp(64) == 8
+    assert lay.grad_accum(64, 2048) == 2048 // (2 * 8)
+    assert lay.rejection(sweep13b) is None
+
+
+@pytest.mark.parametrize(
+    "layout,overrides,code",
+    [
+        (Layout(tp=8, pp=4), {"cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "a100-80gb"}}, "world_not_divisible"),
+        (Layout(tp=8), {"cluster": {"nodes": 2, "gpus_per_node": 4, "gpu": "a100-80gb"}, "space": {"tp": [1]}}, "tp_exceeds_node"),
+        (Layout(tp=8), {"model": "llama-30b", "space": {"tp": [1]}}, "heads_not_divisible"),
+        (Layout(tp=2), {"model": {"layers": 4, "hidden": 96, "heads": 6, "kv_heads": 3, "ffn": 256, "vocab": 64},
+                        "space": {"tp": [1]}}, "kv_heads_not_divisible"),
+        (Layout(tp=2), {"model": {"layers": 4, "hidden": 64, "heads": 4, "ffn": 175, "vocab": 64}, "space": {"tp": [1]}},
+         "ffn_not_divisible"),
+        (Layout(pp=16), {}, "layers_not_divisible"),  # 40 layers
+        (Layout(micro_batch_size=3), {"global_batch_size": 2048}, "batch_not_divisible"),
+        (Layout(tp=8, sequence_parallel=True), {"seq_len": 2044}, "seq_not_divisible"),
+        (Layout(pp=4, micro_batch_size=8), {"global_batch_size": 512}, "too_few_microbatches"),  # 512/(8*16)=4 ok?
+        (Layout(pp=2, pp_schedule="interleaved", virtual_stages=1), {}, "interleaved_virtual_stages"),
+        (Layout(pp=4, pp_schedule="interleaved", virtual_stages=4), {}, "interleaved_layers"),  # 40 % 16
+        (Layout(pp=4, pp_schedule="interleaved", virtual_stages=2), {"global_batch_size": 144},
+         "interleaved_microbatches"),
+        (Layout(float8=True), {}, "float8_unsupported"),  # A100 has no fp8
+    ],
+)
+def test_each_rule(layout, overrides, code):
+    got = reject_code(layout, **overrides)
+    if code == "too_few_microbatches":
+        # 512 sequences / (8 per micro-batch * dp 16) = 4 micro-batches: exactly pp, valid;
+        # on twice the GPUs it is 2 < 4
+        assert got is None
+        got = reject_code(layout, global_batch_size=512, cluster={"nodes": 16, "gpus_per_node": 8, "gpu": "a100-80gb"})
+    assert got == code
+
+
+def test_gpipe_runs_with_fewer_microbatches_than_stages():
+    lay = Layout(pp=4, micro_batch_size=8, pp_schedule="gpipe")
+    assert reject_code(lay, global_batch_size=512, cluster={"nodes": 16, "gpus_per_node": 8, "gpu": "a100-80gb"}) is None
+
+
+def test_interleaved_rounds_follow_torch():
+    # grad_accum 24 with pp 4: 6 rounds of 4 -> fine; 96 sequences / 16 dp = 6 micro-batches -> 1 round of 6: fine
+    assert reject_code(Layout(pp=4, pp_schedule="interleaved", virtual_stages=2), global_batch_size=384) is None
+    # 144 sequences on dp 16 -> 9 micro-batches, 2 rounds of 4.5: rejected
+    assert reject_code(Layout(pp=4, pp_schedule="interleaved", virtual_stages=2), global_batch_size=144) == "interleaved_microbatches"
+
+
+def test_float8_allowed_on_h100():
+    assert reject_code(Layout(float8=True), cluster={"nodes": 8, "gpus_per_node": 8, "gpu": "h100-sxm"}) is None
+
+
+def test_reason_names_every_factor(sweep13b):
+    r = Layout(tp=8, pp=4).rejection(make_sweep(cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "a100-80gb"}))
+    assert r.message == "tp*pp = 8*4 does not divide world = 8 GPUs"
+    r = Layout(micro_batch_size=3).rejection(sweep13b)
+    assert r.message == "micro_batch_size*dp = 3*64 does not divide global_batch_size = 2048"
+
+
+def test_sequence_parallel_at_tp1_counted_once():
+    plan = make_plan(make_sweep(cluster=HUGE, space={"tp": [1, 2], "sequence_parallel": [False, True]}))
+    f = plan.to_frame()
+    assert len(f) == 4
+    dup = f[f.reason.str.startswith("same run as")]
+    assert len(dup) == 1 and dup.iloc[0].tp == 1 and bool(dup.iloc[0].sequence_parallel)
+    assert "sequence_parallel=False" in dup.iloc[0].reason
+    assert (f.status == "candidate").sum() == 3
+
+
+def test_sequence_parallel_only_true_keeps_tp1_once():
+    # no sp=false in the space: the tp=1 row is the only representative and stays a candidate
+    plan = make_plan(make_sweep(cluster=HUGE, space={"tp": [1, 2], "sequence_parallel": [True]}))
+    assert plan.counts() == {"candidate": 2}
+
+
+def test_schedule_and_virtual_stages_collapse_where_they_have_no_effect():
+    plan = make_plan(
+        make_sweep(cluster=HUGE, space={"pp": [1, 2], "pp_schedule": ["1f1b", "interleaved"], "virtual_stages": [2, 4]})
+    )
+    f = plan.to_frame()
+    cand = f[f.status == "candidate"]
+    # pp=1: one layout; pp=2: 1f1b once (virtual stages collapse), interleaved with v=2 and v=4 (40 % 8 == 0)
+    assert sorted(zip(cand.pp, cand.pp_schedule, cand.virtual_stages)) == [
+        (1, "1f1b", 2), (2, "1f1b", 2), (2, "interleaved", 2), (2, "interleaved", 4)
+    ]
+
+
+def test_sharding_collapses_at_dp1():
+    plan = make_plan(
+        make_sweep(cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "a100-80gb"},
+                   space={"tp": [8], "sharding": ["none", "fsdp"]})
+    )
+    assert plan.counts() == {"candidate": 1, "invalid": 1}
