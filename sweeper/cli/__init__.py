@@ -27,10 +27,14 @@ def abort(message: str, *, code: int = 2) -> NoReturn:
 
 
 def _register() -> None:
+    from sweeper.cli import best as best_cmd
     from sweeper.cli import run as run_cmd
+    from sweeper.cli import status as status_cmd
     from sweeper.cli import trial as trial_cmd
 
     app.command("run", help=run_cmd.__doc__)(run_cmd.run)
+    app.command("best", help=best_cmd.__doc__)(best_cmd.best)
+    app.command("status", help=status_cmd.__doc__)(status_cmd.status)
     app.command("trial", help=trial_cmd.__doc__)(trial_cmd.trial)
 
 

@@ -1,0 +1,87 @@
+"""The live display of `sweep run` (on stderr): trials done / in flight / budget, best so far, failures."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sweeper.layout import Layout
+from sweeper.orchestrator import SweepRun
+
+SHOWN_KNOBS = ("tp", "pp", "micro_batch_size", "sequence_parallel", "activation_checkpointing", "attention", "rmsnorm")
+
+
+def describe(row: dict[str, Any] | Layout, knobs: tuple[str, ...] = SHOWN_KNOBS) -> str:
+    """A layout in one short line: tp=2 pp=1 mbs=1 ..."""
+    values = row.as_dict() if isinstance(row, Layout) else row
+    short = {"micro_batch_size": "mbs", "sequence_parallel": "sp", "activation_checkpointing": "ckpt", "attention": "attn"}
+    return " ".join(f"{short.get(k, k)}={_v(values.get(k))}" for k in knobs if values.get(k) is not None)
+
+
+def _v(x: Any) -> str:
+    return ("on" if x else "off") if isinstance(x, bool) else str(x)
+
+
+class LiveProgress:
+    """Implements the orchestrator's Progress protocol with a rich Live panel."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=self.console)
+        self.task = None
+        self.live: Live | None = None
+        self.t0 = time.time()
+
+    def started(self, run: SweepRun) -> None:
+        n_cand = int(run.plan.candidate_mask.sum())
+        total = min(run.budget, n_cand)
+        self.console.print(
+            f"[bold]{run.sweep.name}[/]: {n_cand} candidate layouts, budget {run.budget} trials, "
+            f"{run.sweep.search.parallel} at a time, launcher {run.launcher.kind}; "
+            f"{len(run.rows)} already finished, {len(run.running)} re-attached"
+        )
+        self.task = self.bar.add_task("trials", total=total, completed=len(run.rows))
+        self.live = Live(self._render(run), console=self.console, refresh_per_second=4, transient=False)
+        self.live.start()
+
+    def submitted(self, run: SweepRun, number: int, layout: Layout, job_id: str) -> None:
+        self._refresh(run)
+
+    def finished(self, run: SweepRun, row: dict[str, Any]) -> None:
+        mfu = f"MFU {100 * row['mfu']:.2f}%" if row.get("mfu") is not None else ""
+        err = (row.get("error") or "").splitlines()
+        detail = mfu or (err[0][:100] if err else "")
+        colour = "green" if row["status"] == "ok" else "red"
+        self.console.print(f"trial {row['trial_number']:>3} [{colour}]{row['status']:<18}[/] {describe(row)}  {detail}")
+        self._refresh(run)
+
+    def tick(self, run: SweepRun) -> None:
+        self._refresh(run)
+
+    def stop(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+    def _refresh(self, run: SweepRun) -> None:
+        if self.task is not None:
+            self.bar.update(self.task, completed=len(run.rows))
+        if self.live is not None:
+            self.live.update(self._render(run))
+
+    def _render(self, run: SweepRun) -> Group:
+        grid = Table.grid(padding=(0, 2))
+        ok = [r for r in run.rows if r["status"] == "ok" and r.get("mfu") is not None]
+        best = max(ok, key=lambda r: r["mfu"]) if ok else None
+        grid.add_row("in flight", ", ".join(f"#{n} ({i.handle.job_id})" for n, i in run.running.items()) or "-")
+        grid.add_row("best so far", f"MFU {100 * best['mfu']:.2f}%  {describe(best)}" if best else "-")
+        fails = Counter(r["status"] for r in run.rows if r["status"] != "ok")
+        grid.add_row("failures", ", ".join(f"{k} {v}" for k, v in fails.most_common()) or "none")
+        return Group(self.bar, grid)

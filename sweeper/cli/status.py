@@ -1,0 +1,62 @@
+"""Every trial of a sweep: queued / running / finished, with job ids and elapsed time."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Annotated, Any
+
+import typer
+
+from sweeper.errors import SweepError
+
+
+def status(
+    spec: Annotated[str, typer.Argument(help="sweep file (path or bare name)")],
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object per trial")] = False,
+) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from sweeper.cli import abort
+    from sweeper.cli.progress import describe
+    from sweeper.results import ResultsStore
+    from sweeper.spec import load_sweep
+
+    try:
+        sweep = load_sweep(spec)
+        store = ResultsStore(sweep.results_path)
+        rows = store.rows()
+        inflight = store.inflight()
+    except SweepError as e:
+        abort(escape(str(e)))
+    now = datetime.now(timezone.utc)
+    items: list[dict[str, Any]] = []
+    for r in rows:
+        elapsed = (r["finished_at"] - r["started_at"]).total_seconds() if r.get("started_at") and r.get("finished_at") else None
+        items.append({"trial_number": r["trial_number"], "status": r["status"], "job_id": r.get("job_id"),
+                      "elapsed_s": elapsed, "layout": describe(r), "mfu": r.get("mfu"), "attempt": r.get("attempt")})
+    for rec in inflight:
+        started = datetime.fromisoformat(rec["started_at"]) if rec.get("started_at") else None
+        items.append({"trial_number": rec["trial_number"], "status": "running", "job_id": rec.get("job_id"),
+                      "elapsed_s": (now - started).total_seconds() if started else None,
+                      "layout": describe(rec["layout"]), "mfu": None, "attempt": rec.get("attempt")})
+    items.sort(key=lambda x: x["trial_number"])
+    if as_json:
+        for it in items:
+            typer.echo(json.dumps(it))
+        return
+    console = Console()
+    for w in store.warnings:
+        Console(stderr=True).print(f"[yellow]warning:[/] {escape(w)}")
+    table = Table(title=f"{sweep.name}: {len(rows)} finished, {len(inflight)} running", title_justify="left",
+                  header_style="bold")
+    for col in ("trial", "status", "job id", "elapsed", "MFU", "layout"):
+        table.add_column(col)
+    for it in items:
+        colour = {"ok": "green", "running": "cyan"}.get(it["status"], "red")
+        table.add_row(str(it["trial_number"]), f"[{colour}]{it['status']}[/]", str(it["job_id"] or "-"),
+                      f"{it['elapsed_s']:.0f} s" if it["elapsed_s"] is not None else "-",
+                      f"{100 * it['mfu']:.2f}%" if it["mfu"] is not None else "-", it["layout"])
+    console.print(table)

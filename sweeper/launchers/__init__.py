@@ -1,0 +1,22 @@
+"""Launchers: where trials run. submitit is imported only by the SLURM launcher."""
+
+from __future__ import annotations
+
+from sweeper.launchers.base import Handle, Launcher, Outcome, TrialJob
+from sweeper.launchers.profiles import LocalProfile, SlurmProfile, resolve_profile
+from sweeper.spec import Sweep
+
+__all__ = ["Handle", "Launcher", "Outcome", "TrialJob", "make_launcher", "resolve_profile"]
+
+
+def make_launcher(sweep: Sweep) -> Launcher:
+    """The launcher the sweep file asks for, configured from its profile."""
+    profile = resolve_profile(sweep)
+    if isinstance(profile, LocalProfile):
+        from sweeper.launchers.local import LocalLauncher
+
+        return LocalLauncher()
+    assert isinstance(profile, SlurmProfile)
+    from sweeper.launchers.slurm import SlurmLauncher
+
+    return SlurmLauncher(profile, sweep)

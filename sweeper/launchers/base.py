@@ -1,0 +1,79 @@
+"""What every launcher does: submit a trial, poll it, cancel it, re-attach to it after a restart."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sweeper.layout import Layout
+
+
+@dataclass(frozen=True)
+class TrialJob:
+    """One trial to run: the layout of a sweep, where its files go, and its time limit."""
+
+    number: int
+    layout: Layout
+    spec_path: Path  # the sweep file as frozen in the results folder
+    workdir: Path  # per-trial folder for logs and the result file
+    timeout_s: float
+    attempt: int = 1
+
+
+@dataclass
+class Handle:
+    """A submitted trial. `job_id` is persisted the moment it is known, for re-attach."""
+
+    job_id: str
+    job: TrialJob
+    native: Any = None  # the launcher's own object (a Popen, a submitit job)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What came back: the trial's result fields (TrialResult names) and where it ran."""
+
+    result: dict[str, Any]
+    job_id: str
+    nodelist: str | None = None
+    log_path: str | None = None
+    infrastructure_failure: bool = False  # the job died around the trial (killed, node lost): retry once
+
+
+class Launcher(ABC):
+    """A place where trials run. Subclasses: local processes, SLURM jobs."""
+
+    kind: str = "base"
+
+    @abstractmethod
+    def submit(self, job: TrialJob) -> Handle:
+        """Start the trial; return at once with its job id."""
+
+    @abstractmethod
+    def poll(self, handle: Handle) -> Outcome | None:
+        """The outcome when the trial has ended, else None. Never blocks for long."""
+
+    @abstractmethod
+    def cancel(self, handle: Handle) -> None:
+        """Stop the trial and everything it started."""
+
+    @abstractmethod
+    def reattach(self, job_id: str, job: TrialJob) -> Handle | None:
+        """Find a trial submitted by an earlier `sweep run`; None when it is gone."""
+
+
+def failure(status: str, error: str, job: TrialJob) -> dict[str, Any]:
+    """The result fields of a trial that produced no result of its own."""
+    return {"status": status, "error": error, **job.layout.as_dict()}
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    """The last lines of a log file, for error messages ('' when it does not exist)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])

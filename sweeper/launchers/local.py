@@ -1,0 +1,124 @@
+"""Trials as local processes: `python -m sweeper.cli trial ... --json` in its own session per trial."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sweeper.launchers.base import Handle, Launcher, Outcome, TrialJob, failure, tail
+
+# The trial enforces its own time limit; this grace covers its start-up and teardown before the
+# launcher kills the whole process group itself.
+KILL_GRACE_S = 60.0
+
+
+def trial_command(job: TrialJob) -> list[str]:
+    """The command that runs one trial: every knob given explicitly, the result as JSON on stdout."""
+    sets = [arg for k, v in job.layout.as_dict().items() for arg in ("--set", f"{k}={_cli_value(v)}")]
+    return [
+        sys.executable, "-m", "sweeper.cli", "trial", str(job.spec_path), *sets,
+        "--json", "--timeout-s", f"{job.timeout_s:g}",
+    ]
+
+
+def _cli_value(v: object) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+class LocalLauncher(Launcher):
+    """Runs each trial as a local process group; one process per device of the sweep's cluster."""
+
+    kind = "local"
+
+    def submit(self, job: TrialJob) -> Handle:
+        job.workdir.mkdir(parents=True, exist_ok=True)
+        out, log = job.workdir / "result.json", job.workdir / "log.txt"
+        with open(out, "wb") as stdout, open(log, "ab") as stderr:
+            proc = subprocess.Popen(
+                trial_command(job), stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: cancel kills every rank
+                env={**os.environ, "SWEEP_TRIAL_DIR": str(job.workdir)},
+            )
+        return Handle(f"local-{proc.pid}", job, proc, {"started": time.time(), "pid": proc.pid})
+
+    def poll(self, handle: Handle) -> Outcome | None:
+        proc = handle.native
+        if proc is not None:
+            if proc.poll() is None:
+                return self._enforce_limit(handle)
+        elif _alive(handle.info["pid"]):
+            return self._enforce_limit(handle)
+        return self._collect(handle)
+
+    def _enforce_limit(self, handle: Handle) -> Outcome | None:
+        if time.time() - handle.info["started"] <= handle.job.timeout_s + KILL_GRACE_S:
+            return None
+        self.cancel(handle)
+        msg = f"no result {handle.job.timeout_s + KILL_GRACE_S:.0f} s after start; killed"
+        return Outcome(failure("timeout", msg, handle.job), handle.job_id, os.uname().nodename, _log(handle))
+
+    def _collect(self, handle: Handle) -> Outcome:
+        job = handle.job
+        text = (job.workdir / "result.json").read_text(errors="replace") if (job.workdir / "result.json").exists() else ""
+        start = text.find("{")
+        try:
+            result = json.loads(text[start:]) if start >= 0 else None
+        except ValueError:
+            result = None
+        node = os.uname().nodename
+        if isinstance(result, dict) and "status" in result:
+            return Outcome(result, handle.job_id, node, _log(handle))
+        rc = handle.native.returncode if handle.native is not None else None
+        how = f"exit code {rc}" if rc is not None and rc >= 0 else (
+            f"killed by {signal.Signals(-rc).name}" if rc is not None else "its process is gone")
+        err = f"the trial process ended without a result ({how})"
+        last = tail(job.workdir / "log.txt", 8)
+        return Outcome(failure("failed", f"{err}\n{last}".strip(), job), handle.job_id, node, _log(handle),
+                       infrastructure_failure=True)
+
+    def cancel(self, handle: Handle) -> None:
+        pid = handle.info["pid"]
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if handle.native is not None:
+            handle.native.wait()
+
+    def reattach(self, job_id: str, job: TrialJob) -> Handle | None:
+        """A local trial survives its `sweep run` (own session): find it by pid and command line."""
+        pid = int(job_id.removeprefix("local-"))
+        if not _alive(pid) or f"SWEEP_TRIAL_DIR={job.workdir}" not in _environ(pid):
+            return None
+        return Handle(job_id, job, None, {"started": time.time(), "pid": pid})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of ours is dead for our purposes
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return True
+
+
+def _environ(pid: int) -> list[str]:
+    """The environment a process started with (same user or root), to recognise our trials."""
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def _log(handle: Handle) -> str:
+    return str(handle.job.workdir / "log.txt")
