@@ -223,10 +223,10 @@ def step(run: SweepRun, progress: Progress | None = None) -> bool:
     )
 
 
-def run_loop(run: SweepRun, *, progress: Progress | None = None, poll_s: float = 0.25) -> None:
+def run_loop(run: SweepRun, *, progress: Progress | None = None, poll_s: float | None = None) -> None:
     """Drive the sweep until the budget is spent, every candidate ran, or a stop was requested
     (then trials in flight are left running for the next `sweep run` to re-attach)."""
     if progress:
         progress.started(run)
     while step(run, progress) and not run.stop_requested:
-        time.sleep(poll_s)
+        time.sleep(run.launcher.poll_s if poll_s is None else poll_s)

@@ -47,6 +47,7 @@ class Launcher(ABC):
     """A place where trials run. Subclasses: local processes, SLURM jobs."""
 
     kind: str = "base"
+    poll_s: float = 0.25  # how often the sweep loop polls this launcher
 
     @abstractmethod
     def submit(self, job: TrialJob) -> Handle:

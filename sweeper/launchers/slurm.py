@@ -1,0 +1,118 @@
+"""Trials as SLURM jobs through submitit: one job per trial, nodes x GPUs of the sweep's cluster."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import submitit
+from submitit.core.utils import FailedJobError, UncompletedJobError
+
+from sweeper.launchers.base import Handle, Launcher, Outcome, TrialJob, failure, tail
+from sweeper.launchers.profiles import SlurmProfile
+from sweeper.spec import Sweep
+
+# SLURM job states that say the job died around the trial, not because of it: retried once.
+INFRASTRUCTURE_STATES = ("NODE_FAIL", "BOOT_FAIL", "PREEMPTED", "REQUEUED", "LAUNCH_FAILED")
+
+
+def slurm_trial(spec_path: str, layout: dict[str, Any], out_dir: str) -> dict[str, Any]:
+    """Runs in every task of the job: the ranks find each other from SLURM's variables."""
+    from dataclasses import asdict
+
+    from sweeper.layout import Layout
+    from sweeper.spec import load_sweep
+    from sweeper.trainer.runner import run_trial
+
+    result = run_trial(load_sweep(spec_path), Layout.from_mapping(layout), out_dir=Path(out_dir))
+    return asdict(result)
+
+
+class SlurmLauncher(Launcher):
+    """Submits with submitit's SLURM executor; re-attaches by job id after a restart."""
+
+    kind = "slurm"
+
+    def __init__(self, profile: SlurmProfile, sweep: Sweep) -> None:
+        self.profile = profile
+        self.sweep = sweep
+        self.poll_s = profile.poll_s
+
+    def _executor(self, job: TrialJob) -> submitit.AutoExecutor:
+        p, cluster = self.profile, self.sweep.cluster
+        ex = submitit.AutoExecutor(folder=job.workdir / "slurm", cluster="slurm")
+        params: dict[str, Any] = dict(
+            nodes=cluster.nodes,
+            tasks_per_node=cluster.gpus_per_node,  # one rank per GPU
+            timeout_min=max(1, math.ceil(self.sweep.trial.timeout_min)),  # the trial's limit is the job's
+            name=f"sweep-{self.sweep.name}-{job.number}",
+            slurm_signal_delay_s=0,  # no checkpoint/requeue: a time limit is a TIMEOUT, predictably
+            slurm_setup=list(p.setup),
+            slurm_srun_args=list(p.srun_args),
+            slurm_additional_parameters=dict(p.sbatch_extra),
+        )
+        if cluster.gpu.name != "cpu":
+            params["gpus_per_node"] = cluster.gpus_per_node
+        if p.cpus_per_task:
+            params["cpus_per_task"] = p.cpus_per_task
+        if p.mem_gb:
+            params["mem_gb"] = p.mem_gb
+        for key in ("partition", "account", "qos", "constraint"):
+            if getattr(p, key):
+                params[f"slurm_{key}"] = getattr(p, key)
+        if p.exclusive:
+            params["slurm_exclusive"] = True
+        ex.update_parameters(**params)
+        return ex
+
+    def submit(self, job: TrialJob) -> Handle:
+        job.workdir.mkdir(parents=True, exist_ok=True)
+        sj = self._executor(job).submit(slurm_trial, str(job.spec_path), job.layout.as_dict(), str(job.workdir))
+        return Handle(str(sj.job_id), job, sj)
+
+    def poll(self, handle: Handle) -> Outcome | None:
+        sj: submitit.Job = handle.native
+        if not sj.done():
+            return None
+        job, node = handle.job, _nodelist(sj)
+        log = str(sj.paths.stderr) if sj.paths else None
+        try:
+            result = sj.result()
+        except FailedJobError as e:
+            return Outcome(failure("failed", _first_lines(str(e)), job), handle.job_id, node, log)
+        except UncompletedJobError as e:
+            state = (sj.state or "UNKNOWN").upper()
+            status = "timeout" if state.startswith("TIMEOUT") else "failed"
+            reason = f"SLURM job {handle.job_id} ended {state} without a result"
+            if state.startswith("CANCELLED"):
+                reason = f"SLURM job {handle.job_id} was cancelled ({state})"
+            err = tail(Path(log), 5) if log else ""
+            return Outcome(failure(status, f"{reason}\n{err}".strip(), job), handle.job_id, node, log,
+                           infrastructure_failure=state.startswith(INFRASTRUCTURE_STATES))
+        if not isinstance(result, dict):
+            return Outcome(failure("failed", f"the job returned {type(result).__name__}, not a result", job),
+                           handle.job_id, node, log)
+        return Outcome(result, handle.job_id, node, log)
+
+    def cancel(self, handle: Handle) -> None:
+        handle.native.cancel(check=False)
+
+    def reattach(self, job_id: str, job: TrialJob) -> Handle | None:
+        folder = job.workdir / "slurm"
+        if not folder.is_dir():
+            return None
+        ntasks = self.sweep.cluster.world
+        sj = submitit.SlurmJob(folder=folder, job_id=job_id, tasks=tuple(range(ntasks)))
+        return Handle(job_id, job, sj)
+
+
+def _nodelist(sj: submitit.Job) -> str | None:
+    try:
+        return sj.get_info().get("NodeList")
+    except Exception:  # noqa: BLE001 - sacct may be slow or missing; the node list is informative only
+        return None
+
+
+def _first_lines(text: str, n: int = 20) -> str:
+    return "\n".join(text.strip().splitlines()[-n:])
