@@ -1,7 +1,157 @@
-"""Run one layout of a sweep by hand, on local processes."""
+"""Run one layout of a sweep by hand, on local processes (one per device of the sweep's cluster)."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
-def trial() -> None:
-    raise SystemExit("not yet available")
+import typer
+
+from sweeper.errors import SweepError
+
+if TYPE_CHECKING:
+    from sweeper.layout import Layout
+    from sweeper.spec import Sweep
+    from sweeper.trial import TrialResult
+
+# One process per device of the sweep's cluster; more than this on one machine is a mistake
+# (a cluster-sized sweep belongs to `sweep run` with the slurm launcher).
+MAX_LOCAL_PROCESSES = 64
+TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def trial(
+    spec: Annotated[str, typer.Argument(help="sweep file: a path, or a bare name found here or among the shipped spaces")],
+    sets: Annotated[Optional[list[str]], typer.Option("--set", help="KNOB=VALUE, repeatable; knobs not given take the first value of their list in the space")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON object (the results columns)")] = False,
+    timeout_s: Annotated[Optional[float], typer.Option("--timeout-s", help="wall-clock limit in seconds (default: the sweep's trial.timeout_min)")] = None,
+) -> None:
+    from rich.markup import escape
+
+    from sweeper.cli import abort
+    from sweeper.spec import load_sweep
+
+    try:
+        sweep = load_sweep(spec)
+        layout = layout_from_sets(sweep, sets or [])
+        check_local(sweep, timeout_s)
+    except SweepError as e:
+        abort(escape(str(e)))
+    result = run_local(sweep, layout, timeout_s=timeout_s)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        print_result(result)
+
+
+def layout_from_sets(sweep: Sweep, sets: list[str]) -> Layout:
+    """The layout of `--set` values, the first value of each other knob's list; invalid is an error."""
+    from sweeper.knobs import KNOBS
+    from sweeper.layout import Layout
+
+    values = {name: sweep.space[name][0] for name in KNOBS}
+    for item in sets:
+        name, sep, raw = item.partition("=")
+        name = name.strip()
+        if not sep:
+            raise SweepError(f"--set {item!r}: expected KNOB=VALUE, e.g. --set tp=2")
+        if name not in KNOBS:
+            raise SweepError(f"--set {item}: unknown knob {name!r}; knobs: {', '.join(KNOBS)}")
+        values[name] = parse_knob(name, raw.strip())
+    layout = Layout.from_mapping(values)
+    rejection = layout.rejection(sweep)
+    if rejection is not None:
+        raise SweepError(f"invalid layout ({rejection.code}): {rejection.message}")
+    return layout
+
+
+def parse_knob(name: str, raw: str) -> Any:
+    """One knob's value from its text, by the knob's type; the error names the allowed values."""
+    from sweeper.knobs import KNOBS
+
+    knob = KNOBS[name]
+    if knob.kind is bool:
+        if raw.lower() in TRUE + FALSE:
+            return raw.lower() in TRUE
+        raise SweepError(f"--set {name}={raw}: {name} takes true or false")
+    if knob.kind is int:
+        if raw.isdigit() and int(raw) >= 1:
+            return int(raw)
+        raise SweepError(f"--set {name}={raw}: {name} takes a positive integer")
+    if raw not in knob.choices:
+        raise SweepError(f"--set {name}={raw}: {name} takes one of {', '.join(knob.choices)}")
+    return raw
+
+
+def check_local(sweep: Sweep, timeout_s: float | None) -> None:
+    world = sweep.cluster.world
+    if world > MAX_LOCAL_PROCESSES:
+        raise SweepError(
+            f"sweep trial starts one local process per device of the cluster ({sweep.cluster.nodes} x "
+            f"{sweep.cluster.gpus_per_node} = {world}), more than {MAX_LOCAL_PROCESSES}; run it with `sweep run` on SLURM"
+        )
+    if timeout_s is not None and not timeout_s > 0:
+        raise SweepError(f"--timeout-s must be positive, but got {timeout_s}")
+
+
+def run_local(sweep: Sweep, layout: Layout, *, timeout_s: float | None) -> TrialResult:
+    """Launch the trial's processes, with progress on stderr; keep the logs when it did not end ok."""
+    from rich.console import Console
+
+    from sweeper.trainer.launch import launch_trial
+    from sweeper.trial import OK
+
+    err = Console(stderr=True, highlight=False)
+    world = sweep.cluster.world
+    limit = timeout_s if timeout_s is not None else sweep.trial.timeout_min * 60
+    # under `sweep run`'s local launcher the ranks' logs stay in the trial's folder
+    parent = os.environ.get("SWEEP_TRIAL_DIR")
+    workdir = Path(parent) / "ranks" if parent else Path(tempfile.mkdtemp(prefix="sweep-trial-"))
+    err.print(
+        f"trial {sweep.name}: tp={layout.tp} pp={layout.pp} dp={layout.dp(world)} "
+        f"grad_accum={layout.grad_accum(world, sweep.global_batch_size)} on {world} local processes "
+        f"(limit {limit:.0f} s)"
+    )
+    result = launch_trial(sweep, layout, workdir=workdir, timeout_s=timeout_s)
+    if result.status == OK and not parent:
+        shutil.rmtree(workdir, ignore_errors=True)
+    elif result.status != OK:
+        err.print(f"trial ended {result.status}; rank logs in {workdir / 'logs'}")
+    return result
+
+
+def print_result(result: TrialResult) -> None:
+    """The result as a two-column table on stdout."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    def num(v: float | None, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    r = result
+    table = Table(title="trial", title_justify="left", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    rows = [
+        ("status", r.status + (f": {escape(r.error)}" if r.error else "")),
+        ("layout", f"tp={r.tp} pp={r.pp} dp={r.dp} mbs={r.micro_batch_size} grad_accum={r.grad_accum} sp={r.sequence_parallel} "
+                   f"ckpt={r.activation_checkpointing} attn={r.attention} rmsnorm={r.rmsnorm} sharding={r.sharding} "
+                   f"schedule={r.pp_schedule} v={r.virtual_stages} compile={r.compile} float8={r.float8}"),
+        ("device", f"{r.num_devices} x {r.device}"),
+        ("step time", f"{num(r.step_time_mean_s, '.4f')} s ± {num(r.step_time_std_s, '.4f')} over {len(r.step_times_s)} steps"),
+        ("tokens/s", f"{num(r.tokens_per_s, ',.0f')} ({num(r.tokens_per_s_per_gpu, ',.0f')} per device)"),
+        ("TFLOP/s/device", num(r.tflops_per_gpu, '.4f')),
+        ("MFU / HFU", f"{num(r.mfu and 100 * r.mfu, '.2f')}% / {num(r.hfu and 100 * r.hfu, '.2f')}%"),
+        ("peak memory", f"{num(r.peak_mem_gib, '.3f')} GiB"
+                        + (f" (reserved {r.peak_mem_reserved_gib:.3f} GiB)" if r.peak_mem_reserved_gib is not None else "")),
+        ("loss", f"{num(r.losses[0], '.4f')} -> {num(r.losses[-1], '.4f')}" if r.losses else "-"),
+        ("start-up", f"{num(r.startup_s, '.1f')} s"),
+    ]
+    for what, value in rows:
+        table.add_row(what, value)
+    Console().print(table)

@@ -1,0 +1,150 @@
+"""Attention and RMSNorm kernels, chosen by name, with an up-front probe of what this machine can run.
+
+A kernel the machine (or this trainer) cannot run raises `KernelUnavailable` with the reason
+before any model is built, so the trial ends as `kernel_unavailable` instead of crashing later.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Callable
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+NormFn = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+
+SDPA_BACKENDS: dict[str, SDPBackend] = {
+    "sdpa_math": SDPBackend.MATH,
+    "flash2": SDPBackend.FLASH_ATTENTION,
+    "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+}
+# The paper's Megatron-LM kernels: the PyTorch-native trainer has no implementation of them.
+MEGATRON_ONLY: dict[str, str] = {
+    "flash1": "FlashAttention 1 is a Megatron-LM kernel of the paper; the built-in PyTorch trainer runs flash2 instead",
+    "fused_softmax": "the fused scale-mask-softmax is a Megatron-LM kernel of the paper; the built-in PyTorch trainer runs eager or sdpa_math instead",
+}
+
+
+class KernelUnavailable(RuntimeError):
+    """A kernel this machine or this trainer cannot run; the trial ends as `kernel_unavailable`."""
+
+
+# One causal mask per (length, device), shared by every layer and micro-batch: masked_fill
+# saves its mask for backward, and a shared constant is not an activation.
+_CAUSAL_MASKS: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def causal_mask(seq_len: int, device: torch.device) -> torch.Tensor:
+    """True above the diagonal: the positions a query must not see."""
+    key = (seq_len, str(device))
+    if key not in _CAUSAL_MASKS:
+        _CAUSAL_MASKS[key] = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).triu_(1)
+    return _CAUSAL_MASKS[key]
+
+
+def _repeat_kv(k: torch.Tensor, heads: int) -> torch.Tensor:
+    """Grouped-query attention for kernels without native support: kv head j serves queries j*rep.."""
+    rep = heads // k.shape[1]
+    return k if rep == 1 else k.repeat_interleave(rep, dim=1)
+
+
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(QK^T / sqrt(d)) V with an explicit s x s score matrix; softmax in fp32 as Megatron does."""
+    k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    scores = scores.float().masked_fill(causal_mask(q.shape[-2], q.device), float("-inf"))
+    return torch.softmax(scores, dim=-1).to(q.dtype) @ v
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend: SDPBackend, gqa: bool) -> torch.Tensor:
+    """scaled_dot_product_attention pinned to one backend (no silent fallback to another kernel)."""
+    if not gqa:
+        k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
+    with sdpa_kernel(backend):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+
+
+def flash_attn_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The flash-attn package (FlashAttention 2): (batch, seq, heads, dim) layout, GQA native."""
+    from flash_attn import flash_attn_func
+
+    out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+    return out.transpose(1, 2)
+
+
+def _probe(fn: AttentionFn, *, heads: int, kv_heads: int, head_dim: int, seq_len: int, dtype: torch.dtype, device: torch.device) -> None:
+    """One forward and backward at the trial's real head shape, batch 1."""
+    q = torch.randn(1, heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
+    k = torch.randn(1, kv_heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
+    v = torch.randn(1, kv_heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
+    fn(q, k, v).sum().backward()
+
+
+def attention_kernel(
+    name: str, *, heads: int, kv_heads: int, head_dim: int, seq_len: int, dtype: torch.dtype, device: torch.device
+) -> AttentionFn:
+    """The attention function for `name`, after checking that it runs here (heads are per TP rank)."""
+    if name in MEGATRON_ONLY:
+        raise KernelUnavailable(f"attention={name}: {MEGATRON_ONLY[name]}")
+    shape = dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, seq_len=seq_len, dtype=dtype, device=device)
+    if name == "eager":
+        return eager_attention
+    if name == "flash2" and device.type == "cuda" and dtype != torch.float32 and importlib.util.find_spec("flash_attn"):
+        candidates: list[AttentionFn] = [flash_attn_attention]
+    elif name in SDPA_BACKENDS:
+        # GQA inside the kernel where it allows it, else K/V repeated to all heads first
+        backend = SDPA_BACKENDS[name]
+        candidates = [partial(sdpa_attention, backend=backend, gqa=g) for g in ((True, False) if heads != kv_heads else (False,))]
+    else:
+        raise KernelUnavailable(f"attention={name}: unknown kernel; known: eager, sdpa_math, flash2, sdpa_efficient, cudnn")
+    errors = []
+    for fn in candidates:
+        try:
+            _probe(fn, **shape)
+            return fn
+        except (RuntimeError, ImportError) as e:
+            errors.append(" ".join(str(e).split())[:300])
+    where = f"{device.type}" + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+    raise KernelUnavailable(
+        f"attention={name} cannot run on {where} with {str(dtype).removeprefix('torch.')}, head_dim={head_dim}: {errors[-1]}"
+    )
+
+
+def eager_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) * weight, normalised in fp32 (LLaMA's reference implementation)."""
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return normed.type_as(x) * weight
+
+
+def fused_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """torch's RMSNorm operator (one fused kernel where the backend has one)."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def rmsnorm_kernel(name: str) -> NormFn:
+    """The RMSNorm function for `name`."""
+    if name == "eager":
+        return eager_rmsnorm
+    if name == "fused":
+        if not hasattr(F, "rms_norm"):
+            raise KernelUnavailable(f"rmsnorm=fused needs torch.nn.functional.rms_norm (torch >= 2.4), have {torch.__version__}")
+        return fused_rmsnorm
+    raise KernelUnavailable(f"rmsnorm={name}: unknown kernel; known: eager, fused")
+
+
+def check_float8(device: torch.device) -> None:
+    """float8 matmuls need a CUDA GPU with fp8 tensor cores (compute capability >= 8.9) and torchao."""
+    if device.type != "cuda":
+        raise KernelUnavailable(f"float8 needs a CUDA GPU with fp8 matmuls (compute capability >= 8.9); this trial runs on {device.type}")
+    cap = torch.cuda.get_device_capability(device)
+    if cap < (8, 9):
+        raise KernelUnavailable(f"float8 needs compute capability >= 8.9; {torch.cuda.get_device_name(device)} has {cap[0]}.{cap[1]}")
+    if importlib.util.find_spec("torchao") is None:
+        raise KernelUnavailable("float8 needs the torchao package (pip install torchao); it is not installed")

@@ -1,0 +1,152 @@
+"""Start the processes of one trial on this machine, with torchrun-style variables and a wall-clock limit.
+
+No torch here: the parent (the CLI, the local launcher) only spawns `python -m sweeper.trainer.worker`,
+waits, and reads the result rank 0 wrote. Each rank runs in its own session, so a timeout kills
+it with everything it started (compile workers included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sweeper.layout import Layout
+from sweeper.spec import Sweep
+from sweeper.trial import FAILED, OOM, TIMEOUT, TrialResult, without_run
+
+# After rank 0 wrote its result (or a rank died), how long the others get to finish on their own.
+EXIT_GRACE_S = 15.0
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Launched:
+    """How the processes of one launch ended."""
+
+    workdir: Path
+    returncodes: list[int | None]
+    timed_out: bool
+    killed_by_us: set[int]
+    elapsed_s: float
+
+    @property
+    def out_dir(self) -> Path:
+        return self.workdir / "out"
+
+    @property
+    def oom_killed(self) -> list[int]:
+        """Ranks that died of a SIGKILL we did not send: on Linux, the (kernel's or SLURM's) OOM killer."""
+        return [r for r, rc in enumerate(self.returncodes) if rc == -signal.SIGKILL and r not in self.killed_by_us]
+
+    def log(self, rank: int) -> Path:
+        return self.workdir / "logs" / f"rank{rank}.log"
+
+    def log_tail(self, rank: int, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log(rank).read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def launch(task: dict[str, Any], *, nprocs: int, timeout_s: float, workdir: Path, extra_env: dict[str, str] | None = None) -> Launched:
+    """Run `task` (see `sweeper.trainer.worker`) on `nprocs` local processes; kill them all at `timeout_s`."""
+    (workdir / "logs").mkdir(parents=True, exist_ok=True)
+    (workdir / "out").mkdir(exist_ok=True)
+    with open(workdir / "task.pkl", "wb") as f:
+        pickle.dump(task, f)
+    base = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": str(nprocs),
+        "LOCAL_WORLD_SIZE": str(nprocs),
+        "PYTHONUNBUFFERED": "1",
+        **(extra_env or {}),
+    }
+    base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
+    start = time.monotonic()
+    procs = []
+    for rank in range(nprocs):
+        env = base | {"RANK": str(rank), "LOCAL_RANK": str(rank)}
+        with open(workdir / "logs" / f"rank{rank}.log", "wb") as log:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "sweeper.trainer.worker", str(workdir)],
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            ))
+    timed_out, killed = _wait(procs, deadline=start + timeout_s, result=workdir / "out" / "result.json")
+    return Launched(workdir, [p.returncode for p in procs], timed_out, killed, time.monotonic() - start)
+
+
+def _wait(procs: list[subprocess.Popen[bytes]], *, deadline: float, result: Path) -> tuple[bool, set[int]]:
+    """Wait for every process; end early once rank 0 reported or a rank died and the rest lingered.
+
+    Returns (timed out, ranks we killed).
+    """
+    ending_at: float | None = None
+    while any(p.poll() is None for p in procs):
+        now = time.monotonic()
+        if now >= deadline:
+            return True, _kill(procs)
+        if ending_at is None and (result.exists() or any(p.returncode not in (None, 0) for p in procs)):
+            ending_at = now + EXIT_GRACE_S
+        if ending_at is not None and now >= ending_at:
+            return False, _kill(procs)
+        time.sleep(0.05)
+    return False, set()
+
+
+def _kill(procs: list[subprocess.Popen[bytes]]) -> set[int]:
+    """SIGKILL each live rank's whole session, reap them all; returns the ranks killed."""
+    killed = set()
+    for rank, p in enumerate(procs):
+        if p.poll() is None:
+            killed.add(rank)
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        p.wait()
+    return killed
+
+
+def launch_trial(sweep: Sweep, layout: Layout, *, workdir: Path, timeout_s: float | None = None,
+                 extra_env: dict[str, str] | None = None) -> TrialResult:
+    """Run one trial on `sweep.cluster.world` local processes and return rank 0's result.
+
+    No result from rank 0 becomes `timeout` (the wall-clock limit killed it) or `failed` with the
+    tail of the log of a rank that exited with an error, or `oom` when a rank was OOM-killed.
+    """
+    limit = timeout_s if timeout_s is not None else sweep.trial.timeout_min * 60
+    task = {"kind": "trial", "sweep": sweep, "layout": layout}
+    done = launch(task, nprocs=sweep.cluster.world, timeout_s=limit, workdir=workdir, extra_env=extra_env)
+    path = done.out_dir / "result.json"
+    oom_killed = done.oom_killed
+    if path.exists():
+        result = TrialResult.from_dict(json.loads(path.read_text()))
+        if result.status == FAILED and oom_killed:
+            result.status = OOM
+            result.error = f"rank {oom_killed[0]} was killed by SIGKILL (the out-of-memory killer); then: {result.error}"
+        return result
+    if done.timed_out:
+        return without_run(layout, sweep, status=TIMEOUT, error=f"no result within the wall-clock limit of {limit:.0f} s; all ranks killed")
+    if oom_killed:
+        return without_run(layout, sweep, status=OOM, error=f"rank {oom_killed[0]} was killed by SIGKILL (the out-of-memory killer)")
+    bad = next((r for r, rc in enumerate(done.returncodes) if rc != 0), 0)
+    tail = done.log_tail(bad, 5).strip().replace("\n", " | ")
+    return without_run(layout, sweep, status=FAILED, error=f"rank {bad} exited with code {done.returncodes[bad]} and no result: {tail}")

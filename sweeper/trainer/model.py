@@ -1,0 +1,221 @@
+"""A LLaMA decoder (RMSNorm, RoPE in real arithmetic, grouped-query attention, SwiGLU) built on the meta device.
+
+Parameters are created without storage and materialised after parallelisation, shard by shard,
+by `init_weights`: every value is drawn from a generator seeded by the parameter's name, so
+every layout starts from the same weights as the single-process reference.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sweeper.models import ModelShape
+from sweeper.trainer.kernels import AttentionFn, NormFn
+
+NORM_EPS = 1e-5
+ROPE_THETA = 10000.0
+# Wrappers that insert a level into parameter names: checkpointing, torch.compile, DDP.
+_WRAPPER_PREFIXES = re.compile(r"(_checkpoint_wrapped_module|_orig_mod|module)\.")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, norm_fn: NormFn) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.norm_fn = norm_fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm_fn(x, self.weight, NORM_EPS)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) on the two halves of the head dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding as real arithmetic (complex numbers break torch.compile), computed in fp32."""
+    s = x.shape[-2]
+    x32 = x.float()
+    return (x32 * cos[:s] + rotate_half(x32) * sin[:s]).type_as(x)
+
+
+def rope_tables(seq_len: int, head_dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position * theta^(-2i/d), each frequency repeated for both halves."""
+    inv_freq = 1.0 / ROPE_THETA ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+class Attention(nn.Module):
+    """Q, K, V and output projections around an attention kernel; heads per rank follow the weights."""
+
+    def __init__(self, shape: ModelShape, attend: AttentionFn) -> None:
+        super().__init__()
+        h, kv = shape.hidden, shape.kv_dim
+        self.head_dim = shape.head_dim
+        self.wq, self.wk, self.wv = nn.Linear(h, h, bias=False), nn.Linear(h, kv, bias=False), nn.Linear(h, kv, bias=False)
+        self.wo = nn.Linear(h, h, bias=False)
+        self.attend = attend
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds heads/tp of them
+        q = self.wq(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        out = self.attend(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(shape.hidden, shape.ffn, bias=False)
+        self.w3 = nn.Linear(shape.hidden, shape.ffn, bias=False)
+        self.w2 = nn.Linear(shape.ffn, shape.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class AttentionBlock(nn.Module):
+    """Pre-norm attention without its residual (the unit that tensor parallelism gathers around)."""
+
+    def __init__(self, shape: ModelShape, attend: AttentionFn, norm_fn: NormFn) -> None:
+        super().__init__()
+        self.norm = RMSNorm(shape.hidden, norm_fn)
+        self.attention = Attention(shape, attend)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return self.attention(self.norm(x), cos, sin)
+
+
+class MLPBlock(nn.Module):
+    """Pre-norm MLP without its residual: the unit that `ffn` checkpointing recomputes."""
+
+    def __init__(self, shape: ModelShape, norm_fn: NormFn) -> None:
+        super().__init__()
+        self.norm = RMSNorm(shape.hidden, norm_fn)
+        self.ffn = FeedForward(shape)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.ffn(self.norm(h))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, shape: ModelShape, attend: AttentionFn, norm_fn: NormFn) -> None:
+        super().__init__()
+        self.attn = AttentionBlock(shape, attend, norm_fn)
+        self.mlp = MLPBlock(shape, norm_fn)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attn(x, cos, sin)
+        return h + self.mlp(h)
+
+
+class Transformer(nn.Module):
+    """The decoder. A pipeline stage is the same class with the parts it does not hold set to None."""
+
+    def __init__(self, shape: ModelShape, seq_len: int, *, attend: AttentionFn, norm_fn: NormFn) -> None:
+        super().__init__()
+        self.shape, self.seq_len = shape, seq_len
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(shape.vocab, shape.hidden)
+        # keyed by the global layer index, so names stay the same in every pipeline stage
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(shape, attend, norm_fn) for i in range(shape.layers)})
+        self.norm: RMSNorm | None = RMSNorm(shape.hidden, norm_fn)
+        self.output: nn.Linear | None = nn.Linear(shape.hidden, shape.vocab, bias=False)
+        if shape.tied_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        cos, sin = rope_tables(seq_len, shape.head_dim, torch.device("meta"))
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        for layer in self.layers.values():
+            h = layer(h, self.rope_cos, self.rope_sin)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h
+
+
+def build_model(shape: ModelShape, seq_len: int, *, attend: AttentionFn, norm_fn: NormFn) -> Transformer:
+    """The whole model on the meta device: shapes only, no memory."""
+    with torch.device("meta"):
+        return Transformer(shape, seq_len, attend=attend, norm_fn=norm_fn)
+
+
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the micro-batch's tokens, in fp32."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+def canonical_name(name: str, shape: ModelShape) -> str:
+    """A parameter's name in the unwrapped, unsplit model (a tied head is the embedding)."""
+    name = _WRAPPER_PREFIXES.sub("", name)
+    return "tok_embeddings.weight" if shape.tied_embeddings and name == "output.weight" else name
+
+
+def init_std(name: str, shape: ModelShape) -> float | None:
+    """Standard deviation of a weight's normal init (None: RMSNorm weights, set to one).
+
+    Embeddings N(0, 1) (untied) or N(0, 1/h) (tied, since they also produce the logits);
+    projections 0.02, those writing into the residual stream scaled down with depth; head 1/sqrt(h).
+    """
+    if name.endswith("norm.weight"):
+        return None
+    if name == "tok_embeddings.weight":
+        return shape.hidden**-0.5 if shape.tied_embeddings else 1.0
+    if name == "output.weight":
+        return shape.hidden**-0.5
+    if name.endswith(("wo.weight", "w2.weight")):
+        layer = int(name.split(".")[1])
+        return 0.02 / math.sqrt(2 * (layer + 1))
+    return 0.02
+
+
+def full_init_value(name: str, shape: ModelShape, size: torch.Size, *, seed: int, device: torch.device) -> torch.Tensor:
+    """The whole (unsharded) initial value of parameter `name`: same on every rank and layout."""
+    std = init_std(name, shape)
+    if std is None:
+        return torch.ones(size, device=device)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    out = torch.empty(size, device=device)
+    return nn.init.trunc_normal_(out, std=std, a=-3 * std, b=3 * std, generator=gen)
+
+
+def reset_rope(model: nn.Module, device: torch.device) -> None:
+    """Recompute the RoPE tables of every (possibly wrapped) stage module after `to_empty`."""
+    for m in model.modules():
+        if isinstance(m, Transformer):
+            m.rope_cos, m.rope_sin = rope_tables(m.seq_len, m.shape.head_dim, device)
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, shape: ModelShape, *, seed: int, device: torch.device) -> None:
+    """Fill every parameter (after `to_empty`) with its slice of the layout-independent initial value.
+
+    A DTensor parameter (tensor parallel, FSDP, or both) receives the part of the full value its
+    placements give this rank; the full value of one parameter exists only while it is copied.
+    """
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    for name, param in model.named_parameters():
+        full = full_init_value(canonical_name(name, shape), shape, param.shape, seed=seed, device=device)
+        if isinstance(param, DTensor):
+            local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+            param.to_local().copy_(local)
+        else:
+            param.copy_(full)
+    reset_rope(model, device)

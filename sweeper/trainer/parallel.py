@@ -1,0 +1,258 @@
+"""One function per parallelism concern (as torchtitan does), and `parallelize` that applies them in order.
+
+Each `apply_*` takes the model first and the rest by keyword; only `parallelize` knows the order.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+from sweeper.layout import Layout
+from sweeper.trainer.model import Transformer, init_weights
+
+aten = torch.ops.aten
+# Selective checkpointing keeps the outputs of matmuls and attention kernels (expensive to
+# recompute) and of reduce-scatters (a collective), and recomputes the cheap elementwise ops.
+SAC_SAVE_OPS = {
+    aten.mm.default,
+    aten.bmm.default,
+    aten._scaled_dot_product_flash_attention.default,
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    aten._scaled_dot_product_efficient_attention.default,
+    aten._scaled_dot_product_cudnn_attention.default,
+    torch.ops._c10d_functional.reduce_scatter_tensor.default,
+}
+# Instrumentation for the memory check: when a list, each selective-checkpoint region appends
+# its cache (the tensors SAC keeps, which saved-tensor hooks do not see).
+SAC_CACHES: list[dict[Any, Any]] | None = None
+
+
+def apply_tp(model: Transformer, *, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Megatron-style tensor parallelism with DTensor; loss parallel (vocab-sharded logits) always.
+
+    Q/K/V and w1/w3 are column-parallel, wo and w2 row-parallel. Under sequence parallelism the
+    norms and the residual stream are sharded along the sequence, gathered before each block.
+    """
+    seq = Shard(1) if sequence_parallel else Replicate()
+    top: dict[str, Any] = {}
+    if model.tok_embeddings is not None:
+        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+    if model.norm is not None and sequence_parallel:
+        top["norm"] = SequenceParallel()
+    if model.output is not None:
+        top["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
+    parallelize_module(model, tp_mesh, top)
+    for block in model.layers.values():
+        plan: dict[str, Any] = {
+            "attn.attention.wq": ColwiseParallel(),
+            "attn.attention.wk": ColwiseParallel(),
+            "attn.attention.wv": ColwiseParallel(),
+            "attn.attention.wo": RowwiseParallel(output_layouts=seq),
+            "mlp.ffn.w1": ColwiseParallel(),
+            "mlp.ffn.w3": ColwiseParallel(),
+            "mlp.ffn.w2": RowwiseParallel(output_layouts=seq),
+        }
+        if sequence_parallel:
+            plan |= {
+                "attn.norm": SequenceParallel(),
+                "attn.attention": PrepareModuleInput(input_layouts=(seq, None, None), desired_input_layouts=(Replicate(), None, None)),
+                "mlp.norm": SequenceParallel(),
+                "mlp.ffn": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+            }
+        parallelize_module(block, tp_mesh, plan)
+    if model.shape.tied_embeddings and model.tok_embeddings is not None and model.output is not None:
+        model.output.weight = model.tok_embeddings.weight  # the plan distributed them separately
+
+
+def _sac_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in SAC_SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _sac_context() -> tuple[Any, Any]:
+    caching, cached = create_selective_checkpoint_contexts(_sac_policy)
+    if SAC_CACHES is not None:
+        SAC_CACHES.append(caching.storage)
+    return caching, cached
+
+
+def apply_ac(model: Transformer, *, mode: str) -> None:
+    """Activation checkpointing per block: full, selective (op-level), ffn (the MLP and its norm) or none."""
+    if mode == "none":
+        return
+    for key, block in model.layers.items():
+        if mode == "full":
+            model.layers[key] = checkpoint_wrapper(block, preserve_rng_state=False)
+        elif mode == "selective":
+            model.layers[key] = checkpoint_wrapper(block, context_fn=_sac_context, preserve_rng_state=False)
+        elif mode == "ffn":
+            block.mlp = checkpoint_wrapper(block.mlp, preserve_rng_state=False)
+        else:
+            raise ValueError(f"activation_checkpointing={mode!r}; allowed: none, selective, ffn, full")
+
+
+def apply_compile(model: Transformer) -> None:
+    """torch.compile each block (repeated blocks share one compiled graph)."""
+    for key, block in model.layers.items():
+        model.layers[key] = torch.compile(block)
+    if model.tok_embeddings is not None:
+        # Under TP the embedding returns an AsyncCollectiveTensor, which compiled blocks fail on
+        # in backward; clone() waits for it and, unlike wait(), stays on the autograd graph.
+        model.tok_embeddings.register_forward_hook(
+            lambda _m, _i, out: out.clone() if isinstance(out, AsyncCollectiveTensor) else out
+        )
+
+
+def apply_float8(model: Transformer) -> None:
+    """Swap the blocks' linear layers for torchao float8 training linears (the head stays in bf16)."""
+    from torchao.float8 import convert_to_float8_training
+
+    convert_to_float8_training(model, module_filter_fn=lambda _mod, fqn: fqn.startswith("layers."))
+
+
+def apply_fsdp(
+    model: Transformer, *, dp_mesh: DeviceMesh, param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None, pipelined: bool
+) -> None:
+    """FSDP2 per block, the embedding and the head as their own units, the root for the rest.
+
+    Under pipelining a stage runs several micro-batches forward before backward: keeping its
+    parameters gathered (no reshard after forward) avoids one all-gather per micro-batch.
+    """
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    shard = partial(fully_shard, mesh=dp_mesh, mp_policy=mp)
+    blocks = list(model.layers.values())
+    for i, block in enumerate(blocks):
+        # the last block is needed again at once by backward: do not free it after forward
+        shard(block, reshard_after_forward=not pipelined and i < len(blocks) - 1)
+    tied = model.shape.tied_embeddings and model.tok_embeddings is not None and model.output is not None
+    if model.tok_embeddings is not None and not tied:
+        shard(model.tok_embeddings, reshard_after_forward=not pipelined)
+    if model.output is not None and not tied:
+        shard([model.norm, model.output], reshard_after_forward=False)
+    shard(model, reshard_after_forward=False)
+
+
+def apply_ddp(model: nn.Module, *, dp_mesh: DeviceMesh, device: torch.device) -> nn.Module:
+    """torch's DistributedDataParallel: gradients all-reduced in buckets, overlapped with backward."""
+    ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=ids, broadcast_buffers=False)
+
+
+def apply_replicate(model: Transformer, *, dp_mesh: DeviceMesh) -> None:
+    """Replicated data parallelism on FSDP2's machinery, per block and for the root (like `apply_fsdp`).
+
+    For layouts DDP cannot run: DTensor (TP) parameters, which DDP broadcasts with plain
+    collectives, and pipeline stages, whose per-micro-batch backwards break DDP's bucket rebuild.
+    """
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+
+    for block in model.layers.values():
+        replicate(block, mesh=dp_mesh)
+    replicate(model, mesh=dp_mesh)
+
+
+def stage_ids(pp_rank: int, pp: int, chunks: int) -> list[int]:
+    """Pipeline stages held by one rank: one, or `chunks` in a loop (rank r holds r, r+pp, ...)."""
+    return [pp_rank + k * pp for k in range(chunks)]
+
+
+def split_stage(model: Transformer, *, stage: int, num_stages: int) -> Transformer:
+    """A copy of the (meta) model holding only stage `stage`'s blocks, first embeds, last norms and projects."""
+    part = copy.deepcopy(model)
+    per = model.shape.layers // num_stages
+    for key in list(part.layers):
+        if not stage * per <= int(key) < (stage + 1) * per:
+            del part.layers[key]
+    if stage != 0:
+        part.tok_embeddings = None
+    if stage != num_stages - 1:
+        part.norm, part.output = None, None
+    return part
+
+
+def build_pipeline(
+    stages: list[tuple[int, nn.Module]], *, pp_mesh: DeviceMesh, num_stages: int, schedule: str,
+    n_microbatches: int, loss_fn: Callable[..., torch.Tensor], device: torch.device,
+) -> Any:
+    """A torch.distributed.pipelining schedule over this rank's stages; micro-batches = grad_accum."""
+    group = pp_mesh.get_group()
+    pipe = [PipelineStage(mod, idx, num_stages, device, group=group) for idx, mod in stages]
+    if schedule == "interleaved":
+        return ScheduleInterleaved1F1B(pipe, n_microbatches=n_microbatches, loss_fn=loss_fn)
+    cls = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}[schedule]
+    return cls(pipe[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
+
+
+@dataclass
+class Parallelized:
+    """This rank's share of the model: its stages (wrapped for data parallelism) and the schedule."""
+
+    parts: list[nn.Module]
+    stage_ids: list[int]
+    num_stages: int
+    schedule: Any | None
+
+
+def parallelize(
+    model: Transformer, *, layout: Layout, mesh: DeviceMesh, device: torch.device, precision: str, seed: int,
+    grad_accum: int, loss_fn: Callable[..., torch.Tensor],
+) -> Parallelized:
+    """Split, shard, wrap and materialise the meta model for `layout` on this rank."""
+    pp, dp, tp = (mesh[d].size() for d in ("pp", "dp", "tp"))
+    chunks = layout.stages_per_rank() if pp > 1 else 1
+    num_stages = pp * chunks
+    ids = stage_ids(mesh["pp"].get_local_rank(), pp, chunks)
+    # Pipeline split first, on the meta model: every later step sees only this rank's layers.
+    parts = [split_stage(model, stage=i, num_stages=num_stages) for i in ids] if pp > 1 else [model]
+    bf16 = precision == "bf16"
+    for part in parts:
+        # float8 swaps nn.Linear modules, so it precedes the TP plan that matches them.
+        if layout.float8:
+            apply_float8(part)
+        # TP before AC and compile: they wrap the blocks whose submodules the TP plan names.
+        if tp > 1:
+            apply_tp(part, tp_mesh=mesh["tp"], sequence_parallel=layout.sequence_parallel)
+        apply_ac(part, mode=layout.activation_checkpointing)
+        # compile after AC, so each compiled graph contains its block's checkpoint region.
+        if layout.compile:
+            apply_compile(part)
+        # Data parallelism wraps last (FSDP shards what TP left), still on meta: nothing is ever
+        # held unsharded. DDP, which cannot hold TP or pipeline stages, comes after materialising.
+        if dp > 1 and layout.sharding == "fsdp":
+            apply_fsdp(part, dp_mesh=mesh["dp"], param_dtype=torch.bfloat16 if bf16 else None,
+                       reduce_dtype=torch.float32 if bf16 else None, pipelined=pp > 1)
+        elif dp > 1 and (tp > 1 or pp > 1):
+            apply_replicate(part, dp_mesh=mesh["dp"])
+        # Materialise shard by shard only now, when every parameter has its final placement.
+        part.to_empty(device=device)
+        init_weights(part, model.shape, seed=seed, device=device)
+    # DDP after materialising: its constructor broadcasts real parameters.
+    if dp > 1 and layout.sharding != "fsdp" and tp == 1 and pp == 1:
+        parts = [apply_ddp(p, dp_mesh=mesh["dp"], device=device) for p in parts]
+    # The pipeline stages wrap the final (DDP/FSDP) modules: the schedule drives their gradient sync.
+    schedule = None
+    if pp > 1:
+        schedule = build_pipeline(list(zip(ids, parts)), pp_mesh=mesh["pp"], num_stages=num_stages,
+                                  schedule=layout.pp_schedule, n_microbatches=grad_accum, loss_fn=loss_fn, device=device)
+    return Parallelized(parts, ids, num_stages, schedule)

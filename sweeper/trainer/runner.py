@@ -1,0 +1,179 @@
+"""`run_trial`: one layout for `trial.steps` optimizer steps on every rank of a job, measured by the protocol.
+
+Called on every rank, under torchrun-style variables or in a SLURM/submitit task. Every rank
+returns a `TrialResult` (rank 0's holds the measurements) and, given `out_dir`, writes
+`rank<r>.json` (its view of the outcome) and, on rank 0, `result.json` (the whole result).
+The files are what a launcher should read: a rank stuck in a collective after a peer failed
+writes them and ends its process (see `outcome.Watcher`), so it never returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from sweeper.hardware import GIB
+from sweeper.layout import Layout
+from sweeper.spec import Sweep
+from sweeper.trainer.env import DistEnv, PeakMemory, build_mesh, connect_store, init_distributed, pick_device, process_start_unix, synchronize
+from sweeper.trainer.outcome import Agreement, Failure, Watcher, classify
+from sweeper.trainer.train import Trainer, build_trainer, reduce_losses
+from sweeper.trial import FAILED, TrialResult, summarize, without_run
+
+FAULT_ENV = "SWEEP_FAULT"  # "KIND:RANK:STEP" (oom, error, hang, exit): make one rank fail, for tests
+FAULT_KINDS = ("oom", "error", "hang", "exit")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A failure injected on purpose at the start of one step on one rank."""
+
+    kind: str
+    rank: int
+    step: int
+
+    @classmethod
+    def from_env(cls) -> Fault | None:
+        spec = os.environ.get(FAULT_ENV)
+        if not spec:
+            return None
+        kind, rank, step = spec.split(":")
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"{FAULT_ENV}={spec!r}: kind must be one of {', '.join(FAULT_KINDS)}")
+        return cls(kind, int(rank), int(step))
+
+    def fire(self, rank: int, step: int) -> None:
+        if (rank, step) != (self.rank, self.step):
+            return
+        if self.kind == "oom":
+            raise torch.OutOfMemoryError(f"injected by {FAULT_ENV}: out of memory at step {step}")
+        if self.kind == "error":
+            raise RuntimeError(f"injected by {FAULT_ENV}: failure at step {step}")
+        if self.kind == "exit":
+            os._exit(3)
+        time.sleep(10**6)  # hang
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def run_steps(trainer: Trainer, *, steps: int, rank: int, fault: Fault | None) -> tuple[list[float], list[torch.Tensor], float]:
+    """The protocol's loop: synchronise and take the wall time at the end of every step."""
+    times: list[float] = []
+    losses: list[torch.Tensor] = []
+    first_step_unix = time.time()
+    last = time.perf_counter()
+    for step in range(steps):
+        if fault is not None:
+            fault.fire(rank, step)
+        losses.append(trainer.step())
+        synchronize(trainer.device)
+        now = time.perf_counter()
+        times.append(now - last)
+        last = now
+    return times, losses, first_step_unix
+
+
+def _measure(sweep: Sweep, layout: Layout, env: DistEnv, device: torch.device, started: float | None) -> dict[str, Any]:
+    world = sweep.cluster.world
+    if env.world_size != world:
+        raise RuntimeError(f"the layout needs tp*pp*dp = {world} processes (the sweep's cluster), but {env.world_size} were started")
+    mesh = build_mesh(device, pp=layout.pp, dp=layout.dp(world), tp=layout.tp)
+    peak = PeakMemory(device)
+    peak.start()
+    settings = sweep.trial
+    trainer = build_trainer(
+        sweep.model, layout, mesh=mesh, device=device, seq_len=sweep.seq_len, global_batch_size=sweep.global_batch_size,
+        precision=settings.precision, seed=settings.seed, lr=settings.lr,
+    )
+    times, losses, first_step_unix = run_steps(trainer, steps=settings.steps, rank=env.rank, fault=Fault.from_env())
+    peak_bytes, reserved = peak.peak_bytes()
+    startup = first_step_unix - started if started is not None else float("nan")
+    # one MAX reduction for every per-rank figure: the slowest rank sets the step time
+    maxed = torch.tensor([*times, startup, peak_bytes, reserved if reserved is not None else -1.0], dtype=torch.float64, device=device)
+    dist.all_reduce(maxed, op=dist.ReduceOp.MAX)
+    m = maxed.tolist()
+    n = len(times)
+    return {
+        "step_times_s": m[:n], "losses": reduce_losses(trainer, losses), "startup_s": m[n] if m[n] == m[n] else None,
+        "peak_mem_gib": m[n + 1] / GIB, "peak_mem_reserved_gib": m[n + 2] / GIB if m[n + 2] >= 0 else None,
+    }
+
+
+class _Outputs:
+    """The files a launcher reads: rank<r>.json on every rank, result.json on rank 0 (written atomically)."""
+
+    def __init__(self, out_dir: Path | None, rank: int) -> None:
+        self.out_dir, self.rank = out_dir, rank
+        self.lock = threading.Lock()
+        self.written = False
+
+    def write(self, result: TrialResult) -> None:
+        with self.lock:
+            if self.written or self.out_dir is None:
+                return
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            _atomic_json(self.out_dir / f"rank{self.rank}.json", {"status": result.status, "error": result.error})
+            if self.rank == 0:
+                _atomic_json(self.out_dir / "result.json", result.to_dict())
+            self.written = True
+
+
+def _atomic_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _teardown(timeout_s: float = 10.0) -> None:
+    """Destroy the process group, but never wait on it for long (a broken NCCL group can block)."""
+    if not dist.is_initialized():
+        return
+    t = threading.Thread(target=dist.destroy_process_group, daemon=True)
+    t.start()
+    t.join(timeout_s)
+
+
+def run_trial(sweep: Sweep, layout: Layout, *, out_dir: Path | None = None) -> TrialResult:
+    """Run `layout` on this job's ranks; every rank ends with the same status (see module docstring)."""
+    started = process_start_unix()
+    env = DistEnv.from_environ()
+    device = pick_device(env)
+    base = {"device": device_name(device), "torch_version": torch.__version__}
+    outputs = _Outputs(out_dir, env.rank)
+    timeout_s = max(60.0, sweep.trial.timeout_min * 60)
+    try:
+        store = init_distributed(env, device, timeout_s=timeout_s)
+    except Exception as e:  # no process group: nothing to agree with
+        result = without_run(layout, sweep, status=FAILED, error=classify(e, rank=env.rank).error, **base)
+        outputs.write(result)
+        return result
+
+    def on_stuck(failure: Failure) -> None:
+        outputs.write(without_run(layout, sweep, status=failure.status, error=failure.error, **base))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    watcher = Watcher(connect_store(env, timeout_s=timeout_s, server=False), rank=env.rank, on_stuck=on_stuck).start()
+    try:
+        measured = _measure(sweep, layout, env, device, started)
+        result = summarize(sweep, layout, **measured, **base)
+    except Exception as e:
+        failure = Agreement(store, rank=env.rank).resolve(e)
+        result = without_run(layout, sweep, status=failure.status, error=failure.error, **base)
+    finally:
+        watcher.stop()
+    outputs.write(result)
+    _teardown()
+    return result

@@ -1,0 +1,227 @@
+"""One rank's training state for a layout (model share, optimizer, batch) and its optimizer step.
+
+Without pipelining a step runs `grad_accum` micro-batches through forward and backward; with
+it, the schedule does, and this rank feeds it the batch (first stage) and labels (last stage).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed._composable.replicate_with_fsdp import ReplicateModule
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+from torch.nn.parallel import DistributedDataParallel
+
+from sweeper.layout import Layout
+from sweeper.models import ModelShape
+from sweeper.trainer import kernels
+from sweeper.trainer.model import build_model, loss_fn
+from sweeper.trainer.parallel import Parallelized, parallelize
+
+ADAMW = dict(betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+
+def synthetic_batch(shape: ModelShape, *, batch: int, seq_len: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uniform random tokens from a fixed seed (CPU generator: the same on every machine): inputs, labels."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, shape.vocab, (batch, seq_len + 1), generator=gen)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def make_optimizer(params: list[nn.Parameter], *, lr: float, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW, fused where the device has the fused kernel (CUDA and CPU do).
+
+    DTensor and plain parameters (norm weights under TP without SP) go in separate groups:
+    one fused kernel call cannot mix them.
+    """
+    groups = [[p for p in params if isinstance(p, DTensor)], [p for p in params if not isinstance(p, DTensor)]]
+    groups = [{"params": g} for g in groups if g]
+    return torch.optim.AdamW(groups, lr=lr, fused=device.type in ("cuda", "cpu"), **ADAMW)
+
+
+class ZeroOne:
+    """ZeRO-1: Adam states sharded over the data-parallel ranks (torch's ZeroRedundancyOptimizer).
+
+    ZeroRedundancyOptimizer broadcasts plain tensors, so DTensor (TP) parameters take part
+    through their local shards, whose gradients are set from the DTensor gradients before a step.
+    """
+
+    def __init__(self, params: list[nn.Parameter], *, lr: float, group: dist.ProcessGroup, device: torch.device) -> None:
+        with torch.no_grad():
+            self.pairs = [(p, p.to_local()) for p in params if isinstance(p, DTensor)]
+        plain = [p for p in params if not isinstance(p, DTensor)] + [local for _, local in self.pairs]
+        self.inner = ZeroRedundancyOptimizer(
+            plain, optimizer_class=torch.optim.AdamW, process_group=group, lr=lr,
+            fused=device.type in ("cuda", "cpu"), **ADAMW,
+        )
+
+    def step(self) -> None:
+        for p, local in self.pairs:
+            local.grad = p.grad.to_local() if p.grad is not None else None
+        self.inner.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none)
+        for p, local in self.pairs:
+            p.grad, local.grad = None, None
+
+
+@dataclass
+class Trainer:
+    """What one rank needs to run optimizer steps of a layout."""
+
+    shape: ModelShape
+    layout: Layout
+    mesh: DeviceMesh
+    device: torch.device
+    par: Parallelized
+    optimizer: Any
+    inputs: torch.Tensor
+    labels: torch.Tensor
+    grad_accum: int
+    bf16_autocast: bool
+    tied_group: dist.ProcessGroup | None = None
+
+    @property
+    def has_last_stage(self) -> bool:
+        return self.par.num_stages - 1 in self.par.stage_ids
+
+    def _contexts(self) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        if self.bf16_autocast:
+            stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
+        if self.mesh["tp"].size() > 1:
+            stack.enter_context(loss_parallel())  # logits stay vocab-sharded, forward and backward
+        return stack
+
+    def forward_backward(self) -> torch.Tensor:
+        """Gradients of one global batch; returns this rank's mean micro-batch loss (0 without the last stage)."""
+        if self.par.schedule is not None:
+            return self._pipeline_forward_backward()
+        model, total = self.par.parts[0], torch.zeros((), device=self.device)
+        mbs = len(self.inputs) // self.grad_accum
+        for i in range(self.grad_accum):
+            x, y = self.inputs[i * mbs:(i + 1) * mbs], self.labels[i * mbs:(i + 1) * mbs]
+            with _grad_sync(model, i == self.grad_accum - 1), self._contexts():
+                loss = loss_fn(model(x), y) / self.grad_accum
+                loss.backward()
+            total += _local(loss.detach())
+        return total
+
+    def _pipeline_forward_backward(self) -> torch.Tensor:
+        losses: list[torch.Tensor] = []
+        args = (self.inputs,) if 0 in self.par.stage_ids else ()
+        kwargs = {"target": self.labels, "losses": losses} if self.has_last_stage else {}
+        with self._contexts():
+            self.par.schedule.step(*args, **kwargs)
+        if not losses:
+            return torch.zeros((), device=self.device)
+        return torch.stack([_local(x.detach()) for x in losses]).mean()
+
+    def step(self) -> torch.Tensor:
+        """One optimizer step on the global batch; returns this rank's loss contribution."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.forward_backward()
+        self.sync_tied_head()
+        self.optimizer.step()
+        return loss
+
+    def sync_tied_head(self) -> None:
+        """A tied embedding split over pipeline stages: its two copies add their gradients (Megatron)."""
+        if self.tied_group is None:
+            return
+        for part in self.par.parts:
+            inner = part.module if isinstance(part, DistributedDataParallel) else part
+            for mod in (inner.tok_embeddings, inner.output):
+                if mod is not None and mod.weight.grad is not None:
+                    dist.all_reduce(_local(mod.weight.grad), group=self.tied_group)
+
+
+@contextlib.contextmanager
+def _grad_sync(model: nn.Module, sync: bool) -> Iterator[None]:
+    """Replicated data parallelism reduces gradients on the last micro-batch only (FSDP every one:
+    it keeps only gradient shards between micro-batches)."""
+    if isinstance(model, DistributedDataParallel) and not sync:
+        with model.no_sync():
+            yield
+        return
+    if isinstance(model, ReplicateModule):
+        model.set_requires_gradient_sync(sync)
+    yield
+
+
+def reduce_losses(trainer: Trainer, losses: list[torch.Tensor]) -> list[float]:
+    """The global batch's loss per step on every rank (one collective for all steps).
+
+    The loss lives on the last pipeline stage; its tp ranks hold the same value; dp ranks average.
+    """
+    mesh = trainer.mesh
+    counts = trainer.has_last_stage and mesh["tp"].get_local_rank() == 0
+    loss = torch.stack(losses).double() / mesh["dp"].size()
+    if not counts:
+        loss = torch.zeros_like(loss)
+    dist.all_reduce(loss)
+    return loss.tolist()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def tied_group(mesh: DeviceMesh, shape: ModelShape) -> dist.ProcessGroup | None:
+    """The group of the first and last pipeline rank with this rank's (dp, tp) coordinates, for a tied head."""
+    pp, dp, tp = mesh.mesh.shape
+    if not shape.tied_embeddings or pp == 1:
+        return None
+    mine, rank = None, dist.get_rank()
+    for d in range(dp):
+        for t in range(tp):
+            ranks = [int(mesh.mesh[0, d, t]), int(mesh.mesh[pp - 1, d, t])]
+            group = dist.new_group(ranks)  # every rank creates every group, in the same order
+            if rank in ranks:
+                mine = group
+    return mine
+
+
+def build_trainer(
+    shape: ModelShape, layout: Layout, *, mesh: DeviceMesh, device: torch.device, seq_len: int,
+    global_batch_size: int, precision: str, seed: int, lr: float,
+) -> Trainer:
+    """Probe the kernels, build and parallelise the model, the optimizer and this rank's batch."""
+    pp, dp, tp = (mesh[d].size() for d in ("pp", "dp", "tp"))
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    if layout.float8:
+        kernels.check_float8(device)
+        if tp > 1:
+            raise kernels.KernelUnavailable("float8 with tensor parallelism needs torchao's float8 TP plans, which the built-in trainer does not wire")
+    attend = kernels.attention_kernel(
+        layout.attention, heads=shape.heads // tp, kv_heads=shape.kv_heads // tp, head_dim=shape.head_dim,
+        seq_len=seq_len, dtype=dtype, device=device,
+    )
+    model = build_model(shape, seq_len, attend=attend, norm_fn=kernels.rmsnorm_kernel(layout.rmsnorm))
+    grad_accum = global_batch_size // (layout.micro_batch_size * dp)
+    par = parallelize(model, layout=layout, mesh=mesh, device=device, precision=precision, seed=seed,
+                      grad_accum=grad_accum, loss_fn=loss_fn)
+    params = list({id(p): p for part in par.parts for p in part.parameters()}.values())
+    if layout.sharding == "zero1" and dp > 1:
+        optimizer: Any = ZeroOne(params, lr=lr, group=mesh["dp"].get_group(), device=device)
+    else:
+        optimizer = make_optimizer(params, lr=lr, device=device)
+    inputs, labels = synthetic_batch(shape, batch=global_batch_size, seq_len=seq_len, seed=seed)
+    rows = global_batch_size // dp
+    start = mesh["dp"].get_local_rank() * rows
+    return Trainer(
+        shape, layout, mesh, device, par, optimizer,
+        inputs[start:start + rows].to(device), labels[start:start + rows].to(device), grad_accum,
+        bf16_autocast=precision == "bf16" and not (layout.sharding == "fsdp" and dp > 1),
+        tied_group=tied_group(mesh, shape),
+    )

@@ -1,0 +1,133 @@
+"""What one trial yields: `TrialResult` (fields named like the results columns) and the metrics from step times.
+
+Pure: no torch. The trainer measures step times, losses and peak memory; `summarize` turns
+them into throughput, TFLOP/s, MFU and HFU with the FLOP model of `sweeper.flops`.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from sweeper.flops import hardware_flops_per_token, model_flops_per_token, tflops_per_device, utilization
+from sweeper.layout import LAYOUT_FIELDS, Layout
+from sweeper.spec import Sweep
+
+OK = "ok"
+OOM = "oom"
+KERNEL_UNAVAILABLE = "kernel_unavailable"
+TIMEOUT = "timeout"
+FAILED = "failed"
+STATUSES: tuple[str, ...] = (OK, OOM, KERNEL_UNAVAILABLE, TIMEOUT, FAILED)
+
+
+@dataclass
+class TrialResult:
+    """One trial's outcome and measurements. A value that was not measured is None, never 0."""
+
+    status: str
+    error: str | None = None
+    step_times_s: list[float] = field(default_factory=list)
+    step_time_mean_s: float | None = None
+    step_time_std_s: float | None = None
+    tokens_per_s: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    hfu: float | None = None
+    peak_mem_gib: float | None = None  # max over ranks; CUDA: max allocated; CPU: peak RSS growth
+    peak_mem_reserved_gib: float | None = None  # CUDA max reserved; None on CPU
+    losses: list[float] = field(default_factory=list)
+    startup_s: float | None = None  # process start to the first step, slowest rank
+    num_devices: int | None = None
+    device: str | None = None
+    # the layout's knobs
+    tp: int | None = None
+    pp: int | None = None
+    micro_batch_size: int | None = None
+    sequence_parallel: bool | None = None
+    activation_checkpointing: str | None = None
+    attention: str | None = None
+    rmsnorm: str | None = None
+    sharding: str | None = None
+    pp_schedule: str | None = None
+    virtual_stages: int | None = None
+    compile: bool | None = None
+    float8: bool | None = None
+    dp: int | None = None
+    grad_accum: int | None = None
+    torch_version: str | None = None
+    python_version: str = field(default_factory=platform.python_version)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialResult:
+        """From `to_dict` output; unknown keys are ignored (results written by a newer version)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def layout_fields(layout: Layout, sweep: Sweep) -> dict[str, Any]:
+    """The knobs of `layout` and its derived dp and grad_accum, as result fields."""
+    world = sweep.cluster.world
+    return {
+        **{k: getattr(layout, k) for k in LAYOUT_FIELDS},
+        "dp": layout.dp(world),
+        "grad_accum": layout.grad_accum(world, sweep.global_batch_size),
+        "num_devices": world,
+    }
+
+
+def without_run(layout: Layout, sweep: Sweep, *, status: str, error: str | None, **measured: Any) -> TrialResult:
+    """A result for a trial that produced no usable step times (failed, timed out, ...)."""
+    if status not in STATUSES:
+        raise ValueError(f"status must be one of {', '.join(STATUSES)}, but got {status!r}")
+    return TrialResult(status=status, error=error, **layout_fields(layout, sweep), **measured)
+
+
+def _finite(values: Sequence[float]) -> bool:
+    return all(math.isfinite(v) and v > 0 for v in values)
+
+
+def summarize(
+    sweep: Sweep, layout: Layout, *, step_times_s: Sequence[float], losses: Sequence[float],
+    peak_mem_gib: float | None = None, peak_mem_reserved_gib: float | None = None, **extra: Any,
+) -> TrialResult:
+    """An `ok` result with the metrics of the protocol: drop the warm-up steps, average the rest.
+
+    tokens/s = global_batch_size * seq_len / mean step time; MFU = tokens/s * model FLOPs per
+    token / (devices * peak FLOP/s of the sweep's GPU in its precision); HFU adds recomputation.
+    """
+    warmup = sweep.trial.warmup_steps
+    kept = list(step_times_s)[warmup:]
+    if not kept or not _finite(kept):
+        raise ValueError(f"need positive step times after {warmup} warm-up steps, but got {list(step_times_s)}")
+    base = layout_fields(layout, sweep)
+    devices = base["num_devices"]
+    mean = statistics.fmean(kept)
+    tokens_per_s = sweep.global_batch_size * sweep.seq_len / mean
+    model_flops = model_flops_per_token(sweep.model, sweep.seq_len)
+    hw_flops = hardware_flops_per_token(sweep.model, sweep.seq_len, layout.activation_checkpointing)
+    peak = sweep.cluster.gpu.peak_flops(sweep.trial.precision)
+    return TrialResult(
+        status=OK,
+        step_times_s=list(step_times_s),
+        step_time_mean_s=mean,
+        step_time_std_s=statistics.stdev(kept) if len(kept) > 1 else None,
+        tokens_per_s=tokens_per_s,
+        tokens_per_s_per_gpu=tokens_per_s / devices,
+        tflops_per_gpu=tflops_per_device(tokens_per_s, model_flops, num_devices=devices),
+        mfu=utilization(tokens_per_s, model_flops, num_devices=devices, peak_flops=peak),
+        hfu=utilization(tokens_per_s, hw_flops, num_devices=devices, peak_flops=peak),
+        peak_mem_gib=peak_mem_gib,
+        peak_mem_reserved_gib=peak_mem_reserved_gib,
+        losses=list(losses),
+        **base,
+        **extra,
+    )
