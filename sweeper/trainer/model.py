@@ -219,3 +219,17 @@ def init_weights(model: nn.Module, shape: ModelShape, *, seed: int, device: torc
         else:
             param.copy_(full)
     reset_rope(model, device)
+
+
+def materialize(model: nn.Module, shape: ModelShape, *, seed: int, device: torch.device) -> None:
+    """Give the meta parameters storage on `device` (each rank only its shards), then initialise them.
+
+    Parameters are swapped in place rather than replaced, so a tied head stays the embedding.
+    """
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        model.to_empty(device=device)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swap)
+    init_weights(model, shape, seed=seed, device=device)

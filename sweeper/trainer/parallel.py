@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from sweeper.layout import Layout
-from sweeper.trainer.model import Transformer, init_weights
+from sweeper.trainer.model import Transformer, materialize
 
 aten = torch.ops.aten
 # Selective checkpointing keeps the outputs of matmuls and attention kernels (expensive to
@@ -245,8 +245,7 @@ def parallelize(
         elif dp > 1 and (tp > 1 or pp > 1):
             apply_replicate(part, dp_mesh=mesh["dp"])
         # Materialise shard by shard only now, when every parameter has its final placement.
-        part.to_empty(device=device)
-        init_weights(part, model.shape, seed=seed, device=device)
+        materialize(part, model.shape, seed=seed, device=device)
     # DDP after materialising: its constructor broadcasts real parameters.
     if dp > 1 and layout.sharding != "fsdp" and tp == 1 and pp == 1:
         parts = [apply_ddp(p, dp_mesh=mesh["dp"], device=device) for p in parts]
