@@ -40,6 +40,7 @@ SCHEMA = pa.schema(
         pa.field("step_time_mean_s", pa.float64()),
         pa.field("step_time_std_s", pa.float64()),
         pa.field("losses", pa.list_(pa.float64())),
+        pa.field("startup_s", pa.float64()),
         pa.field("pred_mem_gib", pa.float64()),
         pa.field("peak_mem_gib", pa.float64()),
         pa.field("peak_mem_reserved_gib", pa.float64()),

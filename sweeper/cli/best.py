@@ -57,33 +57,43 @@ def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
     return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items()}
 
 
+BASE_KNOBS = ("tp", "pp", "dp", "micro_batch_size")
+HEADERS = {"micro_batch_size": "mbs", "sequence_parallel": "sp", "activation_checkpointing": "ckpt",
+           "attention": "attn", "pp_schedule": "schedule", "virtual_stages": "v"}
+
+
 def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
-    """The top layouts by MFU as a table, and a one-line count of the rest."""
+    """The top layouts by MFU as a table (knobs that vary among the trials), and a count of the rest."""
     from collections import Counter
 
-    from rich.console import Console
     from rich.table import Table
 
+    from sweeper.cli.render import make_console
+    from sweeper.knobs import KNOBS
     from sweeper.results import best_rows
 
-    console = Console()
+    console = make_console()
     chosen = best_rows(rows, top)
     counts = Counter(r["status"] for r in rows)
     if not chosen:
         console.print(f"{title}: no successful trial yet ({', '.join(f'{k} {v}' for k, v in counts.items()) or 'no trials'})")
         return
+    varying = [k for k in KNOBS if k not in BASE_KNOBS and len({r.get(k) for r in rows}) > 1]
     table = Table(title=title, title_justify="left", header_style="bold")
-    for col in ("#", "trial", "MFU", "TFLOP/s/GPU", "step s", "tp", "pp", "dp", "mbs", "sp", "ckpt", "attn", "rmsnorm", "peak GiB", "pred GiB"):
-        table.add_column(col, justify="right" if col not in ("ckpt", "attn", "rmsnorm") else "left")
+    for col in ("#", "trial", "MFU", "TFLOP/s/GPU", "step s", *(HEADERS.get(k, k) for k in (*BASE_KNOBS, *varying)),
+                "peak GiB", "pred GiB"):
+        table.add_column(col, justify="left" if col in ("ckpt", "attn", "rmsnorm", "sharding", "schedule") else "right")
     for i, r in enumerate(chosen, 1):
-        table.add_row(
-            str(i), str(r["trial_number"]), f"{100 * r['mfu']:.2f}%", _num(r.get("tflops_per_gpu"), 3),
-            _num(r.get("step_time_mean_s"), 3), str(r["tp"]), str(r["pp"]), str(r["dp"]), str(r["micro_batch_size"]),
-            "on" if r["sequence_parallel"] else "-", r["activation_checkpointing"], r["attention"], r["rmsnorm"],
-            _num(r.get("peak_mem_gib"), 2), _num(r.get("pred_mem_gib"), 2),
-        )
+        knobs = [_cell(r.get(k)) for k in (*BASE_KNOBS, *varying)]
+        table.add_row(str(i), str(r["trial_number"]), f"{100 * r['mfu']:.2f}%", _num(r.get("tflops_per_gpu"), 3),
+                      _num(r.get("step_time_mean_s"), 3), *knobs, _num(r.get("peak_mem_gib"), 3),
+                      _num(r.get("pred_mem_gib"), 3))
     console.print(table)
     console.print(f"{len(rows)} trials: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
+
+
+def _cell(v: Any) -> str:
+    return ("on" if v else "-") if isinstance(v, bool) else str(v)
 
 
 def _num(v: Any, digits: int) -> str:

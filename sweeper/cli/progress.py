@@ -32,7 +32,9 @@ class LiveProgress:
     """Implements the orchestrator's Progress protocol with a rich Live panel."""
 
     def __init__(self, console: Console | None = None) -> None:
-        self.console = console or Console(stderr=True)
+        from sweeper.cli.render import make_console
+
+        self.console = console or make_console(stderr=True)
         self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=self.console)
         self.task = None
@@ -59,7 +61,8 @@ class LiveProgress:
         err = (row.get("error") or "").splitlines()
         detail = mfu or (err[0][:100] if err else "")
         colour = "green" if row["status"] == "ok" else "red"
-        self.console.print(f"trial {row['trial_number']:>3} [{colour}]{row['status']:<18}[/] {describe(row)}  {detail}")
+        knobs = tuple(k for k in SHOWN_KNOBS if len(run.sweep.space.get(k, ())) > 1) or SHOWN_KNOBS[:3]
+        self.console.print(f"trial {row['trial_number']:>3} [{colour}]{row['status']:<18}[/] {describe(row, knobs)}  {detail}")
         self._refresh(run)
 
     def tick(self, run: SweepRun) -> None:

@@ -20,6 +20,12 @@ SHORT = {
 }
 
 
+def make_console(*, stderr: bool = False) -> Console:
+    """A console that does not squeeze tables to 80 columns when output goes to a file or pipe."""
+    probe = Console(stderr=stderr)
+    return probe if probe.is_terminal else Console(stderr=stderr, width=200)
+
+
 def _fmt(v: object) -> str:
     if isinstance(v, (bool, np.bool_)):
         return "yes" if v else "-"
@@ -28,7 +34,7 @@ def _fmt(v: object) -> str:
 
 def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -> None:
     """Candidates (knobs that vary, dp, grad_accum, predicted GiB and share of the card), then a summary."""
-    console = console or Console()
+    console = console or make_console()
     sweep = plan.sweep
     frame = plan.to_frame()
     cands = frame[frame.status == "candidate"]

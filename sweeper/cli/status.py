@@ -47,7 +47,9 @@ def status(
         for it in items:
             typer.echo(json.dumps(it))
         return
-    console = Console()
+    from sweeper.cli.render import make_console
+
+    console = make_console()
     for w in store.warnings:
         Console(stderr=True).print(f"[yellow]warning:[/] {escape(w)}")
     table = Table(title=f"{sweep.name}: {len(rows)} finished, {len(inflight)} running", title_justify="left",
