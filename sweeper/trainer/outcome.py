@@ -10,7 +10,10 @@ a watcher thread that polls the store and, if the main thread stays blocked in a
 from __future__ import annotations
 
 import json
+import os
+import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,6 +65,19 @@ class Agreement:
             return None
         return Failure(**json.loads(self.store.get(FIRST)))
 
+    def acknowledge(self) -> None:
+        """This rank has its outcome (and wrote it): rank 0 may take the store down once all have."""
+        self.store.add("seen", 1)
+
+    def wait_all_seen(self, world: int, *, timeout_s: float) -> bool:
+        """On rank 0, which serves the store: keep it up until every rank acknowledged, or `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while self.store.add("seen", 0) < world:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
     def resolve(self, exc: BaseException) -> Failure:
         """This rank failed with `exc`: unless another rank failed first (the cause), report it."""
         mine = classify(exc, rank=self.rank)
@@ -75,13 +91,16 @@ class Agreement:
 
 
 class Watcher:
-    """A daemon thread that polls the store; if a failure is recorded and the main thread has not
-    finished within `grace_s`, it calls `on_stuck(failure)` (which is expected to end the process).
+    """A daemon thread that polls the store for a failure. If one is recorded and the main thread
+    has not finished `grace_s` later (it is blocked in a collective that will never complete),
+    it calls `on_stuck(failure)` to write the outcome, acknowledges it, and ends the process.
+    Losing the store (rank 0 died) is treated the same way, as a failure.
     """
 
     def __init__(self, store: dist.Store, *, rank: int, on_stuck: Callable[[Failure], None],
-                 poll_s: float = 0.25, grace_s: float = 5.0) -> None:
+                 poll_s: float = 0.25, grace_s: float = 1.0) -> None:
         self.agreement = Agreement(store, rank=rank)
+        self.rank = rank
         self.on_stuck, self.poll_s, self.grace_s = on_stuck, poll_s, grace_s
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="trial-outcome-watcher", daemon=True)
@@ -99,8 +118,16 @@ class Watcher:
             try:
                 failure = self.agreement.first()
             except RuntimeError:  # DistStoreError included
-                return  # store closed: the trial is ending anyway
-            if failure is not None:
-                if not self.done.wait(self.grace_s):
-                    self.on_stuck(failure)
-                return
+                failure = Failure(FAILED, f"rank {self.rank}: lost the rendezvous store (rank 0 ended without an outcome)", self.rank)
+            if failure is None:
+                continue
+            if self.done.wait(self.grace_s):
+                return  # the main thread noticed by itself
+            self.on_stuck(failure)
+            try:
+                self.agreement.acknowledge()
+            except RuntimeError:
+                pass
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from sweeper.trainer.outcome import Agreement, Failure, Watcher, classify
 from sweeper.trainer.train import Trainer, build_trainer, reduce_losses
 from sweeper.trial import FAILED, TrialResult, summarize, without_run
 
-FAULT_ENV = "SWEEP_FAULT"  # "KIND:RANK:STEP" (oom, error, hang, exit): make one rank fail, for tests
+FAULT_ENV = "SWEEP_FAULT"  # "KIND:RANK:STEP[,...]" (oom, error, hang, exit): make ranks fail, for tests
 FAULT_KINDS = ("oom", "error", "hang", "exit")
 
 
@@ -42,14 +41,14 @@ class Fault:
     step: int
 
     @classmethod
-    def from_env(cls) -> Fault | None:
-        spec = os.environ.get(FAULT_ENV)
-        if not spec:
-            return None
-        kind, rank, step = spec.split(":")
-        if kind not in FAULT_KINDS:
-            raise ValueError(f"{FAULT_ENV}={spec!r}: kind must be one of {', '.join(FAULT_KINDS)}")
-        return cls(kind, int(rank), int(step))
+    def from_env(cls) -> list[Fault]:
+        faults = []
+        for spec in filter(None, os.environ.get(FAULT_ENV, "").split(",")):
+            kind, rank, step = spec.split(":")
+            if kind not in FAULT_KINDS:
+                raise ValueError(f"{FAULT_ENV}={spec!r}: kind must be one of {', '.join(FAULT_KINDS)}")
+            faults.append(cls(kind, int(rank), int(step)))
+        return faults
 
     def fire(self, rank: int, step: int) -> None:
         if (rank, step) != (self.rank, self.step):
@@ -67,14 +66,14 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
-def run_steps(trainer: Trainer, *, steps: int, rank: int, fault: Fault | None) -> tuple[list[float], list[torch.Tensor], float]:
+def run_steps(trainer: Trainer, *, steps: int, rank: int, faults: list[Fault]) -> tuple[list[float], list[torch.Tensor], float]:
     """The protocol's loop: synchronise and take the wall time at the end of every step."""
     times: list[float] = []
     losses: list[torch.Tensor] = []
     first_step_unix = time.time()
     last = time.perf_counter()
     for step in range(steps):
-        if fault is not None:
+        for fault in faults:
             fault.fire(rank, step)
         losses.append(trainer.step())
         synchronize(trainer.device)
@@ -96,7 +95,7 @@ def _measure(sweep: Sweep, layout: Layout, env: DistEnv, device: torch.device, s
         sweep.model, layout, mesh=mesh, device=device, seq_len=sweep.seq_len, global_batch_size=sweep.global_batch_size,
         precision=settings.precision, seed=settings.seed, lr=settings.lr,
     )
-    times, losses, first_step_unix = run_steps(trainer, steps=settings.steps, rank=env.rank, fault=Fault.from_env())
+    times, losses, first_step_unix = run_steps(trainer, steps=settings.steps, rank=env.rank, faults=Fault.from_env())
     peak_bytes, reserved = peak.peak_bytes()
     startup = first_step_unix - started if started is not None else float("nan")
     # one MAX reduction for every per-rank figure: the slowest rank sets the step time
@@ -111,7 +110,8 @@ def _measure(sweep: Sweep, layout: Layout, env: DistEnv, device: torch.device, s
 
 
 class _Outputs:
-    """The files a launcher reads: rank<r>.json on every rank, result.json on rank 0 (written atomically)."""
+    """The files a launcher reads: rank<r>.json on every rank (its outcome and when it knew it),
+    result.json on rank 0; each written atomically, once."""
 
     def __init__(self, out_dir: Path | None, rank: int) -> None:
         self.out_dir, self.rank = out_dir, rank
@@ -123,7 +123,8 @@ class _Outputs:
             if self.written or self.out_dir is None:
                 return
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            _atomic_json(self.out_dir / f"rank{self.rank}.json", {"status": result.status, "error": result.error})
+            view = {"status": result.status, "error": result.error, "at_unix": time.time()}
+            _atomic_json(self.out_dir / f"rank{self.rank}.json", view)
             if self.rank == 0:
                 _atomic_json(self.out_dir / "result.json", result.to_dict())
             self.written = True
@@ -161,19 +162,25 @@ def run_trial(sweep: Sweep, layout: Layout, *, out_dir: Path | None = None) -> T
 
     def on_stuck(failure: Failure) -> None:
         outputs.write(without_run(layout, sweep, status=failure.status, error=failure.error, **base))
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
 
+    agreement = Agreement(store, rank=env.rank)
     watcher = Watcher(connect_store(env, timeout_s=timeout_s, server=False), rank=env.rank, on_stuck=on_stuck).start()
     try:
         measured = _measure(sweep, layout, env, device, started)
         result = summarize(sweep, layout, **measured, **base)
     except Exception as e:
-        failure = Agreement(store, rank=env.rank).resolve(e)
+        failure = agreement.resolve(e)
         result = without_run(layout, sweep, status=failure.status, error=failure.error, **base)
     finally:
         watcher.stop()
     outputs.write(result)
+    # Leave the process group first: a peer blocked in a collective with this rank gets an error
+    # now instead of waiting for its watcher.
     _teardown()
+    try:
+        agreement.acknowledge()
+        if env.rank == 0:  # it serves the store: the others may still be reading the outcome
+            agreement.wait_all_seen(env.world_size, timeout_s=watcher.grace_s + 3)
+    except RuntimeError:
+        pass  # the store is gone; every rank that can has written its outcome
     return result
