@@ -67,7 +67,9 @@ def test_sweep_runs_trials_and_best_reads_them(tmp_path):
     assert df.drop_duplicates(["tp", "pp", "micro_batch_size", "activation_checkpointing"]).shape[0] == 3
     assert "best layouts" in r.stdout
     best = sweep("best", str(spec), "--format", "json", "--top", "2", cwd=tmp_path)
-    rows = json.loads(best.stdout)
+    doc = json.loads(best.stdout)
+    rows = doc["top"]
+    assert doc["trials"] == 3 and doc["statuses"] == {"ok": 3} and doc["best"] == rows[0]
     assert len(rows) == 2 and rows[0]["mfu"] == df.mfu.max() and rows[0]["mfu"] >= rows[1]["mfu"]
     status = sweep("status", str(spec), "--json", cwd=tmp_path)
     assert [json.loads(line)["status"] for line in status.stdout.splitlines()] == ["ok"] * 3
@@ -78,7 +80,7 @@ def test_sweep_runs_trials_and_best_reads_them(tmp_path):
     copy = tmp_path / "elsewhere"
     subprocess.run(["cp", "-r", str(tmp_path / "results" / "tiny"), str(copy)], check=True)
     alone = sweep("best", "anything", "--results", str(copy), "--format", "json", cwd=tmp_path)
-    assert json.loads(alone.stdout)[0]["trial_number"] == rows[0]["trial_number"]
+    assert json.loads(alone.stdout)["best"]["trial_number"] == rows[0]["trial_number"]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])

@@ -41,8 +41,12 @@ def best(
     for w in store.warnings:
         Console(stderr=True).print(f"[yellow]warning:[/] {escape(w)}")
     if fmt is Format.json:
-        chosen = best_rows(rows, top)
-        typer.echo(json.dumps([_jsonable(r) for r in chosen], indent=2))
+        from collections import Counter
+
+        chosen = [_jsonable(r) for r in best_rows(rows, top)]
+        doc = {"name": root.name, "trials": len(rows), "statuses": dict(Counter(r["status"] for r in rows)),
+               "best": chosen[0] if chosen else None, "top": chosen}
+        typer.echo(json.dumps(doc, indent=2))
         return
     print_best(rows, top=top, title=f"{root.name}: best layouts")
 
