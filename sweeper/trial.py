@@ -84,7 +84,7 @@ def layout_fields(layout: Layout, sweep: Sweep) -> dict[str, Any]:
     }
 
 
-def without_run(layout: Layout, sweep: Sweep, *, status: str, error: str | None, **measured: Any) -> TrialResult:
+def without_run(sweep: Sweep, layout: Layout, *, status: str, error: str | None, **measured: Any) -> TrialResult:
     """A result for a trial that produced no usable step times (failed, timed out, ...)."""
     if status not in STATUSES:
         raise ValueError(f"status must be one of {', '.join(STATUSES)}, but got {status!r}")

@@ -144,9 +144,9 @@ def launch_trial(sweep: Sweep, layout: Layout, *, workdir: Path, timeout_s: floa
             result.error = f"rank {oom_killed[0]} was killed by SIGKILL (the out-of-memory killer); then: {result.error}"
         return result
     if done.timed_out:
-        return without_run(layout, sweep, status=TIMEOUT, error=f"no result within the wall-clock limit of {limit:.0f} s; all ranks killed")
+        return without_run(sweep, layout, status=TIMEOUT, error=f"no result within the wall-clock limit of {limit:.0f} s; all ranks killed")
     if oom_killed:
-        return without_run(layout, sweep, status=OOM, error=f"rank {oom_killed[0]} was killed by SIGKILL (the out-of-memory killer)")
+        return without_run(sweep, layout, status=OOM, error=f"rank {oom_killed[0]} was killed by SIGKILL (the out-of-memory killer)")
     bad = next((r for r, rc in enumerate(done.returncodes) if rc != 0), 0)
     tail = done.log_tail(bad, 5).strip().replace("\n", " | ")
-    return without_run(layout, sweep, status=FAILED, error=f"rank {bad} exited with code {done.returncodes[bad]} and no result: {tail}")
+    return without_run(sweep, layout, status=FAILED, error=f"rank {bad} exited with code {done.returncodes[bad]} and no result: {tail}")

@@ -156,12 +156,12 @@ def run_trial(sweep: Sweep, layout: Layout, *, out_dir: Path | None = None) -> T
     try:
         store = init_distributed(env, device, timeout_s=timeout_s)
     except Exception as e:  # no process group: nothing to agree with
-        result = without_run(layout, sweep, status=FAILED, error=classify(e, rank=env.rank).error, **base)
+        result = without_run(sweep, layout, status=FAILED, error=classify(e, rank=env.rank).error, **base)
         outputs.write(result)
         return result
 
     def on_stuck(failure: Failure) -> None:
-        outputs.write(without_run(layout, sweep, status=failure.status, error=failure.error, **base))
+        outputs.write(without_run(sweep, layout, status=failure.status, error=failure.error, **base))
 
     agreement = Agreement(store, rank=env.rank)
     watcher = Watcher(connect_store(env, timeout_s=timeout_s, server=False), rank=env.rank, on_stuck=on_stuck).start()
@@ -170,7 +170,7 @@ def run_trial(sweep: Sweep, layout: Layout, *, out_dir: Path | None = None) -> T
         result = summarize(sweep, layout, **measured, **base)
     except Exception as e:
         failure = agreement.resolve(e)
-        result = without_run(layout, sweep, status=failure.status, error=failure.error, **base)
+        result = without_run(sweep, layout, status=failure.status, error=failure.error, **base)
     finally:
         watcher.stop()
     outputs.write(result)
