@@ -31,7 +31,9 @@ class RMSNorm(nn.Module):
         self.norm_fn = norm_fn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm_fn(x, self.weight, NORM_EPS)
+        # Under autocast the fp32 weight would promote the output to fp32, and each following
+        # matmul would keep its own 16-bit cast of it: return x's dtype, one tensor for all.
+        return self.norm_fn(x, self.weight, NORM_EPS).type_as(x)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -143,6 +145,10 @@ class Transformer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        if torch.is_autocast_enabled(h.device.type):
+            # the embedding is not autocast: start the residual stream in 16 bits, as FSDP's
+            # mixed precision (bf16 weights) does, instead of carrying it in fp32
+            h = h.to(torch.get_autocast_dtype(h.device.type))
         for layer in self.layers.values():
             h = layer(h, self.rope_cos, self.rope_sin)
         h = self.norm(h) if self.norm is not None else h

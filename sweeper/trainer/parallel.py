@@ -86,6 +86,21 @@ def apply_tp(model: Transformer, *, tp_mesh: DeviceMesh, sequence_parallel: bool
         model.output.weight = model.tok_embeddings.weight  # the plan distributed them separately
 
 
+def shard_embedding_grad(model: Transformer) -> None:
+    """Under TP, DTensor's embedding backward returns the vocab-parallel weight's gradient
+    replicated (the full vocabulary on every rank); keep only this rank's rows, like the weight.
+
+    A tensor hook: register it on the materialised parameter (materialising swaps tensors).
+    """
+    weight = model.tok_embeddings.weight if model.tok_embeddings is not None else None
+    if isinstance(weight, DTensor):
+        weight.register_hook(partial(_shard_like, param=weight))
+
+
+def _shard_like(grad: DTensor, *, param: DTensor) -> DTensor:
+    return grad if grad.placements == param.placements else grad.redistribute(param.device_mesh, param.placements)
+
+
 def _sac_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in SAC_SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -246,6 +261,8 @@ def parallelize(
             apply_replicate(part, dp_mesh=mesh["dp"])
         # Materialise shard by shard only now, when every parameter has its final placement.
         materialize(part, model.shape, seed=seed, device=device)
+        if tp > 1:
+            shard_embedding_grad(part)
     # DDP after materialising: its constructor broadcasts real parameters.
     if dp > 1 and layout.sharding != "fsdp" and tp == 1 and pp == 1:
         parts = [apply_ddp(p, dp_mesh=mesh["dp"], device=device) for p in parts]

@@ -11,8 +11,9 @@ from torch.distributed.tensor import DTensor
 
 from sweeper.layout import Layout
 from sweeper.spec import Sweep
+from sweeper.trainer import kernels
 from sweeper.trainer.env import DistEnv, build_mesh, init_distributed, pick_device
-from sweeper.trainer.model import canonical_name
+from sweeper.trainer.model import canonical_name, loss_fn
 from sweeper.trainer.train import Trainer, build_trainer, reduce_losses
 
 
@@ -64,5 +65,161 @@ def parity(*, out_dir: Path, cases: list[dict[str, Any]], steps: int = 10) -> No
         loss = reduce_losses(trainer, losses)
         if trainer.mesh["dp"].get_local_rank() == 0 and trainer.mesh["tp"].get_local_rank() == 0:
             torch.save({"losses": loss, "grads": grads, "params": params}, out_dir / f"{case['id']}_rank{env.rank}.pt")
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+# ---- memory check: what autograd keeps, by storage ------------------------------------------
+
+def _local_tensor(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    while isinstance(t, (DTensor, AsyncCollectiveTensor)):
+        t = t._local_tensor if isinstance(t, DTensor) else t.elem
+    return t
+
+
+VIEW_NODES = ("TBackward0", "TransposeBackward0", "ViewBackward0", "PermuteBackward0", "ExpandBackward0")
+
+
+def _is_param_copy(t: torch.Tensor) -> bool:
+    """A cast of a parameter, or a view of one (autocast's 16-bit weight copy): weights, not activations."""
+    fn = t.grad_fn
+    while fn is not None and fn.name() in VIEW_NODES:
+        fn = fn.next_functions[0][0]
+    return fn is not None and fn.name() == "ToCopyBackward0" and type(fn.next_functions[0][0]).__name__ == "AccumulateGrad"
+
+
+class SavedBytes:
+    """Bytes of the storages autograd keeps (parameters, buffers and their casts excluded), by region."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        owned = [*model.parameters(), *model.buffers()]
+        self.exclude = {_local_tensor(t).untyped_storage().data_ptr() for t in owned}
+        self.regions: dict[str, dict[int, int]] = {}
+        self.current: dict[int, int] | None = None
+        self.ctx: Any = None
+
+    def add(self, t: torch.Tensor) -> None:
+        if self.current is None or not isinstance(t, torch.Tensor) or _is_param_copy(t):
+            return
+        storage = _local_tensor(t).untyped_storage()
+        masks = {m.untyped_storage().data_ptr() for m in kernels._CAUSAL_MASKS.values()}  # one per model, constant
+        if storage.data_ptr() not in self.exclude | masks:
+            self.current[storage.data_ptr()] = storage.nbytes()
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        self.add(t)
+        return t
+
+    def enter(self, region: str) -> None:
+        self.current = self.regions.setdefault(region, {})
+        self.ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self.ctx.__enter__()
+
+    def exit(self) -> None:
+        self.ctx.__exit__(None, None, None)
+        self.current = None
+
+    def total(self, region: str) -> int:
+        return sum(self.regions.get(region, {}).values())
+
+
+def _cache_bytes(cache: Any, seen: set[int]) -> int:
+    """Bytes of the tensors a selective-checkpoint cache holds (wrapped, nested), new storages only."""
+    if isinstance(cache, torch.Tensor):
+        s = _local_tensor(cache).untyped_storage()
+        if s.data_ptr() in seen:
+            return 0
+        seen.add(s.data_ptr())
+        return s.nbytes()
+    if hasattr(cache, "val"):
+        return _cache_bytes(cache.val, seen)
+    if isinstance(cache, dict):
+        return sum(_cache_bytes(v, seen) for v in cache.values())
+    if isinstance(cache, (list, tuple)):
+        return sum(_cache_bytes(v, seen) for v in cache)
+    return 0
+
+
+def measure_activations(trainer: Trainer, micro_batch: int) -> dict[str, Any]:
+    """Saved bytes of each block, of the final norm and output projection, and of the loss, for one
+    micro-batch forward.
+
+    Checkpointed regions hide what they save from the hooks: their inputs (kept by the
+    checkpoint) are added by a pre-hook, selective checkpointing's cache is counted separately.
+    The batch itself (token ids, labels) is data, not an activation.
+    """
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    from sweeper.trainer import parallel
+
+    model = trainer.par.parts[0]
+    saved = SavedBytes(model)
+    saved.exclude |= {t.untyped_storage().data_ptr() for t in (trainer.inputs, trainer.labels)}
+    handles = []
+    for key, block in model.layers.items():
+        handles.append(block.register_forward_pre_hook(lambda _m, _a, key=key: saved.enter(f"block{key}")))
+        handles.append(block.register_forward_hook(lambda *_: saved.exit()))
+    for mod in model.modules():
+        if isinstance(mod, CheckpointWrapper):  # the region's input stays alive for recomputation
+            handles.append(mod.register_forward_pre_hook(lambda _m, args: saved.add(args[0])))
+    handles.append(model.norm.register_forward_pre_hook(lambda *_: saved.enter("final")))
+    handles.append(model.output.register_forward_hook(lambda *_: saved.exit()))
+    parallel.SAC_CACHES = []
+    try:
+        with trainer._contexts():
+            logits = model(trainer.inputs[:micro_batch])
+            saved.enter("loss")
+            loss = loss_fn(logits, trainer.labels[:micro_batch])
+            saved.exit()
+        seen: set[int] = set()
+        sac = [_cache_bytes(c, seen) for c in parallel.SAC_CACHES]
+    finally:
+        parallel.SAC_CACHES = None
+        for h in handles:
+            h.remove()
+    del loss, logits
+    blocks = [saved.total(f"block{k}") + (sac[i] if i < len(sac) else 0) for i, k in enumerate(model.layers)]
+    return {"blocks": blocks, "sac_cache": sac, "final": saved.total("final"), "loss": saved.total("loss")}
+
+
+def _storage_bytes(tensors: list[torch.Tensor]) -> int:
+    seen = {}
+    for t in tensors:
+        s = _local_tensor(t).untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def measure_states(trainer: Trainer) -> dict[str, int]:
+    """Bytes of this rank's parameters, gradients and optimizer states after one optimizer step."""
+    trainer.step()
+    params = list({id(p): p for part in trainer.par.parts for p in part.parameters()}.values())
+    opt = trainer.optimizer
+    inner = opt.inner.optim if hasattr(opt, "inner") else opt  # ZeRO-1: this rank's local AdamW
+    states = [t for st in inner.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+    return {
+        "weights": _storage_bytes(params),
+        "grads": _storage_bytes([p.grad for p in params if p.grad is not None]),
+        "optimizer": _storage_bytes(states),
+        "params": sum(_local_tensor(p).numel() for p in params),
+    }
+
+
+def memory_check(*, out_dir: Path, cases: list[dict[str, Any]]) -> None:
+    """Measure activations (one micro-batch) or states (after one step) for each case; rank files as JSON."""
+    import json
+
+    env, device = start()
+    for case in cases:
+        layout = Layout(**case["knobs"])
+        trainer = trainer_for(case["sweep"], layout, device, env.world_size)
+        out: dict[str, Any] = {"stages": trainer.par.stage_ids, "num_stages": trainer.par.num_stages}
+        if case["what"] == "activations":
+            out |= measure_activations(trainer, layout.micro_batch_size)
+        else:
+            out |= measure_states(trainer)
+        (out_dir / f"{case['id']}_rank{env.rank}.json").write_text(json.dumps(out))
         dist.barrier()
     dist.destroy_process_group()
