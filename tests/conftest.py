@@ -35,3 +35,6 @@ def make_sweep(**overrides: Any) -> Sweep:
 @pytest.fixture
 def sweep13b() -> Sweep:
     return make_sweep()
+
+# the session fixture `slurm_cluster` (a real single-node SLURM, root only)
+pytest_plugins = ["tests.slurm_cluster"]

@@ -73,27 +73,35 @@ class SlurmLauncher(Launcher):
 
     def poll(self, handle: Handle) -> Outcome | None:
         sj: submitit.Job = handle.native
-        if not sj.done():
+        # submitit's own sacct polling backs off to minutes; the loop already paces itself
+        if not sj.done(force_check=True):
             return None
         job, node = handle.job, _nodelist(sj)
         log = str(sj.paths.stderr) if sj.paths else None
+        state = (sj.state or "UNKNOWN").upper()
+        rank0 = sj.task(0) if sj.num_tasks > 1 else sj
+        if not state.startswith("COMPLETED") and not rank0.paths.result_pickle.exists():
+            # killed around the trial: do not let submitit wait for a result that cannot come
+            return self._uncompleted(handle, state, node, log)
         try:
-            result = sj.result()
+            result = sj.results()[0]  # every task returns its rank's result; rank 0 speaks for the trial
         except FailedJobError as e:
             return Outcome(failure("failed", _first_lines(str(e)), job), handle.job_id, node, log)
-        except UncompletedJobError as e:
-            state = (sj.state or "UNKNOWN").upper()
-            status = "timeout" if state.startswith("TIMEOUT") else "failed"
-            reason = f"SLURM job {handle.job_id} ended {state} without a result"
-            if state.startswith("CANCELLED"):
-                reason = f"SLURM job {handle.job_id} was cancelled ({state})"
-            err = tail(Path(log), 5) if log else ""
-            return Outcome(failure(status, f"{reason}\n{err}".strip(), job), handle.job_id, node, log,
-                           infrastructure_failure=state.startswith(INFRASTRUCTURE_STATES))
+        except UncompletedJobError:
+            return self._uncompleted(handle, state, node, log)
         if not isinstance(result, dict):
             return Outcome(failure("failed", f"the job returned {type(result).__name__}, not a result", job),
                            handle.job_id, node, log)
         return Outcome(result, handle.job_id, node, log)
+
+    def _uncompleted(self, handle: Handle, state: str, node: str | None, log: str | None) -> Outcome:
+        status = "timeout" if state.startswith("TIMEOUT") else "failed"
+        reason = f"SLURM job {handle.job_id} ended {state} without a result"
+        if state.startswith("CANCELLED"):
+            reason = f"SLURM job {handle.job_id} was cancelled ({state})"
+        err = tail(Path(log), 5) if log else ""
+        return Outcome(failure(status, f"{reason}\n{err}".strip(), handle.job), handle.job_id, node, log,
+                       infrastructure_failure=state.startswith(INFRASTRUCTURE_STATES))
 
     def cancel(self, handle: Handle) -> None:
         handle.native.cancel(check=False)

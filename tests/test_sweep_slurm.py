@@ -1,0 +1,78 @@
+"""`sweep run` through the slurm launcher on the project's own single-node SLURM (root; CI runs it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from tests.conftest import SPACES
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def slurm_spec(tmp_path: Path, name: str, *, trial: dict, max_trials: int, parallel: int) -> Path:
+    spec = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
+    spec.update(name=name, results_dir=str(tmp_path / "results"),
+                launcher={"kind": "slurm", "poll_s": 1.0, "exclusive": False})
+    spec["trial"].update(trial)
+    spec["search"] = {"max_trials": max_trials, "parallel": parallel, "seed": 0}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def cli(*args: str, cwd: Path) -> list[str]:
+    return [sys.executable, "-m", "sweeper.cli", *args]
+
+
+def test_tiny_sweep_through_slurm_two_tasks_per_trial(slurm_cluster, tmp_path):
+    spec = slurm_spec(tmp_path, "tiny_slurm", trial={"steps": 4, "timeout_min": 5}, max_trials=2, parallel=2)
+    r = subprocess.run(cli("run", str(spec), cwd=tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:] + slurm_cluster.logs()
+    df = pd.read_parquet(tmp_path / "results" / "tiny_slurm" / "trials")
+    assert len(df) == 2 and (df.status == "ok").all(), df[["status", "error"]].to_string()
+    assert df.job_id.str.fullmatch(r"\d+").all()
+    assert (df.nodelist == slurm_cluster.node).all()
+    assert (df.num_devices == 2).all() and df.step_times_s.map(len).eq(4).all()
+    assert (df.launcher == "slurm").all()
+
+
+def test_time_limit_and_scancel_become_rows(slurm_cluster, tmp_path):
+    # two trials that would run for hours: one is cancelled from outside, the other hits the
+    # 1-minute SLURM time limit; the sweep ends with one row each and no hang
+    spec = slurm_spec(tmp_path, "tiny_faults", trial={"steps": 100_000, "timeout_min": 1}, max_trials=2, parallel=2)
+    proc = subprocess.Popen(cli("run", str(spec), cwd=tmp_path), cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    inflight = tmp_path / "results" / "tiny_faults" / "inflight"
+    deadline = time.time() + 120
+    records: list[dict] = []
+    while time.time() < deadline and len(records) < 2 and proc.poll() is None:
+        records = [json.loads(p.read_text()) for p in sorted(inflight.glob("trial-*.json"))] if inflight.is_dir() else []
+        time.sleep(0.5)
+    assert len(records) == 2, f"two trials should be in flight: {proc.poll()} {proc.stderr.read() if proc.poll() is not None else ''}"
+    victim = records[0]
+    # wait until it runs, then cancel it as an operator would
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        state = subprocess.run(["squeue", "-h", "-j", victim["job_id"], "-o", "%T"], capture_output=True, text=True).stdout
+        if "RUNNING" in state:
+            break
+        time.sleep(0.5)
+    subprocess.run(["scancel", victim["job_id"]], check=True)
+    out, err = proc.communicate(timeout=400)
+    assert proc.returncode == 0, err[-3000:]
+    df = pd.read_parquet(tmp_path / "results" / "tiny_faults" / "trials").set_index("trial_number")
+    cancelled = df.loc[victim["trial_number"]]
+    assert cancelled.status == "failed" and "cancelled" in cancelled.error, cancelled.error
+    other = df.drop(index=victim["trial_number"]).iloc[0]
+    assert other.status == "timeout", other.error
+    assert not list(inflight.iterdir())
+    left = subprocess.run(["squeue", "-h", "-o", "%A"], capture_output=True, text=True).stdout.split()
+    assert not set(left) & {r["job_id"] for r in records}
