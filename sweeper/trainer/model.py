@@ -139,7 +139,7 @@ class Transformer(nn.Module):
         self.output: nn.Linear | None = nn.Linear(shape.hidden, shape.vocab, bias=False)
         if shape.tied_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        cos, sin = rope_tables(seq_len, shape.head_dim, torch.device("meta"))
+        cos, sin = rope_tables(seq_len, shape.head_dim, torch.get_default_device())
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
