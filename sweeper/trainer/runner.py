@@ -87,6 +87,9 @@ def _measure(sweep: Sweep, layout: Layout, env: DistEnv, device: torch.device, s
     world = sweep.cluster.world
     if env.world_size != world:
         raise RuntimeError(f"the layout needs tp*pp*dp = {world} processes (the sweep's cluster), but {env.world_size} were started")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if device.type == "cuda" and local > torch.cuda.device_count():
+        raise RuntimeError(f"{local} ranks on this node but only {torch.cuda.device_count()} GPUs: one GPU per rank is needed")
     mesh = build_mesh(device, pp=layout.pp, dp=layout.dp(world), tp=layout.tp)
     peak = PeakMemory(device)
     peak.start()

@@ -95,7 +95,8 @@ class Trainer:
     def has_last_stage(self) -> bool:
         return self.par.num_stages - 1 in self.par.stage_ids
 
-    def _contexts(self) -> contextlib.ExitStack:
+    def contexts(self) -> contextlib.ExitStack:
+        """What forward and backward run under: autocast (bf16 without FSDP), loss parallel (TP)."""
         stack = contextlib.ExitStack()
         if self.bf16_autocast:
             stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
@@ -111,7 +112,7 @@ class Trainer:
         mbs = len(self.inputs) // self.grad_accum
         for i in range(self.grad_accum):
             x, y = self.inputs[i * mbs:(i + 1) * mbs], self.labels[i * mbs:(i + 1) * mbs]
-            with _grad_sync(model, i == self.grad_accum - 1), self._contexts():
+            with _grad_sync(model, i == self.grad_accum - 1), self.contexts():
                 loss = loss_fn(model(x), y) / self.grad_accum
                 loss.backward()
             total += _local(loss.detach())
@@ -121,7 +122,7 @@ class Trainer:
         losses: list[torch.Tensor] = []
         args = (self.inputs,) if 0 in self.par.stage_ids else ()
         kwargs = {"target": self.labels, "losses": losses} if self.has_last_stage else {}
-        with self._contexts():
+        with self.contexts():
             self.par.schedule.step(*args, **kwargs)
         if not losses:
             return torch.zeros((), device=self.device)
@@ -139,9 +140,8 @@ class Trainer:
         """A tied embedding split over pipeline stages: its two copies add their gradients (Megatron)."""
         if self.tied_group is None:
             return
-        for part in self.par.parts:
-            inner = part.module if isinstance(part, DistributedDataParallel) else part
-            for mod in (inner.tok_embeddings, inner.output):
+        for part in self.par.parts:  # pipeline stages: never wrapped in DDP (see parallelize)
+            for mod in (part.tok_embeddings, part.output):
                 if mod is not None and mod.weight.grad is not None:
                     dist.all_reduce(_local(mod.weight.grad), group=self.tied_group)
 

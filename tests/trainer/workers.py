@@ -168,7 +168,7 @@ def measure_activations(trainer: Trainer, micro_batch: int) -> dict[str, Any]:
     handles.append(model.output.register_forward_hook(lambda *_: saved.exit()))
     parallel.SAC_CACHES = []
     try:
-        with trainer._contexts():
+        with trainer.contexts():
             logits = model(trainer.inputs[:micro_batch])
             saved.enter("loss")
             loss = loss_fn(logits, trainer.labels[:micro_batch])
