@@ -152,6 +152,6 @@ def print_result(result: TrialResult) -> None:
         ("loss", f"{num(r.losses[0], '.4f')} -> {num(r.losses[-1], '.4f')}" if r.losses else "-"),
         ("start-up", f"{num(r.startup_s, '.1f')} s"),
     ]
-    for what, value in rows:
+    for what, value in rows if r.status == "ok" else rows[:3]:
         table.add_row(what, value)
     Console().print(table)

@@ -134,8 +134,13 @@ def launch_trial(sweep: Sweep, layout: Layout, *, workdir: Path, timeout_s: floa
     """
     limit = timeout_s if timeout_s is not None else sweep.trial.timeout_min * 60
     task = {"kind": "trial", "sweep": sweep, "layout": layout}
-    done = launch(task, nprocs=sweep.cluster.world, timeout_s=limit, workdir=workdir, extra_env=extra_env)
-    path = done.out_dir / "result.json"
+    for attempt in (1, 2):
+        folder = workdir if attempt == 1 else workdir / "retry"
+        done = launch(task, nprocs=sweep.cluster.world, timeout_s=limit, workdir=folder, extra_env=extra_env)
+        path = done.out_dir / "result.json"
+        # the free port was taken between choosing it and rank 0 listening on it: once more
+        if not (path.exists() and "EADDRINUSE" in path.read_text()):
+            break
     oom_killed = done.oom_killed
     if path.exists():
         result = TrialResult.from_dict(json.loads(path.read_text()))

@@ -51,7 +51,9 @@ class Agreement:
     """The trial's outcome as recorded in the store (keys under a prefix private to this trial)."""
 
     def __init__(self, store: dist.Store, *, rank: int) -> None:
-        self.store = dist.PrefixStore("outcome", store)
+        # torchrun's agent keeps its store across restarts: one namespace per attempt
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        self.store = dist.PrefixStore(f"outcome/{attempt}", store)
         self.rank = rank
 
     def report(self, failure: Failure) -> None:

@@ -15,7 +15,7 @@ from sweeper.layout import Layout
 from sweeper.trainer.launch import launch_trial
 from sweeper.trial import FAILED, KERNEL_UNAVAILABLE, OOM, TIMEOUT
 
-from .helpers import tiny_sweep
+from .helpers import run_workers, tiny_sweep
 
 # Others must learn of a failure this fast: the watcher polls every 0.25 s and gives a
 # rank blocked in a collective 1 s before ending it; gloo usually breaks the collective at once.
@@ -85,7 +85,20 @@ def test_hung_trial_is_killed_at_its_wall_clock_limit(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_kernel_missing_on_this_machine_is_kernel_unavailable(tmp_path: Path) -> None:
+def test_every_kernel_missing_here_ends_kernel_unavailable_in_the_trainer(tmp_path: Path) -> None:
+    """CPU has no memory-efficient, cuDNN or fp8 kernels; flash1 and fused_softmax are Megatron's."""
+    layouts = [{"attention": a} for a in ("sdpa_efficient", "cudnn", "flash1", "fused_softmax")] + [{"float8": True}]
+    done = run_workers("unavailable", nprocs=1, workdir=tmp_path, sweep=tiny_sweep(1), layouts=layouts)
+    outcomes = [json.loads((done.out_dir / f"{i}_rank0.json").read_text()) for i in range(len(layouts))]
+    assert [o["status"] for o in outcomes] == [KERNEL_UNAVAILABLE] * len(layouts), outcomes
+    reasons = [o["error"] for o in outcomes]
+    assert "cannot run on cpu" in reasons[0] and "cannot run on cpu" in reasons[1]
+    assert "Megatron-LM kernel" in reasons[2] and "Megatron-LM kernel" in reasons[3]
+    assert "float8 needs a CUDA GPU" in reasons[4]
+
+
+@pytest.mark.slow
+def test_unavailable_kernel_ends_the_trial_kernel_unavailable_on_every_rank(tmp_path: Path) -> None:
     result = launch_trial(tiny_sweep(2), Layout(tp=2, attention="sdpa_efficient", micro_batch_size=4), workdir=tmp_path, timeout_s=120)
     assert result.status == KERNEL_UNAVAILABLE
     assert "attention=sdpa_efficient cannot run on cpu" in result.error

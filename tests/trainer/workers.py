@@ -223,3 +223,21 @@ def memory_check(*, out_dir: Path, cases: list[dict[str, Any]]) -> None:
         (out_dir / f"{case['id']}_rank{env.rank}.json").write_text(json.dumps(out))
         dist.barrier()
     dist.destroy_process_group()
+
+
+def unavailable(*, out_dir: Path, sweep: Sweep, layouts: list[dict[str, Any]]) -> None:
+    """Build the trainer for each layout; record the status its failure classifies to, and why."""
+    import json
+
+    from sweeper.trainer.outcome import classify
+
+    env, device = start()
+    for i, knobs in enumerate(layouts):
+        try:
+            trainer_for(sweep, Layout(**knobs), device, env.world_size)
+            outcome = {"status": "ok", "error": None}
+        except Exception as e:  # what run_trial would catch
+            failure = classify(e, rank=env.rank)
+            outcome = {"status": failure.status, "error": failure.error}
+        (out_dir / f"{i}_rank{env.rank}.json").write_text(json.dumps(outcome))
+    dist.destroy_process_group()
