@@ -10,6 +10,7 @@ writes them and ends its process (see `outcome.Watcher`), so it never returns.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -107,7 +108,7 @@ def _measure(sweep: Sweep, layout: Layout, env: DistEnv, device: torch.device, s
     m = maxed.tolist()
     n = len(times)
     return {
-        "step_times_s": m[:n], "losses": reduce_losses(trainer, losses), "startup_s": m[n] if m[n] == m[n] else None,
+        "step_times_s": m[:n], "losses": reduce_losses(trainer, losses), "startup_s": None if math.isnan(m[n]) else m[n],
         "peak_mem_gib": m[n + 1] / GIB, "peak_mem_reserved_gib": m[n + 2] / GIB if m[n + 2] >= 0 else None,
     }
 
@@ -177,8 +178,7 @@ def run_trial(sweep: Sweep, layout: Layout, *, out_dir: Path | None = None) -> T
     finally:
         watcher.stop()
     outputs.write(result)
-    # Leave the process group first: a peer blocked in a collective with this rank gets an error
-    # now instead of waiting for its watcher.
+    # Leave the process group (bounded in time), then tell rank 0 this rank has its outcome.
     _teardown()
     try:
         agreement.acknowledge()
