@@ -95,40 +95,50 @@ def _per_token_terms(cols: Columns, sweep: Sweep) -> dict[str, np.ndarray]:
     """Bytes per token that one block keeps for backward, by part, for each checkpointing mode.
 
     With e bytes per element, t = tp, and r = 1/t under sequence parallel (else 1):
-      norm       fused: its input (e*h*r) and rstd (4); eager: also the fp32 copy of the input
-                 (4*h*r, shared with the input in fp32) and the value before the weight (e*h*r)
+      norm       fused: its input (e*h*r) and rstd (4*r); eager: the fp32 copy of the input
+                 (4*h*r; autograd keeps it, not the input), rstd, and the value before the
+                 weight (e*h*r)
       linear in  q/k/v and w1/w3 read the all-gathered norm output: e*h each (DTensor keeps it)
       attention  flash-like: q, k, v after RoPE (e*(h + 2*kv)/t), output (e*h/t), log-sum-exp
-                 (4*a/t); score kernels: q and k, v expanded to all heads (3*e*h/t) and the
-                 probabilities (fp32 softmax output plus the e-byte copy the matmul keeps:
-                 (4 + e) bytes per score when e < 4; a*s scores per token, /t)
-      o-proj in  the attention output made contiguous: e*h/t
+                 (4*a/t); its output is already laid out for the o-projection (a view, no copy);
+                 score kernels: q and k, v expanded to all heads (3*e*h/t), the probabilities
+                 (fp32 softmax output plus the e-byte copy the matmul keeps: (4 + e) bytes per
+                 score when e < 4; a*s scores per token, /t) and the o-projection's input, made
+                 contiguous (e*h/t)
       mlp        w1 out, silu out, w3 out, w2 input: 4*e*ffn/t
+    Checked against what the trainer saves (saved-tensor hooks) in tests/trainer.
     """
     m = sweep.model
     e = compute_bytes(sweep)
     s, h, a, kv, f = sweep.seq_len, m.hidden, m.heads, m.kv_dim, m.ffn
     t = cols["tp"].astype(float)
-    r = np.where(cols["sequence_parallel"].astype(bool) & (t > 1), 1.0 / t, 1.0)
+    sp = cols["sequence_parallel"].astype(bool) & (t > 1)
+    r = np.where(sp, 1.0 / t, 1.0)
     scores = np.isin(cols["attention"], SCORE_KERNELS)
-    eager_norm = cols["rmsnorm"] == "eager"
-    fp32_copy = 4 if e < 4 else 0  # in fp32 the norm's float() is the input itself
-
-    norm = e * h * r + 4 + np.where(eager_norm, fp32_copy * h * r + e * h * r, 0.0)
+    norm = norm_bytes(cols, sweep, r)
     score_bytes = 4 + (e if e < 4 else 0)
     attn_core = np.where(
         scores,
-        3 * e * h / t + score_bytes * a * s / t,
+        3 * e * h / t + score_bytes * a * s / t + e * h / t,
         e * (h + 2 * kv) / t + e * h / t + 4 * a / t,
     )
-    attention = norm + e * h + attn_core + e * h / t
+    attention = norm + e * h + attn_core
     mlp = norm + e * h + 4 * e * f / t
     block_in = e * h * r
     # selective: the block input plus every matmul / attention output (row-parallel matmul
-    # outputs are full size on each rank, before their reduction)
+    # outputs are full size on each rank, before their reduction) and, under sequence
+    # parallel, the two reduce-scatter outputs (torchtitan's policy keeps them)
     kept_attn = np.where(scores, e * a * s / t + e * h / t, e * h / t + 4 * a / t)
     selective = block_in + e * (h + 2 * kv) / t + kept_attn + e * h + 2 * e * f / t + e * h
+    selective = selective + np.where(sp, 2 * e * h / t, 0.0)
     return {"attention": attention, "mlp": mlp, "block_in": block_in, "selective": selective}
+
+
+def norm_bytes(cols: Columns, sweep: Sweep, r: np.ndarray) -> np.ndarray:
+    """Bytes per token an RMSNorm keeps: fused e*h*r + 4*r; eager 4*h*r + 4*r + e*h*r."""
+    e, h = compute_bytes(sweep), sweep.model.hidden
+    eager = cols["rmsnorm"] == "eager"
+    return np.where(eager, 4 * h * r + 4 * r + e * h * r, e * h * r + 4 * r)
 
 
 def layer_activation_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.ndarray]:
@@ -169,15 +179,20 @@ def microbatches_in_flight(cols: Columns) -> tuple[np.ndarray, np.ndarray]:
 
 
 def logits_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.ndarray]:
-    """(kept per micro-batch, transient) bytes of the output layer's logits on the last stage.
+    """(kept per micro-batch, transient) bytes of the output layer on the last stage.
 
-    Cross-entropy runs in fp32: log-softmax keeps its fp32 output (4 bytes per logit, vocab
-    split by tp under loss parallel); while the loss and its gradient are formed, the e-byte
-    logits and an fp32 gradient exist at once (e + 4 bytes per logit).
+    Kept: the final norm (as a block's norm), the output projection's input (e*h, all of h
+    even under sequence parallel), and the fp32 log-softmax of cross-entropy (4 bytes per
+    logit, vocab split by tp under loss parallel). Transient, while the loss and its gradient
+    are formed: the e-byte logits and an fp32 gradient at once (e + 4 bytes per logit).
     """
     e = compute_bytes(sweep)
-    logits = sweep.seq_len * cols["micro_batch_size"] * sweep.model.vocab / cols["tp"]
-    return 4.0 * logits, (e + 4.0) * logits
+    t = cols["tp"].astype(float)
+    r = np.where(cols["sequence_parallel"].astype(bool) & (t > 1), 1.0 / t, 1.0)
+    tokens = sweep.seq_len * cols["micro_batch_size"]
+    logits = tokens * sweep.model.vocab / t
+    head_in = tokens * (norm_bytes(cols, sweep, r) + e * sweep.model.hidden)
+    return 4.0 * logits + head_in, (e + 4.0) * logits
 
 
 def overhead_bytes(cols: Columns, sweep: Sweep) -> np.ndarray:
@@ -197,7 +212,9 @@ def state_bytes(cols: Columns, sweep: Sweep, params: np.ndarray) -> tuple[np.nda
     ZeRO-1 optimizer): Adam states / dp. fsdp (FSDP2): master, grads and Adam / dp, plus the
     unsharded 16-bit parameters of two blocks (the one computing and the one prefetched) and
     one block's unsharded gradient (e bytes) with its fp32 reduce-scatter buffer; with pp > 1
-    the stage keeps its parameters unsharded across micro-batches (no re-gather per micro-batch).
+    the stage keeps its parameters unsharded across micro-batches (no re-gather per micro-batch)
+    and its whole unsharded fp32 gradient until the last micro-batch (gradients are reduced
+    once, after the schedule).
     """
     e = compute_bytes(sweep)
     dp = np.maximum(cols["dp"], 1).astype(float)
@@ -207,7 +224,8 @@ def state_bytes(cols: Columns, sweep: Sweep, params: np.ndarray) -> tuple[np.nda
     unit = np.maximum(layer_params_per_rank(cols, sweep), sweep.model.vocab * sweep.model.hidden / cols["tp"])
     gathered = np.where(cols["pp"] > 1, params * e, 2 * unit * e)
     weights = np.where(fsdp, MASTER_BYTES * params / dp + gathered, (MASTER_BYTES + copy) * params)
-    grads = np.where(fsdp, GRAD_BYTES * params / dp + unit * (e + 4), GRAD_BYTES * params)
+    unsharded_grads = np.where(cols["pp"] > 1, GRAD_BYTES * params, unit * (e + 4))
+    grads = np.where(fsdp, GRAD_BYTES * params / dp + unsharded_grads, GRAD_BYTES * params)
     optimizer = np.where(sharding == "none", ADAM_BYTES * params, ADAM_BYTES * params / dp)
     return weights, grads, optimizer
 
