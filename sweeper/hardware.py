@@ -18,6 +18,11 @@ class GPU:
     tf32_tflops: float | None = None
     fp8_tflops: float | None = None
     note: str = ""
+    # Bandwidths in GB/s per device, one direction: HBM, the intra-node link (NVLink, Infinity
+    # Fabric, or PCIe), and the network between nodes in a typical cluster of that card.
+    hbm_gbps: float = 2000.0
+    intra_gbps: float = 300.0
+    inter_gbps: float = 25.0
 
     def peak_flops(self, precision: str) -> float:
         """Peak FLOP/s that MFU divides by for a run in `precision` (bf16 for float8 runs too, as torchtitan does)."""
@@ -34,18 +39,18 @@ class GPU:
 GPUS: dict[str, GPU] = {
     g.name: g
     for g in [
-        GPU("a100-40gb", 40.0, 312.0, 156.0, None, "A100 SXM4 40GB"),
-        GPU("a100-80gb", 80.0, 312.0, 156.0, None, "A100 SXM4 80GB"),
-        GPU("h100-sxm", 79.6, 989.4, 494.7, 1978.9, "H100 SXM5 80GB"),
-        GPU("h100-pcie", 79.6, 756.0, 378.0, 1513.0, "H100 PCIe 80GB"),
-        GPU("h200", 140.4, 989.4, 494.7, 1978.9, "H200 SXM 141GB"),
-        GPU("b200", 179.1, 2250.0, 1100.0, 4500.0, "B200 (HGX) 180GB"),
-        GPU("mi300x", 192.0, 1307.4, 653.7, 2614.9, "AMD Instinct MI300X"),
-        GPU("l40s", 45.0, 362.1, 183.0, 733.0, "L40S 48GB"),
+        GPU("a100-40gb", 40.0, 312.0, 156.0, None, "A100 SXM4 40GB", 1555, 300, 25),
+        GPU("a100-80gb", 80.0, 312.0, 156.0, None, "A100 SXM4 80GB", 2039, 300, 25),
+        GPU("h100-sxm", 79.6, 989.4, 494.7, 1978.9, "H100 SXM5 80GB", 3350, 450, 50),
+        GPU("h100-pcie", 79.6, 756.0, 378.0, 1513.0, "H100 PCIe 80GB", 2000, 64, 25),
+        GPU("h200", 140.4, 989.4, 494.7, 1978.9, "H200 SXM 141GB", 4800, 450, 50),
+        GPU("b200", 179.1, 2250.0, 1100.0, 4500.0, "B200 (HGX) 180GB", 8000, 900, 50),
+        GPU("mi300x", 192.0, 1307.4, 653.7, 2614.9, "AMD Instinct MI300X", 5300, 448, 50),
+        GPU("l40s", 45.0, 362.1, 183.0, 733.0, "L40S 48GB", 864, 32, 12.5),
         # Not a GPU: one CPU process per "device" in tests and the demo. The peak is a nominal
         # figure (2 cores x 3 GHz x 32 fp32 FLOP/cycle), so CPU MFUs are comparable with each
         # other, not with a GPU's.
-        GPU("cpu", 4.0, 0.192, 0.192, None, "CPU process (nominal peak, tests and demo only)"),
+        GPU("cpu", 4.0, 0.192, 0.192, None, "CPU process (nominal peak, tests and demo only)", 20, 5, 1),
     ]
 }
 

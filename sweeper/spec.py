@@ -66,6 +66,8 @@ class ClusterSpec(_Strict):
     nodes: int = Field(ge=1, le=100_000)
     gpus_per_node: int = Field(ge=1, le=1024)
     gpu: str | GPUSpec
+    intra_node_gbps: float | None = Field(default=None, gt=0, le=100_000, description="GB/s per GPU within a node")
+    inter_node_gbps: float | None = Field(default=None, gt=0, le=100_000, description="GB/s per GPU between nodes")
 
     @field_validator("gpu")
     @classmethod
@@ -78,7 +80,16 @@ class ClusterSpec(_Strict):
         return v
 
     def resolved_gpu(self) -> GPU:
-        return self.gpu.gpu() if isinstance(self.gpu, GPUSpec) else lookup_gpu(self.gpu)  # type: ignore[return-value]
+        """The table entry (or the user's card), with the link bandwidths the file overrides."""
+        from dataclasses import replace
+
+        gpu = self.gpu.gpu() if isinstance(self.gpu, GPUSpec) else lookup_gpu(self.gpu)
+        assert gpu is not None  # checked by the validator
+        if self.intra_node_gbps is not None:
+            gpu = replace(gpu, intra_gbps=self.intra_node_gbps)
+        if self.inter_node_gbps is not None:
+            gpu = replace(gpu, inter_gbps=self.inter_node_gbps)
+        return gpu
 
     @property
     def world(self) -> int:

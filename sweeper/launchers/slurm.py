@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,9 @@ class SlurmLauncher(Launcher):
             return None
         job, node = handle.job, _nodelist(sj)
         log = str(sj.paths.stderr) if sj.paths else None
+        written = _result_file(job.workdir / "result.json")
+        if written is not None:  # rank 0 writes it even when a stuck peer made a task exit early
+            return Outcome(written, handle.job_id, node, log)
         state = (sj.state or "UNKNOWN").upper()
         rank0 = sj.task(0) if sj.num_tasks > 1 else sj
         if not state.startswith("COMPLETED") and not rank0.paths.result_pickle.exists():
@@ -113,6 +117,14 @@ class SlurmLauncher(Launcher):
         ntasks = self.sweep.cluster.world
         sj = submitit.SlurmJob(folder=folder, job_id=job_id, tasks=tuple(range(ntasks)))
         return Handle(job_id, job, sj)
+
+
+def _result_file(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and "status" in data else None
 
 
 def _nodelist(sj: submitit.Job) -> str | None:
