@@ -15,12 +15,15 @@ from sweeper.errors import SweepError
 class Format(str, Enum):
     table = "table"
     json = "json"
+    yaml = "yaml"
+    torchtitan = "torchtitan"
+    megatron = "megatron"
 
 
 def best(
     spec: Annotated[str, typer.Argument(help="sweep file (path or bare name)")],
     top: Annotated[int, typer.Option("--top", "-n", help="how many layouts")] = 5,
-    fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json")] = Format.table,
+    fmt: Annotated[Format, typer.Option("--format", "-f", help="table, json, yaml (the winner's layout), torchtitan (TOML) or megatron (flags)")] = Format.table,
     results: Annotated[Optional[Path], typer.Option("--results", help="a results folder (default: results_dir/<name> of the sweep)")] = None,
 ) -> None:
     from rich.markup import escape
@@ -45,8 +48,14 @@ def best(
 
         chosen = [_jsonable(r) for r in best_rows(rows, top)]
         doc = {"name": root.name, "trials": len(rows), "statuses": dict(Counter(r["status"] for r in rows)),
-               "best": chosen[0] if chosen else None, "top": chosen}
+               "best": chosen[0] if chosen else None, "top": chosen, "layout": _winner_layout(rows, root, spec)}
         typer.echo(json.dumps(doc, indent=2))
+        return
+    if fmt in (Format.yaml, Format.torchtitan, Format.megatron):
+        try:
+            typer.echo(_export_winner(rows, root, spec, fmt.value), nl=False)
+        except SweepError as e:
+            abort(escape(str(e)))
         return
     print_best(rows, top=top, title=f"{root.name}: best layouts")
 
@@ -55,6 +64,39 @@ def _results_root(spec: str) -> Path:
     from sweeper.spec import load_sweep
 
     return load_sweep(spec).results_path
+
+
+def _sweep_of(root: Path, spec: str) -> Any:
+    """The sweep as it was run (`sweep.yaml` beside the results), else the sweep file named."""
+    from sweeper.spec import load_sweep
+
+    as_run = root / "sweep.yaml"
+    return load_sweep(as_run if as_run.is_file() else spec)
+
+
+def _export_winner(rows: list[dict[str, Any]], root: Path, spec: str, fmt: str) -> str:
+    """The best ok trial in a trainer's format; a sweep without one is a user error."""
+    from sweeper.export import EXPORTERS
+    from sweeper.results import best_rows
+
+    chosen = best_rows(rows, 1)
+    if not chosen:
+        raise SweepError(f"no successful trial under {root} to export ({len(rows)} trials)")
+    return EXPORTERS[fmt](chosen[0], _sweep_of(root, spec))
+
+
+def _winner_layout(rows: list[dict[str, Any]], root: Path, spec: str) -> Any:
+    """The winner's layout record for the JSON document (null without a winner or a readable sweep)."""
+    from sweeper.export import layout_record
+    from sweeper.results import best_rows
+
+    chosen = best_rows(rows, 1)
+    if not chosen:
+        return None
+    try:
+        return layout_record(chosen[0], _sweep_of(root, spec))
+    except SweepError:
+        return None
 
 
 def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
