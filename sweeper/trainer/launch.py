@@ -87,9 +87,23 @@ def launch(task: dict[str, Any], *, nprocs: int, timeout_s: float, workdir: Path
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "sweeper.trainer.worker", str(workdir)],
                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=_die_with_parent,
             ))
     timed_out, killed = _wait(procs, deadline=start + timeout_s, result=workdir / "out" / "result.json")
     return Launched(workdir, [p.returncode for p in procs], timed_out, killed, time.monotonic() - start)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when this launcher dies. Each rank has its own session,
+    so killing the launcher's process group (a SIGKILLed `sweep trial`, a cancelled local trial)
+    would otherwise leave the ranks running, unsupervised and past any time limit."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:  # the launcher died before the prctl: do not run orphaned
+            os._exit(1)
 
 
 def _wait(procs: list[subprocess.Popen[bytes]], *, deadline: float, result: Path) -> tuple[bool, set[int]]:

@@ -1,0 +1,141 @@
+"""Shared by the fault-injection tests: a small real sweep, the CLI as a subprocess, and checks
+of the final state (rows, Optuna trial states, processes left behind)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+import yaml
+
+from tests.conftest import ROOT, SPACES
+
+LAYOUT_KNOBS = ["tp", "pp", "micro_batch_size", "activation_checkpointing"]
+
+
+def spec_file(tmp_path: Path, name: str, *, trial: dict | None = None, search: dict | None = None,
+              space: dict | None = None, launcher: Any = "local") -> Path:
+    """The shipped tiny CPU sweep (2 processes), renamed, with its results under tmp_path."""
+    spec = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
+    spec.update(name=name, results_dir=str(tmp_path / "results"), launcher=launcher)
+    spec["trial"].update({"steps": 3, "warmup_steps": 1} | (trial or {}))
+    spec["search"] = {"max_trials": 2, "parallel": 1, "seed": 0} | (search or {})
+    if space is not None:
+        spec["space"] = space
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "sweeper.cli", *args]
+
+
+def env_with(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), **extra}
+
+
+def sweep(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(cli(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env or env_with())
+
+
+def start(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen(cli(*args), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env or env_with())
+
+
+def results(tmp_path: Path, name: str) -> Path:
+    return tmp_path / "results" / name
+
+
+def frame(tmp_path: Path, name: str) -> pd.DataFrame:
+    return pd.read_parquet(results(tmp_path, name) / "trials")
+
+
+def optuna_states(tmp_path: Path, name: str) -> dict[int, str]:
+    """Optuna trial number -> state name, read from results/<name>/optuna.db."""
+    storage = f"sqlite:///{results(tmp_path, name) / 'optuna.db'}"
+    study = optuna.load_study(study_name=name, storage=storage)
+    return {t.number: t.state.name for t in study.get_trials(deepcopy=False)}
+
+
+def assert_rows_match_study(tmp_path: Path, name: str) -> pd.DataFrame:
+    """Every row's Optuna trial is finished (COMPLETE), and no Optuna trial is left RUNNING."""
+    df = frame(tmp_path, name)
+    states = optuna_states(tmp_path, name)
+    assert "RUNNING" not in states.values(), states
+    for n in df.optuna_trial:
+        assert states[int(n)] == "COMPLETE", (int(n), states)
+    assert not df.trial_number.duplicated().any()
+    assert not list((results(tmp_path, name) / "inflight").glob("trial-*.json"))
+    return df
+
+
+def wait_for(predicate, *, timeout: float, what: str, every: float = 0.1) -> Any:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def processes_with(marker: str) -> list[int]:
+    """Live (not zombie) processes whose command line or environment mentions `marker`."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if (d / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            blob = (d / "cmdline").read_bytes() + b"\0" + (d / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in blob:
+            found.append(int(d.name))
+    return found
+
+
+def rank_pids(trial_dir: Path) -> list[int]:
+    """The rank processes (`python -m sweeper.trainer.worker DIR`) of a local trial, by rank."""
+    ranks = trial_dir / "ranks"
+    pids = []
+    for pid in processes_with(str(ranks)):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"sweeper.trainer.worker" in cmd:
+            pids.append(pid)
+    return sorted(pids)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def assert_no_processes_left(root: Path, *, timeout: float = 20) -> None:
+    """Nothing started for this sweep (trial processes, ranks) outlives it."""
+    deadline = time.time() + timeout
+    while (left := processes_with(str(root))) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not left, f"processes left behind: {[Path(f'/proc/{p}/cmdline').read_bytes() for p in left if alive(p)]}"
+
+
+def kill(pid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
