@@ -123,7 +123,9 @@ def _resume_inflight(run: SweepRun) -> None:
     keep: set[int] = set()
     for rec in run.store.inflight():
         number = int(rec["trial_number"])
-        if number in finished:  # written but not cleared before a crash
+        if number in finished:  # written but not told or cleared before a crash: finish both
+            row = next(r for r in run.rows if r["trial_number"] == number)
+            run.search.tell(int(rec["optuna_trial"]), int(rec["row"]), status=row["status"], mfu=row.get("mfu"))
             run.store.clear_inflight(number)
             continue
         job = _job(run, number, Layout.from_mapping(rec["layout"]), attempt=int(rec["attempt"]))

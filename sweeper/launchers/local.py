@@ -51,7 +51,7 @@ class LocalLauncher(Launcher):
         if proc is not None:
             if proc.poll() is None:
                 return self._enforce_limit(handle)
-        elif _alive(handle.info["pid"]):
+        elif not handle.info.get("ended") and _alive(handle.info["pid"]):
             return self._enforce_limit(handle)
         return self._collect(handle)
 
@@ -64,14 +64,9 @@ class LocalLauncher(Launcher):
 
     def _collect(self, handle: Handle) -> Outcome:
         job = handle.job
-        text = (job.workdir / "result.json").read_text(errors="replace") if (job.workdir / "result.json").exists() else ""
-        start = text.find("{")
-        try:
-            result = json.loads(text[start:]) if start >= 0 else None
-        except ValueError:
-            result = None
+        result = _result(job)
         node = os.uname().nodename
-        if isinstance(result, dict) and "status" in result:
+        if result is not None:
             return Outcome(result, handle.job_id, node, _log(handle))
         rc = handle.native.returncode if handle.native is not None else None
         how = f"exit code {rc}" if rc is not None and rc >= 0 else (
@@ -93,9 +88,25 @@ class LocalLauncher(Launcher):
     def reattach(self, job_id: str, job: TrialJob) -> Handle | None:
         """A local trial survives its `sweep run` (own session): find it by pid and command line."""
         pid = int(job_id.removeprefix("local-"))
-        if not _alive(pid) or f"SWEEP_TRIAL_DIR={job.workdir}" not in _environ(pid):
-            return None
-        return Handle(job_id, job, None, {"started": time.time(), "pid": pid})
+        if _alive(pid) and f"SWEEP_TRIAL_DIR={job.workdir}" in _environ(pid):
+            return Handle(job_id, job, None, {"started": time.time(), "pid": pid})
+        if _result(job) is not None:  # it finished while no `sweep run` watched: collect, do not rerun
+            return Handle(job_id, job, None, {"started": time.time(), "pid": pid, "ended": True})
+        return None
+
+
+def _result(job: TrialJob) -> dict | None:
+    """The trial's result as its process printed it (JSON on stdout), or None when there is none."""
+    try:
+        text = (job.workdir / "result.json").read_text(errors="replace")
+    except OSError:
+        return None
+    start = text.find("{")
+    try:
+        result = json.loads(text[start:]) if start >= 0 else None
+    except ValueError:
+        return None
+    return result if isinstance(result, dict) and "status" in result else None
 
 
 def _alive(pid: int) -> bool:
