@@ -1,0 +1,132 @@
+"""Kill `sweep run` with SIGKILL at seeded random moments, restart it, and check nothing was lost.
+
+Runs the demo sweep (search_spaces/tiny_cpu.yaml with fewer steps, in a temp folder) once
+uninterrupted, then again with N kill/restart cycles, and compares: the set of layouts that
+finished, rows lost, duplicate rows, partial files visible to readers, and the extra wall time
+the restarts cost.
+
+    python benchmarks/kill_resume.py [--cycles 5] [--seed 0] [--steps 3] [--trials 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYOUT_KNOBS = ["tp", "pp", "micro_batch_size", "activation_checkpointing", "attention"]
+
+
+def demo_spec(folder: Path, name: str, *, steps: int, trials: int) -> Path:
+    """tiny_cpu with `steps` steps, a grid search (the same trials in the same order, killed or not)."""
+    spec = yaml.safe_load((ROOT / "search_spaces" / "tiny_cpu.yaml").read_text())
+    spec.update(name=name, results_dir=str(folder / "results"))
+    spec["trial"].update(steps=steps, warmup_steps=1)
+    spec["search"] = {"max_trials": trials, "parallel": 1, "seed": 0, "sampler": "grid"}
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _cmd(spec: Path) -> list[str]:
+    return [sys.executable, "-m", "sweeper.cli", "run", str(spec)]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def run_to_end(spec: Path) -> None:
+    r = subprocess.run(_cmd(spec), cwd=spec.parent, capture_output=True, text=True, env=_env(), timeout=900)
+    if r.returncode != 0:
+        raise SystemExit(f"sweep run {spec} failed ({r.returncode}):\n{r.stderr[-3000:]}")
+
+
+def run_with_kills(spec: Path, *, cycles: int, seed: int, max_delay_s: float) -> list[float]:
+    """`cycles` runs each SIGKILLed after a seeded random delay, then one run to the end."""
+    rng = random.Random(seed)
+    delays = []
+    for _ in range(cycles):
+        delay = rng.uniform(0.3, max_delay_s)
+        proc = subprocess.Popen(_cmd(spec), cwd=spec.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env=_env())
+        try:
+            proc.wait(timeout=delay)  # it may finish the whole sweep before its kill
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        delays.append(delay)
+    run_to_end(spec)
+    return delays
+
+
+@dataclass
+class Check:
+    finished: int
+    expected: int
+    lost: int
+    duplicates: int
+    partial_files: list[str]
+    statuses: dict[str, int]
+
+
+def check(results: Path, reference: pd.DataFrame) -> Check:
+    """Compare a sweep's rows with the uninterrupted reference: by layout, since numbers may differ."""
+    trials = results / "trials"
+    df = pd.read_parquet(trials)
+    key = lambda frame: [tuple(r) for r in frame[LAYOUT_KNOBS].astype(str).itertuples(index=False)]  # noqa: E731
+    got, want = key(df), set(key(reference))
+    visible = [p.name for p in trials.iterdir() if not p.name.startswith(".") and not p.name.endswith(".parquet")]
+    return Check(
+        finished=len(df), expected=len(reference),
+        lost=len(want - set(got)),
+        duplicates=(len(got) - len(set(got))) + int(df.trial_number.duplicated().sum()),
+        partial_files=visible, statuses=df.status.value_counts().to_dict(),
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cycles", type=int, default=5, help="kill/restart cycles")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
+    ap.add_argument("--steps", type=int, default=3, help="training steps per trial")
+    ap.add_argument("--trials", type=int, default=6, help="trials in the sweep")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="sweep-kill-resume-") as tmp:
+        folder = Path(tmp)
+        t0 = time.perf_counter()
+        run_to_end(demo_spec(folder, "uninterrupted", steps=args.steps, trials=args.trials))
+        clean_s = time.perf_counter() - t0
+        reference = pd.read_parquet(folder / "results" / "uninterrupted" / "trials")
+        per_trial = clean_s / max(1, len(reference))
+        t0 = time.perf_counter()
+        delays = run_with_kills(demo_spec(folder, "killed", steps=args.steps, trials=args.trials),
+                                cycles=args.cycles, seed=args.seed, max_delay_s=2.5 * per_trial)
+        killed_s = time.perf_counter() - t0
+        c = check(folder / "results" / "killed", reference)
+    print(f"{'run':<16} {'wall s':>8} {'rows':>5}  statuses")
+    print(f"{'uninterrupted':<16} {clean_s:>8.1f} {len(reference):>5}  {reference.status.value_counts().to_dict()}")
+    print(f"{f'{args.cycles} kills':<16} {killed_s:>8.1f} {c.finished:>5}  {c.statuses}")
+    print(f"kill moments (s after start): {', '.join(f'{d:.1f}' for d in delays)} (seed {args.seed})")
+    print(f"partial files visible to readers: {len(c.partial_files)}")
+    print(f"trials finished: {c.finished} of {c.expected}")
+    print(f"extra time for restarts: {killed_s - clean_s:+.1f} s ({100 * (killed_s / clean_s - 1):+.0f} %)")
+    print(f"rows lost: {c.lost}")
+    print(f"duplicate rows: {c.duplicates}")
+    ok = c.lost == 0 and c.duplicates == 0 and not c.partial_files and c.finished == c.expected
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
