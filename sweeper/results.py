@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import sweeper
+from sweeper.errors import SweepError
 from sweeper.knobs import KNOBS
 
 _ARROW = {int: pa.int64(), bool: pa.bool_(), str: pa.string()}
@@ -117,6 +118,8 @@ class ResultsStore:
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, path)
+        except OSError as e:  # a full disk, a quota, a read-only mount: the user's to fix
+            raise _write_error(f"the result of trial {row['trial_number']}", path, e) from None
         finally:
             tmp.unlink(missing_ok=True)
         _fsync_dir(self.trials_dir)
@@ -148,7 +151,11 @@ class ResultsStore:
     # ---- trials in flight ------------------------------------------------------------
     def record_inflight(self, number: int, record: Mapping[str, Any]) -> None:
         """Persist a submitted trial (its job id above all) before waiting on it, for re-attach."""
-        _atomic_write_text(self.inflight_dir / f"trial-{number:05d}.json", json.dumps(dict(record), default=str))
+        path = self.inflight_dir / f"trial-{number:05d}.json"
+        try:
+            _atomic_write_text(path, json.dumps(dict(record), default=str))
+        except OSError as e:
+            raise _write_error(f"the in-flight record of trial {number} (job {record.get('job_id')})", path, e) from None
 
     def inflight(self) -> list[dict[str, Any]]:
         out = []
@@ -166,6 +173,13 @@ class ResultsStore:
         numbers = [int(p.stem.split("-")[1]) for p in self.trials_dir.glob("trial-*.parquet")]
         numbers += [int(r["trial_number"]) for r in self.inflight()]
         return max(numbers, default=-1) + 1
+
+
+def _write_error(what: str, path: Path, e: OSError) -> SweepError:
+    return SweepError(
+        f"cannot write {what} to {path}: {e.strerror or e}; the results already written are intact. "
+        "Free the space (or fix the folder) and run `sweep run` again: it picks up where it stopped"
+    )
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
