@@ -101,7 +101,8 @@ def prepare(sweep: Sweep, launcher: Launcher) -> SweepRun:
     storage = sweep.search.storage or f"sqlite:///{(store.root / 'optuna.db').resolve()}"
     study = open_study(storage, sweep.name, sampler=sampler)
     search = LayoutSearch(plan, study, sampler=sweep.search.sampler, max_trials=sweep.search.max_trials,
-                          seed=sweep.search.seed)
+                          seed=sweep.search.seed, seed_trials=sweep.search.seed_trials,
+                          stop_margin=sweep.search.stop_margin)
     run = SweepRun(sweep, plan, store, search, launcher, spec_path)
     _load_finished(run)
     _resume_inflight(run)
@@ -114,7 +115,7 @@ def _load_finished(run: SweepRun) -> None:
         layout = Layout.from_mapping({k: r[k] for k in Layout.__dataclass_fields__ if r.get(k) is not None})
         row = run.search.row_of(layout)
         if row is not None:
-            run.search.done[row] = r["mfu"] if (r["status"] == "ok" and r.get("mfu") is not None) else 0.0
+            run.search.observe(row, **_measured(r))
 
 
 def _resume_inflight(run: SweepRun) -> None:
@@ -125,7 +126,7 @@ def _resume_inflight(run: SweepRun) -> None:
         number = int(rec["trial_number"])
         if number in finished:  # written but not told or cleared before a crash: finish both
             row = next(r for r in run.rows if r["trial_number"] == number)
-            run.search.tell(int(rec["optuna_trial"]), int(rec["row"]), status=row["status"], mfu=row.get("mfu"))
+            run.search.tell(int(rec["optuna_trial"]), int(rec["row"]), **_measured(row))
             run.store.clear_inflight(number)
             continue
         job = _job(run, number, Layout.from_mapping(rec["layout"]), attempt=int(rec["attempt"]))
@@ -180,10 +181,16 @@ def _record(run: SweepRun, number: int, rec: dict[str, Any], outcome: Outcome) -
         values["error"] = f"{values['error']} (attempt 1: {rec['previous_error']})"
     run.store.write_row(values)
     row = row_from(values)
-    run.search.tell(int(rec["optuna_trial"]), plan_row, status=values["status"], mfu=values.get("mfu"))
+    run.search.tell(int(rec["optuna_trial"]), plan_row, **_measured(values))
     run.store.clear_inflight(number)
     run.rows.append(row)
     return row
+
+
+def _measured(row: dict[str, Any]) -> dict[str, Any]:
+    """What the search learns from a result row."""
+    return {"status": row["status"], "mfu": row.get("mfu"), "step_time_s": row.get("step_time_mean_s"),
+            "peak_mem_gib": row.get("peak_mem_gib"), "device": row.get("device")}
 
 
 def _ts(value: Any) -> Any:
@@ -195,7 +202,7 @@ def _ts(value: Any) -> Any:
 def step(run: SweepRun, progress: Progress | None = None) -> bool:
     """Submit into free slots, collect what finished. False when nothing is left to do."""
     while (not run.stop_requested and len(run.running) < run.sweep.search.parallel
-           and run.launched < run.budget):
+           and run.launched < run.budget and not run.search.should_stop()):
         proposal = run.search.ask()
         if proposal is None:
             break
@@ -222,6 +229,7 @@ def step(run: SweepRun, progress: Progress | None = None) -> bool:
         progress.tick(run)
     return bool(run.running) or (
         not run.stop_requested and run.launched < run.budget and run.search.remaining() > 0
+        and not run.search.should_stop()
     )
 
 

@@ -24,7 +24,8 @@ from sweeper.spec import Sweep
 GIGA = 1e9
 MATMUL_EFFICIENCY = 0.80  # large bf16 GEMMs on datacenter GPUs reach ~75-85 % of peak
 GEMM_HALF_SIZE = 0.5  # M*N (in 2^20 elements) at which a GEMM reaches half its efficiency
-FLASH_EFFICIENCY = 0.60  # flash-style attention kernels, share of peak
+# flash-style attention kernels, share of peak (FlashAttention-2 reports ~2x FlashAttention-1)
+FLASH_EFFICIENCY = {"flash1": 0.40, "flash2": 0.65, "sdpa_efficient": 0.45, "cudnn": 0.68}
 SCORE_BYTES = {"eager": 30.0, "sdpa_math": 30.0, "fused_softmax": 12.0}  # HBM bytes per score, fwd + bwd
 NORM_PASSES = {"eager": 16.0, "fused": 6.0}  # HBM passes over h per norm, fwd + bwd
 COMPILE_ELEMENTWISE = 0.5  # share of elementwise traffic left after torch.compile's fusion
@@ -86,7 +87,8 @@ def predict(cols: Columns, sweep: Sweep, calibration: Calibration = Calibration(
     # --- attention: flash-like at a share of peak; score kernels add s x s HBM traffic ----
     a_flops = 12.0 * L * h * s + np.where(mode == "full", 4.0 * L * h * s, 0.0)
     scores = np.isin(cols["attention"], SCORE_KERNELS)
-    attn_eff = np.where(scores, eff, FLASH_EFFICIENCY)
+    flash_eff = np.select([cols["attention"] == k for k in FLASH_EFFICIENCY], list(FLASH_EFFICIENCY.values()), 0.5)
+    attn_eff = np.where(scores, eff, flash_eff)
     score_bytes = np.select([cols["attention"] == k for k in SCORE_KERNELS], [SCORE_BYTES[k] for k in SCORE_KERNELS], 0.0)
     attention = a_flops * tokens_gpu / (peak * attn_eff) + L * a * s * score_bytes * tokens_gpu / (gpu.hbm_gbps * GIGA)
 

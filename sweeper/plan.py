@@ -11,6 +11,7 @@ import numpy as np
 from sweeper.knobs import KNOBS
 from sweeper.layout import NO_EFFECT_VALUE, RULES, Layout, ineffective, with_derived
 from sweeper.memory import Estimate, estimate
+from sweeper.perfmodel import predict
 from sweeper.spec import Sweep
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ class Plan:
     reason_code: np.ndarray
     reason: np.ndarray
     memory: Estimate
+    pred_mfu: np.ndarray  # the throughput model's MFU (uncalibrated), for every layout
 
     def __len__(self) -> int:
         return len(self.status)
@@ -63,6 +65,7 @@ class Plan:
         for name, values in self.memory.gib().items():
             data[name] = np.round(values, 4)
         data["mem_share"] = np.round(self.memory.total / (self.sweep.cluster.gpu.memory_gib * 1024**3), 4)
+        data["pred_mfu"] = np.where(self.status == INVALID, np.nan, np.round(self.pred_mfu, 4))
         frame = pd.DataFrame(data)
         for k, knob in KNOBS.items():
             if knob.kind is bool:
@@ -117,7 +120,8 @@ def make_plan(sweep: Sweep) -> Plan:
     status[over], code[over] = PRUNED, "memory"
     gib, cap = mem.total / 1024**3, mem.capacity_bytes / 1024**3
     reason[over] = [f"needs {gib[i]:.1f} GiB > {cap:.1f} GiB usable on {sweep.cluster.gpu.name}" for i in over]
-    return Plan(sweep, cols, status.astype(str), code.astype(str), reason.astype(str), mem)
+    pred = predict(cols, sweep).mfu
+    return Plan(sweep, cols, status.astype(str), code.astype(str), reason.astype(str), mem, pred)
 
 
 _MESSAGE_KNOBS = ("tp", "pp", "micro_batch_size", "pp_schedule", "virtual_stages")

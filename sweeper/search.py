@@ -17,8 +17,11 @@ import optuna
 from optuna.trial import TrialState
 
 from sweeper.errors import SweepError
+from sweeper.hardware import GIB
 from sweeper.knobs import KNOBS
 from sweeper.layout import NO_EFFECT_VALUE, Layout, ineffective
+from sweeper.learn import memory_scale, needs_at_least
+from sweeper.perfmodel import Calibration, calibrate, predict
 from sweeper.plan import Plan
 
 SAMPLERS = ("auto", "grid", "random", "tpe", "gp")
@@ -66,19 +69,37 @@ def make_sampler(name: str, *, seed: int, exhaustive: bool, budget: int) -> optu
 
 
 class LayoutSearch:
-    """Ask for new candidate layouts and tell their outcomes, over one Optuna study."""
+    """Ask for new candidate layouts and tell their outcomes, over one Optuna study.
 
-    def __init__(self, plan: Plan, study: optuna.Study, *, sampler: str, max_trials: int, seed: int = 0) -> None:
+    `auto` (the default) runs every candidate, best predicted first, when they fit in the
+    budget; otherwise it spends its first trials on the layouts the throughput model ranks
+    highest, then lets TPE explore. Every outcome teaches: an OOM excludes the layouts that
+    need at least as much memory, measured step times recalibrate the throughput model,
+    measured peaks above the estimate tighten the memory check.
+    """
+
+    def __init__(self, plan: Plan, study: optuna.Study, *, sampler: str, max_trials: int, seed: int = 0,
+                 seed_trials: int | None = None, stop_margin: float | None = None) -> None:
         self.plan = plan
         self.study = study
         self.sweep = plan.sweep
+        self.sampler = sampler
         self.rows = np.flatnonzero(plan.candidate_mask)
         self.searched = [k for k in KNOBS if len(self.sweep.space[k]) > 1]
         self.exhaustive = sampler == "grid" or (sampler == "auto" and len(self.rows) <= max_trials)
+        self.seed_trials = (seed_trials if seed_trials is not None else min(8, max(3, max_trials // 5))
+                            ) if sampler == "auto" else 0
+        self.stop_margin = stop_margin
         self._rng = np.random.default_rng(seed)
         self._row_of_key = {self._key_of_row(int(r)): int(r) for r in self.rows}
         self.done: dict[int, float] = {}  # plan row -> objective told
         self.running: set[int] = set()
+        self.excluded: dict[int, str] = {}  # candidate rows ruled out by what trials taught
+        self.model = predict(plan.cols, self.sweep)
+        self.calibration = Calibration()
+        self.pred_mfu = self.model.mfu
+        self._measured: dict[int, float] = {}  # plan row -> measured step time
+        self._peaks: dict[int, float] = {}  # plan row -> measured peak GiB (GPU runs only)
 
     # ---- identity of layouts ---------------------------------------------------------
     def _key_of_row(self, row: int) -> tuple:
@@ -90,24 +111,31 @@ class LayoutSearch:
         return self._row_of_key.get(_canonical_key(layout.columns(self.sweep)))
 
     # ---- ask / tell ------------------------------------------------------------------
+    def untried(self) -> list[int]:
+        return [int(r) for r in self.rows if r not in self.done and r not in self.running and r not in self.excluded]
+
     def remaining(self) -> int:
-        return len(self.rows) - len(self.done) - len(self.running)
+        return len(self.untried())
 
     def ask(self, *, max_rejections: int = 200) -> Proposal | None:
-        """The next new candidate, or None when every candidate has been tried or is running."""
-        if self.remaining() <= 0:
+        """The next new candidate, or None when every candidate has been tried, runs or is excluded."""
+        untried = self.untried()
+        if not untried:
             return None
-        if self.exhaustive:
-            return self._ask_enqueued(self._next_in_order())
+        if self.sampler == "grid":
+            return self._ask_enqueued(untried[0])
+        if self.exhaustive or len(self.done) + len(self.running) < self.seed_trials:
+            return self._ask_enqueued(max(untried, key=lambda r: self.pred_mfu[r]))
         for _ in range(max_rejections):
             trial = self.study.ask()
             values = {k: trial.suggest_categorical(k, list(self.sweep.space[k])) for k in self.searched}
             layout = self._layout(values)
             row = self.row_of(layout)
-            if row is None:
+            if row is None or row in self.excluded:
                 why = layout.rejection(self.sweep)
+                reason = self.excluded.get(row) if row is not None else None
                 trial.set_user_attr("kind", "rejected")
-                trial.set_user_attr("reason", why.message if why else "pruned: predicted memory over the card")
+                trial.set_user_attr("reason", reason or (why.message if why else "pruned: predicted memory over the card"))
                 self.study.tell(trial, FAILED_OBJECTIVE)
             elif row in self.done:
                 trial.set_user_attr("kind", "repeat")
@@ -119,11 +147,7 @@ class LayoutSearch:
                 self.running.add(row)
                 return Proposal(trial.number, row, self.plan.layout(row))
         # the sampler keeps proposing what is known: take an untried candidate at random
-        untried = [int(r) for r in self.rows if r not in self.done and r not in self.running]
-        return self._ask_enqueued(int(self._rng.choice(untried)))
-
-    def _next_in_order(self) -> int:
-        return next(int(r) for r in self.rows if r not in self.done and r not in self.running)
+        return self._ask_enqueued(int(self._rng.choice(self.untried())))
 
     def _ask_enqueued(self, row: int) -> Proposal:
         params = {k: _python(self.plan.cols[k][row]) for k in self.searched}
@@ -134,15 +158,66 @@ class LayoutSearch:
         self.running.add(row)
         return Proposal(trial.number, row, self.plan.layout(row))
 
-    def tell(self, optuna_trial: int, row: int, *, status: str, mfu: float | None) -> None:
-        """Record a finished trial: MFU when it ran, the failure objective otherwise."""
+    def observe(self, row: int, *, status: str, mfu: float | None, step_time_s: float | None = None,
+                peak_mem_gib: float | None = None, device: str | None = None) -> float:
+        """Learn from a finished trial (also from an earlier run's rows); returns its objective."""
         value = mfu if (status == "ok" and mfu is not None) else FAILED_OBJECTIVE
         self.running.discard(row)
+        self.excluded.pop(row, None)
         self.done[row] = value
+        if status == "oom":
+            self._exclude_hungrier(row)
+        if status == "ok" and step_time_s:
+            self._measured[row] = step_time_s
+            self._recalibrate()
+        if status == "ok" and peak_mem_gib and device and not device.startswith("cpu"):
+            self._peaks[row] = peak_mem_gib
+            self._tighten_memory()
+        return value
+
+    def tell(self, optuna_trial: int, row: int, *, status: str, mfu: float | None, **measured: object) -> None:
+        """Record a finished trial: MFU when it ran, the failure objective otherwise."""
+        value = self.observe(row, status=status, mfu=mfu, **measured)  # type: ignore[arg-type]
         try:
             self.study.tell(optuna_trial, value)
         except (ValueError, RuntimeError, KeyError):
             pass  # the trial was already finished in the study (e.g. told before a crash)
+
+    def should_stop(self) -> bool:
+        """With a stop margin: no untried layout can beat the best by more than it (calibrated model)."""
+        ok = [v for v in self.done.values() if v > 0]
+        if self.stop_margin is None or len(self._measured) < 3 or not ok:
+            return False
+        untried = self.untried()
+        return not untried or float(np.max(self.pred_mfu[untried])) < max(ok) * (1 + self.stop_margin)
+
+    # ---- learning --------------------------------------------------------------------
+    def _exclude_hungrier(self, oom_row: int) -> None:
+        untried = np.asarray(self.untried(), dtype=int)
+        if untried.size == 0:
+            return
+        hit = untried[needs_at_least(self.plan.cols, untried, oom_row)]
+        for r in hit:
+            self.excluded[int(r)] = f"needs at least the memory of a layout that ran out of memory (plan row {oom_row})"
+
+    def _recalibrate(self) -> None:
+        rows = list(self._measured)
+        self.calibration = calibrate(self.model, rows, [self._measured[r] for r in rows])
+        scale = self.model.total / np.maximum(
+            self.calibration.compute_scale * self.model.compute + self.calibration.comm_scale * self.model.comm, 1e-12)
+        self.pred_mfu = self.model.mfu * scale
+
+    def _tighten_memory(self) -> None:
+        mem = self.plan.memory
+        tensors = (mem.total - mem.overhead) / GIB
+        rows = list(self._peaks)
+        k = memory_scale([float(tensors[r]) for r in rows], [self._peaks[r] for r in rows])
+        if k <= 1.0:
+            return
+        over = (tensors * k + mem.overhead / GIB) * GIB > mem.capacity_bytes
+        for r in self.untried():
+            if over[r]:
+                self.excluded[r] = f"measured peaks run {k:.2f}x the estimate: this layout would not fit"
 
     def abandon(self, optuna_trial: int) -> None:
         """A trial that will not report (vanished, or interrupted before it was submitted)."""

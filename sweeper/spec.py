@@ -121,6 +121,10 @@ class SearchSettings(_Strict):
     sampler: Literal["auto", "grid", "random", "tpe", "gp"] = "auto"
     seed: int = Field(default=0, ge=0)
     storage: str | None = Field(default=None, description="an Optuna storage URL; default SQLite beside the results")
+    seed_trials: int | None = Field(default=None, ge=0, le=10_000,
+                                    description="auto: first trials spent on the best-predicted layouts (default: budget/5, 3 to 8)")
+    stop_margin: float | None = Field(default=None, ge=0, le=10,
+                                      description="stop early when no untried layout is predicted to beat the best by this share")
 
 
 class MemorySettings(_Strict):

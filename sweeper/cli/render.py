@@ -26,6 +26,10 @@ def make_console(*, stderr: bool = False) -> Console:
     return probe if probe.is_terminal else Console(stderr=stderr, width=200)
 
 
+def _gib(v: float) -> str:
+    return f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
 def _fmt(v: object) -> str:
     if isinstance(v, (bool, np.bool_)):
         return "yes" if v else "-"
@@ -37,7 +41,8 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     console = console or make_console()
     sweep = plan.sweep
     frame = plan.to_frame()
-    cands = frame[frame.status == "candidate"]
+    # best predicted first: the order in which the default search starts
+    cands = frame[frame.status == "candidate"].sort_values("pred_mfu", ascending=False, kind="stable")
     varying = [k for k in KNOBS if len(sweep.space[k]) > 1 or k in ("tp", "pp", "micro_batch_size")]
     gpu = sweep.cluster.gpu
 
@@ -50,12 +55,13 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
         table.add_column(SHORT.get(k, k))
     table.add_column("GiB/GPU", justify="right")
     table.add_column(f"of {gpu.memory_gib:g}", justify="right")
+    table.add_column("pred MFU", justify="right")
     shown = cands if limit <= 0 else cands.head(limit)
     for row in shown.itertuples(index=False):
         r = row._asdict()
         cells = [_fmt(r[k]) for k in varying[:3]] + [str(r["dp"]), str(r["grad_accum"])]
         cells += [_fmt(r[k]) for k in varying[3:]]
-        cells += [f"{r['mem_total_gib']:.1f}", f"{100 * r['mem_share']:.0f}%"]
+        cells += [_gib(r["mem_total_gib"]), f"{100 * r['mem_share']:.0f}%", f"{100 * r['pred_mfu']:.1f}%"]
         table.add_row(*cells)
     if len(cands):
         console.print(table)
@@ -65,7 +71,7 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     counts = plan.counts()
     m = sweep.model
     console.print(
-        f"\n[bold]{sweep.name}[/]: {m.name} ({m.num_params / 1e9:.2f}B params), seq {sweep.seq_len}, "
+        f"\n[bold]{sweep.name}[/]: {m.name} ({_params(m.num_params)} params), seq {sweep.seq_len}, "
         f"global batch {sweep.global_batch_size}, {sweep.cluster.nodes}×{sweep.cluster.gpus_per_node} {gpu.name}"
     )
     summary = Table(show_header=False, box=None, padding=(0, 2))
@@ -79,3 +85,7 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     )
     summary.add_row("[bold]candidates[/]", f"[bold]{counts.get('candidate', 0)}[/]")
     console.print(summary)
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from sweeper.launchers.base import Handle, Launcher, Outcome, TrialJob
-from sweeper.launchers.profiles import LocalProfile, SlurmProfile, resolve_profile
+from pathlib import Path
+
+from sweeper.launchers.profiles import LocalProfile, ReplayProfile, SlurmProfile, resolve_profile
 from sweeper.spec import Sweep
 
 __all__ = ["Handle", "Launcher", "Outcome", "TrialJob", "make_launcher", "resolve_profile"]
@@ -16,6 +18,13 @@ def make_launcher(sweep: Sweep) -> Launcher:
         from sweeper.launchers.local import LocalLauncher
 
         return LocalLauncher()
+    if isinstance(profile, ReplayProfile):
+        from sweeper.launchers.replay import ReplayLauncher
+
+        table = Path(profile.table)
+        if not table.is_absolute() and sweep.source is not None:
+            table = Path(sweep.source).parent / table
+        return ReplayLauncher(table, sweep)
     assert isinstance(profile, SlurmProfile)
     from sweeper.launchers.slurm import SlurmLauncher
 

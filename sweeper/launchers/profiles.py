@@ -46,7 +46,14 @@ class SlurmProfile(_Profile):
     poll_s: float = Field(default=5.0, gt=0, le=600, description="seconds between status checks")
 
 
-Profile = Annotated[Union[LocalProfile, SlurmProfile], Field(discriminator="kind")]
+class ReplayProfile(_Profile):
+    """Answers from a table of earlier results (a results dataset, or a CSV/Parquet)."""
+
+    kind: Literal["replay"]
+    table: str = Field(min_length=1, description="path of the table; relative to the sweep file's folder")
+
+
+Profile = Annotated[Union[LocalProfile, SlurmProfile, ReplayProfile], Field(discriminator="kind")]
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Profile)
 
 
@@ -55,7 +62,7 @@ def profiles_dirs() -> list[Path]:
     return [Path.cwd() / "launchers", Path(__file__).resolve().parents[1] / "data" / "launchers"]
 
 
-def resolve_profile(sweep: Sweep) -> LocalProfile | SlurmProfile:
+def resolve_profile(sweep: Sweep) -> LocalProfile | SlurmProfile | ReplayProfile:
     """The sweep's launcher as a validated profile; errors name the field and the file."""
     spec = sweep.launcher
     source = "launcher"
@@ -79,5 +86,5 @@ def resolve_profile(sweep: Sweep) -> LocalProfile | SlurmProfile:
         return _ADAPTER.validate_python(spec)
     except ValidationError as e:
         msg = format_validation_error(e)
-        msg = re.sub(r"\b(local|slurm)\.", "", msg)  # drop the discriminator from field paths
+        msg = re.sub(r"\b(local|slurm|replay)\.", "", msg)  # drop the discriminator from field paths
         raise SpecError(f"{source}: {msg}") from None

@@ -1,0 +1,100 @@
+"""Replay: answer each trial at once from a table of earlier results (no GPUs, no waiting).
+
+The table is a results dataset of this tool, or any CSV/Parquet with knob columns plus
+`status` and `mfu` or `step_time_mean_s`. Knobs the table does not have are not matched on.
+Users replay an old sweep to try another search strategy at no cost; the search benchmark
+replays simulated and published sweeps.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from sweeper.errors import SpecError
+from sweeper.flops import model_flops_per_token, utilization
+from sweeper.knobs import KNOBS
+from sweeper.launchers.base import Handle, Launcher, Outcome, TrialJob, failure
+from sweeper.spec import Sweep
+
+VALUE_COLUMNS = ("mfu", "step_time_mean_s", "step_times_s", "peak_mem_gib", "tflops_per_gpu", "tokens_per_s", "error")
+
+
+def load_table(path: Path) -> list[dict[str, Any]]:
+    """Rows of a replay table (Parquet file or dataset folder, or CSV)."""
+    import pandas as pd
+
+    if not path.exists():
+        raise SpecError(f"launcher.table: {path} does not exist")
+    try:
+        frame = pd.read_csv(path) if path.suffix.lower() == ".csv" else pd.read_parquet(path)
+    except (OSError, ValueError) as e:
+        raise SpecError(f"launcher.table: cannot read {path}: {e}") from None
+    if "status" not in frame.columns or not {"mfu", "step_time_mean_s"} & set(frame.columns):
+        raise SpecError(f"launcher.table: {path} needs a status column and mfu or step_time_mean_s")
+    if not set(KNOBS) & set(frame.columns):
+        raise SpecError(f"launcher.table: {path} has no knob columns ({', '.join(KNOBS)})")
+    return frame.to_dict("records")
+
+
+class ReplayLauncher(Launcher):
+    """Looks each layout up in the table; a layout that is not there ends as `failed`."""
+
+    kind = "replay"
+    poll_s = 0.0
+
+    def __init__(self, table: Path, sweep: Sweep) -> None:
+        self.sweep = sweep
+        rows = load_table(table)
+        self.knobs = [k for k in KNOBS if k in rows[0]] if rows else []
+        self.table: dict[tuple, dict[str, Any]] = {}
+        for r in rows:
+            self.table.setdefault(self._key(r), r)  # the first row of a layout wins
+
+    def _key(self, values: dict[str, Any]) -> tuple:
+        return tuple(_norm(values.get(k)) for k in self.knobs)
+
+    def submit(self, job: TrialJob) -> Handle:
+        return Handle(f"replay-{job.number}", job)
+
+    def poll(self, handle: Handle) -> Outcome:
+        job = handle.job
+        row = self.table.get(self._key(job.layout.as_dict()))
+        if row is None:
+            return Outcome(failure("failed", "not in replay table", job), handle.job_id)
+        result = {k: _clean(row.get(k)) for k in VALUE_COLUMNS if k in row}
+        result |= {"status": str(row["status"]), **job.layout.as_dict()}
+        if result.get("mfu") is None and result.get("step_time_mean_s") and result["status"] == "ok":
+            tokens_per_s = self.sweep.global_batch_size * self.sweep.seq_len / result["step_time_mean_s"]
+            fpt = model_flops_per_token(self.sweep.model, self.sweep.seq_len)
+            result["mfu"] = utilization(tokens_per_s, fpt, num_devices=self.sweep.cluster.world,
+                                        peak_flops=self.sweep.cluster.gpu.peak_flops(self.sweep.trial.precision))
+        if "step_times_s" in result and result["step_times_s"] is not None:
+            result["step_times_s"] = [float(x) for x in result["step_times_s"]]
+        return Outcome(result, handle.job_id)
+
+    def cancel(self, handle: Handle) -> None:
+        pass
+
+    def reattach(self, job_id: str, job: TrialJob) -> Handle:
+        return Handle(job_id, job)  # answers are instant and repeatable
+
+
+def _norm(v: Any) -> Any:
+    """Table cells as comparable Python values (numpy scalars, 'True' strings from CSV)."""
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, str) and v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+def _clean(v: Any) -> Any:
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    return v
