@@ -73,7 +73,7 @@ class LayoutSearch:
 
     `auto` (the default) runs every candidate, best predicted first, when they fit in the
     budget; otherwise it spends its first trials on the layouts the throughput model ranks
-    highest, then lets TPE explore. Every outcome teaches: an OOM excludes the layouts that
+    highest, then alternates: TPE explores, the recalibrated model exploits. Every outcome teaches: an OOM excludes the layouts that
     need at least as much memory, measured step times recalibrate the throughput model,
     measured peaks above the estimate tighten the memory check.
     """
@@ -124,7 +124,9 @@ class LayoutSearch:
             return None
         if self.sampler == "grid":
             return self._ask_enqueued(untried[0])
-        if self.exhaustive or len(self.done) + len(self.running) < self.seed_trials:
+        started = len(self.done) + len(self.running)
+        # seed trials, then every other trial: the calibrated model's best untried layout
+        if self.exhaustive or started < self.seed_trials or (self.sampler == "auto" and started % 2 == 0):
             return self._ask_enqueued(max(untried, key=lambda r: self.pred_mfu[r]))
         for _ in range(max_rejections):
             trial = self.study.ask()

@@ -15,7 +15,7 @@ from tests.conftest import ROOT, SPACES
 PLAN_COLUMNS = [
     "tp", "pp", "dp", "micro_batch_size", "grad_accum", "sequence_parallel", "activation_checkpointing",
     "attention", "rmsnorm", "status", "reason", "mem_total_gib", "mem_weights_gib", "mem_grads_gib",
-    "mem_optimizer_gib", "mem_activations_gib", "mem_logits_gib", "mem_overhead_gib",
+    "mem_optimizer_gib", "mem_activations_gib", "mem_logits_gib", "mem_overhead_gib", "pred_mfu",
 ]
 
 
