@@ -51,7 +51,9 @@ class SlurmLauncher(Launcher):
             slurm_signal_delay_s=0,  # no checkpoint/requeue: a time limit is a TIMEOUT, predictably
             slurm_setup=list(p.setup),
             slurm_srun_args=list(p.srun_args),
-            slurm_additional_parameters=dict(p.sbatch_extra),
+            # SLURM would requeue a job whose node fails under the same id, unseen; the sweep keeps
+            # its own count instead (NODE_FAIL -> one retry), so the job must not requeue itself
+            slurm_additional_parameters={"no_requeue": True, **p.sbatch_extra},
         )
         if cluster.gpu.name != "cpu":
             params["gpus_per_node"] = cluster.gpus_per_node
