@@ -134,6 +134,22 @@ class MemorySettings(_Strict):
     )
 
 
+class WorkloadSpec(_Strict):
+    """What a trial runs: the built-in trainer, or an external trainer's command."""
+
+    kind: Literal["builtin", "megatron", "torchtitan", "command"] = "builtin"
+    command: str = Field(default="", max_length=10_000,
+                         description="argv template; {flags} = the layout as the trainer's flags, {tp} ... = values")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+    cwd: str | None = None
+
+    @model_validator(mode="after")
+    def _command_needed(self) -> WorkloadSpec:
+        if self.kind != "builtin" and not self.command.strip():
+            raise ValueError(f"workload.command is required for kind {self.kind!r} (e.g. 'torchrun ... {{flags}}')")
+        return self
+
+
 def _space_field(name: str) -> Any:
     knob = KNOBS[name]
     return Field(default=None, min_length=1, max_length=256, description=knob.help)
@@ -203,6 +219,7 @@ class SweepFile(_Strict):
     search: SearchSettings = SearchSettings()
     memory: MemorySettings = MemorySettings()
     launcher: str | dict[str, Any] = "local"
+    workload: WorkloadSpec = WorkloadSpec()
     results_dir: str = "results"
 
     @field_validator("name")
@@ -256,6 +273,7 @@ class Sweep:
     launcher: str | dict[str, Any] = "local"
     results_dir: Path = Path("results")
     source: Path | None = field(default=None, compare=False)
+    workload: WorkloadSpec = WorkloadSpec()
 
     @property
     def results_path(self) -> Path:
@@ -271,7 +289,7 @@ def build_sweep(raw: SweepFile, *, source: Path | None = None) -> Sweep:
     return Sweep(
         name=raw.name, model=shape, seq_len=raw.seq_len, global_batch_size=raw.global_batch_size,
         cluster=cluster, space=space, trial=raw.trial, search=raw.search, memory=raw.memory,
-        launcher=raw.launcher, results_dir=Path(raw.results_dir), source=source,
+        launcher=raw.launcher, results_dir=Path(raw.results_dir), source=source, workload=raw.workload,
     )
 
 

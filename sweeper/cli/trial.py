@@ -111,6 +111,12 @@ def run_local(sweep: Sweep, layout: Layout, *, timeout_s: float | None) -> Trial
     # under `sweep run`'s local launcher the ranks' logs stay in the trial's folder
     parent = os.environ.get("SWEEP_TRIAL_DIR")
     workdir = Path(parent) / "ranks" if parent else Path(tempfile.mkdtemp(prefix="sweep-trial-"))
+    if sweep.workload.kind != "builtin":  # an external trainer's command, its log parsed
+        from sweeper.workloads import run_external
+
+        err.print(f"trial {sweep.name}: {sweep.workload.kind} workload, tp={layout.tp} pp={layout.pp} "
+                  f"(limit {limit:.0f} s, log in {workdir / 'workload.log'})")
+        return run_external(sweep, layout, workdir=workdir, timeout_s=limit)
     err.print(
         f"trial {sweep.name}: tp={layout.tp} pp={layout.pp} dp={layout.dp(world)} "
         f"grad_accum={layout.grad_accum(world, sweep.global_batch_size)} on {world} local processes "
