@@ -3,8 +3,9 @@
 The sweep file says `workload: {kind: megatron | torchtitan | command, command: "..."}`. The
 command is a template: `{flags}` expands to the layout as the trainer's own flags, and
 `{tp}`, `{pp}`, `{dp}`, `{micro_batch_size}`, `{grad_accum}`, `{global_batch_size}`,
-`{seq_len}`, `{steps}`, `{nproc}`, `{nnodes}`, `{master_port}` and every knob to their
-values. It is split like a shell line but run without a shell, so a value can never inject
+`{seq_len}`, `{steps}`, `{nproc}`, `{nnodes}`, `{node_rank}`, `{master_addr}`, `{master_port}`
+and every knob to their values. Locally the command runs once; on SLURM once per node (one
+task per node, e.g. `torchrun --nnodes {nnodes} --node-rank {node_rank} ...`). It is split like a shell line but run without a shell, so a value can never inject
 a command. Its log is parsed in the trainer's own format, the 10-step protocol applied
 (warm-up dropped, the rest averaged), and MFU recomputed with our formula for comparability.
 """
@@ -124,7 +125,10 @@ def placeholders(sweep: Sweep, layout: Layout) -> dict[str, str]:
     values.update(
         dp=layout.dp(world), grad_accum=layout.grad_accum(world, sweep.global_batch_size),
         global_batch_size=sweep.global_batch_size, seq_len=sweep.seq_len, steps=sweep.trial.steps,
-        nproc=sweep.cluster.gpus_per_node, nnodes=sweep.cluster.nodes, world=world, master_port=_free_port(),
+        nproc=sweep.cluster.gpus_per_node, nnodes=sweep.cluster.nodes, world=world,
+        # on SLURM one task per node runs the command: its node's rank and the first node's address
+        node_rank=os.environ.get("SLURM_NODEID", "0"), master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=os.environ.get("MASTER_PORT") or _free_port(),
     )
     return {k: str(v) for k, v in values.items()}
 

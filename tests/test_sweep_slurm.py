@@ -76,3 +76,16 @@ def test_time_limit_and_scancel_become_rows(slurm_cluster, tmp_path):
     assert not list(inflight.iterdir())
     left = subprocess.run(["squeue", "-h", "-o", "%A"], capture_output=True, text=True).stdout.split()
     assert not set(left) & {r["job_id"] for r in records}
+
+
+def test_external_workload_through_slurm(slurm_cluster, tmp_path):
+    standin = Path(__file__).parent / "standins" / "megatron_pretrain.py"
+    spec = slurm_spec(tmp_path, "mega_slurm", trial={"steps": 4, "timeout_min": 5}, max_trials=2, parallel=2)
+    data = yaml.safe_load(spec.read_text())
+    data["workload"] = {"kind": "megatron", "command": f"{sys.executable} {standin} --node {{node_rank}} {{flags}}"}
+    spec.write_text(yaml.safe_dump(data))
+    r = subprocess.run(cli("run", str(spec), cwd=tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:] + slurm_cluster.logs()
+    df = pd.read_parquet(tmp_path / "results" / "mega_slurm" / "trials")
+    assert len(df) == 2 and (df.status == "ok").all(), df[["status", "error"]].to_string()
+    assert (df.device == "megatron workload").all() and df.job_id.str.fullmatch(r"\d+").all()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,19 @@ def slurm_trial(spec_path: str, layout: dict[str, Any], out_dir: str) -> dict[st
 
     from sweeper.layout import Layout
     from sweeper.spec import load_sweep
+
+    sweep, lay = load_sweep(spec_path), Layout.from_mapping(layout)
+    if sweep.workload.kind != "builtin":  # one task per node runs the trainer's own command
+        from submitit.helpers import TorchDistributedEnvironment
+
+        from sweeper.workloads import run_external
+
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # MASTER_ADDR/PORT
+        node = os.environ.get("SLURM_NODEID", "0")
+        return asdict(run_external(sweep, lay, workdir=Path(out_dir) / f"node{node}"))
     from sweeper.trainer.runner import run_trial
 
-    result = run_trial(load_sweep(spec_path), Layout.from_mapping(layout), out_dir=Path(out_dir))
-    return asdict(result)
+    return asdict(run_trial(sweep, lay, out_dir=Path(out_dir)))
 
 
 class SlurmLauncher(Launcher):
@@ -45,7 +55,8 @@ class SlurmLauncher(Launcher):
         ex = submitit.AutoExecutor(folder=job.workdir / "slurm", cluster="slurm")
         params: dict[str, Any] = dict(
             nodes=cluster.nodes,
-            tasks_per_node=cluster.gpus_per_node,  # one rank per GPU
+            # one rank per GPU; an external trainer's command runs once per node and starts its ranks
+            tasks_per_node=cluster.gpus_per_node if self.sweep.workload.kind == "builtin" else 1,
             timeout_min=max(1, math.ceil(self.sweep.trial.timeout_min)),  # the trial's limit is the job's
             name=f"sweep-{self.sweep.name}-{job.number}",
             slurm_signal_delay_s=0,  # no checkpoint/requeue: a time limit is a TIMEOUT, predictably
