@@ -29,6 +29,7 @@ def abort(message: str, *, code: int = 2) -> NoReturn:
 def _register() -> None:
     from sweeper.cli import best as best_cmd
     from sweeper.cli import run as run_cmd
+    from sweeper.cli import report as report_cmd
     from sweeper.cli import status as status_cmd
     from sweeper.cli import trial as trial_cmd
 
@@ -36,6 +37,7 @@ def _register() -> None:
     app.command("best", help=best_cmd.__doc__)(best_cmd.best)
     app.command("status", help=status_cmd.__doc__)(status_cmd.status)
     app.command("trial", help=trial_cmd.__doc__)(trial_cmd.trial)
+    app.command("report", help=report_cmd.__doc__)(report_cmd.report)
 
 
 _register()

@@ -1,0 +1,47 @@
+"""Write results/<name>/report.html and its PNG plots: the winner, the grid, memory, progress, statuses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from sweeper.errors import SweepError
+
+
+def report(
+    spec: Annotated[str, typer.Argument(help="sweep file (path or bare name)")],
+    results: Annotated[Optional[Path], typer.Option("--results", help="a results folder (default: results_dir/<name> of the sweep)")] = None,
+) -> None:
+    from rich.markup import escape
+
+    from sweeper.cli import abort
+    from sweeper.cli.best import _sweep_of
+    from sweeper.cli.render import make_console
+    from sweeper.report import write_report
+    from sweeper.results import ResultsStore
+
+    try:
+        root = results or _results_root(spec)
+        if not (root / "trials").is_dir():
+            raise SweepError(f"no results under {root} (run `sweep run {spec}` first)")
+        store = ResultsStore(root)
+        frame = store.frame()
+        if frame.empty:
+            raise SweepError(f"no finished trial under {root} yet (see `sweep status {spec}`)")
+        sweep = _sweep_of(root, spec)
+    except SweepError as e:
+        abort(escape(str(e)))
+    err = make_console(stderr=True)
+    for w in store.warnings:
+        err.print(f"[yellow]warning:[/] {escape(w)}")
+    path = write_report(sweep, frame, root)
+    pngs = sorted(p.name for p in root.glob("*.png"))
+    typer.echo(f"{path}  ({len(pngs)} plots: {', '.join(pngs)})")
+
+
+def _results_root(spec: str) -> Path:
+    from sweeper.spec import load_sweep
+
+    return load_sweep(spec).results_path
