@@ -111,6 +111,9 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 
     env = dict(os.environ)
     env["SLURM_BASE"] = os.environ.get("SWEEP_TEST_SLURM_BASE", DEFAULT_BASE)
+    # A test machine may carry a slurm.conf from another local recipe: start.sh keeps it as
+    # *.before-sweep and `stop.sh --purge` puts it back, so the tests may replace it.
+    env.setdefault("SLURM_FORCE", "1")
     keep = os.environ.get("SWEEP_TEST_SLURM_KEEP", "") == "1"
 
     try:
