@@ -128,7 +128,8 @@ def plot_heatmaps(df: pd.DataFrame, out_dir: Path) -> list[Plot]:
         ax.set_xlabel("pp")
         ax.set_ylabel("tp")
         for (i, j), v in np.ndenumerate(grid.to_numpy(float)):
-            ax.text(j, i, "-" if math.isnan(v) else f"{100 * v:.1f}", ha="center", va="center", color="white")
+            ax.text(j, i, "-" if math.isnan(v) else f"{100 * v:.1f}", ha="center", va="center",
+                    color="gray" if math.isnan(v) else "white")
         fig.colorbar(im, ax=ax, label="MFU %")
         ax.set_title(f"attention={attn}, ckpt={ckpt}")
         name = _save(fig, out_dir, f"heatmap_{attn}_{ckpt}.png")
@@ -266,8 +267,8 @@ def plot_status(df: pd.DataFrame, plan: Plan, out_dir: Path) -> Plot:
 
 
 # ---- the page ---------------------------------------------------------------------------
-def write_report(sweep: Sweep, df: pd.DataFrame, out_dir: Path, *, plan: Plan | None = None) -> Path:
-    """Write the PNGs and report.html into out_dir; returns the HTML's path."""
+def write_report(sweep: Sweep, df: pd.DataFrame, out_dir: Path, *, plan: Plan | None = None) -> tuple[Path, list[str]]:
+    """Write the PNGs and report.html into out_dir; returns the HTML's path and the PNG file names."""
     from sweeper.plan import make_plan
 
     plan = plan or make_plan(sweep)
@@ -279,7 +280,7 @@ def write_report(sweep: Sweep, df: pd.DataFrame, out_dir: Path, *, plan: Plan | 
     tmp = path.with_name(".report.html.tmp")
     tmp.write_text(page, encoding="utf-8")
     tmp.replace(path)
-    return path
+    return path, [p.file for p in plots if p is not None and p.file]
 
 
 def render_html(sweep: Sweep, summary: list[str], plots: list[Plot], df: pd.DataFrame, out_dir: Path) -> str:
@@ -301,7 +302,8 @@ def render_html(sweep: Sweep, summary: list[str], plots: list[Plot], df: pd.Data
 
 def _describe(sweep: Sweep) -> str:
     m, cl = sweep.model, sweep.cluster
-    return (f"{m.name}: {m.num_params / 1e9:.3g}B parameters, seq {sweep.seq_len}, global batch "
+    size = f"{m.num_params / 1e9:.3g}B" if m.num_params >= 1e9 else f"{m.num_params / 1e6:.3g}M"
+    return (f"{m.name}: {size} parameters, seq {sweep.seq_len}, global batch "
             f"{sweep.global_batch_size}, {cl.nodes}×{cl.gpus_per_node} {cl.gpu.name}, precision {sweep.trial.precision}")
 
 

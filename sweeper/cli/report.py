@@ -36,8 +36,7 @@ def report(
     err = make_console(stderr=True)
     for w in store.warnings:
         err.print(f"[yellow]warning:[/] {escape(w)}")
-    path = write_report(sweep, frame, root)
-    pngs = sorted(p.name for p in root.glob("*.png"))
+    path, pngs = write_report(sweep, frame, root)
     typer.echo(f"{path}  ({len(pngs)} plots: {', '.join(pngs)})")
 
 
