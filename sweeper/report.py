@@ -170,12 +170,16 @@ def plot_memory(df: pd.DataFrame, sweep: Sweep, out_dir: Path) -> Plot | None:
     for status, part in rows.groupby("status"):
         ax.scatter(part["pred_mem_gib"], part["peak_mem_gib"], label=status, color=STATUS_COLORS.get(status, "gray"))
     top = max(rows["pred_mem_gib"].max(), rows["peak_mem_gib"].max()) * 1.1
-    ax.plot([0, top], [0, top], color="gray", linestyle=":", label="measured = predicted")
+    ax.plot([1e-3, top], [1e-3, top], color="gray", linestyle=":", label="measured = predicted")
     usable = gpu.memory_gib * (1 - sweep.memory.headroom)
-    if usable <= top * 3:  # draw the card only where it does not squash every point into a corner
-        ax.axvline(gpu.memory_gib, color="tab:red", label=f"card {gpu.memory_gib:g} GiB")
-        ax.axhline(gpu.memory_gib, color="tab:red")
-        ax.axvline(usable, color="tab:red", linestyle="--", label=f"usable {usable:.1f} GiB")
+    ax.axvline(gpu.memory_gib, color="tab:red", label=f"card {gpu.memory_gib:g} GiB")
+    ax.axhline(gpu.memory_gib, color="tab:red")
+    ax.axvline(usable, color="tab:red", linestyle="--", label=f"usable {usable:.1f} GiB")
+    if gpu.memory_gib > 3 * top:  # log axes keep the card's line and the points both readable
+        ax.set_xscale("log")
+        ax.set_yscale("symlog", linthresh=0.01)
+        ax.set_ylim(0, gpu.memory_gib * 1.5)
+        ax.plot([top, gpu.memory_gib * 1.5], [top, gpu.memory_gib * 1.5], color="gray", linestyle=":")
     ax.set_xlabel("predicted peak GiB per device")
     ax.set_ylabel("measured peak GiB per device")
     note = f"card limit {gpu.memory_gib:g} GiB ({gpu.name})"
