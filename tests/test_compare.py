@@ -1,40 +1,67 @@
-"""`sweep compare A B`: shared layouts side by side, ratios and their geometric mean."""
+"""`sweep compare`: two sweeps' shared layouts side by side, from real Parquet results."""
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
-from sweeper.layout import Layout
+from sweeper.cli.compare import shared_layouts, summarize
+from sweeper.knobs import KNOBS
 from sweeper.results import ResultsStore
 
 
-def _write(root, rows):
+def row(n: int, *, tp: int, pp: int, mfu: float | None, status: str = "ok") -> dict[str, Any]:
+    knobs = {k: knob.default for k, knob in KNOBS.items()} | {"tp": tp, "pp": pp}
+    return {"trial_number": n, "status": status, "mfu": mfu, **knobs, "dp": 8 // (tp * pp), "num_devices": 8}
+
+
+def write(root: Path, rows: list[dict[str, Any]]) -> ResultsStore:
     store = ResultsStore(root)
     store.ensure()
-    for i, (lay, status, mfu) in enumerate(rows):
-        store.write_row(lay.as_dict() | {"trial_number": i, "status": status, "mfu": mfu})
+    for r in rows:
+        store.write_row(r)
+    return store
 
 
-def test_compare_shared_layouts(tmp_path):
-    a, b = Layout(tp=2), Layout(tp=4)
-    _write(tmp_path / "A", [(a, "ok", 0.40), (b, "ok", 0.50), (Layout(pp=2), "ok", 0.3)])
-    _write(tmp_path / "B", [(a, "ok", 0.44), (b, "oom", None), (Layout(tp=8), "ok", 0.2)])
-    r = subprocess.run([sys.executable, "-m", "sweeper.cli", "compare", "x", "y", "--results-a", str(tmp_path / "A"),
-                        "--results-b", str(tmp_path / "B"), "--json"], capture_output=True, text=True, timeout=60)
+def two_sweeps(tmp_path: Path) -> tuple[Path, Path]:
+    a = tmp_path / "before"
+    b = tmp_path / "after"
+    write(a, [row(0, tp=1, pp=1, mfu=0.40), row(1, tp=2, pp=1, mfu=0.50), row(2, tp=4, pp=1, mfu=0.30),
+              row(3, tp=8, pp=1, mfu=None, status="oom")])
+    write(b, [row(0, tp=1, pp=1, mfu=0.44), row(1, tp=2, pp=1, mfu=0.45), row(2, tp=8, pp=1, mfu=0.20),
+              row(3, tp=2, pp=2, mfu=0.35)])
+    return a, b
+
+
+def test_shared_layouts_ratio_sorted_and_geomean(tmp_path):
+    a, b = two_sweeps(tmp_path)
+    shared = shared_layouts(ResultsStore(a).frame(), ResultsStore(b).frame())
+    assert list(shared["tp"]) == [1, 2, 8]  # tp=4 only in A, tp=2 pp=2 only in B
+    assert shared["ratio"][0] == 0.44 / 0.40 and shared["ratio"][1] == 0.45 / 0.50
+    assert math.isnan(shared["ratio"][2]) and list(shared["status_a"]) == ["ok", "ok", "oom"]
+    s = summarize(shared)
+    assert s["shared"] == 3 and s["with_ratio"] == 2
+    assert math.isclose(s["geomean_ratio"], math.sqrt(1.1 * 0.9))
+
+
+def test_compare_cli_json_and_table(tmp_path):
+    a, b = two_sweeps(tmp_path)
+    base = [sys.executable, "-m", "sweeper.cli", "compare", "a", "b", "--results-a", str(a), "--results-b", str(b)]
+    r = subprocess.run([*base, "--format", "json"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["shared"] == 2 and abs(doc["geomean_ratio"] - 1.1) < 1e-9
-    first, second = doc["layouts"]
-    assert first["tp"] == 2 and abs(first["ratio"] - 1.1) < 1e-9
-    assert second["tp"] == 4 and second["status_b"] == "oom" and second["ratio"] is None
-    table = subprocess.run([sys.executable, "-m", "sweeper.cli", "compare", "x", "y", "--results-a", str(tmp_path / "A"),
-                            "--results-b", str(tmp_path / "B")], capture_output=True, text=True, timeout=60)
-    assert table.returncode == 0 and "2 layouts in both" in table.stdout and "1.100" in table.stdout
+    assert (doc["a"], doc["b"], doc["shared"], doc["with_ratio"]) == ("before", "after", 3, 2)
+    assert [x["tp"] for x in doc["layouts"]] == [1, 2, 8] and doc["layouts"][2]["ratio"] is None
+    t = subprocess.run(base, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert t.returncode == 0 and "3 layouts shared, 2 with an MFU on both sides" in t.stdout
+    assert f"geometric mean B / A: {math.sqrt(1.1 * 0.9):.3f}" in t.stdout and "oom" in t.stdout
 
 
-def test_compare_without_results_exits_2(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "sweeper.cli", "compare", "x", "y", "--results-a", str(tmp_path / "none"),
-                        "--results-b", str(tmp_path / "none")], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "no results under" in r.stderr
+def test_compare_without_results_is_one_line_error(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "sweeper.cli", "compare", "a", "b", "--results-a", str(tmp_path / "x"),
+                        "--results-b", str(tmp_path / "y")], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2 and "no results under" in r.stderr and "Traceback" not in r.stderr

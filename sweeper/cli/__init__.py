@@ -29,6 +29,7 @@ def abort(message: str, *, code: int = 2) -> NoReturn:
 def _register() -> None:
     from sweeper.cli import best as best_cmd
     from sweeper.cli import compare as compare_cmd
+    from sweeper.cli import compare as compare_cmd
     from sweeper.cli import run as run_cmd
     from sweeper.cli import report as report_cmd
     from sweeper.cli import status as status_cmd
@@ -39,6 +40,7 @@ def _register() -> None:
     app.command("status", help=status_cmd.__doc__)(status_cmd.status)
     app.command("trial", help=trial_cmd.__doc__)(trial_cmd.trial)
     app.command("report", help=report_cmd.__doc__)(report_cmd.report)
+    app.command("compare", help=compare_cmd.__doc__)(compare_cmd.compare)
     app.command("compare", help=compare_cmd.__doc__)(compare_cmd.compare)
 
 

@@ -1,87 +1,115 @@
-"""Two sweeps side by side (e.g. before and after a software upgrade) for the layouts they share."""
+"""Two sweeps side by side for the layouts they share: MFU of each, their ratio, and each status."""
 
 from __future__ import annotations
 
 import json
 import math
+from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from sweeper.errors import SweepError
-from sweeper.knobs import KNOBS
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+class Format(str, Enum):
+    table = "table"
+    json = "json"
 
 
 def compare(
-    a: Annotated[str, typer.Argument(help="first sweep (sweep file or bare name)")],
-    b: Annotated[str, typer.Argument(help="second sweep (sweep file or bare name)")],
-    results_a: Annotated[Optional[Path], typer.Option("--results-a", help="results folder of the first sweep")] = None,
-    results_b: Annotated[Optional[Path], typer.Option("--results-b", help="results folder of the second sweep")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="the comparison as one JSON object")] = False,
+    a: Annotated[str, typer.Argument(help="first sweep file (path or bare name); ignored with --results-a")],
+    b: Annotated[str, typer.Argument(help="second sweep file (path or bare name); ignored with --results-b")],
+    results_a: Annotated[Optional[Path], typer.Option("--results-a", help="results folder of A")] = None,
+    results_b: Annotated[Optional[Path], typer.Option("--results-b", help="results folder of B")] = None,
+    fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json")] = Format.table,
 ) -> None:
     from rich.markup import escape
 
     from sweeper.cli import abort
 
     try:
-        rows_a, rows_b = _rows(a, results_a), _rows(b, results_b)
+        frame_a, name_a = _load(a, results_a)
+        frame_b, name_b = _load(b, results_b)
+        shared = shared_layouts(frame_a, frame_b)
     except SweepError as e:
         abort(escape(str(e)))
-    pairs = shared_layouts(rows_a, rows_b)
-    ratios = [p["ratio"] for p in pairs if p["ratio"] is not None]
-    geo = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
-    if as_json:
-        typer.echo(json.dumps({"a": a, "b": b, "shared": len(pairs), "geomean_ratio": geo, "layouts": pairs}, indent=2))
+    summary = summarize(shared)
+    if fmt is Format.json:
+        doc = {"a": name_a, "b": name_b, **summary, "layouts": shared.astype(object).where(shared.notna(), None).to_dict(orient="records")}
+        typer.echo(json.dumps(doc, indent=2, default=_jsonable))
         return
-    _print(a, b, pairs, geo)
+    _print_table(shared, summary, name_a, name_b)
 
 
-def _rows(spec: str, results: Path | None) -> list[dict[str, Any]]:
+def _load(spec: str, results: Path | None) -> tuple[pd.DataFrame, str]:
+    """A sweep's results frame and its name, from --results or the sweep file's results folder."""
     from sweeper.results import ResultsStore
     from sweeper.spec import load_sweep
 
     root = results or load_sweep(spec).results_path
     if not (root / "trials").is_dir():
-        raise SweepError(f"no results under {root} (run `sweep run {spec}` first, or give --results-a/-b)")
-    return ResultsStore(root).rows()
+        raise SweepError(f"no results under {root} (run `sweep run {spec}` first)")
+    return ResultsStore(root).frame(), root.name
 
 
-def shared_layouts(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Layouts present in both (matched on every knob), with MFU of each and B/A, best ratio first."""
-    def key(r: dict[str, Any]) -> tuple:
-        return tuple(r.get(k) for k in KNOBS)
+def shared_layouts(frame_a: pd.DataFrame, frame_b: pd.DataFrame) -> pd.DataFrame:
+    """Layouts run in both sweeps (matched on every knob), the latest trial of each, sorted by MFU B / MFU A."""
+    from sweeper.knobs import KNOBS
 
-    b_by = {key(r): r for r in rows_b}
-    out = []
-    for ra in rows_a:
-        rb = b_by.get(key(ra))
-        if rb is None:
-            continue
-        ma, mb = ra.get("mfu"), rb.get("mfu")
-        ratio = mb / ma if (ma and mb and ra["status"] == rb["status"] == "ok") else None
-        out.append({**{k: ra.get(k) for k in KNOBS}, "status_a": ra["status"], "status_b": rb["status"],
-                    "mfu_a": ma, "mfu_b": mb, "ratio": ratio})
-    return sorted(out, key=lambda p: (p["ratio"] is None, -(p["ratio"] or 0)))
+    keys = list(KNOBS)
+    cols = [*keys, "trial_number", "status", "mfu"]
+    last_a = frame_a[cols].sort_values("trial_number").drop_duplicates(keys, keep="last")
+    last_b = frame_b[cols].sort_values("trial_number").drop_duplicates(keys, keep="last")
+    both = last_a.merge(last_b, on=keys, suffixes=("_a", "_b"))
+    both["ratio"] = [_ratio(x, y) for x, y in zip(both["mfu_a"], both["mfu_b"])]
+    return both.sort_values("ratio", ascending=False, na_position="last").reset_index(drop=True)
 
 
-def _print(a: str, b: str, pairs: list[dict[str, Any]], geo: float | None) -> None:
+def _ratio(mfu_a: Any, mfu_b: Any) -> float | None:
+    """MFU B / MFU A, or None where either side has no MFU (a failed trial)."""
+    if mfu_a is None or mfu_b is None or math.isnan(mfu_a) or math.isnan(mfu_b) or mfu_a <= 0:
+        return None
+    return float(mfu_b / mfu_a)
+
+
+def summarize(shared: pd.DataFrame) -> dict[str, Any]:
+    """How many layouts are shared, how many have an MFU on both sides, and the geometric mean of B / A."""
+    ratios = [r for r in shared["ratio"] if r is not None and not math.isnan(r)]
+    geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else None
+    return {"shared": len(shared), "with_ratio": len(ratios), "geomean_ratio": geomean}
+
+
+def _print_table(shared: pd.DataFrame, summary: dict[str, Any], name_a: str, name_b: str) -> None:
     from rich.table import Table
 
-    from sweeper.cli.progress import describe
+    from sweeper.cli.best import HEADERS
     from sweeper.cli.render import make_console
+    from sweeper.knobs import KNOBS
 
     console = make_console()
-    table = Table(title=f"{a} vs {b}: layouts in both", title_justify="left", header_style="bold")
-    for col in ("layout", "status A", "MFU A", "status B", "MFU B", "B/A"):
-        table.add_column(col, justify="left" if col == "layout" else "right")
-    for p in pairs:
-        table.add_row(describe(p), p["status_a"], _pct(p["mfu_a"]), p["status_b"], _pct(p["mfu_b"]),
-                      f"{p['ratio']:.3f}" if p["ratio"] is not None else "-")
-    console.print(table)
-    console.print(f"{len(pairs)} layouts in both; geometric mean of MFU B/A: "
-                  + (f"{geo:.3f}" if geo is not None else "- (no layout ran ok in both)"))
+    varying = [k for k in KNOBS if k in ("tp", "pp", "micro_batch_size") or shared[k].nunique() > 1]
+    table = Table(title=f"{name_a} (A) vs {name_b} (B): shared layouts", title_justify="left", header_style="bold")
+    for col in (*(HEADERS.get(k, k) for k in varying), "MFU A", "MFU B", "B / A", "status A", "status B"):
+        table.add_column(col, justify="right" if not col.startswith("status") else "left")
+    for _, r in shared.iterrows():
+        table.add_row(*(str(r[k]) for k in varying), _pct(r["mfu_a"]), _pct(r["mfu_b"]),
+                      "-" if r["ratio"] is None or math.isnan(r["ratio"]) else f"{r['ratio']:.3f}",
+                      str(r["status_a"]), str(r["status_b"]))
+    if len(shared):
+        console.print(table)
+    g = summary["geomean_ratio"]
+    console.print(f"{summary['shared']} layouts shared, {summary['with_ratio']} with an MFU on both sides; "
+                  f"geometric mean B / A: {'-' if g is None else f'{g:.3f}'}")
 
 
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{100 * v:.2f}%"
+def _pct(v: Any) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.2f}%"
+
+
+def _jsonable(v: Any) -> Any:
+    return v.item() if hasattr(v, "item") else str(v)
