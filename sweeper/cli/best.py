@@ -29,13 +29,10 @@ def best(
     from rich.markup import escape
 
     from sweeper.cli import abort
-    from sweeper.results import ResultsStore, best_rows
+    from sweeper.results import best_rows
 
     try:
-        root = results or _results_root(spec)
-        if not (root / "trials").is_dir():
-            raise SweepError(f"no results under {root} (run `sweep run {spec}` first)")
-        store = ResultsStore(root)
+        root, store = open_results(spec, results)
         rows = store.rows()
     except SweepError as e:
         abort(escape(str(e)))
@@ -60,10 +57,15 @@ def best(
     print_best(rows, top=top, title=f"{root.name}: best layouts")
 
 
-def _results_root(spec: str) -> Path:
+def open_results(spec: str, results: Path | None) -> tuple[Path, Any]:
+    """The results folder (given, or the sweep's) and its store; a user error when it has none."""
+    from sweeper.results import ResultsStore
     from sweeper.spec import load_sweep
 
-    return load_sweep(spec).results_path
+    root = results or load_sweep(spec).results_path
+    if not (root / "trials").is_dir():
+        raise SweepError(f"no results under {root} (run `sweep run {spec}` first)")
+    return root, ResultsStore(root)
 
 
 def _sweep_of(root: Path, spec: str) -> Any:

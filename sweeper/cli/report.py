@@ -17,16 +17,12 @@ def report(
     from rich.markup import escape
 
     from sweeper.cli import abort
-    from sweeper.cli.best import _sweep_of
+    from sweeper.cli.best import _sweep_of, open_results
     from sweeper.cli.render import make_console
     from sweeper.report import write_report
-    from sweeper.results import ResultsStore
 
     try:
-        root = results or _results_root(spec)
-        if not (root / "trials").is_dir():
-            raise SweepError(f"no results under {root} (run `sweep run {spec}` first)")
-        store = ResultsStore(root)
+        root, store = open_results(spec, results)
         frame = store.frame()
         if frame.empty:
             raise SweepError(f"no finished trial under {root} yet (see `sweep status {spec}`)")
@@ -38,9 +34,3 @@ def report(
         err.print(f"[yellow]warning:[/] {escape(w)}")
     path, pngs = write_report(sweep, frame, root)
     typer.echo(f"{path}  ({len(pngs)} plots: {', '.join(pngs)})")
-
-
-def _results_root(spec: str) -> Path:
-    from sweeper.spec import load_sweep
-
-    return load_sweep(spec).results_path
