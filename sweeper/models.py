@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ModelShape:
-    """A LLaMA-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP."""
+    """A decoder-only transformer: LLaMA-style by default (RMSNorm, RoPE, grouped-query attention,
+    SwiGLU MLP); `mlp`, `norm` and `position` describe GPT-style blocks (GELU, LayerNorm, learned)."""
 
     layers: int
     hidden: int
@@ -17,10 +18,19 @@ class ModelShape:
     vocab: int
     tied_embeddings: bool = False
     name: str = "custom"
+    head_dim: int = 0  # 0: hidden // heads; Qwen3 and Gemma set it explicitly
+    mlp: str = "swiglu"  # swiglu | gelu
+    norm: str = "rmsnorm"  # rmsnorm | layernorm
+    position: str = "rope"  # rope | learned
+
+    def __post_init__(self) -> None:
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def q_dim(self) -> int:
+        """Width of the Q projection (and of wo's input): heads * head_dim; hidden unless head_dim is set."""
+        return self.heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -29,8 +39,8 @@ class ModelShape:
 
     @property
     def attention_params(self) -> int:
-        """wq and wo are hidden x hidden; wk and wv are hidden x kv_dim (no biases)."""
-        return 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_dim
+        """wq is hidden x q_dim, wo q_dim x hidden; wk and wv are hidden x kv_dim (no biases)."""
+        return 2 * self.hidden * self.q_dim + 2 * self.hidden * self.kv_dim
 
     @property
     def mlp_params(self) -> int:

@@ -17,7 +17,9 @@ from sweeper.spec import Sweep
 if TYPE_CHECKING:
     import pandas as pd
 
-CANDIDATE, INVALID, PRUNED = "candidate", "invalid", "pruned"
+from sweeper.statuses import PlanStatus
+
+CANDIDATE, INVALID, PRUNED = PlanStatus.CANDIDATE, PlanStatus.INVALID, PlanStatus.PRUNED
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,13 @@ from sweeper.flops import hardware_flops_per_token, model_flops_per_token, tflop
 from sweeper.layout import LAYOUT_FIELDS, Layout
 from sweeper.spec import Sweep
 
-OK = "ok"
-OOM = "oom"
-KERNEL_UNAVAILABLE = "kernel_unavailable"
-TIMEOUT = "timeout"
-FAILED = "failed"
-STATUSES: tuple[str, ...] = (OK, OOM, KERNEL_UNAVAILABLE, TIMEOUT, FAILED)
+from sweeper.statuses import TrialStatus
+
+# Short names kept for the trainer and launchers, which set them in many places.
+OK, OOM, KERNEL_UNAVAILABLE, TIMEOUT, FAILED = (
+    TrialStatus.OK, TrialStatus.OOM, TrialStatus.KERNEL_UNAVAILABLE, TrialStatus.TIMEOUT, TrialStatus.FAILED,
+)
+STATUSES: tuple[str, ...] = tuple(TrialStatus)
 
 
 @dataclass
