@@ -27,7 +27,7 @@ import optuna
 
 from sweeper.flops import model_flops_per_token
 from sweeper.plan import Plan, make_plan
-from sweeper.search import LayoutSearch, make_sampler
+from sweeper.search import build_search
 from sweeper.spec import Sweep, load_sweep, parse_sweep
 
 SEEDS = (0, 1, 2)
@@ -79,11 +79,7 @@ def run_strategy(plan: Plan, truth: tuple[np.ndarray, np.ndarray], strategy: str
     ok_cand = cand & ~oom
     best_row = int(np.nanargmax(np.where(ok_cand, mfu, np.nan)))
     best = mfu[best_row]
-    sampler = make_sampler(strategy if strategy != "default" else "auto", seed=seed, exhaustive=strategy == "grid",
-                           budget=sw.search.max_trials)
-    study = optuna.create_study(direction="maximize", sampler=sampler)
-    search = LayoutSearch(plan, study, sampler="auto" if strategy == "default" else strategy,
-                          max_trials=sw.search.max_trials, seed=seed)
+    search = build_search(plan, sampler="auto" if strategy == "default" else strategy, seed=seed)
     fpt = model_flops_per_token(sw.model, sw.seq_len)
     peak = sw.cluster.gpu.peak_flops(sw.trial.precision)
     tokens = sw.global_batch_size * sw.seq_len

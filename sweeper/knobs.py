@@ -1,8 +1,14 @@
-"""The searchable knobs of a layout, each defined once: its type, allowed values, default and help."""
+"""The searchable knobs of a layout, each defined once: type, allowed values, default, label and help.
+
+Everything else that names the knobs (`Layout`'s fields, `SpaceSpec`, `TrialResult`, the results
+schema, every table's column labels, the values that mean "no effect") is generated from
+`KNOBS`, or pinned to it by `tests/test_knobs.py`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -15,6 +21,21 @@ class Knob:
     default: Any
     help: str
     choices: tuple[str, ...] = ()  # for str knobs: the allowed values, in a stable order
+    label: str = ""  # short column label in tables ("mbs"); the name when empty
+    # The value this knob behaves as where it has no effect (sequence parallel at tp=1, ...);
+    # None for a knob that always takes effect. Layouts that differ only there run identically.
+    no_effect: Any = None
+    # Named sets of choices other modules ask about, e.g. attention kernels that keep the s x s scores.
+    properties: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    @property
+    def short(self) -> str:
+        return self.label or self.name
+
+    def with_property(self, prop: str) -> tuple[str, ...]:
+        """The choices that have `prop`, in the knob's order (KeyError for an unknown property)."""
+        members = self.properties[prop]
+        return tuple(c for c in self.choices if c in members)
 
 
 KNOBS: dict[str, Knob] = {
@@ -22,14 +43,22 @@ KNOBS: dict[str, Knob] = {
     for k in [
         Knob("tp", int, 1, "tensor-parallel degree (within a node)"),
         Knob("pp", int, 1, "pipeline-parallel degree (number of pipeline stages)"),
-        Knob("micro_batch_size", int, 1, "sequences per micro-batch on one data-parallel rank"),
-        Knob("sequence_parallel", bool, False, "shard norms and residuals along the sequence (needs tp > 1)"),
+        Knob("micro_batch_size", int, 1, "sequences per micro-batch on one data-parallel rank", label="mbs"),
+        Knob(
+            "sequence_parallel",
+            bool,
+            False,
+            "shard norms and residuals along the sequence (needs tp > 1)",
+            label="sp",
+            no_effect=False,
+        ),
         Knob(
             "activation_checkpointing",
             str,
             "none",
             "recompute in backward: none, selective (cheap ops only), ffn (the MLP only), full (every block)",
             ("none", "selective", "ffn", "full"),
+            label="ckpt",
         ),
         Knob(
             "attention",
@@ -37,6 +66,8 @@ KNOBS: dict[str, Knob] = {
             "flash2",
             "attention kernel; eager, fused_softmax and sdpa_math materialise the s x s scores",
             ("eager", "fused_softmax", "sdpa_math", "flash1", "flash2", "sdpa_efficient", "cudnn"),
+            label="attn",
+            properties={"keeps_scores": frozenset({"eager", "fused_softmax", "sdpa_math"})},
         ),
         Knob("rmsnorm", str, "eager", "RMSNorm kernel: eager (plain ops) or fused", ("eager", "fused")),
         Knob(
@@ -45,6 +76,7 @@ KNOBS: dict[str, Knob] = {
             "none",
             "data-parallel sharding: none (DDP), zero1 (optimizer states), fsdp (FSDP2, everything)",
             ("none", "zero1", "fsdp"),
+            no_effect="none",
         ),
         Knob(
             "pp_schedule",
@@ -52,14 +84,29 @@ KNOBS: dict[str, Knob] = {
             "1f1b",
             "pipeline schedule: 1f1b, gpipe, interleaved (1F1B with virtual stages)",
             ("1f1b", "gpipe", "interleaved"),
+            label="schedule",
+            no_effect="1f1b",
         ),
-        Knob("virtual_stages", int, 1, "model chunks per pipeline rank for the interleaved schedule"),
+        Knob(
+            "virtual_stages",
+            int,
+            1,
+            "model chunks per pipeline rank for the interleaved schedule",
+            label="v",
+            no_effect=1,
+        ),
         Knob("compile", bool, False, "torch.compile each transformer block"),
         Knob("float8", bool, False, "float8 matmuls (torchao; GPUs with fp8 only)"),
     ]
 }
 
-KNOB_NAMES: tuple[str, ...] = tuple(KNOBS)
+# Column labels of every table: the knobs' short labels, and the derived values beside them.
+LABELS: dict[str, str] = {k: knob.short for k, knob in KNOBS.items()}
 
-# Attention kernels that never materialise the s x s score matrix (they keep a log-sum-exp per row).
-FLASH_LIKE: frozenset[str] = frozenset({"flash1", "flash2", "sdpa_efficient", "cudnn"})
+# Knobs that have no effect in some layouts, and the value they then behave as.
+NO_EFFECT_VALUE: dict[str, Any] = {k: knob.no_effect for k, knob in KNOBS.items() if knob.no_effect is not None}
+
+
+def label(name: str) -> str:
+    """The short table label of a knob or column (the name itself for anything not a knob)."""
+    return LABELS.get(name, name)

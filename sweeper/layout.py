@@ -204,9 +204,6 @@ RULE_SUMMARIES: dict[str, str] = {r.code: r.summary for r in RULES} | {
 }
 
 
-# Knobs that have no effect in some layouts, and the value they then behave as.
-NO_EFFECT_VALUE: dict[str, Any] = {"sequence_parallel": False, "pp_schedule": "1f1b", "virtual_stages": 1, "sharding": "none"}
-
 
 def ineffective(cols: Columns) -> dict[str, np.ndarray]:
     """Where each collapsible knob is a no-op: layouts differing only there run identically.

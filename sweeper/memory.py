@@ -14,13 +14,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from sweeper.hardware import GIB
+from sweeper.knobs import KNOBS
 from sweeper.layout import Columns
 from sweeper.spec import Sweep
 
 # Attention kernels that keep the s x s probabilities for backward, and how many bytes per
 # score they keep: the softmax output in fp32 (softmax runs in fp32 under bf16 autocast, and
 # in the eager kernel by construction) plus the 16-bit copy the second matmul saves.
-SCORE_KERNELS = ("eager", "sdpa_math", "fused_softmax")
+SCORE_KERNELS = KNOBS["attention"].with_property("keeps_scores")
 
 # Mixed-precision AdamW as the trainer runs it (fp32 master weights, bf16 compute copies):
 # weights 4 + 2, gradients 4, Adam moments 4 + 4 = 18 bytes per parameter unsharded.

@@ -17,7 +17,7 @@ from sweeper.launchers.base import Handle, Launcher, Outcome, TrialJob
 from sweeper.layout import Layout
 from sweeper.plan import Plan, make_plan
 from sweeper.results import COLUMNS, ResultsStore, now_utc, row_from
-from sweeper.search import LayoutSearch, make_sampler, open_study
+from sweeper.search import LayoutSearch, build_search
 from sweeper.spec import Sweep, parse_sweep
 
 FROZEN_SPEC = "sweep.yaml"
@@ -92,17 +92,10 @@ def prepare(sweep: Sweep, launcher: Launcher) -> SweepRun:
     store.ensure()
     spec_path = freeze_spec(sweep, store)
     plan = make_plan(sweep)
-    n_cand = int(plan.candidate_mask.sum())
-    if n_cand == 0:
+    if not plan.candidate_mask.any():
         raise SweepError(f"{sweep.name}: no candidate layout is left after the plan (see `sweep run --dry-run`)")
-    exhaustive = sweep.search.sampler == "grid" or (sweep.search.sampler == "auto" and n_cand <= sweep.search.max_trials)
-    sampler = make_sampler(sweep.search.sampler, seed=sweep.search.seed, exhaustive=exhaustive,
-                           budget=sweep.search.max_trials)
     storage = sweep.search.storage or f"sqlite:///{(store.root / 'optuna.db').resolve()}"
-    study = open_study(storage, sweep.name, sampler=sampler)
-    search = LayoutSearch(plan, study, sampler=sweep.search.sampler, max_trials=sweep.search.max_trials,
-                          seed=sweep.search.seed, seed_trials=sweep.search.seed_trials,
-                          stop_margin=sweep.search.stop_margin)
+    search = build_search(plan, storage=storage)
     run = SweepRun(sweep, plan, store, search, launcher, spec_path)
     _load_finished(run)
     _resume_inflight(run)

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sweeper.knobs import KNOBS
-from sweeper.layout import NO_EFFECT_VALUE, RULES, Layout, ineffective, with_derived
+from sweeper.knobs import KNOBS, NO_EFFECT_VALUE
+from sweeper.layout import RULES, Layout, ineffective, with_derived
 from sweeper.memory import Estimate, estimate
 from sweeper.perfmodel import predict
 from sweeper.spec import Sweep

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sweeper.knobs import KNOBS
+from sweeper.knobs import KNOBS, label
 from sweeper.layout import RULE_SUMMARIES
 from sweeper.plan import CANDIDATE, Plan
 from sweeper.spec import Sweep
@@ -25,8 +25,6 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-SHORT = {"micro_batch_size": "mbs", "sequence_parallel": "sp", "activation_checkpointing": "ckpt",
-         "attention": "attn", "pp_schedule": "schedule", "virtual_stages": "v"}
 STATUS_COLORS = {"ok": "tab:green", "oom": "tab:red", "timeout": "tab:orange", "failed": "black",
                  "kernel_unavailable": "tab:purple"}
 
@@ -44,7 +42,7 @@ def layout_text(row: Any) -> str:
     """A layout in one line: tp, pp, dp, mbs, grad_accum, then every other knob (`knob=value`)."""
     base = [f"tp={row['tp']}", f"pp={row['pp']}", f"dp={row['dp']}", f"mbs={row['micro_batch_size']}",
             f"grad_accum={row['grad_accum']}"]
-    rest = [f"{SHORT.get(k, k)}={_fmt(row[k])}" for k in KNOBS if k not in ("tp", "pp", "micro_batch_size")]
+    rest = [f"{label(k)}={_fmt(row[k])}" for k in KNOBS if k not in ("tp", "pp", "micro_batch_size")]
     return " ".join(base + rest)
 
 

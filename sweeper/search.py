@@ -18,8 +18,8 @@ from optuna.trial import TrialState
 
 from sweeper.errors import SweepError
 from sweeper.hardware import GIB
-from sweeper.knobs import KNOBS
-from sweeper.layout import NO_EFFECT_VALUE, Layout, ineffective
+from sweeper.knobs import KNOBS, NO_EFFECT_VALUE
+from sweeper.layout import Layout, ineffective
 from sweeper.learn import memory_scale, needs_at_least
 from sweeper.perfmodel import Calibration, calibrate, predict
 from sweeper.plan import Plan
@@ -56,6 +56,36 @@ def open_study(storage: str, name: str, *, sampler: optuna.samplers.BaseSampler)
         raise SweepError(f"search.storage {storage!r}: cannot open the Optuna study: {e}") from None
 
 
+def is_exhaustive(sampler: str, n_candidates: int, max_trials: int) -> bool:
+    """Whether the search runs every candidate (grid always; auto when they fit in the budget)."""
+    return sampler == "grid" or (sampler == "auto" and n_candidates <= max_trials)
+
+
+def build_search(
+    plan: Plan, *, storage: str | None = None, study_name: str | None = None, sampler: str | None = None,
+    max_trials: int | None = None, seed: int | None = None,
+) -> LayoutSearch:
+    """The search of a plan: its sampler, its study (in `storage`, or in memory when None), its policy.
+
+    The one constructor the orchestrator, the benchmarks and the tests use; settings not given
+    come from the sweep's `search` section.
+    """
+    settings = plan.sweep.search
+    sampler = sampler or settings.sampler
+    max_trials = settings.max_trials if max_trials is None else max_trials
+    seed = settings.seed if seed is None else seed
+    exhaustive = is_exhaustive(sampler, int(plan.candidate_mask.sum()), max_trials)
+    optuna_sampler = make_sampler(sampler, seed=seed, exhaustive=exhaustive, budget=max_trials)
+    name = study_name or plan.sweep.name
+    if storage is None:
+        optuna.logging.set_verbosity(logging.WARNING)
+        study = optuna.create_study(study_name=name, direction="maximize", sampler=optuna_sampler)
+    else:
+        study = open_study(storage, name, sampler=optuna_sampler)
+    return LayoutSearch(plan, study, sampler=sampler, max_trials=max_trials, seed=seed,
+                        seed_trials=settings.seed_trials, stop_margin=settings.stop_margin)
+
+
 def make_sampler(name: str, *, seed: int, exhaustive: bool, budget: int) -> optuna.samplers.BaseSampler:
     """The sampler for search.sampler; the exhaustive path enqueues every candidate itself."""
     if name == "grid" or (name == "auto" and exhaustive) or name == "random":
@@ -86,7 +116,7 @@ class LayoutSearch:
         self.sampler = sampler
         self.rows = np.flatnonzero(plan.candidate_mask)
         self.searched = [k for k in KNOBS if len(self.sweep.space[k]) > 1]
-        self.exhaustive = sampler == "grid" or (sampler == "auto" and len(self.rows) <= max_trials)
+        self.exhaustive = is_exhaustive(sampler, len(self.rows), max_trials)
         self.seed_trials = (seed_trials if seed_trials is not None else min(8, max(3, max_trials // 5))
                             ) if sampler == "auto" else 0
         self.stop_margin = stop_margin

@@ -28,8 +28,6 @@ from sweeper.layout import Layout
 from sweeper.spec import Sweep
 from sweeper.trial import FAILED, OOM, TIMEOUT, TrialResult, summarize, without_run
 
-KINDS = ("builtin", "megatron", "torchtitan", "command")
-
 
 @dataclass
 class ParsedLog:

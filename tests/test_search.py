@@ -6,18 +6,15 @@ import optuna
 import pytest
 
 from sweeper.plan import make_plan
-from sweeper.search import LayoutSearch, make_sampler, open_study
+from sweeper.search import build_search
 from tests.conftest import make_sweep
 
 
 def _search(tmp_path, sampler: str, max_trials: int, **overrides):
-    sweep = make_sweep(**overrides)
-    plan = make_plan(sweep)
-    n = int(plan.candidate_mask.sum())
-    exhaustive = sampler == "grid" or (sampler == "auto" and n <= max_trials)
-    study = open_study(f"sqlite:///{tmp_path}/o.db", "t",
-                       sampler=make_sampler(sampler, seed=0, exhaustive=exhaustive, budget=max_trials))
-    return plan, LayoutSearch(plan, study, sampler=sampler, max_trials=max_trials, seed=0)
+    plan = make_plan(make_sweep(**overrides))
+    search = build_search(plan, storage=f"sqlite:///{tmp_path}/o.db", study_name="t", sampler=sampler,
+                          max_trials=max_trials, seed=0)
+    return plan, search
 
 
 def test_grid_asks_every_candidate_once_in_plan_order(tmp_path):

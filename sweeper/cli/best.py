@@ -10,6 +10,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from sweeper.errors import SweepError
+from sweeper.knobs import label
 
 
 class Format(str, Enum):
@@ -106,8 +107,6 @@ def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
 
 
 BASE_KNOBS = ("tp", "pp", "dp", "micro_batch_size")
-HEADERS = {"micro_batch_size": "mbs", "sequence_parallel": "sp", "activation_checkpointing": "ckpt",
-           "attention": "attn", "pp_schedule": "schedule", "virtual_stages": "v"}
 
 
 def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
@@ -128,7 +127,7 @@ def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
         return
     varying = [k for k in KNOBS if k not in BASE_KNOBS and len({r.get(k) for r in rows}) > 1]
     table = Table(title=title, title_justify="left", header_style="bold")
-    for col in ("#", "trial", "MFU", "TFLOP/s/GPU", "step s", *(HEADERS.get(k, k) for k in (*BASE_KNOBS, *varying)),
+    for col in ("#", "trial", "MFU", "TFLOP/s/GPU", "step s", *(label(k) for k in (*BASE_KNOBS, *varying)),
                 "peak GiB", "pred GiB"):
         table.add_column(col, justify="left" if col in ("ckpt", "attn", "rmsnorm", "sharding", "schedule") else "right")
     for i, r in enumerate(chosen, 1):

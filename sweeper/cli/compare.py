@@ -87,14 +87,14 @@ def summarize(shared: pd.DataFrame) -> dict[str, Any]:
 def _print_table(shared: pd.DataFrame, summary: dict[str, Any], name_a: str, name_b: str) -> None:
     from rich.table import Table
 
-    from sweeper.cli.best import HEADERS
+    from sweeper.knobs import label
     from sweeper.cli.render import make_console
     from sweeper.knobs import KNOBS
 
     console = make_console()
     varying = [k for k in KNOBS if k in ("tp", "pp", "micro_batch_size") or shared[k].nunique() > 1]
     table = Table(title=f"{name_a} (A) vs {name_b} (B): shared layouts", title_justify="left", header_style="bold")
-    for col in (*(HEADERS.get(k, k) for k in varying), "MFU A", "MFU B", "B / A", "status A", "status B"):
+    for col in (*(label(k) for k in varying), "MFU A", "MFU B", "B / A", "status A", "status B"):
         table.add_column(col, justify="right" if not col.startswith("status") else "left")
     for _, r in shared.iterrows():
         table.add_row(*(str(r[k]) for k in varying), _pct(r["mfu_a"]), _pct(r["mfu_b"]),

@@ -11,6 +11,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sweeper.knobs import label
 from sweeper.layout import Layout
 from sweeper.orchestrator import SweepRun
 
@@ -20,8 +21,7 @@ SHOWN_KNOBS = ("tp", "pp", "micro_batch_size", "sequence_parallel", "activation_
 def describe(row: dict[str, Any] | Layout, knobs: tuple[str, ...] = SHOWN_KNOBS) -> str:
     """A layout in one short line: tp=2 pp=1 mbs=1 ..."""
     values = row.as_dict() if isinstance(row, Layout) else row
-    short = {"micro_batch_size": "mbs", "sequence_parallel": "sp", "activation_checkpointing": "ckpt", "attention": "attn"}
-    return " ".join(f"{short.get(k, k)}={_v(values.get(k))}" for k in knobs if values.get(k) is not None)
+    return " ".join(f"{label(k)}={_v(values.get(k))}" for k in knobs if values.get(k) is not None)
 
 
 def _v(x: Any) -> str:

@@ -6,18 +6,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from sweeper.knobs import KNOBS
+from sweeper.knobs import KNOBS, label
 from sweeper.layout import RULE_SUMMARIES
 from sweeper.plan import Plan
 
-SHORT = {
-    "micro_batch_size": "mbs",
-    "sequence_parallel": "sp",
-    "activation_checkpointing": "ckpt",
-    "attention": "attn",
-    "pp_schedule": "schedule",
-    "virtual_stages": "v",
-}
 
 
 def make_console(*, stderr: bool = False) -> Console:
@@ -48,11 +40,11 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
 
     table = Table(title=f"{sweep.name}: candidate layouts", title_justify="left", header_style="bold")
     for k in varying[:3]:
-        table.add_column(SHORT.get(k, k), justify="right")
+        table.add_column(label(k), justify="right")
     table.add_column("dp", justify="right")
     table.add_column("accum", justify="right")
     for k in varying[3:]:
-        table.add_column(SHORT.get(k, k))
+        table.add_column(label(k))
     table.add_column("GiB/GPU", justify="right")
     table.add_column(f"of {gpu.memory_gib:g}", justify="right")
     table.add_column("pred MFU", justify="right")

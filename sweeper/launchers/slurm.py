@@ -103,7 +103,7 @@ class SlurmLauncher(Launcher):
         try:
             result = sj.results()[0]  # every task returns its rank's result; rank 0 speaks for the trial
         except FailedJobError as e:
-            return Outcome(failure("failed", _first_lines(str(e)), job), handle.job_id, node, log)
+            return Outcome(failure("failed", _last_lines(str(e)), job), handle.job_id, node, log)
         except UncompletedJobError:
             return self._uncompleted(handle, state, node, log)
         if not isinstance(result, dict):
@@ -147,5 +147,6 @@ def _nodelist(sj: submitit.Job) -> str | None:
         return None
 
 
-def _first_lines(text: str, n: int = 20) -> str:
+def _last_lines(text: str, n: int = 20) -> str:
+    """The last `n` lines: the end of a traceback says what failed."""
     return "\n".join(text.strip().splitlines()[-n:])
