@@ -14,6 +14,7 @@ import numpy as np
 
 from sweeper.knobs import KNOBS
 from sweeper.spec import Sweep
+from sweeper.statuses import PlanReason
 
 Columns = Mapping[str, np.ndarray]
 
@@ -81,7 +82,7 @@ LAYOUT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Layout))
 
 @dataclass(frozen=True)
 class Rejection:
-    code: str
+    code: PlanReason
     message: str
 
 
@@ -101,7 +102,7 @@ def with_derived(cols: dict[str, np.ndarray], sweep: Sweep) -> dict[str, np.ndar
 class Rule:
     """A validity rule: `broken` marks the rows that violate it; `explain` says why for one row."""
 
-    code: str
+    code: PlanReason
     summary: str
     broken: Callable[[Columns, Sweep], np.ndarray]
     explain: Callable[[Columns, Sweep, int], str]
@@ -120,37 +121,37 @@ def _microbatch_rounds_ok(cols: Columns) -> np.ndarray:
 
 RULES: tuple[Rule, ...] = (
     Rule(
-        "world_not_divisible", "tp*pp does not divide the number of GPUs",
+        PlanReason.WORLD_NOT_DIVISIBLE, "tp*pp does not divide the number of GPUs",
         lambda c, s: s.cluster.world % (c["tp"] * c["pp"]) != 0,
         lambda c, s, i: f"tp*pp = {_i(c,'tp',i)}*{_i(c,'pp',i)} does not divide world = {s.cluster.world} GPUs",
     ),
     Rule(
-        "tp_exceeds_node", "tp larger than the GPUs of one node",
+        PlanReason.TP_EXCEEDS_NODE, "tp larger than the GPUs of one node",
         lambda c, s: c["tp"] > s.cluster.gpus_per_node,
         lambda c, s, i: f"tp = {_i(c,'tp',i)} exceeds gpus_per_node = {s.cluster.gpus_per_node}",
     ),
     Rule(
-        "heads_not_divisible", "tp does not divide the attention heads",
+        PlanReason.HEADS_NOT_DIVISIBLE, "tp does not divide the attention heads",
         lambda c, s: s.model.heads % c["tp"] != 0,
         lambda c, s, i: f"tp = {_i(c,'tp',i)} does not divide heads = {s.model.heads}",
     ),
     Rule(
-        "kv_heads_not_divisible", "tp does not divide the key/value heads",
+        PlanReason.KV_HEADS_NOT_DIVISIBLE, "tp does not divide the key/value heads",
         lambda c, s: s.model.kv_heads % c["tp"] != 0,
         lambda c, s, i: f"tp = {_i(c,'tp',i)} does not divide kv_heads = {s.model.kv_heads}",
     ),
     Rule(
-        "ffn_not_divisible", "tp does not divide the MLP width",
+        PlanReason.FFN_NOT_DIVISIBLE, "tp does not divide the MLP width",
         lambda c, s: s.model.ffn % c["tp"] != 0,
         lambda c, s, i: f"tp = {_i(c,'tp',i)} does not divide ffn = {s.model.ffn}",
     ),
     Rule(
-        "layers_not_divisible", "pp does not divide the layers",
+        PlanReason.LAYERS_NOT_DIVISIBLE, "pp does not divide the layers",
         lambda c, s: s.model.layers % c["pp"] != 0,
         lambda c, s, i: f"pp = {_i(c,'pp',i)} does not divide layers = {s.model.layers}",
     ),
     Rule(
-        "batch_not_divisible", "micro_batch_size*dp does not divide the global batch",
+        PlanReason.BATCH_NOT_DIVISIBLE, "micro_batch_size*dp does not divide the global batch",
         lambda c, s: (c["dp"] == 0) | (s.global_batch_size % np.maximum(c["micro_batch_size"] * c["dp"], 1) != 0),
         lambda c, s, i: (
             f"micro_batch_size*dp = {_i(c,'micro_batch_size',i)}*{_i(c,'dp',i)} does not divide "
@@ -158,12 +159,12 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
-        "seq_not_divisible", "sequence parallel needs tp to divide seq_len",
+        PlanReason.SEQ_NOT_DIVISIBLE, "sequence parallel needs tp to divide seq_len",
         lambda c, s: c["sequence_parallel"].astype(bool) & (s.seq_len % c["tp"] != 0),
         lambda c, s, i: f"sequence_parallel with tp = {_i(c,'tp',i)} needs it to divide seq_len = {s.seq_len}",
     ),
     Rule(
-        "too_few_microbatches", "1F1B needs at least pp micro-batches",
+        PlanReason.TOO_FEW_MICROBATCHES, "1F1B needs at least pp micro-batches",
         lambda c, s: (c["pp"] > 1) & (c["pp_schedule"] != "gpipe") & (c["grad_accum"] < c["pp"]),
         lambda c, s, i: (
             f"grad_accum = {_i(c,'grad_accum',i)} micro-batches is fewer than pp = {_i(c,'pp',i)} stages "
@@ -171,12 +172,12 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
-        "interleaved_virtual_stages", "interleaved schedule needs virtual_stages >= 2",
+        PlanReason.INTERLEAVED_VIRTUAL_STAGES, "interleaved schedule needs virtual_stages >= 2",
         lambda c, s: (c["pp"] > 1) & (c["pp_schedule"] == "interleaved") & (c["virtual_stages"] < 2),
         lambda c, s, i: f"pp_schedule = interleaved needs virtual_stages >= 2, got {_i(c,'virtual_stages',i)}",
     ),
     Rule(
-        "interleaved_layers", "pp*virtual_stages does not divide the layers",
+        PlanReason.INTERLEAVED_LAYERS, "pp*virtual_stages does not divide the layers",
         lambda c, s: (c["chunks"] > 1) & (s.model.layers % (c["pp"] * c["chunks"]) != 0),
         lambda c, s, i: (
             f"interleaved: pp*virtual_stages = {_i(c,'pp',i)}*{_i(c,'virtual_stages',i)} "
@@ -184,7 +185,7 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
-        "interleaved_microbatches", "interleaved 1F1B needs micro-batches in whole rounds",
+        PlanReason.INTERLEAVED_MICROBATCHES, "interleaved 1F1B needs micro-batches in whole rounds",
         lambda c, s: (c["chunks"] > 1) & ~_microbatch_rounds_ok(c),
         lambda c, s, i: (
             f"interleaved: grad_accum = {_i(c,'grad_accum',i)} is not a multiple of its "
@@ -192,15 +193,15 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
-        "float8_unsupported", "float8 on a GPU without fp8",
+        PlanReason.FLOAT8_UNSUPPORTED, "float8 on a GPU without fp8",
         lambda c, s: c["float8"].astype(bool) & (not s.cluster.gpu.supports_fp8),
         lambda c, s, i: f"float8 needs fp8 matmuls; {s.cluster.gpu.name} has none",
     ),
 )
 
 RULE_SUMMARIES: dict[str, str] = {r.code: r.summary for r in RULES} | {
-    "duplicate": "same as another layout (a knob that has no effect here)",
-    "memory": "predicted peak memory exceeds the card",
+    PlanReason.DUPLICATE: "same as another layout (a knob that has no effect here)",
+    PlanReason.MEMORY: "predicted peak memory exceeds the card",
 }
 
 

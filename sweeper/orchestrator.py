@@ -19,6 +19,7 @@ from sweeper.plan import Plan, make_plan
 from sweeper.results import COLUMNS, ResultsStore, now_utc, row_from
 from sweeper.search import LayoutSearch, build_search
 from sweeper.spec import Sweep, parse_sweep
+from sweeper.statuses import TrialStatus
 
 FROZEN_SPEC = "sweep.yaml"
 MAX_ATTEMPTS = 2  # an infrastructure failure (killed job, lost node, vanished process) is retried once
@@ -132,7 +133,7 @@ def _resume_inflight(run: SweepRun) -> None:
             _submit(run, number, job.layout, rec | {"attempt": job.attempt + 1,
                                                     "previous_error": f"job {rec['job_id']} vanished"})
         else:
-            outcome = Outcome({"status": "failed", "error": f"job {rec['job_id']} vanished twice",
+            outcome = Outcome({"status": TrialStatus.FAILED, "error": f"job {rec['job_id']} vanished twice",
                                **job.layout.as_dict()}, str(rec["job_id"]))
             _record(run, number, rec, outcome)
     run.search.fail_stale_running(keep)

@@ -17,7 +17,7 @@ from sweeper.spec import Sweep
 if TYPE_CHECKING:
     import pandas as pd
 
-from sweeper.statuses import PlanStatus
+from sweeper.statuses import PlanReason, PlanStatus
 
 CANDIDATE, INVALID, PRUNED = PlanStatus.CANDIDATE, PlanStatus.INVALID, PlanStatus.PRUNED
 
@@ -119,7 +119,7 @@ def make_plan(sweep: Sweep) -> Plan:
     _mark_duplicates(cols, codes, radix, status, code, reason)
     mem = estimate(cols, sweep)
     over = np.flatnonzero((status == CANDIDATE) & ~mem.fits)
-    status[over], code[over] = PRUNED, "memory"
+    status[over], code[over] = PRUNED, PlanReason.MEMORY
     gib, cap = mem.total / 1024**3, mem.capacity_bytes / 1024**3
     reason[over] = [f"needs {gib[i]:.1f} GiB > {cap:.1f} GiB usable on {sweep.cluster.gpu.name}" for i in over]
     pred = predict(cols, sweep).mfu
@@ -172,7 +172,7 @@ def _mark_duplicates(
     if dup_pos.size == 0:
         return
     rows, heads = valid[order[dup_pos]], valid[order[head_pos[dup_pos]]]
-    status[rows], code[rows] = INVALID, "duplicate"
+    status[rows], code[rows] = INVALID, PlanReason.DUPLICATE
     # a message names the no-op knobs of the row and of the kept layout, and tp, pp (so dp)
     parts = {("row", k): codes[k][rows] for k in (*NO_EFFECT_VALUE, "tp", "pp")}
     parts |= {("kept", k): codes[k][heads] for k in NO_EFFECT_VALUE}

@@ -20,13 +20,14 @@ from sweeper.knobs import KNOBS, label
 from sweeper.layout import RULE_SUMMARIES
 from sweeper.plan import CANDIDATE, Plan
 from sweeper.spec import Sweep
+from sweeper.statuses import PlanReason, PlanStatus, TrialStatus
 
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-STATUS_COLORS = {"ok": "tab:green", "oom": "tab:red", "timeout": "tab:orange", "failed": "black",
-                 "kernel_unavailable": "tab:purple"}
+STATUS_COLORS = {TrialStatus.OK: "tab:green", TrialStatus.OOM: "tab:red", TrialStatus.TIMEOUT: "tab:orange",
+                 TrialStatus.FAILED: "black", TrialStatus.KERNEL_UNAVAILABLE: "tab:purple"}
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def gpu_hours(df: pd.DataFrame) -> np.ndarray:
 
 def summary_lines(sweep: Sweep, plan: Plan, df: pd.DataFrame) -> list[str]:
     """The page's opening text: winner and layout, margin over the runner-up, coverage, pruned and why."""
-    ok = df[(df["status"] == "ok") & df["mfu"].notna()].sort_values(["mfu", "trial_number"], ascending=[False, True])
+    ok = df[(df["status"] == TrialStatus.OK) & df["mfu"].notna()].sort_values(["mfu", "trial_number"], ascending=[False, True])
     lines = []
     if len(ok):
         w = ok.iloc[0]
@@ -88,10 +89,10 @@ def summary_lines(sweep: Sweep, plan: Plan, df: pd.DataFrame) -> list[str]:
     lines.append(f"Grid run: {len(df)} trials of {cands} candidate layouts{share}; "
                  f"{len(plan)} layouts in the cross product. Trials: {statuses or 'none'}.")
     reasons = plan.reason_counts()
-    pruned = counts.get("pruned", 0)
+    pruned = counts.get(PlanStatus.PRUNED, 0)
     lines.append(f"Pruned by the memory estimate: {pruned}" + (
         f" (over {100 * (1 - sweep.memory.headroom):.0f}% of {sweep.cluster.gpu.memory_gib:g} GiB)." if pruned else "."))
-    invalid = [f"{RULE_SUMMARIES.get(code, code)}: {n}" for code, n in reasons.items() if code != "memory"]
+    invalid = [f"{RULE_SUMMARIES.get(code, code)}: {n}" for code, n in reasons.items() if code != PlanReason.MEMORY]
     lines.append("Invalid: " + ("; ".join(invalid) if invalid else "none") + ".")
     return lines
 
@@ -115,7 +116,7 @@ def _save(fig: Figure, out_dir: Path, name: str) -> str:
 def plot_heatmaps(df: pd.DataFrame, out_dir: Path) -> list[Plot]:
     """Best MFU per (tp, pp) cell, one heatmap per attention kernel x checkpointing mode with data."""
     plt = _pyplot()
-    ok = df[(df["status"] == "ok") & df["mfu"].notna()]
+    ok = df[(df["status"] == TrialStatus.OK) & df["mfu"].notna()]
     plots = []
     for (attn, ckpt), part in ok.groupby(["attention", "activation_checkpointing"], sort=True):
         grid = part.pivot_table(index="tp", columns="pp", values="mfu", aggfunc="max").sort_index().sort_index(axis=1)
@@ -138,7 +139,7 @@ def plot_heatmaps(df: pd.DataFrame, out_dir: Path) -> list[Plot]:
 
 def plot_mfu_vs_mbs(df: pd.DataFrame, out_dir: Path) -> Plot | None:
     """Best MFU against micro-batch size, one line per (tp, pp)."""
-    ok = df[(df["status"] == "ok") & df["mfu"].notna()]
+    ok = df[(df["status"] == TrialStatus.OK) & df["mfu"].notna()]
     if ok.empty:
         return None
     plt = _pyplot()
@@ -193,7 +194,7 @@ def plot_mfu_pred(df: pd.DataFrame, plan: Plan, sweep: Sweep, out_dir: Path) -> 
     """The dry run's predicted MFU (perfmodel) against the measured one, matched to plan rows by knobs."""
     from sweeper.perfmodel import predict
 
-    ok = df[(df["status"] == "ok") & df["mfu"].notna()]
+    ok = df[(df["status"] == TrialStatus.OK) & df["mfu"].notna()]
     idx = match_plan_rows(plan, ok) if len(ok) else None
     title = "Predicted against measured MFU"
     if idx is None:
@@ -232,7 +233,7 @@ def plot_progress(df: pd.DataFrame, out_dir: Path) -> Plot | None:
         return None
     plt = _pyplot()
     ordered = df.sort_values("trial_number")
-    best = np.maximum.accumulate(100 * ordered["mfu"].where(ordered["status"] == "ok").fillna(0.0).to_numpy(float))
+    best = np.maximum.accumulate(100 * ordered["mfu"].where(ordered["status"] == TrialStatus.OK).fillna(0.0).to_numpy(float))
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     a1.step(ordered["trial_number"], best, where="post", marker="o")
     a1.set_xlabel("trial number")
@@ -251,7 +252,7 @@ def plot_status(df: pd.DataFrame, plan: Plan, out_dir: Path) -> Plot:
     counts = plan.counts()
     cands = counts.get(CANDIDATE, 0)
     layouts = {"candidate, run": min(len(df), cands), "candidate, not run": max(cands - len(df), 0),
-               "pruned (memory)": counts.get("pruned", 0), "invalid": counts.get("invalid", 0)}
+               "pruned (memory)": counts.get(PlanStatus.PRUNED, 0), PlanStatus.INVALID: counts.get(PlanStatus.INVALID, 0)}
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
     names = list(trials) or ["none"]
     a1.bar(names, [trials.get(n, 0) for n in names], color=[STATUS_COLORS.get(n, "gray") for n in names])
@@ -310,7 +311,7 @@ def _describe(sweep: Sweep) -> str:
 
 
 def _top_table(df: pd.DataFrame, top: int = 10) -> str:
-    ok = df[(df["status"] == "ok") & df["mfu"].notna()].sort_values(["mfu", "trial_number"], ascending=[False, True])
+    ok = df[(df["status"] == TrialStatus.OK) & df["mfu"].notna()].sort_values(["mfu", "trial_number"], ascending=[False, True])
     if ok.empty:
         return ""
     rows = "".join(

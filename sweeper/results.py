@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import sweeper
 from sweeper.errors import SweepError
 from sweeper.knobs import KNOBS
+from sweeper.statuses import TrialStatus
 
 _ARROW = {int: pa.int64(), bool: pa.bool_(), str: pa.string()}
 
@@ -205,5 +206,5 @@ def _fsync_dir(path: Path) -> None:
 
 def best_rows(rows: Iterable[Mapping[str, Any]], top: int) -> list[Mapping[str, Any]]:
     """The `top` ok trials by MFU, best first (ties: the earlier trial)."""
-    ok = [r for r in rows if r.get("status") == "ok" and r.get("mfu") is not None]
+    ok = [r for r in rows if r.get("status") == TrialStatus.OK and r.get("mfu") is not None]
     return sorted(ok, key=lambda r: (-r["mfu"], r["trial_number"]))[:top]

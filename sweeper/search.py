@@ -23,6 +23,7 @@ from sweeper.layout import Layout, ineffective
 from sweeper.learn import memory_scale, needs_at_least
 from sweeper.perfmodel import Calibration, calibrate, predict
 from sweeper.plan import Plan
+from sweeper.statuses import TrialStatus
 
 SAMPLERS = ("auto", "grid", "random", "tpe", "gp")
 FAILED_OBJECTIVE = 0.0  # what a failed, OOM or rejected layout is worth to the sampler (MFU 0)
@@ -193,16 +194,17 @@ class LayoutSearch:
     def observe(self, row: int, *, status: str, mfu: float | None, step_time_s: float | None = None,
                 peak_mem_gib: float | None = None, device: str | None = None) -> float:
         """Learn from a finished trial (also from an earlier run's rows); returns its objective."""
-        value = mfu if (status == "ok" and mfu is not None) else FAILED_OBJECTIVE
+        status = TrialStatus(status)
+        value = mfu if (status.succeeded() and mfu is not None) else FAILED_OBJECTIVE
         self.running.discard(row)
         self.excluded.pop(row, None)
         self.done[row] = value
-        if status == "oom":
+        if status.is_oom():
             self._exclude_hungrier(row)
-        if status == "ok" and step_time_s:
+        if status.succeeded() and step_time_s:
             self._measured[row] = step_time_s
             self._recalibrate()
-        if status == "ok" and peak_mem_gib and device and not device.startswith("cpu"):
+        if status.succeeded() and peak_mem_gib and device and not device.startswith("cpu"):
             self._peaks[row] = peak_mem_gib
             self._tighten_memory()
         return value

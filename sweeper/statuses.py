@@ -27,6 +27,10 @@ class TrialStatus(StrEnum):
         """Counts as MFU 0 for the search: anything but a measured run."""
         return self is not TrialStatus.OK
 
+    def is_oom(self) -> bool:
+        """Ran out of device memory: every layout that needs at least as much would too."""
+        return self is TrialStatus.OOM
+
     def teaches_memory(self) -> bool:
         """Says something about the layout's memory need (an OOM bounds it from below, a run from above)."""
         return self in (TrialStatus.OK, TrialStatus.OOM)
@@ -41,3 +45,27 @@ class PlanStatus(StrEnum):
 
     def runnable(self) -> bool:
         return self is PlanStatus.CANDIDATE
+
+
+class PlanReason(StrEnum):
+    """Why the plan did not make a layout a candidate: one code per validity rule, and two more."""
+
+    WORLD_NOT_DIVISIBLE = "world_not_divisible"
+    TP_EXCEEDS_NODE = "tp_exceeds_node"
+    HEADS_NOT_DIVISIBLE = "heads_not_divisible"
+    KV_HEADS_NOT_DIVISIBLE = "kv_heads_not_divisible"
+    FFN_NOT_DIVISIBLE = "ffn_not_divisible"
+    LAYERS_NOT_DIVISIBLE = "layers_not_divisible"
+    BATCH_NOT_DIVISIBLE = "batch_not_divisible"
+    SEQ_NOT_DIVISIBLE = "seq_not_divisible"
+    TOO_FEW_MICROBATCHES = "too_few_microbatches"
+    INTERLEAVED_VIRTUAL_STAGES = "interleaved_virtual_stages"
+    INTERLEAVED_LAYERS = "interleaved_layers"
+    INTERLEAVED_MICROBATCHES = "interleaved_microbatches"
+    FLOAT8_UNSUPPORTED = "float8_unsupported"
+    DUPLICATE = "duplicate"  # runs identically to another layout (a knob with no effect there)
+    MEMORY = "memory"  # predicted not to fit: the layout is pruned, not invalid
+
+    def status(self) -> PlanStatus:
+        """The plan status this reason gives a layout."""
+        return PlanStatus.PRUNED if self is PlanReason.MEMORY else PlanStatus.INVALID

@@ -14,6 +14,7 @@ from rich.table import Table
 from sweeper.knobs import label
 from sweeper.layout import Layout
 from sweeper.orchestrator import SweepRun
+from sweeper.statuses import TrialStatus
 
 SHOWN_KNOBS = ("tp", "pp", "micro_batch_size", "sequence_parallel", "activation_checkpointing", "attention", "rmsnorm")
 
@@ -60,7 +61,7 @@ class LiveProgress:
         mfu = f"MFU {100 * row['mfu']:.2f}%" if row.get("mfu") is not None else ""
         err = (row.get("error") or "").splitlines()
         detail = mfu or (err[0][:100] if err else "")
-        colour = "green" if row["status"] == "ok" else "red"
+        colour = "green" if row["status"] == TrialStatus.OK else "red"
         knobs = tuple(k for k in SHOWN_KNOBS if len(run.sweep.space.get(k, ())) > 1) or SHOWN_KNOBS[:3]
         self.console.print(f"trial {row['trial_number']:>3} [{colour}]{row['status']:<18}[/] {describe(row, knobs)}  {detail}")
         self._refresh(run)
@@ -81,10 +82,10 @@ class LiveProgress:
 
     def _render(self, run: SweepRun) -> Group:
         grid = Table.grid(padding=(0, 2))
-        ok = [r for r in run.rows if r["status"] == "ok" and r.get("mfu") is not None]
+        ok = [r for r in run.rows if r["status"] == TrialStatus.OK and r.get("mfu") is not None]
         best = max(ok, key=lambda r: r["mfu"]) if ok else None
         grid.add_row("in flight", ", ".join(f"#{n} ({i.handle.job_id})" for n, i in run.running.items()) or "-")
         grid.add_row("best so far", f"MFU {100 * best['mfu']:.2f}%  {describe(best)}" if best else "-")
-        fails = Counter(r["status"] for r in run.rows if r["status"] != "ok")
+        fails = Counter(r["status"] for r in run.rows if r["status"] != TrialStatus.OK)
         grid.add_row("failures", ", ".join(f"{k} {v}" for k, v in fails.most_common()) or "none")
         return Group(self.bar, grid)

@@ -9,6 +9,7 @@ from rich.table import Table
 from sweeper.knobs import KNOBS, label
 from sweeper.layout import RULE_SUMMARIES
 from sweeper.plan import Plan
+from sweeper.statuses import PlanReason, PlanStatus
 
 
 
@@ -34,7 +35,7 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     sweep = plan.sweep
     frame = plan.to_frame()
     # best predicted first: the order in which the default search starts
-    cands = frame[frame.status == "candidate"].sort_values("pred_mfu", ascending=False, kind="stable")
+    cands = frame[frame.status == PlanStatus.CANDIDATE].sort_values("pred_mfu", ascending=False, kind="stable")
     varying = [k for k in KNOBS if len(sweep.space[k]) > 1 or k in ("tp", "pp", "micro_batch_size")]
     gpu = sweep.cluster.gpu
 
@@ -69,13 +70,13 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     summary = Table(show_header=False, box=None, padding=(0, 2))
     summary.add_row("layouts in the cross product", str(len(plan)))
     for code, n in plan.reason_counts().items():
-        if code != "memory":
+        if code != PlanReason.MEMORY:
             summary.add_row(f"  invalid: {RULE_SUMMARIES.get(code, code)}", str(n))
     summary.add_row(
         f"  pruned: predicted memory over {100 * (1 - sweep.memory.headroom):.0f}% of {gpu.memory_gib:g} GiB",
-        str(counts.get("pruned", 0)),
+        str(counts.get(PlanStatus.PRUNED, 0)),
     )
-    summary.add_row("[bold]candidates[/]", f"[bold]{counts.get('candidate', 0)}[/]")
+    summary.add_row("[bold]candidates[/]", f"[bold]{counts.get(PlanStatus.CANDIDATE, 0)}[/]")
     console.print(summary)
 
 

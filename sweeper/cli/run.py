@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from sweeper.errors import SweepError
+from sweeper.statuses import PlanStatus
 
 
 def run(
@@ -74,7 +75,7 @@ def write_plan(plan, path: Path) -> None:  # noqa: ANN001 - Plan, imported lazil
 def plan_summary(plan) -> dict:  # noqa: ANN001
     """The dry run as data: counts, rejections per reason, and the candidate layouts."""
     frame = plan.to_frame()
-    cands = frame[frame.status == "candidate"]
+    cands = frame[frame.status == PlanStatus.CANDIDATE]
     return {
         "name": plan.sweep.name,
         "layouts": len(plan),

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from sweeper.errors import SweepError
+from sweeper.statuses import TrialStatus
 
 
 def status(
@@ -57,7 +58,7 @@ def status(
     for col in ("trial", "status", "job id", "elapsed", "MFU", "layout"):
         table.add_column(col)
     for it in items:
-        colour = {"ok": "green", "running": "cyan"}.get(it["status"], "red")
+        colour = {TrialStatus.OK: "green", "running": "cyan"}.get(it["status"], "red")
         table.add_row(str(it["trial_number"]), f"[{colour}]{it['status']}[/]", str(it["job_id"] or "-"),
                       f"{it['elapsed_s']:.0f} s" if it["elapsed_s"] is not None else "-",
                       f"{100 * it['mfu']:.2f}%" if it["mfu"] is not None else "-", it["layout"])

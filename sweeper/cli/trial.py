@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from sweeper.errors import SweepError
+from sweeper.statuses import TrialStatus
 
 if TYPE_CHECKING:
     from sweeper.layout import Layout
@@ -158,6 +159,6 @@ def print_result(result: TrialResult) -> None:
         ("loss", f"{num(r.losses[0], '.4f')} -> {num(r.losses[-1], '.4f')}" if r.losses else "-"),
         ("start-up", f"{num(r.startup_s, '.1f')} s"),
     ]
-    for what, value in rows if r.status == "ok" else rows[:3]:
+    for what, value in rows if r.status == TrialStatus.OK else rows[:3]:
         table.add_row(what, value)
     Console().print(table)

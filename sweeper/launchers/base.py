@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.layout import Layout
+from sweeper.statuses import TrialStatus
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class Launcher(ABC):
         """Find a trial submitted by an earlier `sweep run`; None when it is gone."""
 
 
-def failure(status: str, error: str, job: TrialJob) -> dict[str, Any]:
+def failure(status: TrialStatus, error: str, job: TrialJob) -> dict[str, Any]:
     """The result fields of a trial that produced no result of its own."""
     return {"status": status, "error": error, **job.layout.as_dict()}
 

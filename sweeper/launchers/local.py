@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from sweeper.launchers.base import Handle, Launcher, Outcome, TrialJob, failure, tail
+from sweeper.statuses import TrialStatus
 
 # The trial enforces its own time limit; this grace covers its start-up and teardown before the
 # launcher kills the whole process group itself.
@@ -60,7 +61,7 @@ class LocalLauncher(Launcher):
             return None
         self.cancel(handle)
         msg = f"no result {handle.job.timeout_s + KILL_GRACE_S:.0f} s after start; killed"
-        return Outcome(failure("timeout", msg, handle.job), handle.job_id, os.uname().nodename, _log(handle))
+        return Outcome(failure(TrialStatus.TIMEOUT, msg, handle.job), handle.job_id, os.uname().nodename, _log(handle))
 
     def _collect(self, handle: Handle) -> Outcome:
         job = handle.job
@@ -73,7 +74,7 @@ class LocalLauncher(Launcher):
             f"killed by {signal.Signals(-rc).name}" if rc is not None else "its process is gone")
         err = f"the trial process ended without a result ({how})"
         last = tail(job.workdir / "log.txt", 8)
-        return Outcome(failure("failed", f"{err}\n{last}".strip(), job), handle.job_id, node, _log(handle),
+        return Outcome(failure(TrialStatus.FAILED, f"{err}\n{last}".strip(), job), handle.job_id, node, _log(handle),
                        infrastructure_failure=True)
 
     def cancel(self, handle: Handle) -> None:

@@ -17,6 +17,7 @@ from sweeper.flops import model_flops_per_token, utilization
 from sweeper.knobs import KNOBS
 from sweeper.launchers.base import Handle, Launcher, Outcome, TrialJob, failure
 from sweeper.spec import Sweep
+from sweeper.statuses import TrialStatus
 
 VALUE_COLUMNS = ("mfu", "step_time_mean_s", "step_times_s", "peak_mem_gib", "tflops_per_gpu", "tokens_per_s", "error")
 
@@ -62,10 +63,10 @@ class ReplayLauncher(Launcher):
         job = handle.job
         row = self.table.get(self._key(job.layout.as_dict()))
         if row is None:
-            return Outcome(failure("failed", "not in replay table", job), handle.job_id)
+            return Outcome(failure(TrialStatus.FAILED, "not in replay table", job), handle.job_id)
         result = {k: _clean(row.get(k)) for k in VALUE_COLUMNS if k in row}
         result |= {"status": str(row["status"]), **job.layout.as_dict()}
-        if result.get("mfu") is None and result.get("step_time_mean_s") and result["status"] == "ok":
+        if result.get("mfu") is None and result.get("step_time_mean_s") and result["status"] == TrialStatus.OK:
             tokens_per_s = self.sweep.global_batch_size * self.sweep.seq_len / result["step_time_mean_s"]
             fpt = model_flops_per_token(self.sweep.model, self.sweep.seq_len)
             result["mfu"] = utilization(tokens_per_s, fpt, num_devices=self.sweep.cluster.world,

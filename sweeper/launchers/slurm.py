@@ -14,6 +14,7 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 from sweeper.launchers.base import Handle, Launcher, Outcome, TrialJob, failure, tail
 from sweeper.launchers.profiles import SlurmProfile
 from sweeper.spec import Sweep
+from sweeper.statuses import TrialStatus
 
 # SLURM job states that say the job died around the trial, not because of it: retried once.
 INFRASTRUCTURE_STATES = ("NODE_FAIL", "BOOT_FAIL", "PREEMPTED", "REQUEUED", "LAUNCH_FAILED")
@@ -103,16 +104,16 @@ class SlurmLauncher(Launcher):
         try:
             result = sj.results()[0]  # every task returns its rank's result; rank 0 speaks for the trial
         except FailedJobError as e:
-            return Outcome(failure("failed", _last_lines(str(e)), job), handle.job_id, node, log)
+            return Outcome(failure(TrialStatus.FAILED, _last_lines(str(e)), job), handle.job_id, node, log)
         except UncompletedJobError:
             return self._uncompleted(handle, state, node, log)
         if not isinstance(result, dict):
-            return Outcome(failure("failed", f"the job returned {type(result).__name__}, not a result", job),
+            return Outcome(failure(TrialStatus.FAILED, f"the job returned {type(result).__name__}, not a result", job),
                            handle.job_id, node, log)
         return Outcome(result, handle.job_id, node, log)
 
     def _uncompleted(self, handle: Handle, state: str, node: str | None, log: str | None) -> Outcome:
-        status = "timeout" if state.startswith("TIMEOUT") else "failed"
+        status = TrialStatus.TIMEOUT if state.startswith("TIMEOUT") else TrialStatus.FAILED
         reason = f"SLURM job {handle.job_id} ended {state} without a result"
         if state.startswith("CANCELLED"):
             reason = f"SLURM job {handle.job_id} was cancelled ({state})"
