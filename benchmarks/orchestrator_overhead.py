@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from sweeper.launchers.base import Handle, Launcher, Outcome, TrialJob
+from sweeper.launchers.base import Handle, Launcher, JobOutcome, TrialJob
 from sweeper.launchers.local import LocalLauncher
 from sweeper.orchestrator import prepare, run_loop
 from sweeper.search import LayoutSearch
@@ -38,8 +38,8 @@ class InstantLauncher(Launcher):
     def submit(self, job: TrialJob) -> Handle:
         return Handle(f"instant-{job.number}", job)
 
-    def poll(self, handle: Handle) -> Outcome:
-        return Outcome(synthetic_result(handle.job), handle.job_id)
+    def poll(self, handle: Handle) -> JobOutcome:
+        return JobOutcome(synthetic_result(handle.job), handle.job_id)
 
     def cancel(self, handle: Handle) -> None:
         pass

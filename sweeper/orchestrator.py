@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sweeper.errors import SweepError
-from sweeper.launchers.base import Handle, Launcher, Outcome, TrialJob
+from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure
 from sweeper.layout import Layout
 from sweeper.plan import Plan, make_plan
-from sweeper.results import COLUMNS, ResultsStore, now_utc, row_from
+from sweeper.results import InFlight, ResultsStore, now_utc, row_from
 from sweeper.search import LayoutSearch, build_search
 from sweeper.spec import Sweep, parse_sweep
 from sweeper.statuses import TrialStatus
@@ -37,7 +37,7 @@ class Progress(Protocol):
 @dataclass
 class Running:
     handle: Handle
-    record: dict[str, Any]
+    record: InFlight
 
 
 @dataclass
@@ -116,26 +116,25 @@ def _resume_inflight(run: SweepRun) -> None:
     """Re-attach to trials an earlier run left in flight; retry once those that vanished."""
     finished = {r["trial_number"] for r in run.rows}
     keep: set[int] = set()
-    for rec in run.store.inflight():
-        number = int(rec["trial_number"])
+    for data in run.store.inflight():
+        rec = InFlight.from_json(data)
+        number = rec.trial_number
         if number in finished:  # written but not told or cleared before a crash: finish both
             row = next(r for r in run.rows if r["trial_number"] == number)
-            run.search.tell(int(rec["optuna_trial"]), int(rec["row"]), **_measured(row))
+            run.search.tell(rec.optuna_trial, rec.row, **_measured(row))
             run.store.clear_inflight(number)
             continue
-        job = _job(run, number, Layout.from_mapping(rec["layout"]), attempt=int(rec["attempt"]))
-        handle = run.launcher.reattach(str(rec["job_id"]), job)
-        keep.add(int(rec["optuna_trial"]))
-        run.search.running.add(int(rec["row"]))
+        job = _job(run, number, Layout.from_mapping(rec.layout), attempt=rec.attempt)
+        handle = run.launcher.reattach(rec.job_id, job)
+        keep.add(rec.optuna_trial)
+        run.search.running.add(rec.row)
         if handle is not None:
             run.running[number] = Running(handle, rec)
         elif job.attempt < MAX_ATTEMPTS:
-            _submit(run, number, job.layout, rec | {"attempt": job.attempt + 1,
-                                                    "previous_error": f"job {rec['job_id']} vanished"})
+            _resubmit(run, rec, f"job {rec.job_id} vanished")
         else:
-            outcome = Outcome({"status": TrialStatus.FAILED, "error": f"job {rec['job_id']} vanished twice",
-                               **job.layout.as_dict()}, str(rec["job_id"]))
-            _record(run, number, rec, outcome)
+            outcome = JobOutcome(failure(TrialStatus.FAILED, f"job {rec.job_id} vanished twice", job), rec.job_id)
+            _record(run, rec, outcome)
     run.search.fail_stale_running(keep)
 
 
@@ -147,36 +146,44 @@ def _job(run: SweepRun, number: int, layout: Layout, *, attempt: int) -> TrialJo
     )
 
 
-def _submit(run: SweepRun, number: int, layout: Layout, rec: dict[str, Any]) -> None:
-    job = _job(run, number, layout, attempt=int(rec["attempt"]))
+def _submit(run: SweepRun, number: int, layout: Layout, *, optuna_trial: int, row: int, attempt: int = 1,
+            started_at: str | None = None, previous_error: str | None = None) -> None:
+    job = _job(run, number, layout, attempt=attempt)
     handle = run.launcher.submit(job)
-    rec = rec | {"trial_number": number, "job_id": handle.job_id, "layout": layout.as_dict(),
-                 "submitted_at": now_utc().isoformat()}
-    rec.setdefault("started_at", rec["submitted_at"])
-    run.store.record_inflight(number, rec)  # before anything waits on the job
+    submitted = now_utc().isoformat()
+    rec = InFlight(trial_number=number, optuna_trial=optuna_trial, row=row, attempt=attempt, job_id=handle.job_id,
+                   layout=layout.as_dict(), submitted_at=submitted, started_at=started_at or submitted,
+                   previous_error=previous_error)
+    run.store.record_inflight(number, rec.to_json())  # before anything waits on the job
     run.running[number] = Running(handle, rec)
 
 
-def _record(run: SweepRun, number: int, rec: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
+def _resubmit(run: SweepRun, rec: InFlight, error: str) -> None:
+    """The second and last attempt of a trial whose first one died around it."""
+    _submit(run, rec.trial_number, Layout.from_mapping(rec.layout), optuna_trial=rec.optuna_trial, row=rec.row,
+            attempt=rec.attempt + 1, started_at=rec.started_at, previous_error=error)
+
+
+def _record(run: SweepRun, rec: InFlight, outcome: JobOutcome) -> dict[str, Any]:
     """Write the trial's row, tell the search, forget the in-flight record (in that order)."""
-    plan_row = int(rec["row"])
-    values = {k: v for k, v in outcome.result.items() if k in COLUMNS}
+    plan_row = rec.row
+    values = outcome.result.to_dict()
     values.update(
         run.plan.layout(plan_row).as_dict(),
-        trial_number=number,
+        trial_number=rec.trial_number,
         dp=int(run.plan.cols["dp"][plan_row]),
         grad_accum=int(run.plan.cols["grad_accum"][plan_row]),
         pred_mem_gib=float(run.plan.memory.total[plan_row] / 1024**3),
         job_id=outcome.job_id, nodelist=outcome.nodelist, log_path=outcome.log_path,
-        launcher=run.launcher.kind, attempt=int(rec["attempt"]), optuna_trial=int(rec["optuna_trial"]),
-        started_at=_ts(rec.get("started_at")), finished_at=now_utc(),
+        launcher=run.launcher.kind, attempt=rec.attempt, optuna_trial=rec.optuna_trial,
+        started_at=_ts(rec.started_at), finished_at=now_utc(),
     )
-    if rec.get("previous_error") and values.get("error"):
-        values["error"] = f"{values['error']} (attempt 1: {rec['previous_error']})"
+    if rec.previous_error and values.get("error"):
+        values["error"] = f"{values['error']} (attempt 1: {rec.previous_error})"
     run.store.write_row(values)
     row = row_from(values)
-    run.search.tell(int(rec["optuna_trial"]), plan_row, **_measured(values))
-    run.store.clear_inflight(number)
+    run.search.tell(rec.optuna_trial, plan_row, **_measured(values))
+    run.store.clear_inflight(rec.trial_number)
     run.rows.append(row)
     return row
 
@@ -201,8 +208,7 @@ def step(run: SweepRun, progress: Progress | None = None) -> bool:
         if proposal is None:
             break
         number = run.store.next_trial_number()
-        _submit(run, number, proposal.layout,
-                {"optuna_trial": proposal.optuna_trial, "row": proposal.row, "attempt": 1})
+        _submit(run, number, proposal.layout, optuna_trial=proposal.optuna_trial, row=proposal.row)
         if progress:
             progress.submitted(run, number, proposal.layout, run.running[number].handle.job_id)
     for number, item in list(run.running.items()):
@@ -210,13 +216,11 @@ def step(run: SweepRun, progress: Progress | None = None) -> bool:
         if outcome is None:
             continue
         del run.running[number]
-        attempt = int(item.record["attempt"])
-        if outcome.infrastructure_failure and attempt < MAX_ATTEMPTS and not run.stop_requested:
-            err = (outcome.result.get("error") or "").splitlines()
-            _submit(run, number, item.handle.job.layout,
-                    item.record | {"attempt": attempt + 1, "previous_error": err[0] if err else "infrastructure failure"})
+        if outcome.infrastructure_failure and item.record.attempt < MAX_ATTEMPTS and not run.stop_requested:
+            err = (outcome.result.error or "").splitlines()
+            _resubmit(run, item.record, err[0] if err else "infrastructure failure")
             continue
-        row = _record(run, number, item.record, outcome)
+        row = _record(run, item.record, outcome)
         if progress:
             progress.finished(run, row)
     if progress:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import platform
+import types
+import typing
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -21,45 +23,76 @@ import pyarrow.parquet as pq
 
 import sweeper
 from sweeper.errors import SweepError
-from sweeper.knobs import KNOBS
+from sweeper.statuses import TrialStatus
+from sweeper.trial import TrialResult
 from sweeper.statuses import TrialStatus
 
-_ARROW = {int: pa.int64(), bool: pa.bool_(), str: pa.string()}
+@dataclass
+class TrialRecord:
+    """What the sweep adds to a trial's `TrialResult` in its row: identity, bookkeeping, the estimate."""
 
+    trial_number: int
+    pred_mem_gib: float | None = None
+    job_id: str | None = None
+    nodelist: str | None = None
+    log_path: str | None = None
+    launcher: str | None = None
+    attempt: int | None = None
+    optuna_trial: int | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    sweep_version: str | None = None
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A submitted trial, persisted before anything waits on it, so a later `sweep run` re-attaches.
+
+    Stored as JSON in `inflight/trial-NNNNN.json` with these field names.
+    """
+
+    trial_number: int
+    optuna_trial: int
+    row: int  # the plan row it runs
+    attempt: int
+    job_id: str
+    layout: dict[str, Any]
+    submitted_at: str  # ISO 8601, UTC
+    started_at: str  # of the first attempt
+    previous_error: str | None = None  # why attempt 1 ended, on the retry
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> InFlight:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+_ARROW: dict[Any, pa.DataType] = {
+    int: pa.int64(), float: pa.float64(), bool: pa.bool_(), str: pa.string(), TrialStatus: pa.string(),
+    list[float]: pa.list_(pa.float64()), datetime: pa.timestamp("us", tz="UTC"),
+}
+
+
+def _arrow_fields(cls: type, *, required: tuple[str, ...]) -> list[pa.Field]:
+    """One Arrow field per dataclass field, typed from its annotation (`X | None` is a nullable X)."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in fields(cls):
+        hint = hints[f.name]
+        if isinstance(hint, types.UnionType):
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        out.append(pa.field(f.name, _ARROW[hint], nullable=f.name not in required))
+    return out
+
+
+# One column per field: the row's identity first, then the trial's result, then the sweep's bookkeeping.
 SCHEMA = pa.schema(
-    [pa.field("trial_number", pa.int64(), nullable=False), pa.field("status", pa.string(), nullable=False)]
-    + [pa.field(k, _ARROW[knob.kind]) for k, knob in KNOBS.items()]
-    + [
-        pa.field("dp", pa.int64()),
-        pa.field("grad_accum", pa.int64()),
-        pa.field("num_devices", pa.int64()),
-        pa.field("mfu", pa.float64()),
-        pa.field("hfu", pa.float64()),
-        pa.field("tflops_per_gpu", pa.float64()),
-        pa.field("tokens_per_s", pa.float64()),
-        pa.field("tokens_per_s_per_gpu", pa.float64()),
-        pa.field("step_times_s", pa.list_(pa.float64())),
-        pa.field("step_time_mean_s", pa.float64()),
-        pa.field("step_time_std_s", pa.float64()),
-        pa.field("losses", pa.list_(pa.float64())),
-        pa.field("startup_s", pa.float64()),
-        pa.field("pred_mem_gib", pa.float64()),
-        pa.field("peak_mem_gib", pa.float64()),
-        pa.field("peak_mem_reserved_gib", pa.float64()),
-        pa.field("error", pa.string()),
-        pa.field("job_id", pa.string()),
-        pa.field("nodelist", pa.string()),
-        pa.field("log_path", pa.string()),
-        pa.field("launcher", pa.string()),
-        pa.field("device", pa.string()),
-        pa.field("attempt", pa.int64()),
-        pa.field("optuna_trial", pa.int64()),
-        pa.field("started_at", pa.timestamp("us", tz="UTC")),
-        pa.field("finished_at", pa.timestamp("us", tz="UTC")),
-        pa.field("torch_version", pa.string()),
-        pa.field("python_version", pa.string()),
-        pa.field("sweep_version", pa.string()),
-    ]
+    _arrow_fields(TrialRecord, required=("trial_number",))[:1]
+    + _arrow_fields(TrialResult, required=("status",))
+    + _arrow_fields(TrialRecord, required=())[1:]
 )
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 import math
 import platform
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from sweeper.flops import hardware_flops_per_token, model_flops_per_token, tflops_per_device, utilization
 from sweeper.layout import LAYOUT_FIELDS, Layout
 from sweeper.spec import Sweep
-
 from sweeper.statuses import TrialStatus
 
 # Short names kept for the trainer and launchers, which set them in many places.
@@ -28,25 +27,13 @@ STATUSES: tuple[str, ...] = tuple(TrialStatus)
 
 @dataclass
 class TrialResult:
-    """One trial's outcome and measurements. A value that was not measured is None, never 0."""
+    """One trial's outcome and measurements. A value that was not measured is None, never 0.
 
-    status: str
-    error: str | None = None
-    step_times_s: list[float] = field(default_factory=list)
-    step_time_mean_s: float | None = None
-    step_time_std_s: float | None = None
-    tokens_per_s: float | None = None
-    tokens_per_s_per_gpu: float | None = None
-    tflops_per_gpu: float | None = None
-    mfu: float | None = None
-    hfu: float | None = None
-    peak_mem_gib: float | None = None  # max over ranks; CUDA: max allocated; CPU: peak RSS growth
-    peak_mem_reserved_gib: float | None = None  # CUDA max reserved; None on CPU
-    losses: list[float] = field(default_factory=list)
-    startup_s: float | None = None  # process start to the first step, slowest rank
-    num_devices: int | None = None
-    device: str | None = None
-    # the layout's knobs
+    Its fields, in order, are the results columns after `trial_number` (see `sweeper.results.SCHEMA`).
+    """
+
+    status: TrialStatus
+    # the layout's knobs (pinned to sweeper.knobs.KNOBS by tests/test_knobs.py) and derived sizes
     tp: int | None = None
     pp: int | None = None
     micro_batch_size: int | None = None
@@ -61,14 +48,32 @@ class TrialResult:
     float8: bool | None = None
     dp: int | None = None
     grad_accum: int | None = None
+    num_devices: int | None = None
+    mfu: float | None = None
+    hfu: float | None = None
+    tflops_per_gpu: float | None = None
+    tokens_per_s: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    step_times_s: list[float] = field(default_factory=list)
+    step_time_mean_s: float | None = None
+    step_time_std_s: float | None = None
+    losses: list[float] = field(default_factory=list)
+    startup_s: float | None = None  # process start to the first step, slowest rank
+    peak_mem_gib: float | None = None  # max over ranks; CUDA: max allocated; CPU: peak RSS growth
+    peak_mem_reserved_gib: float | None = None  # CUDA max reserved; None on CPU
+    error: str | None = None
+    device: str | None = None
     torch_version: str | None = None
     python_version: str = field(default_factory=platform.python_version)
+
+    def __post_init__(self) -> None:
+        self.status = TrialStatus(self.status)  # a plain string from JSON becomes the enum; a typo raises
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrialResult:
+    def from_dict(cls, data: Mapping[str, Any]) -> TrialResult:
         """From `to_dict` output; unknown keys are ignored (results written by a newer version)."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
@@ -85,11 +90,13 @@ def layout_fields(layout: Layout, sweep: Sweep) -> dict[str, Any]:
     }
 
 
-def without_run(sweep: Sweep, layout: Layout, *, status: str, error: str | None, **measured: Any) -> TrialResult:
+def without_run(
+    sweep: Sweep, layout: Layout, *, status: TrialStatus | str, error: str | None, **measured: Any
+) -> TrialResult:
     """A result for a trial that produced no usable step times (failed, timed out, ...)."""
     if status not in STATUSES:
         raise ValueError(f"status must be one of {', '.join(STATUSES)}, but got {status!r}")
-    return TrialResult(status=status, error=error, **layout_fields(layout, sweep), **measured)
+    return TrialResult(status=TrialStatus(status), error=error, **layout_fields(layout, sweep), **measured)
 
 
 def _finite(values: Sequence[float]) -> bool:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from sweeper.launchers.base import Handle, Launcher, Outcome, TrialJob
+from sweeper.launchers.base import Handle, Launcher, JobOutcome, TrialJob
 from pathlib import Path
 
 from sweeper.launchers.profiles import LocalProfile, ReplayProfile, SlurmProfile, resolve_profile
 from sweeper.spec import Sweep
 
-__all__ = ["Handle", "Launcher", "Outcome", "TrialJob", "make_launcher", "resolve_profile"]
+__all__ = ["Handle", "Launcher", "JobOutcome", "TrialJob", "make_launcher", "resolve_profile"]
 
 
 def make_launcher(sweep: Sweep) -> Launcher:

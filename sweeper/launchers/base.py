@@ -9,6 +9,7 @@ from typing import Any
 
 from sweeper.layout import Layout
 from sweeper.statuses import TrialStatus
+from sweeper.trial import TrialResult
 
 
 @dataclass(frozen=True)
@@ -34,14 +35,22 @@ class Handle:
 
 
 @dataclass(frozen=True)
-class Outcome:
-    """What came back: the trial's result fields (TrialResult names) and where it ran."""
+class JobOutcome:
+    """What came back from a launcher: the trial's result and where it ran.
 
-    result: dict[str, Any]
+    A launcher may hand the result over as the mapping the trial wrote (its JSON); it is read
+    into a `TrialResult` here, once.
+    """
+
+    result: TrialResult
     job_id: str
     nodelist: str | None = None
     log_path: str | None = None
     infrastructure_failure: bool = False  # the job died around the trial (killed, node lost): retry once
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.result, TrialResult):
+            object.__setattr__(self, "result", TrialResult.from_dict(self.result))
 
 
 class Launcher(ABC):
@@ -67,9 +76,9 @@ class Launcher(ABC):
         """Find a trial submitted by an earlier `sweep run`; None when it is gone."""
 
 
-def failure(status: TrialStatus, error: str, job: TrialJob) -> dict[str, Any]:
-    """The result fields of a trial that produced no result of its own."""
-    return {"status": status, "error": error, **job.layout.as_dict()}
+def failure(status: TrialStatus, error: str, job: TrialJob) -> TrialResult:
+    """The result of a trial that produced no result of its own."""
+    return TrialResult(status=status, error=error, **job.layout.as_dict())
 
 
 def tail(path: Path, lines: int = 15) -> str:

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from sweeper.launchers.base import Handle, Launcher, Outcome, TrialJob, failure, tail
+from sweeper.launchers.base import Handle, Launcher, JobOutcome, TrialJob, failure, tail
 from sweeper.statuses import TrialStatus
 
 # The trial enforces its own time limit; this grace covers its start-up and teardown before the
@@ -47,7 +47,7 @@ class LocalLauncher(Launcher):
             )
         return Handle(f"local-{proc.pid}", job, proc, {"started": time.time(), "pid": proc.pid})
 
-    def poll(self, handle: Handle) -> Outcome | None:
+    def poll(self, handle: Handle) -> JobOutcome | None:
         proc = handle.native
         if proc is not None:
             if proc.poll() is None:
@@ -56,25 +56,25 @@ class LocalLauncher(Launcher):
             return self._enforce_limit(handle)
         return self._collect(handle)
 
-    def _enforce_limit(self, handle: Handle) -> Outcome | None:
+    def _enforce_limit(self, handle: Handle) -> JobOutcome | None:
         if time.time() - handle.info["started"] <= handle.job.timeout_s + KILL_GRACE_S:
             return None
         self.cancel(handle)
         msg = f"no result {handle.job.timeout_s + KILL_GRACE_S:.0f} s after start; killed"
-        return Outcome(failure(TrialStatus.TIMEOUT, msg, handle.job), handle.job_id, os.uname().nodename, _log(handle))
+        return JobOutcome(failure(TrialStatus.TIMEOUT, msg, handle.job), handle.job_id, os.uname().nodename, _log(handle))
 
-    def _collect(self, handle: Handle) -> Outcome:
+    def _collect(self, handle: Handle) -> JobOutcome:
         job = handle.job
         result = _result(job)
         node = os.uname().nodename
         if result is not None:
-            return Outcome(result, handle.job_id, node, _log(handle))
+            return JobOutcome(result, handle.job_id, node, _log(handle))
         rc = handle.native.returncode if handle.native is not None else None
         how = f"exit code {rc}" if rc is not None and rc >= 0 else (
             f"killed by {signal.Signals(-rc).name}" if rc is not None else "its process is gone")
         err = f"the trial process ended without a result ({how})"
         last = tail(job.workdir / "log.txt", 8)
-        return Outcome(failure(TrialStatus.FAILED, f"{err}\n{last}".strip(), job), handle.job_id, node, _log(handle),
+        return JobOutcome(failure(TrialStatus.FAILED, f"{err}\n{last}".strip(), job), handle.job_id, node, _log(handle),
                        infrastructure_failure=True)
 
     def cancel(self, handle: Handle) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from sweeper.errors import SpecError
 from sweeper.flops import model_flops_per_token, utilization
 from sweeper.knobs import KNOBS
-from sweeper.launchers.base import Handle, Launcher, Outcome, TrialJob, failure
+from sweeper.launchers.base import Handle, Launcher, JobOutcome, TrialJob, failure
 from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
 
@@ -59,13 +59,17 @@ class ReplayLauncher(Launcher):
     def submit(self, job: TrialJob) -> Handle:
         return Handle(f"replay-{job.number}", job)
 
-    def poll(self, handle: Handle) -> Outcome:
+    def poll(self, handle: Handle) -> JobOutcome:
         job = handle.job
         row = self.table.get(self._key(job.layout.as_dict()))
         if row is None:
-            return Outcome(failure(TrialStatus.FAILED, "not in replay table", job), handle.job_id)
+            return JobOutcome(failure(TrialStatus.FAILED, "not in replay table", job), handle.job_id)
         result = {k: _clean(row.get(k)) for k in VALUE_COLUMNS if k in row}
-        result |= {"status": str(row["status"]), **job.layout.as_dict()}
+        status = str(row["status"])
+        if status not in TrialStatus.__members__.values():
+            return JobOutcome(failure(TrialStatus.FAILED, f"replay table status {status!r} is not a trial status", job),
+                              handle.job_id)
+        result |= {"status": status, **job.layout.as_dict()}
         if result.get("mfu") is None and result.get("step_time_mean_s") and result["status"] == TrialStatus.OK:
             tokens_per_s = self.sweep.global_batch_size * self.sweep.seq_len / result["step_time_mean_s"]
             fpt = model_flops_per_token(self.sweep.model, self.sweep.seq_len)
@@ -73,7 +77,7 @@ class ReplayLauncher(Launcher):
                                         peak_flops=self.sweep.cluster.gpu.peak_flops(self.sweep.trial.precision))
         if "step_times_s" in result and result["step_times_s"] is not None:
             result["step_times_s"] = [float(x) for x in result["step_times_s"]]
-        return Outcome(result, handle.job_id)
+        return JobOutcome(result, handle.job_id)
 
     def cancel(self, handle: Handle) -> None:
         pass

@@ -11,7 +11,7 @@ from typing import Any
 import submitit
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
-from sweeper.launchers.base import Handle, Launcher, Outcome, TrialJob, failure, tail
+from sweeper.launchers.base import Handle, Launcher, JobOutcome, TrialJob, failure, tail
 from sweeper.launchers.profiles import SlurmProfile
 from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
@@ -86,7 +86,7 @@ class SlurmLauncher(Launcher):
         sj = self._executor(job).submit(slurm_trial, str(job.spec_path), job.layout.as_dict(), str(job.workdir))
         return Handle(str(sj.job_id), job, sj)
 
-    def poll(self, handle: Handle) -> Outcome | None:
+    def poll(self, handle: Handle) -> JobOutcome | None:
         sj: submitit.Job = handle.native
         # submitit's own sacct polling backs off to minutes; the loop already paces itself
         if not sj.done(force_check=True):
@@ -95,7 +95,7 @@ class SlurmLauncher(Launcher):
         log = str(sj.paths.stderr) if sj.paths else None
         written = _result_file(job.workdir / "result.json")
         if written is not None:  # rank 0 writes it even when a stuck peer made a task exit early
-            return Outcome(written, handle.job_id, node, log)
+            return JobOutcome(written, handle.job_id, node, log)
         state = (sj.state or "UNKNOWN").upper()
         rank0 = sj.task(0) if sj.num_tasks > 1 else sj
         if not state.startswith("COMPLETED") and not rank0.paths.result_pickle.exists():
@@ -104,21 +104,21 @@ class SlurmLauncher(Launcher):
         try:
             result = sj.results()[0]  # every task returns its rank's result; rank 0 speaks for the trial
         except FailedJobError as e:
-            return Outcome(failure(TrialStatus.FAILED, _last_lines(str(e)), job), handle.job_id, node, log)
+            return JobOutcome(failure(TrialStatus.FAILED, _last_lines(str(e)), job), handle.job_id, node, log)
         except UncompletedJobError:
             return self._uncompleted(handle, state, node, log)
         if not isinstance(result, dict):
-            return Outcome(failure(TrialStatus.FAILED, f"the job returned {type(result).__name__}, not a result", job),
+            return JobOutcome(failure(TrialStatus.FAILED, f"the job returned {type(result).__name__}, not a result", job),
                            handle.job_id, node, log)
-        return Outcome(result, handle.job_id, node, log)
+        return JobOutcome(result, handle.job_id, node, log)
 
-    def _uncompleted(self, handle: Handle, state: str, node: str | None, log: str | None) -> Outcome:
+    def _uncompleted(self, handle: Handle, state: str, node: str | None, log: str | None) -> JobOutcome:
         status = TrialStatus.TIMEOUT if state.startswith("TIMEOUT") else TrialStatus.FAILED
         reason = f"SLURM job {handle.job_id} ended {state} without a result"
         if state.startswith("CANCELLED"):
             reason = f"SLURM job {handle.job_id} was cancelled ({state})"
         err = tail(Path(log), 5) if log else ""
-        return Outcome(failure(status, f"{reason}\n{err}".strip(), handle.job), handle.job_id, node, log,
+        return JobOutcome(failure(status, f"{reason}\n{err}".strip(), handle.job), handle.job_id, node, log,
                        infrastructure_failure=state.startswith(INFRASTRUCTURE_STATES))
 
     def cancel(self, handle: Handle) -> None:
