@@ -17,11 +17,12 @@ from pathlib import Path
 
 import yaml
 
-from sweeper.launchers.base import Handle, Launcher, JobOutcome, TrialJob
+from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob
 from sweeper.launchers.local import LocalLauncher
 from sweeper.orchestrator import prepare, run_loop
 from sweeper.search import LayoutSearch
 from sweeper.spec import load_sweep
+from sweeper.trial import TrialResult
 
 TRIALS = 50
 
@@ -39,7 +40,7 @@ class InstantLauncher(Launcher):
         return Handle(f"instant-{job.number}", job)
 
     def poll(self, handle: Handle) -> JobOutcome:
-        return JobOutcome(synthetic_result(handle.job), handle.job_id)
+        return JobOutcome(TrialResult.from_dict(synthetic_result(handle.job)), handle.job_id)
 
     def cancel(self, handle: Handle) -> None:
         pass

@@ -199,9 +199,9 @@ RULES: tuple[Rule, ...] = (
     ),
 )
 
-RULE_SUMMARIES: dict[str, str] = {r.code: r.summary for r in RULES} | {
-    PlanReason.DUPLICATE: "same as another layout (a knob that has no effect here)",
-    PlanReason.MEMORY: "predicted peak memory exceeds the card",
+RULE_SUMMARIES: dict[str, str] = {r.code.value: r.summary for r in RULES} | {
+    PlanReason.DUPLICATE.value: "same as another layout (a knob that has no effect here)",
+    PlanReason.MEMORY.value: "predicted peak memory exceeds the card",
 }
 
 

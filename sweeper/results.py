@@ -14,7 +14,7 @@ import types
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import sweeper
 from sweeper.errors import SweepError
 from sweeper.statuses import TrialStatus
 from sweeper.trial import TrialResult
-from sweeper.statuses import TrialStatus
+
 
 @dataclass
 class TrialRecord:
@@ -98,7 +98,7 @@ COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
 
 
 def now_utc() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def row_from(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -161,7 +161,7 @@ class ResultsStore:
 
     def rows(self) -> list[dict[str, Any]]:
         """Every finished trial, in trial order; unreadable or foreign files are reported and skipped."""
-        out = []
+        out: list[dict[str, Any]] = []
         if not self.trials_dir.is_dir():
             return out
         for path in sorted(self.trials_dir.glob("*.parquet")):

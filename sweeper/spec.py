@@ -344,7 +344,7 @@ def parse_sweep(text: str | bytes, *, source: str = "<sweep file>") -> Sweep:
 class _NoAliasLoader(yaml.SafeLoader):
     """SafeLoader that refuses aliases, so an anchor 'bomb' cannot expand into gigabytes."""
 
-    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+    def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             raise yaml.MarkedYAMLError("while reading the sweep file", None, "aliases (*name) are not supported", event.start_mark)

@@ -29,9 +29,8 @@ def abort(message: str, *, code: int = 2) -> NoReturn:
 def _register() -> None:
     from sweeper.cli import best as best_cmd
     from sweeper.cli import compare as compare_cmd
-    from sweeper.cli import compare as compare_cmd
-    from sweeper.cli import run as run_cmd
     from sweeper.cli import report as report_cmd
+    from sweeper.cli import run as run_cmd
     from sweeper.cli import status as status_cmd
     from sweeper.cli import trial as trial_cmd
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from enum import Enum
+from collections.abc import Mapping
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -13,7 +14,7 @@ from sweeper.errors import SweepError
 from sweeper.knobs import label
 
 
-class Format(str, Enum):
+class Format(StrEnum):
     table = "table"
     json = "json"
     yaml = "yaml"
@@ -25,7 +26,7 @@ def best(
     spec: Annotated[str, typer.Argument(help="sweep file (path or bare name)")],
     top: Annotated[int, typer.Option("--top", "-n", help="how many layouts")] = 5,
     fmt: Annotated[Format, typer.Option("--format", "-f", help="table, json, yaml (the winner's layout), torchtitan (TOML) or megatron (flags)")] = Format.table,
-    results: Annotated[Optional[Path], typer.Option("--results", help="a results folder (default: results_dir/<name> of the sweep)")] = None,
+    results: Annotated[Path | None, typer.Option("--results", help="a results folder (default: results_dir/<name> of the sweep)")] = None,
 ) -> None:
     from rich.markup import escape
 
@@ -102,7 +103,7 @@ def _winner_layout(rows: list[dict[str, Any]], root: Path, spec: str) -> Any:
         return None
 
 
-def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
+def _jsonable(row: Mapping[str, Any]) -> dict[str, Any]:
     return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items()}
 
 

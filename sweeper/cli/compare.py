@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-class Format(str, Enum):
+class Format(StrEnum):
     table = "table"
     json = "json"
 
@@ -24,8 +24,8 @@ class Format(str, Enum):
 def compare(
     a: Annotated[str, typer.Argument(help="first sweep file (path or bare name); ignored with --results-a")],
     b: Annotated[str, typer.Argument(help="second sweep file (path or bare name); ignored with --results-b")],
-    results_a: Annotated[Optional[Path], typer.Option("--results-a", help="results folder of A")] = None,
-    results_b: Annotated[Optional[Path], typer.Option("--results-b", help="results folder of B")] = None,
+    results_a: Annotated[Path | None, typer.Option("--results-a", help="results folder of A")] = None,
+    results_b: Annotated[Path | None, typer.Option("--results-b", help="results folder of B")] = None,
     fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json")] = Format.table,
 ) -> None:
     from rich.markup import escape
@@ -87,9 +87,8 @@ def summarize(shared: pd.DataFrame) -> dict[str, Any]:
 def _print_table(shared: pd.DataFrame, summary: dict[str, Any], name_a: str, name_b: str) -> None:
     from rich.table import Table
 
-    from sweeper.knobs import label
     from sweeper.cli.render import make_console
-    from sweeper.knobs import KNOBS
+    from sweeper.knobs import KNOBS, label
 
     console = make_console()
     varying = [k for k in KNOBS if k in ("tp", "pp", "micro_batch_size") or shared[k].nunique() > 1]

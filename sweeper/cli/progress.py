@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, TaskID, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sweeper.knobs import label
@@ -38,7 +38,7 @@ class LiveProgress:
         self.console = console or make_console(stderr=True)
         self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=self.console)
-        self.task = None
+        self.task: TaskID | None = None
         self.live: Live | None = None
         self.t0 = time.time()
 

@@ -12,7 +12,6 @@ from sweeper.plan import Plan
 from sweeper.statuses import PlanReason, PlanStatus
 
 
-
 def make_console(*, stderr: bool = False) -> Console:
     """A console that does not squeeze tables to 80 columns when output goes to a file or pipe."""
     probe = Console(stderr=stderr)

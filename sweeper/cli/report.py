@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -12,7 +12,7 @@ from sweeper.errors import SweepError
 
 def report(
     spec: Annotated[str, typer.Argument(help="sweep file (path or bare name)")],
-    results: Annotated[Optional[Path], typer.Option("--results", help="a results folder (default: results_dir/<name> of the sweep)")] = None,
+    results: Annotated[Path | None, typer.Option("--results", help="a results folder (default: results_dir/<name> of the sweep)")] = None,
 ) -> None:
     from rich.markup import escape
 

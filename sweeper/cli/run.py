@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -15,18 +15,18 @@ from sweeper.statuses import PlanStatus
 def run(
     spec: Annotated[str, typer.Argument(help="sweep file: a path, or a bare name found here or among the shipped spaces")],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="plan only: show candidates and pruned layouts; submit nothing")] = False,
-    out: Annotated[Optional[Path], typer.Option("--out", help="write the whole plan, one row per layout, as .parquet or .csv")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="write the whole plan, one row per layout, as .parquet or .csv")] = None,
     limit: Annotated[int, typer.Option("--limit", help="candidate rows to show (0: all)")] = 40,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan summary and candidates as JSON")] = False,
     fresh: Annotated[bool, typer.Option("--fresh", help="discard this sweep's results and study, and start over")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask before --fresh deletes results")] = False,
     top: Annotated[int, typer.Option("--top", help="layouts to show at the end")] = 5,
 ) -> None:
+    from rich.markup import escape
+
     from sweeper.cli import abort
     from sweeper.plan import make_plan
     from sweeper.spec import load_sweep
-
-    from rich.markup import escape
 
     try:
         sweep = load_sweep(spec)
@@ -88,7 +88,6 @@ def plan_summary(plan) -> dict:  # noqa: ANN001
 def run_sweep(sweep, *, fresh: bool, yes: bool, top: int) -> None:  # noqa: ANN001 - Sweep
     """The real run: lock, (fresh start), plan, loop with a live display, then the best layouts."""
     import signal
-    import shutil
 
     from rich.console import Console
 

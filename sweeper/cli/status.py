@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
@@ -32,7 +32,7 @@ def status(
         inflight = store.inflight()
     except SweepError as e:
         abort(escape(str(e)))
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     items: list[dict[str, Any]] = []
     for r in rows:
         elapsed = (r["finished_at"] - r["started_at"]).total_seconds() if r.get("started_at") and r.get("finished_at") else None

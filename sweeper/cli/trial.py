@@ -7,7 +7,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -27,9 +27,9 @@ TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 def trial(
     spec: Annotated[str, typer.Argument(help="sweep file: a path, or a bare name found here or among the shipped spaces")],
-    sets: Annotated[Optional[list[str]], typer.Option("--set", help="KNOB=VALUE, repeatable; knobs not given take the first value of their list in the space")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="KNOB=VALUE, repeatable; knobs not given take the first value of their list in the space")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON object (the results columns)")] = False,
-    timeout_s: Annotated[Optional[float], typer.Option("--timeout-s", help="wall-clock limit in seconds (default: the sweep's trial.timeout_min)")] = None,
+    timeout_s: Annotated[float | None, typer.Option("--timeout-s", help="wall-clock limit in seconds (default: the sweep's trial.timeout_min)")] = None,
 ) -> None:
     from rich.markup import escape
 

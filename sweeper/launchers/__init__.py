@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from sweeper.launchers.base import Handle, Launcher, JobOutcome, TrialJob
 from pathlib import Path
 
+from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob
 from sweeper.launchers.profiles import LocalProfile, ReplayProfile, SlurmProfile, resolve_profile
 from sweeper.spec import Sweep
 

@@ -38,8 +38,7 @@ class Handle:
 class JobOutcome:
     """What came back from a launcher: the trial's result and where it ran.
 
-    A launcher may hand the result over as the mapping the trial wrote (its JSON); it is read
-    into a `TrialResult` here, once.
+    Launchers read what a trial wrote (its JSON) with `TrialResult.from_dict`.
     """
 
     result: TrialResult
@@ -47,10 +46,6 @@ class JobOutcome:
     nodelist: str | None = None
     log_path: str | None = None
     infrastructure_failure: bool = False  # the job died around the trial (killed, node lost): retry once
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.result, TrialResult):
-            object.__setattr__(self, "result", TrialResult.from_dict(self.result))
 
 
 class Launcher(ABC):
@@ -64,7 +59,7 @@ class Launcher(ABC):
         """Start the trial; return at once with its job id."""
 
     @abstractmethod
-    def poll(self, handle: Handle) -> Outcome | None:
+    def poll(self, handle: Handle) -> JobOutcome | None:
         """The outcome when the trial has ended, else None. Never blocks for long."""
 
     @abstractmethod

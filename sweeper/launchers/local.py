@@ -10,8 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from sweeper.launchers.base import Handle, Launcher, JobOutcome, TrialJob, failure, tail
+from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure, tail
 from sweeper.statuses import TrialStatus
+from sweeper.trial import TrialResult
 
 # The trial enforces its own time limit; this grace covers its start-up and teardown before the
 # launcher kills the whole process group itself.
@@ -68,7 +69,7 @@ class LocalLauncher(Launcher):
         result = _result(job)
         node = os.uname().nodename
         if result is not None:
-            return JobOutcome(result, handle.job_id, node, _log(handle))
+            return JobOutcome(TrialResult.from_dict(result), handle.job_id, node, _log(handle))
         rc = handle.native.returncode if handle.native is not None else None
         how = f"exit code {rc}" if rc is not None and rc >= 0 else (
             f"killed by {signal.Signals(-rc).name}" if rc is not None else "its process is gone")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
@@ -41,7 +41,7 @@ class SlurmProfile(_Profile):
     mem_gb: float | None = Field(default=None, gt=0)
     setup: list[Annotated[str, StringConstraints(max_length=1000)]] = Field(
         default_factory=list, description="shell lines run before the trial (module loads, env)")
-    sbatch_extra: dict[OptionName, Union[SafeToken, int, bool]] = Field(default_factory=dict)
+    sbatch_extra: dict[OptionName, SafeToken | int | bool] = Field(default_factory=dict)
     srun_args: list[SafeToken] = Field(default_factory=list)
     poll_s: float = Field(default=5.0, gt=0, le=600, description="seconds between status checks")
 
@@ -53,7 +53,7 @@ class ReplayProfile(_Profile):
     table: str = Field(min_length=1, description="path of the table; relative to the sweep file's folder")
 
 
-Profile = Annotated[Union[LocalProfile, SlurmProfile, ReplayProfile], Field(discriminator="kind")]
+Profile = Annotated[LocalProfile | SlurmProfile | ReplayProfile, Field(discriminator="kind")]
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Profile)
 
 

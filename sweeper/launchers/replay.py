@@ -15,9 +15,10 @@ from typing import Any
 from sweeper.errors import SpecError
 from sweeper.flops import model_flops_per_token, utilization
 from sweeper.knobs import KNOBS
-from sweeper.launchers.base import Handle, Launcher, JobOutcome, TrialJob, failure
+from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure
 from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
+from sweeper.trial import TrialResult
 
 VALUE_COLUMNS = ("mfu", "step_time_mean_s", "step_times_s", "peak_mem_gib", "tflops_per_gpu", "tokens_per_s", "error")
 
@@ -77,7 +78,7 @@ class ReplayLauncher(Launcher):
                                         peak_flops=self.sweep.cluster.gpu.peak_flops(self.sweep.trial.precision))
         if "step_times_s" in result and result["step_times_s"] is not None:
             result["step_times_s"] = [float(x) for x in result["step_times_s"]]
-        return JobOutcome(result, handle.job_id)
+        return JobOutcome(TrialResult.from_dict(result), handle.job_id)
 
     def cancel(self, handle: Handle) -> None:
         pass

@@ -11,10 +11,11 @@ from typing import Any
 import submitit
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
-from sweeper.launchers.base import Handle, Launcher, JobOutcome, TrialJob, failure, tail
+from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure, tail
 from sweeper.launchers.profiles import SlurmProfile
 from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
+from sweeper.trial import TrialResult
 
 # SLURM job states that say the job died around the trial, not because of it: retried once.
 INFRASTRUCTURE_STATES = ("NODE_FAIL", "BOOT_FAIL", "PREEMPTED", "REQUEUED", "LAUNCH_FAILED")
@@ -95,7 +96,7 @@ class SlurmLauncher(Launcher):
         log = str(sj.paths.stderr) if sj.paths else None
         written = _result_file(job.workdir / "result.json")
         if written is not None:  # rank 0 writes it even when a stuck peer made a task exit early
-            return JobOutcome(written, handle.job_id, node, log)
+            return JobOutcome(TrialResult.from_dict(written), handle.job_id, node, log)
         state = (sj.state or "UNKNOWN").upper()
         rank0 = sj.task(0) if sj.num_tasks > 1 else sj
         if not state.startswith("COMPLETED") and not rank0.paths.result_pickle.exists():
@@ -110,7 +111,7 @@ class SlurmLauncher(Launcher):
         if not isinstance(result, dict):
             return JobOutcome(failure(TrialStatus.FAILED, f"the job returned {type(result).__name__}, not a result", job),
                            handle.job_id, node, log)
-        return JobOutcome(result, handle.job_id, node, log)
+        return JobOutcome(TrialResult.from_dict(result), handle.job_id, node, log)
 
     def _uncompleted(self, handle: Handle, state: str, node: str | None, log: str | None) -> JobOutcome:
         status = TrialStatus.TIMEOUT if state.startswith("TIMEOUT") else TrialStatus.FAILED
@@ -129,7 +130,7 @@ class SlurmLauncher(Launcher):
         if not folder.is_dir():
             return None
         ntasks = self.sweep.cluster.world
-        sj = submitit.SlurmJob(folder=folder, job_id=job_id, tasks=tuple(range(ntasks)))
+        sj: submitit.SlurmJob[Any] = submitit.SlurmJob(folder=folder, job_id=job_id, tasks=tuple(range(ntasks)))
         return Handle(job_id, job, sj)
 
 

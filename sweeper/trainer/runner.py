@@ -24,7 +24,16 @@ import torch.distributed as dist
 from sweeper.hardware import GIB
 from sweeper.layout import Layout
 from sweeper.spec import Sweep
-from sweeper.trainer.env import DistEnv, PeakMemory, build_mesh, connect_store, init_distributed, pick_device, process_start_unix, synchronize
+from sweeper.trainer.env import (
+    DistEnv,
+    PeakMemory,
+    build_mesh,
+    connect_store,
+    init_distributed,
+    pick_device,
+    process_start_unix,
+    synchronize,
+)
 from sweeper.trainer.outcome import Agreement, Failure, Watcher, classify
 from sweeper.trainer.train import Trainer, build_trainer, reduce_losses
 from sweeper.trial import FAILED, TrialResult, summarize, without_run

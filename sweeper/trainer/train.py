@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed._composable.replicate_with_fsdp import ReplicateModule
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
