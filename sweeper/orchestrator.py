@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sweeper.errors import SweepError
+from sweeper.files import atomic_write_bytes
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure
 from sweeper.layout import Layout
 from sweeper.plan import Plan, make_plan
@@ -76,9 +77,7 @@ def freeze_spec(sweep: Sweep, store: ResultsStore) -> Path:
                 f"{sweep.source} changed since {frozen} was recorded (model, batch, cluster, space or "
                 "trial settings differ); run with --fresh to start over, or give the sweep a new name"
             )
-    tmp = frozen.with_name(".sweep.yaml.tmp")
-    tmp.write_bytes(text)
-    tmp.replace(frozen)
+    atomic_write_bytes(frozen, text)
     return frozen
 
 

@@ -8,7 +8,6 @@ dataset of only failures still has typed columns.
 from __future__ import annotations
 
 import json
-import os
 import platform
 import types
 import typing
@@ -23,6 +22,7 @@ import pyarrow.parquet as pq
 
 import sweeper
 from sweeper.errors import SweepError
+from sweeper.files import atomic_write, atomic_write_text
 from sweeper.statuses import TrialStatus
 from sweeper.trial import TrialResult
 
@@ -146,17 +146,10 @@ class ResultsStore:
         if path.exists():
             raise FileExistsError(f"{path} exists: a finished trial is never rewritten")
         table = pa.Table.from_pylist([row], schema=SCHEMA)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # leading dot: datasets skip it
         try:
-            pq.write_table(table, tmp)
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            atomic_write(path, lambda tmp: pq.write_table(table, tmp))
         except OSError as e:  # a full disk, a quota, a read-only mount: the user's to fix
             raise _write_error(f"the result of trial {row['trial_number']}", path, e) from None
-        finally:
-            tmp.unlink(missing_ok=True)
-        _fsync_dir(self.trials_dir)
         return path
 
     def rows(self) -> list[dict[str, Any]]:
@@ -187,7 +180,7 @@ class ResultsStore:
         """Persist a submitted trial (its job id above all) before waiting on it, for re-attach."""
         path = self.inflight_dir / f"trial-{number:05d}.json"
         try:
-            _atomic_write_text(path, json.dumps(dict(record), default=str))
+            atomic_write_text(path, json.dumps(dict(record), default=str))
         except OSError as e:
             raise _write_error(f"the in-flight record of trial {number} (job {record.get('job_id')})", path, e) from None
 
@@ -214,27 +207,6 @@ def _write_error(what: str, path: Path, e: OSError) -> SweepError:
         f"cannot write {what} to {path}: {e.strerror or e}; the results already written are intact. "
         "Free the space (or fix the folder) and run `sweep run` again: it picks up where it stopped"
     )
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def best_rows(rows: Iterable[Mapping[str, Any]], top: int) -> list[Mapping[str, Any]]:

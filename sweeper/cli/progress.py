@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress import BarColumn, TaskID, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sweeper.knobs import label

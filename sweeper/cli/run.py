@@ -59,16 +59,15 @@ def write_plan(plan, path: Path) -> None:  # noqa: ANN001 - Plan, imported lazil
         raise SweepError(f"--out {path}: the extension must be .parquet or .csv, got {suffix or 'none'!r}")
     if not path.parent.is_dir():
         raise SweepError(f"--out {path}: folder {path.parent} does not exist")
+    from sweeper.files import atomic_write
+
     frame = plan.to_frame()
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
         if suffix == ".parquet":
-            frame.to_parquet(tmp, index=False)
+            atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
         else:
-            frame.to_csv(tmp, index=False)
-        tmp.replace(path)
+            atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise SweepError(f"--out {path}: cannot write: {e.strerror}") from None
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sweeper.files import atomic_write_text
 from sweeper.hardware import GIB
 from sweeper.layout import Layout
 from sweeper.spec import Sweep
@@ -144,9 +145,7 @@ class _Outputs:
 
 
 def _atomic_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data))
 
 
 def _teardown(timeout_s: float = 10.0) -> None:

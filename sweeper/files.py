@@ -1,0 +1,42 @@
+"""Writing a file so that readers see the old content or the new one, never a part: the one way files are written.
+
+Temp file beside the target (a leading dot, so Parquet datasets and globs skip it), fsync,
+rename over the target, fsync the folder; the temp file is removed on any failure. OSError
+reaches the caller, which knows what the file was for and words the error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
+    """Call `write(tmp)` to fill a temp file, then put it in place of `path` atomically."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda tmp: tmp.write_bytes(data))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename in `path` durable (the folder's entry, not only the file's data)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
