@@ -8,6 +8,7 @@ is still running, retries once what vanished, and never reruns what finished.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -237,3 +238,59 @@ def run_loop(run: SweepRun, *, progress: Progress | None = None, poll_s: float |
         progress.started(run)
     while step(run, progress) and not run.stop_requested:
         time.sleep(run.launcher.poll_s if poll_s is None else poll_s)
+
+
+def run_sweep(
+    sweep: Sweep, *, launcher: Launcher | None = None, fresh: bool = False,
+    confirm: Callable[[str], bool] = lambda question: False, progress: Progress | None = None,
+    on_interrupt: Callable[[], None] | None = None,
+) -> SweepRun:
+    """The whole `sweep run`: hold the sweep's lock, start over when asked (and confirmed), plan, loop.
+
+    The first Ctrl-C (SIGINT) stops new submissions and returns with the trials in flight left
+    running for the next `sweep run` to re-attach; `on_interrupt` is told. A second one quits at once.
+    """
+    import signal
+
+    from sweeper.launchers import make_launcher
+    from sweeper.lock import SweepLock
+
+    root = sweep.results_path
+    with SweepLock(root):
+        if fresh and any(p.name != "run.lock" for p in root.iterdir()):
+            if not confirm(f"delete every result of {sweep.name} under {root}?"):
+                raise SweepError("--fresh: not confirmed; nothing deleted")
+            discard_results(sweep)
+        run = prepare(sweep, launcher or make_launcher(sweep))
+        previous = signal.getsignal(signal.SIGINT)
+
+        def stop(signum: int, frame: Any) -> None:
+            if run.stop_requested:
+                raise KeyboardInterrupt
+            run.stop_requested = True
+            if on_interrupt is not None:
+                on_interrupt()
+
+        signal.signal(signal.SIGINT, stop)
+        try:
+            run_loop(run, progress=progress)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+    return run
+
+
+def discard_results(sweep: Sweep) -> None:
+    """Remove everything of the sweep but its lock (held by the caller), and its study in external storage."""
+    import shutil
+
+    for p in sweep.results_path.iterdir():
+        if p.name == "run.lock":
+            continue
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    if sweep.search.storage:
+        import optuna
+
+        try:
+            optuna.delete_study(study_name=sweep.name, storage=sweep.search.storage)
+        except KeyError:
+            pass

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import sweeper
 from sweeper.errors import SweepError
 from sweeper.files import atomic_write, atomic_write_text
+from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
 from sweeper.trial import TrialResult
 
@@ -213,3 +214,21 @@ def best_rows(rows: Iterable[Mapping[str, Any]], top: int) -> list[Mapping[str, 
     """The `top` ok trials by MFU, best first (ties: the earlier trial)."""
     ok = [r for r in rows if r.get("status") == TrialStatus.OK and r.get("mfu") is not None]
     return sorted(ok, key=lambda r: (-r["mfu"], r["trial_number"]))[:top]
+
+
+def open_results(spec: str, results: Path | None) -> tuple[Path, ResultsStore]:
+    """The results folder (given, or the sweep's) and its store; a user error when it has none."""
+    from sweeper.spec import load_sweep
+
+    root = results or load_sweep(spec).results_path
+    if not (root / "trials").is_dir():
+        raise SweepError(f"no results under {root} (run `sweep run {spec}` first)")
+    return root, ResultsStore(root)
+
+
+def sweep_as_run(root: Path, spec: str) -> Sweep:
+    """The sweep as it was run (`sweep.yaml` beside the results), else the sweep file named."""
+    from sweeper.spec import load_sweep
+
+    as_run = root / "sweep.yaml"
+    return load_sweep(as_run if as_run.is_file() else spec)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -15,7 +15,25 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        import sweeper
+
+        typer.echo(f"sweep {sweeper.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    """Find the fastest parallel layout for training a large transformer on a SLURM cluster."""
 
 
 def abort(message: str, *, code: int = 2) -> NoReturn:
@@ -40,17 +58,16 @@ def _register() -> None:
     app.command("trial", help=trial_cmd.__doc__)(trial_cmd.trial)
     app.command("report", help=report_cmd.__doc__)(report_cmd.report)
     app.command("compare", help=compare_cmd.__doc__)(compare_cmd.compare)
-    app.command("compare", help=compare_cmd.__doc__)(compare_cmd.compare)
 
 
 _register()
 
 
 def main() -> None:
-    """Console-script entry point: user errors become one line and exit code 2."""
+    """Console-script entry point: every user error (a SweepError) becomes one line and its exit code, here only."""
     try:
         app()
-    except SweepError as e:  # raised outside a command's own handling
+    except SweepError as e:
         from rich.markup import escape
 
         try:

@@ -28,16 +28,9 @@ def compare(
     results_b: Annotated[Path | None, typer.Option("--results-b", help="results folder of B")] = None,
     fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json")] = Format.table,
 ) -> None:
-    from rich.markup import escape
-
-    from sweeper.cli import abort
-
-    try:
-        frame_a, name_a = _load(a, results_a)
-        frame_b, name_b = _load(b, results_b)
-        shared = shared_layouts(frame_a, frame_b)
-    except SweepError as e:
-        abort(escape(str(e)))
+    frame_a, name_a = _load(a, results_a)
+    frame_b, name_b = _load(b, results_b)
+    shared = shared_layouts(frame_a, frame_b)
     summary = summarize(shared)
     if fmt is Format.json:
         doc = {"a": name_a, "b": name_b, **summary, "layouts": shared.astype(object).where(shared.notna(), None).to_dict(orient="records")}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from rich.console import Console
 from rich.table import Table
@@ -81,3 +83,43 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
 
 def _params(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
+BASE_KNOBS = ("tp", "pp", "dp", "micro_batch_size")
+
+
+def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
+    """The top layouts by MFU as a table (knobs that vary among the trials), and a count of the rest."""
+    from collections import Counter
+
+    from rich.table import Table
+
+    from sweeper.results import best_rows
+
+    console = make_console()
+    chosen = best_rows(rows, top)
+    counts = Counter(r["status"] for r in rows)
+    if not chosen:
+        console.print(f"{title}: no successful trial yet ({', '.join(f'{k} {v}' for k, v in counts.items()) or 'no trials'})")
+        return
+    varying = [k for k in KNOBS if k not in BASE_KNOBS and len({r.get(k) for r in rows}) > 1]
+    table = Table(title=title, title_justify="left", header_style="bold")
+    text_labels = {label(k) for k, knob in KNOBS.items() if knob.kind is str}
+    for col in ("#", "trial", "MFU", "TFLOP/s/GPU", "step s", *(label(k) for k in (*BASE_KNOBS, *varying)),
+                "peak GiB", "pred GiB"):
+        table.add_column(col, justify="left" if col in text_labels else "right")
+    for i, r in enumerate(chosen, 1):
+        knobs = [_cell(r.get(k)) for k in (*BASE_KNOBS, *varying)]
+        table.add_row(str(i), str(r["trial_number"]), f"{100 * r['mfu']:.2f}%", _num(r.get("tflops_per_gpu"), 3),
+                      _num(r.get("step_time_mean_s"), 3), *knobs, _num(r.get("peak_mem_gib"), 3),
+                      _num(r.get("pred_mem_gib"), 3))
+    console.print(table)
+    console.print(f"{len(rows)} trials: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
+
+
+def _cell(v: Any) -> str:
+    return ("on" if v else "-") if isinstance(v, bool) else str(v)
+
+
+def _num(v: Any, digits: int) -> str:
+    return "-" if v is None else f"{v:.{digits}g}"

@@ -16,19 +16,15 @@ def report(
 ) -> None:
     from rich.markup import escape
 
-    from sweeper.cli import abort
-    from sweeper.cli.best import _sweep_of, open_results
     from sweeper.cli.render import make_console
     from sweeper.report import write_report
+    from sweeper.results import open_results, sweep_as_run
 
-    try:
-        root, store = open_results(spec, results)
-        frame = store.frame()
-        if frame.empty:
-            raise SweepError(f"no finished trial under {root} yet (see `sweep status {spec}`)")
-        sweep = _sweep_of(root, spec)
-    except SweepError as e:
-        abort(escape(str(e)))
+    root, store = open_results(spec, results)
+    frame = store.frame()
+    if frame.empty:
+        raise SweepError(f"no finished trial under {root} yet (see `sweep status {spec}`)")
+    sweep = sweep_as_run(root, spec)
     err = make_console(stderr=True)
     for w in store.warnings:
         err.print(f"[yellow]warning:[/] {escape(w)}")

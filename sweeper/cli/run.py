@@ -22,27 +22,17 @@ def run(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask before --fresh deletes results")] = False,
     top: Annotated[int, typer.Option("--top", help="layouts to show at the end")] = 5,
 ) -> None:
-    from rich.markup import escape
-
-    from sweeper.cli import abort
+    from sweeper.launchers import resolve_profile
     from sweeper.plan import make_plan
     from sweeper.spec import load_sweep
 
-    try:
-        sweep = load_sweep(spec)
-        from sweeper.launchers import resolve_profile
-
-        resolve_profile(sweep)  # a bad launcher profile is an error of the plan too
-        plan = make_plan(sweep)
-        if out is not None:
-            write_plan(plan, out)
-    except SweepError as e:
-        abort(escape(str(e)))
+    sweep = load_sweep(spec)
+    resolve_profile(sweep)  # a bad launcher profile is an error of the plan too
+    plan = make_plan(sweep)
+    if out is not None:
+        write_plan(plan, out)
     if not dry_run:
-        try:
-            run_sweep(sweep, fresh=fresh, yes=yes, top=top)
-        except SweepError as e:
-            abort(escape(str(e)))
+        run_live(sweep, fresh=fresh, yes=yes, top=top)
         return
     if as_json:
         typer.echo(json.dumps(plan_summary(plan), indent=2))
@@ -84,65 +74,32 @@ def plan_summary(plan) -> dict:  # noqa: ANN001
     }
 
 
-def run_sweep(sweep, *, fresh: bool, yes: bool, top: int) -> None:  # noqa: ANN001 - Sweep
-    """The real run: lock, (fresh start), plan, loop with a live display, then the best layouts."""
-    import signal
-
+def run_live(sweep, *, fresh: bool, yes: bool, top: int) -> None:  # noqa: ANN001 - Sweep
+    """The real run with a live display on stderr, then the best layouts."""
     from rich.console import Console
 
-    from sweeper.cli.best import print_best
     from sweeper.cli.progress import LiveProgress
-    from sweeper.launchers import make_launcher
-    from sweeper.lock import SweepLock
-    from sweeper.orchestrator import prepare, run_loop
+    from sweeper.cli.render import print_best
+    from sweeper.orchestrator import run_sweep
     from sweeper.results import ResultsStore
 
     err = Console(stderr=True)
-    root = sweep.results_path
-    with SweepLock(root):
-        if fresh and any(p.name != "run.lock" for p in root.iterdir()):
-            if not yes and not typer.confirm(f"delete every result of {sweep.name} under {root}?", err=True):
-                raise SweepError("--fresh: not confirmed; nothing deleted")
-            _discard_results(sweep, root)
-        run = prepare(sweep, make_launcher(sweep))
-        progress = LiveProgress(err)
-        previous = signal.getsignal(signal.SIGINT)
+    progress = LiveProgress(err)
+    try:
+        run = run_sweep(
+            sweep, fresh=fresh, progress=progress,
+            confirm=lambda question: yes or typer.confirm(question, err=True),
+            on_interrupt=lambda: err.print("[yellow]interrupted: no new trials; press Ctrl-C again to quit at once[/]"),
+        )
+    finally:
+        progress.stop()
+    for w in run.store.warnings:
+        err.print(f"[yellow]warning:[/] {w}")
+    if run.running:
+        err.print(
+            f"[yellow]{len(run.running)} trial(s) still running "
+            f"({', '.join(i.handle.job_id for i in run.running.values())}); "
+            f"`sweep run` again re-attaches to them[/]"
+        )
+    print_best(ResultsStore(sweep.results_path).rows(), top=top, title=f"{sweep.name}: best layouts")
 
-        def on_interrupt(signum, frame):  # noqa: ANN001
-            if run.stop_requested:
-                raise KeyboardInterrupt
-            run.stop_requested = True
-            err.print("[yellow]interrupted: no new trials; press Ctrl-C again to quit at once[/]")
-
-        signal.signal(signal.SIGINT, on_interrupt)
-        try:
-            run_loop(run, progress=progress)
-        finally:
-            signal.signal(signal.SIGINT, previous)
-            progress.stop()
-        for w in run.store.warnings:
-            err.print(f"[yellow]warning:[/] {w}")
-        if run.running:
-            err.print(
-                f"[yellow]{len(run.running)} trial(s) still running "
-                f"({', '.join(i.handle.job_id for i in run.running.values())}); "
-                f"`sweep run` again re-attaches to them[/]"
-            )
-    print_best(ResultsStore(root).rows(), top=top, title=f"{sweep.name}: best layouts")
-
-
-def _discard_results(sweep, root: Path) -> None:  # noqa: ANN001
-    """Remove everything of the sweep but the lock we hold (and its study in external storage)."""
-    import shutil
-
-    for p in root.iterdir():
-        if p.name == "run.lock":
-            continue
-        shutil.rmtree(p) if p.is_dir() else p.unlink()
-    if sweep.search.storage:
-        import optuna
-
-        try:
-            optuna.delete_study(study_name=sweep.name, storage=sweep.search.storage)
-        except KeyError:
-            pass

@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import typer
 
-from sweeper.errors import SweepError
 from sweeper.statuses import TrialStatus
 
 
@@ -20,18 +19,14 @@ def status(
     from rich.markup import escape
     from rich.table import Table
 
-    from sweeper.cli import abort
     from sweeper.cli.progress import describe
     from sweeper.results import ResultsStore
     from sweeper.spec import load_sweep
 
-    try:
-        sweep = load_sweep(spec)
-        store = ResultsStore(sweep.results_path)
-        rows = store.rows()
-        inflight = store.inflight()
-    except SweepError as e:
-        abort(escape(str(e)))
+    sweep = load_sweep(spec)
+    store = ResultsStore(sweep.results_path)
+    rows = store.rows()
+    inflight = store.inflight()
     now = datetime.now(UTC)
     items: list[dict[str, Any]] = []
     for r in rows:

@@ -31,17 +31,11 @@ def trial(
     as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON object (the results columns)")] = False,
     timeout_s: Annotated[float | None, typer.Option("--timeout-s", help="wall-clock limit in seconds (default: the sweep's trial.timeout_min)")] = None,
 ) -> None:
-    from rich.markup import escape
-
-    from sweeper.cli import abort
     from sweeper.spec import load_sweep
 
-    try:
-        sweep = load_sweep(spec)
-        layout = layout_from_sets(sweep, sets or [])
-        check_local(sweep, timeout_s)
-    except SweepError as e:
-        abort(escape(str(e)))
+    sweep = load_sweep(spec)
+    layout = layout_from_sets(sweep, sets or [])
+    check_local(sweep, timeout_s)
     result = run_local(sweep, layout, timeout_s=timeout_s)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
