@@ -92,15 +92,16 @@ def test_dry_run_imports_no_torch_or_submitit():
     code = (
         "import sys\n"
         "from sweeper.cli import app\n"
+        "code = 0\n"
         "try:\n"
         f"    app(['run', {str(SPACES / 'llama13b_2k.yaml')!r}, '--dry-run'])\n"
-        "except SystemExit:\n"
-        "    pass\n"
+        "except SystemExit as e:\n"
+        "    code = e.code\n"
         "heavy = [m for m in ('torch', 'submitit', 'optuna') if m in sys.modules]\n"
-        "print('HEAVY', heavy)\n"
+        "print('EXIT', code, 'HEAVY', heavy)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert "HEAVY []" in r.stdout, r.stdout[-500:] + r.stderr[-2000:]
+    assert "EXIT 0 HEAVY []" in r.stdout, r.stdout[-500:] + r.stderr[-2000:]
 
 
 def test_pure_core_imports_no_torch():
@@ -111,3 +112,13 @@ def test_pure_core_imports_no_torch():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_short_help_and_version(tmp_path):
+    import sweeper
+
+    for args in (["-h"], ["run", "-h"], ["best", "-h"]):
+        r = sweep_cli(*args, cwd=tmp_path)
+        assert r.returncode == 0 and "Usage: sweep" in r.stdout, (args, r.stderr[-500:])
+    r = sweep_cli("--version", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == f"sweep {sweeper.__version__}"

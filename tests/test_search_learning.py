@@ -1,0 +1,116 @@
+"""The search's learning paths (not run-everything): a few trials to the best of a replay table,
+recalibration that reorders the untried layouts, the stop margin, and measured peaks that prune."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import yaml
+
+from sweeper.launchers.replay import ReplayLauncher
+from sweeper.orchestrator import prepare, run_loop
+from sweeper.plan import make_plan
+from sweeper.results import ResultsStore, now_utc
+from sweeper.search import build_search
+from sweeper.spec import load_sweep
+from tests.conftest import base_spec, make_sweep
+
+
+def _plan(**overrides):
+    return make_plan(make_sweep(**overrides))
+
+
+def test_replay_with_more_candidates_than_budget_runs_the_best_within_a_few_trials(tmp_path):
+    spec = base_spec(name="big", results_dir=str(tmp_path / "results"),
+                     space={"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4],
+                            "attention": ["flash2", "eager"]},
+                     search={"max_trials": 8, "sampler": "auto", "seed": 0})
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    sweep = load_sweep(path)
+    plan = make_plan(sweep)
+    cands = np.flatnonzero(plan.candidate_mask)
+    assert len(cands) > 3 * sweep.search.max_trials  # the run-everything path is not taken
+    # The table's truth: the model's MFU, except that its third-ranked layout is really the best.
+    by_pred = cands[np.argsort(-plan.pred_mfu[cands], kind="stable")]
+    best = int(by_pred[2])
+    table = ResultsStore(tmp_path / "table")
+    table.ensure()
+    for i, r in enumerate(cands):
+        mfu = float(plan.pred_mfu[r]) * (1.3 if r == best else 1.0)
+        table.write_row(plan.layout(int(r)).as_dict() | {"trial_number": i, "status": "ok", "mfu": mfu,
+                                                          "started_at": now_utc(), "finished_at": now_utc()})
+    run = prepare(sweep, ReplayLauncher(table.trials_dir, sweep))
+    run_loop(run, poll_s=0)
+    ran = [run.search.row_of(_layout_of(r)) for r in sorted(run.rows, key=lambda r: r["trial_number"])]
+    assert len(run.rows) == sweep.search.max_trials
+    assert best in ran[:4], (best, ran)  # within the first 4 trials of 8, among hundreds of candidates
+    assert max(r["mfu"] for r in run.rows) == pytest.approx(float(plan.pred_mfu[best]) * 1.3)
+
+
+def _layout_of(row):
+    from sweeper.knobs import KNOBS
+    from sweeper.layout import Layout
+
+    return Layout.from_mapping({k: row[k] for k in KNOBS})
+
+
+def test_recalibration_reorders_the_untried_layouts():
+    plan = _plan(space={"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2]})
+    search = build_search(plan, sampler="auto", max_trials=10, seed=0)
+    model = search.model
+    before = np.asarray(search.untried())
+    pred_before = search.pred_mfu.copy()
+    order_before = before[np.argsort(-pred_before[before], kind="stable")]
+    # Measured: communication takes 4x what the model says (compute as predicted). Train on the
+    # layouts with the most and least communication so the two scales separate.
+    share = model.comm[before] / model.total[before]
+    taught = [int(before[np.argmax(share)]), int(before[np.argmin(share)]), int(before[len(before) // 2])]
+    for r in taught:
+        search.observe(r, status="ok", mfu=0.3, step_time_s=float(model.compute[r] + 4.0 * model.comm[r]))
+    assert search.calibration.comm_scale == pytest.approx(4.0, rel=0.05)
+    assert search.calibration.compute_scale == pytest.approx(1.0, rel=0.05)
+    after = np.asarray([r for r in order_before if r not in taught])
+    order_after = after[np.argsort(-search.pred_mfu[after], kind="stable")]
+    assert list(order_after) != [r for r in order_before if r not in taught]
+    # each layout's prediction falls the more it communicates
+    ratio = search.pred_mfu[before] / pred_before[before]
+    assert np.corrcoef(ratio, share)[0, 1] < -0.9
+
+
+def test_stop_margin_stops_once_nothing_untried_can_beat_the_best():
+    plan = _plan()
+    for margin, measured_mfu, stops in [(0.02, 0.99, True), (0.02, 0.001, False), (None, 0.99, False)]:
+        search = build_search(plan, sampler="auto", max_trials=10, seed=0)
+        search.stop_margin = margin
+        model_total = search.model.total
+        for _ in range(3):
+            p = search.ask()
+            assert p is not None and not search.should_stop()
+            # step times as predicted: the calibration stays at 1, the predictions where they were
+            search.tell(p.optuna_trial, p.row, status="ok", mfu=measured_mfu, step_time_s=float(model_total[p.row]))
+        assert search.should_stop() is stops, (margin, measured_mfu)
+
+
+def test_measured_peaks_above_the_estimate_tighten_the_memory_check():
+    plan = _plan(space={"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4]})
+    mem = plan.memory
+    tensors = (mem.total - mem.overhead) / 2**30
+    for device, excludes in [("cuda:0", True), ("cpu", False)]:
+        search = build_search(plan, sampler="auto", max_trials=10, seed=0)
+        ran = []
+        for _ in range(2):
+            p = search.ask()
+            assert p is not None
+            ran.append(p.row)
+            search.tell(p.optuna_trial, p.row, status="ok", mfu=0.4, peak_mem_gib=float(1.6 * tensors[p.row]),
+                        device=device)
+        if not excludes:
+            assert search.excluded == {}
+            continue
+        scaled = (tensors * 1.6 + mem.overhead / 2**30) * 2**30
+        over = {int(r) for r in np.flatnonzero(plan.candidate_mask) if scaled[r] > mem.capacity_bytes} - set(ran)
+        assert over, "the space must hold candidates that no longer fit at 1.6x"
+        assert set(search.excluded) == over
+        assert all("measured peaks" in why for why in search.excluded.values())
+        assert not set(search.untried()) & over
