@@ -92,7 +92,7 @@ def run_plain(sweep: Sweep) -> dict:
 
 
 def run_trainer(sweep: Sweep) -> dict:
-    from sweeper.trainer.launch import launch_trial
+    from sweeper.launchers.ranks import launch_trial
 
     with tempfile.TemporaryDirectory(prefix="trial-overhead-") as tmp:
         r = launch_trial(sweep, LAYOUT, workdir=Path(tmp))

@@ -107,7 +107,7 @@ def _load_finished(run: SweepRun) -> None:
     for r in run.store.rows():
         run.rows.append(r)
         layout = Layout.from_mapping({k: r[k] for k in Layout.__dataclass_fields__ if r.get(k) is not None})
-        row = run.search.row_of(layout)
+        row = run.plan.row_of(layout)
         if row is not None:
             run.search.observe(row, **_measured(r))
 

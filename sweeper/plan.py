@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -11,7 +13,7 @@ import numpy as np
 from sweeper.knobs import KNOBS, NO_EFFECT_VALUE
 from sweeper.layout import RULES, Layout, ineffective, with_derived
 from sweeper.memory import Estimate, estimate
-from sweeper.perfmodel import predict
+from sweeper.perfmodel import StepTime, predict
 from sweeper.spec import Sweep
 
 if TYPE_CHECKING:
@@ -32,10 +34,25 @@ class Plan:
     reason_code: np.ndarray
     reason: np.ndarray
     memory: Estimate
-    pred_mfu: np.ndarray  # the throughput model's MFU (uncalibrated), for every layout
+    throughput: StepTime  # the throughput model (uncalibrated) for every layout; the search starts from it
 
     def __len__(self) -> int:
         return len(self.status)
+
+    @property
+    def pred_mfu(self) -> np.ndarray:
+        """The throughput model's MFU (uncalibrated), for every layout."""
+        return self.throughput.mfu
+
+    @cached_property
+    def _candidate_of_key(self) -> dict[tuple[Any, ...], int]:
+        rows = np.flatnonzero(self.candidate_mask)
+        return {_canonical_key({k: v[r : r + 1] for k, v in self.cols.items()}): int(r) for r in rows}
+
+    def row_of(self, layout: Layout) -> int | None:
+        """The candidate row that runs this layout (itself, or the layout it runs identically to),
+        or None when the plan rejected it."""
+        return self._candidate_of_key.get(_canonical_key(layout.columns(self.sweep)))
 
     @property
     def candidate_mask(self) -> np.ndarray:
@@ -122,8 +139,7 @@ def make_plan(sweep: Sweep) -> Plan:
     status[over], code[over] = PRUNED, PlanReason.MEMORY
     gib, cap = mem.total / 1024**3, mem.capacity_bytes / 1024**3
     reason[over] = [f"needs {gib[i]:.1f} GiB > {cap:.1f} GiB usable on {sweep.cluster.gpu.name}" for i in over]
-    pred = predict(cols, sweep).mfu
-    return Plan(sweep, cols, status.astype(str), code.astype(str), reason.astype(str), mem, pred)
+    return Plan(sweep, cols, status.astype(str), code.astype(str), reason.astype(str), mem, predict(cols, sweep))
 
 
 _MESSAGE_KNOBS = ("tp", "pp", "micro_batch_size", "pp_schedule", "virtual_stages")
@@ -185,3 +201,13 @@ def _describe_difference(cols: dict[str, np.ndarray], kept: int, row: int) -> st
     diffs = [f"{k}={cols[k][kept].item()}" for k in NO_EFFECT_VALUE if cols[k][kept] != cols[k][row]]
     where = f"tp={cols['tp'][row]}, pp={cols['pp'][row]}, dp={cols['dp'][row]}"
     return f"same run as {', '.join(diffs)} (no effect at {where})"
+
+
+def _canonical_key(cols: Mapping[str, np.ndarray]) -> tuple[Any, ...]:
+    """One layout's identity: its knobs, each no-op knob at the value it behaves as."""
+    noop = ineffective(cols)
+    return tuple(NO_EFFECT_VALUE[k] if (k in noop and bool(noop[k][0])) else _python(cols[k][0]) for k in KNOBS)
+
+
+def _python(v: Any) -> Any:
+    return v.item() if isinstance(v, np.generic) else v

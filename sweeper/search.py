@@ -17,11 +17,10 @@ import optuna
 from optuna.trial import TrialState
 
 from sweeper.errors import SweepError
-from sweeper.hardware import GIB
-from sweeper.knobs import KNOBS, NO_EFFECT_VALUE
-from sweeper.layout import Layout, ineffective
-from sweeper.learn import memory_scale, needs_at_least
-from sweeper.perfmodel import Calibration, calibrate, predict
+from sweeper.knobs import KNOBS
+from sweeper.layout import Layout
+from sweeper.learn import Learning
+from sweeper.perfmodel import Calibration, StepTime
 from sweeper.plan import Plan
 from sweeper.statuses import TrialStatus
 
@@ -99,6 +98,34 @@ def make_sampler(name: str, *, seed: int, exhaustive: bool, budget: int) -> optu
     raise SweepError(f"search.sampler: {name!r} not allowed; allowed: {', '.join(SAMPLERS)}")
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """The scheduling policy: which trials take the model's best untried layout, which the sampler's.
+
+    grid: every candidate in plan order. Exhaustive (grid, or auto within the budget): every
+    candidate, best predicted first. auto otherwise: the first `seed_trials` from the model,
+    then every other trial. tpe, gp, random: the sampler alone.
+    """
+
+    sampler: str
+    exhaustive: bool
+    seed_trials: int
+
+    @classmethod
+    def of(cls, sampler: str, *, n_candidates: int, max_trials: int, seed_trials: int | None = None) -> Schedule:
+        default_seed = min(8, max(3, max_trials // 5))
+        seeds = (seed_trials if seed_trials is not None else default_seed) if sampler == "auto" else 0
+        return cls(sampler, is_exhaustive(sampler, n_candidates, max_trials), seeds)
+
+    @property
+    def in_plan_order(self) -> bool:
+        return self.sampler == "grid"
+
+    def exploit(self, *, started: int) -> bool:
+        """Whether the next trial (after `started` ones) runs the calibrated model's best untried layout."""
+        return self.exhaustive or started < self.seed_trials or (self.sampler == "auto" and started % 2 == 0)
+
+
 class LayoutSearch:
     """Ask for new candidate layouts and tell their outcomes, over one Optuna study.
 
@@ -117,29 +144,33 @@ class LayoutSearch:
         self.sampler = sampler
         self.rows = np.flatnonzero(plan.candidate_mask)
         self.searched = [k for k in KNOBS if len(self.sweep.space[k]) > 1]
-        self.exhaustive = is_exhaustive(sampler, len(self.rows), max_trials)
-        self.seed_trials = (seed_trials if seed_trials is not None else min(8, max(3, max_trials // 5))
-                            ) if sampler == "auto" else 0
+        self.policy = Schedule.of(sampler, n_candidates=len(self.rows), max_trials=max_trials, seed_trials=seed_trials)
         self.stop_margin = stop_margin
         self._rng = np.random.default_rng(seed)
-        self._row_of_key = {self._key_of_row(int(r)): int(r) for r in self.rows}
         self.done: dict[int, float] = {}  # plan row -> objective told
         self.running: set[int] = set()
-        self.excluded: dict[int, str] = {}  # candidate rows ruled out by what trials taught
-        self.model = predict(plan.cols, self.sweep)
-        self.calibration = Calibration()
-        self.pred_mfu = self.model.mfu
-        self._measured: dict[int, float] = {}  # plan row -> measured step time
-        self._peaks: dict[int, float] = {}  # plan row -> measured peak GiB (GPU runs only)
+        self.learning = Learning(plan)
 
-    # ---- identity of layouts ---------------------------------------------------------
-    def _key_of_row(self, row: int) -> tuple:
-        cols = {k: v[row : row + 1] for k, v in self.plan.cols.items()}
-        return _canonical_key(cols)
+    # What the trials taught, as the rest of the code and the tests read it.
+    @property
+    def exhaustive(self) -> bool:
+        return self.policy.exhaustive
 
-    def row_of(self, layout: Layout) -> int | None:
-        """The candidate row that runs this layout (itself or its equivalent), or None if rejected."""
-        return self._row_of_key.get(_canonical_key(layout.columns(self.sweep)))
+    @property
+    def excluded(self) -> dict[int, str]:
+        return self.learning.excluded
+
+    @property
+    def pred_mfu(self) -> np.ndarray:
+        return self.learning.pred_mfu
+
+    @property
+    def calibration(self) -> Calibration:
+        return self.learning.calibration
+
+    @property
+    def model(self) -> StepTime:
+        return self.learning.model
 
     # ---- ask / tell ------------------------------------------------------------------
     def untried(self) -> list[int]:
@@ -153,17 +184,15 @@ class LayoutSearch:
         untried = self.untried()
         if not untried:
             return None
-        if self.sampler == "grid":
+        if self.policy.in_plan_order:
             return self._ask_enqueued(untried[0])
-        started = len(self.done) + len(self.running)
-        # seed trials, then every other trial: the calibrated model's best untried layout
-        if self.exhaustive or started < self.seed_trials or (self.sampler == "auto" and started % 2 == 0):
+        if self.policy.exploit(started=len(self.done) + len(self.running)):
             return self._ask_enqueued(max(untried, key=lambda r: self.pred_mfu[r]))
         for _ in range(max_rejections):
             trial = self.study.ask()
             values = {k: trial.suggest_categorical(k, list(self.sweep.space[k])) for k in self.searched}
             layout = self._layout(values)
-            row = self.row_of(layout)
+            row = self.plan.row_of(layout)
             if row is None or row in self.excluded:
                 why = layout.rejection(self.sweep)
                 reason = self.excluded.get(row) if row is not None else None
@@ -200,65 +229,30 @@ class LayoutSearch:
         self.excluded.pop(row, None)
         self.done[row] = value
         if status.is_oom():
-            self._exclude_hungrier(row)
+            self.learning.learn_oom(row, self.untried())
         if status.succeeded() and step_time_s:
-            self._measured[row] = step_time_s
-            self._recalibrate()
+            self.learning.learn_step_time(row, step_time_s)
         if status.succeeded() and peak_mem_gib and device and not device.startswith("cpu"):
-            self._peaks[row] = peak_mem_gib
-            self._tighten_memory()
+            self.learning.learn_peak(row, peak_mem_gib, self.untried())
         return value
 
     def tell(self, optuna_trial: int, row: int, *, status: str, mfu: float | None, **measured: object) -> None:
         """Record a finished trial: MFU when it ran, the failure objective otherwise."""
         value = self.observe(row, status=status, mfu=mfu, **measured)  # type: ignore[arg-type]
-        try:
-            self.study.tell(optuna_trial, value)
-        except (ValueError, RuntimeError, KeyError):
-            pass  # the trial was already finished in the study (e.g. told before a crash)
+        # a trial told before a crash is finished in the study already: Optuna skips it
+        self.study.tell(optuna_trial, value, skip_if_finished=True)
 
     def should_stop(self) -> bool:
         """With a stop margin: no untried layout can beat the best by more than it (calibrated model)."""
         ok = [v for v in self.done.values() if v > 0]
-        if self.stop_margin is None or len(self._measured) < 3 or not ok:
+        if self.stop_margin is None or len(self.learning.measured) < 3 or not ok:
             return False
         untried = self.untried()
         return not untried or float(np.max(self.pred_mfu[untried])) < max(ok) * (1 + self.stop_margin)
 
-    # ---- learning --------------------------------------------------------------------
-    def _exclude_hungrier(self, oom_row: int) -> None:
-        untried = np.asarray(self.untried(), dtype=int)
-        if untried.size == 0:
-            return
-        hit = untried[needs_at_least(self.plan.cols, untried, oom_row)]
-        for r in hit:
-            self.excluded[int(r)] = f"needs at least the memory of a layout that ran out of memory (plan row {oom_row})"
-
-    def _recalibrate(self) -> None:
-        rows = list(self._measured)
-        self.calibration = calibrate(self.model, rows, [self._measured[r] for r in rows])
-        scale = self.model.total / np.maximum(
-            self.calibration.compute_scale * self.model.compute + self.calibration.comm_scale * self.model.comm, 1e-12)
-        self.pred_mfu = self.model.mfu * scale
-
-    def _tighten_memory(self) -> None:
-        mem = self.plan.memory
-        tensors = (mem.total - mem.overhead) / GIB
-        rows = list(self._peaks)
-        k = memory_scale([float(tensors[r]) for r in rows], [self._peaks[r] for r in rows])
-        if k <= 1.0:
-            return
-        over = (tensors * k + mem.overhead / GIB) * GIB > mem.capacity_bytes
-        for r in self.untried():
-            if over[r]:
-                self.excluded[r] = f"measured peaks run {k:.2f}x the estimate: this layout would not fit"
-
     def abandon(self, optuna_trial: int) -> None:
         """A trial that will not report (vanished, or interrupted before it was submitted)."""
-        try:
-            self.study.tell(optuna_trial, state=TrialState.FAIL)
-        except (ValueError, RuntimeError, KeyError):
-            pass
+        self.study.tell(optuna_trial, state=TrialState.FAIL, skip_if_finished=True)
 
     def fail_stale_running(self, keep: set[int]) -> int:
         """Optuna trials left RUNNING by an earlier process and not re-attached: mark them failed."""
@@ -271,13 +265,6 @@ class LayoutSearch:
     def _layout(self, values: dict[str, Any]) -> Layout:
         fixed = {k: self.sweep.space[k][0] for k in KNOBS if k not in self.searched}
         return Layout.from_mapping(fixed | values)
-
-
-def _canonical_key(cols: dict[str, np.ndarray]) -> tuple:
-    noop = ineffective(cols)
-    return tuple(
-        NO_EFFECT_VALUE[k] if (k in noop and bool(noop[k][0])) else _python(cols[k][0]) for k in KNOBS
-    )
 
 
 def _python(v: Any) -> Any:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.export import layout_record, megatron_args, torchtitan_sections
+from sweeper.launchers.process import free_port, kill_group
 from sweeper.layout import Layout
 from sweeper.spec import Sweep
 from sweeper.trial import FAILED, OOM, TIMEOUT, TrialResult, summarize, without_run
@@ -126,7 +126,7 @@ def placeholders(sweep: Sweep, layout: Layout) -> dict[str, str]:
         nproc=sweep.cluster.gpus_per_node, nnodes=sweep.cluster.nodes, world=world,
         # on SLURM one task per node runs the command: its node's rank and the first node's address
         node_rank=os.environ.get("SLURM_NODEID", "0"), master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
-        master_port=os.environ.get("MASTER_PORT") or _free_port(),
+        master_port=os.environ.get("MASTER_PORT") or free_port(),
     )
     return {k: str(v) for k, v in values.items()}
 
@@ -189,7 +189,8 @@ def run_external(sweep: Sweep, layout: Layout, *, workdir: Path, timeout_s: floa
         try:
             rc = proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            kill_group(proc.pid)
+            proc.wait()
             rc = None
     text = log_path.read_text(errors="replace")
     parsed = _parse(wl.kind, text, sweep, layout)
@@ -220,17 +221,4 @@ def _parse(kind: str, text: str, sweep: Sweep, layout: Layout) -> ParsedLog:
     return parsed if parsed.step_times_s else parsers["torchtitan"]()
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    import signal
 
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

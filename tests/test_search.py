@@ -53,10 +53,10 @@ def test_equivalent_layout_maps_to_its_candidate(tmp_path):
 
     plan, search = _search(tmp_path, "tpe", 10, space={"tp": [1, 2], "sequence_parallel": [False, True]},
                            cluster={"nodes": 8, "gpus_per_node": 8, "gpu": {"memory_gib": 10000, "peak_tflops": 1}})
-    a = search.row_of(Layout(tp=1, sequence_parallel=True))
-    b = search.row_of(Layout(tp=1, sequence_parallel=False))
+    a = plan.row_of(Layout(tp=1, sequence_parallel=True))
+    b = plan.row_of(Layout(tp=1, sequence_parallel=False))
     assert a == b is not None
-    assert search.row_of(Layout(tp=3)) is None
+    assert plan.row_of(Layout(tp=3)) is None
 
 
 def test_search_resumes_from_storage(tmp_path):

@@ -42,7 +42,7 @@ def test_replay_with_more_candidates_than_budget_runs_the_best_within_a_few_tria
                                                           "started_at": now_utc(), "finished_at": now_utc()})
     run = prepare(sweep, ReplayLauncher(table.trials_dir, sweep))
     run_loop(run, poll_s=0)
-    ran = [run.search.row_of(_layout_of(r)) for r in sorted(run.rows, key=lambda r: r["trial_number"])]
+    ran = [run.plan.row_of(_layout_of(r)) for r in sorted(run.rows, key=lambda r: r["trial_number"])]
     assert len(run.rows) == sweep.search.max_trials
     assert best in ran[:4], (best, ran)  # within the first 4 trials of 8, among hundreds of candidates
     assert max(r["mfu"] for r in run.rows) == pytest.approx(float(plan.pred_mfu[best]) * 1.3)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -30,13 +29,14 @@ def trial(
     sets: Annotated[list[str] | None, typer.Option("--set", help="KNOB=VALUE, repeatable; knobs not given take the first value of their list in the space")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON object (the results columns)")] = False,
     timeout_s: Annotated[float | None, typer.Option("--timeout-s", help="wall-clock limit in seconds (default: the sweep's trial.timeout_min)")] = None,
+    workdir: Annotated[Path | None, typer.Option("--workdir", help="folder for the ranks' logs and files, kept (default: a temporary folder, removed after an ok trial)")] = None,
 ) -> None:
     from sweeper.spec import load_sweep
 
     sweep = load_sweep(spec)
     layout = layout_from_sets(sweep, sets or [])
     check_local(sweep, timeout_s)
-    result = run_local(sweep, layout, timeout_s=timeout_s)
+    result = run_local(sweep, layout, timeout_s=timeout_s, workdir=workdir)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:
@@ -93,19 +93,19 @@ def check_local(sweep: Sweep, timeout_s: float | None) -> None:
         raise SweepError(f"--timeout-s must be positive, but got {timeout_s}")
 
 
-def run_local(sweep: Sweep, layout: Layout, *, timeout_s: float | None) -> TrialResult:
+def run_local(sweep: Sweep, layout: Layout, *, timeout_s: float | None, workdir: Path | None = None) -> TrialResult:
     """Launch the trial's processes, with progress on stderr; keep the logs when it did not end ok."""
     from rich.console import Console
 
-    from sweeper.trainer.launch import launch_trial
+    from sweeper.launchers.ranks import launch_trial
     from sweeper.trial import OK
 
     err = Console(stderr=True, highlight=False)
     world = sweep.cluster.world
     limit = timeout_s if timeout_s is not None else sweep.trial.timeout_min * 60
-    # under `sweep run`'s local launcher the ranks' logs stay in the trial's folder
-    parent = os.environ.get("SWEEP_TRIAL_DIR")
-    workdir = Path(parent) / "ranks" if parent else Path(tempfile.mkdtemp(prefix="sweep-trial-"))
+    # under `sweep run`'s local launcher (--workdir) the ranks' logs stay in the trial's folder
+    keep = workdir is not None
+    workdir = workdir if workdir is not None else Path(tempfile.mkdtemp(prefix="sweep-trial-"))
     if sweep.workload.kind != "builtin":  # an external trainer's command, its log parsed
         from sweeper.workloads import run_external
 
@@ -118,7 +118,7 @@ def run_local(sweep: Sweep, layout: Layout, *, timeout_s: float | None) -> Trial
         f"(limit {limit:.0f} s)"
     )
     result = launch_trial(sweep, layout, workdir=workdir, timeout_s=timeout_s)
-    if result.status == OK and not parent:
+    if result.status == OK and not keep:
         shutil.rmtree(workdir, ignore_errors=True)
     elif result.status != OK:
         err.print(f"trial ended {result.status}; rank logs in {workdir / 'logs'}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -11,6 +10,7 @@ import time
 from pathlib import Path
 
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure, tail
+from sweeper.launchers.process import kill_group, read_result
 from sweeper.statuses import TrialStatus
 from sweeper.trial import TrialResult
 
@@ -24,7 +24,7 @@ def trial_command(job: TrialJob) -> list[str]:
     sets = [arg for k, v in job.layout.as_dict().items() for arg in ("--set", f"{k}={_cli_value(v)}")]
     return [
         sys.executable, "-m", "sweeper.cli", "trial", str(job.spec_path), *sets,
-        "--json", "--timeout-s", f"{job.timeout_s:g}",
+        "--json", "--timeout-s", f"{job.timeout_s:g}", "--workdir", str(job.workdir / "ranks"),
     ]
 
 
@@ -44,7 +44,6 @@ class LocalLauncher(Launcher):
             proc = subprocess.Popen(
                 trial_command(job), stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: cancel kills every rank
-                env={**os.environ, "SWEEP_TRIAL_DIR": str(job.workdir)},
             )
         return Handle(f"local-{proc.pid}", job, proc, {"started": time.time(), "pid": proc.pid})
 
@@ -66,7 +65,7 @@ class LocalLauncher(Launcher):
 
     def _collect(self, handle: Handle) -> JobOutcome:
         job = handle.job
-        result = _result(job)
+        result = read_result(job.workdir / "result.json")
         node = os.uname().nodename
         if result is not None:
             return JobOutcome(TrialResult.from_dict(result), handle.job_id, node, _log(handle))
@@ -79,36 +78,18 @@ class LocalLauncher(Launcher):
                        infrastructure_failure=True)
 
     def cancel(self, handle: Handle) -> None:
-        pid = handle.info["pid"]
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        kill_group(handle.info["pid"])
         if handle.native is not None:
             handle.native.wait()
 
     def reattach(self, job_id: str, job: TrialJob) -> Handle | None:
         """A local trial survives its `sweep run` (own session): find it by pid and command line."""
         pid = int(job_id.removeprefix("local-"))
-        if _alive(pid) and f"SWEEP_TRIAL_DIR={job.workdir}" in _environ(pid):
+        if _alive(pid) and str(job.workdir / "ranks") in _cmdline(pid):
             return Handle(job_id, job, None, {"started": time.time(), "pid": pid})
-        if _result(job) is not None:  # it finished while no `sweep run` watched: collect, do not rerun
+        if read_result(job.workdir / "result.json") is not None:  # it finished while no `sweep run` watched: collect, do not rerun
             return Handle(job_id, job, None, {"started": time.time(), "pid": pid, "ended": True})
         return None
-
-
-def _result(job: TrialJob) -> dict | None:
-    """The trial's result as its process printed it (JSON on stdout), or None when there is none."""
-    try:
-        text = (job.workdir / "result.json").read_text(errors="replace")
-    except OSError:
-        return None
-    start = text.find("{")
-    try:
-        result = json.loads(text[start:]) if start >= 0 else None
-    except ValueError:
-        return None
-    return result if isinstance(result, dict) and "status" in result else None
 
 
 def _alive(pid: int) -> bool:
@@ -125,10 +106,10 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _environ(pid: int) -> list[str]:
-    """The environment a process started with (same user or root), to recognise our trials."""
+def _cmdline(pid: int) -> list[str]:
+    """The arguments a process runs with, to recognise our trials by their --workdir."""
     try:
-        return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return []
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -12,6 +11,7 @@ import submitit
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure, tail
+from sweeper.launchers.process import read_result
 from sweeper.launchers.profiles import SlurmProfile
 from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
@@ -94,7 +94,7 @@ class SlurmLauncher(Launcher):
             return None
         job, node = handle.job, _nodelist(sj)
         log = str(sj.paths.stderr) if sj.paths else None
-        written = _result_file(job.workdir / "result.json")
+        written = read_result(job.workdir / "result.json")
         if written is not None:  # rank 0 writes it even when a stuck peer made a task exit early
             return JobOutcome(TrialResult.from_dict(written), handle.job_id, node, log)
         state = (sj.state or "UNKNOWN").upper()
@@ -132,14 +132,6 @@ class SlurmLauncher(Launcher):
         ntasks = self.sweep.cluster.world
         sj: submitit.SlurmJob[Any] = submitit.SlurmJob(folder=folder, job_id=job_id, tasks=tuple(range(ntasks)))
         return Handle(job_id, job, sj)
-
-
-def _result_file(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and "status" in data else None
 
 
 def _nodelist(sj: submitit.Job) -> str | None:

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from sweeper.trainer.launch import free_port
+from sweeper.launchers.process import free_port
 
 
 @dataclass(frozen=True)

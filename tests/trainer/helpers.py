@@ -11,7 +11,7 @@ import torch
 
 from sweeper.spec import Sweep, parse_sweep
 from sweeper.trainer import kernels
-from sweeper.trainer.launch import launch
+from sweeper.launchers.ranks import launch
 from sweeper.trainer.model import Transformer, build_model, loss_fn, materialize
 from sweeper.trainer.train import make_optimizer, synthetic_batch
 

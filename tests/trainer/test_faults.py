@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sweeper.layout import Layout
-from sweeper.trainer.launch import launch_trial
+from sweeper.launchers.ranks import launch_trial
 from sweeper.trial import FAILED, KERNEL_UNAVAILABLE, OOM, TIMEOUT
 
 from .helpers import run_workers, tiny_sweep

@@ -1,4 +1,4 @@
-"""Start the processes of one trial on this machine, with torchrun-style variables and a wall-clock limit.
+"""Start the rank processes of one trial on this machine, with torchrun-style variables and a wall-clock limit.
 
 No torch here: the parent (the CLI, the local launcher) only spawns `python -m sweeper.trainer.worker`,
 waits, and reads the result rank 0 wrote. Each rank runs in its own session, so a timeout kills
@@ -7,11 +7,9 @@ it with everything it started (compile workers included).
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,19 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sweeper.launchers.process import free_port, kill_group, read_result
 from sweeper.layout import Layout
 from sweeper.spec import Sweep
 from sweeper.trial import FAILED, OOM, TIMEOUT, TrialResult, without_run
 
 # After rank 0 wrote its result (or a rank died), how long the others get to finish on their own.
 EXIT_GRACE_S = 15.0
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -130,10 +122,7 @@ def _kill(procs: list[subprocess.Popen[bytes]]) -> set[int]:
     for rank, p in enumerate(procs):
         if p.poll() is None:
             killed.add(rank)
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_group(p.pid)
     for p in procs:
         p.wait()
     return killed
@@ -156,8 +145,9 @@ def launch_trial(sweep: Sweep, layout: Layout, *, workdir: Path, timeout_s: floa
         if not (path.exists() and "EADDRINUSE" in path.read_text()):
             break
     oom_killed = done.oom_killed
-    if path.exists():
-        result = TrialResult.from_dict(json.loads(path.read_text()))
+    written = read_result(path)
+    if written is not None:
+        result = TrialResult.from_dict(written)
         if result.status == FAILED and oom_killed:
             result.status = OOM
             result.error = f"rank {oom_killed[0]} was killed by SIGKILL (the out-of-memory killer); then: {result.error}"

@@ -1,0 +1,48 @@
+"""The process helpers of every trial-execution layer (launcher, `sweep trial`, ranks, external commands).
+
+Spawn in a new session, kill that session's whole process group, pick a free port, read the
+result file a trial wrote. No torch, no submitit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kill_group(pid: int) -> bool:
+    """SIGKILL the process group led by `pid` (a process started with `start_new_session=True`):
+    the process and everything it started. False when it was already gone."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def read_result(path: Path) -> dict[str, Any] | None:
+    """The result JSON object a trial wrote (a `TrialResult` as a mapping), or None when there is none.
+
+    Text before the object (a stray print on stdout) is skipped; a file without a `status` is no result.
+    """
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    start = text.find("{")
+    try:
+        data = json.loads(text[start:]) if start >= 0 else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and "status" in data else None
