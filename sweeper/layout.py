@@ -37,16 +37,24 @@ class Layout:
     float8: bool = KNOBS["float8"].default
 
     def dp(self, world: int) -> int:
-        """Data-parallel degree: what is left of the world after tensor and pipeline parallelism."""
-        return world // (self.tp * self.pp)
+        """Data-parallel degree: what is left of the world after tensor and pipeline parallelism (0: does not divide)."""
+        return int(data_parallel(np.asarray(self.tp), np.asarray(self.pp), world))
 
     def grad_accum(self, world: int, global_batch_size: int) -> int:
         """Micro-batches per optimizer step on each data-parallel rank (the pipeline's micro-batches)."""
-        return global_batch_size // (self.micro_batch_size * self.dp(world))
+        return int(micro_batches(np.asarray(self.micro_batch_size), np.asarray(self.dp(world)), global_batch_size))
 
     def stages_per_rank(self) -> int:
         """Pipeline model chunks held by one pipeline rank (virtual stages only when interleaved)."""
-        return self.virtual_stages if (self.pp_schedule == "interleaved" and self.pp > 1) else 1
+        return int(chunks_per_rank(np.asarray(self.pp_schedule), np.asarray(self.pp), np.asarray(self.virtual_stages)))
+
+    def resolve(self, sweep: Sweep) -> ResolvedLayout:
+        """This layout with its derived sizes in `sweep` (world, global batch)."""
+        cols = self.columns(sweep)
+        return ResolvedLayout(
+            self, dp=int(cols["dp"][0]), grad_accum=int(cols["grad_accum"][0]), chunks=int(cols["chunks"][0]),
+            sequence_parallel=bool(cols["effective_sp"][0]), world=sweep.cluster.world,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,21 +89,58 @@ LAYOUT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Layout))
 
 
 @dataclass(frozen=True)
+class ResolvedLayout:
+    """A layout and the sizes it derives in one sweep, computed once (as torchtitan's `ParallelDims` does).
+
+    The same derivation, over columns, is `with_derived`: the plan's million layouts and this one
+    value read the same functions.
+    """
+
+    layout: Layout
+    dp: int  # data-parallel degree (0 when tp*pp does not divide the world)
+    grad_accum: int  # micro-batches per step on each data-parallel rank
+    chunks: int  # model chunks per pipeline rank (virtual stages when interleaved, else 1)
+    sequence_parallel: bool  # in effect: asked for, and tp > 1
+    world: int
+
+    def as_fields(self) -> dict[str, Any]:
+        """The knobs and the derived sizes, as result fields."""
+        return {**self.layout.as_dict(), "dp": self.dp, "grad_accum": self.grad_accum, "num_devices": self.world}
+
+
+@dataclass(frozen=True)
 class Rejection:
     code: PlanReason
     message: str
 
 
-def with_derived(cols: dict[str, np.ndarray], sweep: Sweep) -> dict[str, np.ndarray]:
-    """Add dp and grad_accum (integer division; rules flag the cases where it does not divide)."""
-    world = sweep.cluster.world
-    model_par = cols["tp"] * cols["pp"]
-    dp = np.where(world % model_par == 0, world // np.maximum(model_par, 1), 0)
-    per_step = cols["micro_batch_size"] * dp
-    grad_accum = np.where(per_step > 0, sweep.global_batch_size // np.maximum(per_step, 1), 0)
+def data_parallel(tp: np.ndarray, pp: np.ndarray, world: int) -> np.ndarray:
+    """dp = world / (tp*pp); 0 where tp*pp does not divide the world (a rule flags those)."""
+    model_par = tp * pp
+    return np.where(world % model_par == 0, world // np.maximum(model_par, 1), 0)
+
+
+def micro_batches(micro_batch_size: np.ndarray, dp: np.ndarray, global_batch_size: int) -> np.ndarray:
+    """grad_accum = global_batch_size / (micro_batch_size*dp), by integer division (a rule flags the rest)."""
+    per_step = micro_batch_size * dp
+    return np.where(per_step > 0, global_batch_size // np.maximum(per_step, 1), 0)
+
+
+def chunks_per_rank(pp_schedule: np.ndarray, pp: np.ndarray, virtual_stages: np.ndarray) -> np.ndarray:
     # interleaving only exists with pp > 1; otherwise one chunk per rank
-    chunks = np.where((cols["pp_schedule"] == "interleaved") & (cols["pp"] > 1), cols["virtual_stages"], 1)
-    return {**cols, "dp": dp, "grad_accum": grad_accum, "chunks": chunks}
+    return np.where((pp_schedule == "interleaved") & (pp > 1), virtual_stages, 1)
+
+
+def with_derived(cols: dict[str, np.ndarray], sweep: Sweep) -> dict[str, np.ndarray]:
+    """Add the derived columns: dp, grad_accum, chunks (per pipeline rank), effective_sp (SP in effect)."""
+    dp = data_parallel(cols["tp"], cols["pp"], sweep.cluster.world)
+    return {
+        **cols,
+        "dp": dp,
+        "grad_accum": micro_batches(cols["micro_batch_size"], dp, sweep.global_batch_size),
+        "chunks": chunks_per_rank(cols["pp_schedule"], cols["pp"], cols["virtual_stages"]),
+        "effective_sp": cols["sequence_parallel"].astype(bool) & (cols["tp"] > 1),
+    }
 
 
 @dataclass(frozen=True)

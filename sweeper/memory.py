@@ -113,7 +113,7 @@ def _per_token_terms(cols: Columns, sweep: Sweep) -> dict[str, np.ndarray]:
     e = compute_bytes(sweep)
     s, h, a, kv, f = sweep.seq_len, m.hidden, m.heads, m.kv_dim, m.ffn
     t = cols["tp"].astype(float)
-    sp = cols["sequence_parallel"].astype(bool) & (t > 1)
+    sp = cols["effective_sp"]
     r = np.where(sp, 1.0 / t, 1.0)
     scores = np.isin(cols["attention"], SCORE_KERNELS)
     norm = norm_bytes(cols, sweep, r)
@@ -189,7 +189,7 @@ def logits_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.ndarray]:
     """
     e = compute_bytes(sweep)
     t = cols["tp"].astype(float)
-    r = np.where(cols["sequence_parallel"].astype(bool) & (t > 1), 1.0 / t, 1.0)
+    r = np.where(cols["effective_sp"], 1.0 / t, 1.0)
     tokens = sweep.seq_len * cols["micro_batch_size"]
     logits = tokens * sweep.model.vocab / t
     head_in = tokens * (norm_bytes(cols, sweep, r) + e * sweep.model.hidden)

@@ -93,7 +93,7 @@ def predict(cols: Columns, sweep: Sweep, calibration: Calibration = Calibration(
     attention = a_flops * tokens_gpu / (peak * attn_eff) + L * a * s * score_bytes * tokens_gpu / (gpu.hbm_gbps * GIGA)
 
     # --- elementwise: norms (replicated over tp without sequence parallel), RoPE, SwiGLU --
-    sp = cols["sequence_parallel"].astype(bool) & (tp > 1)
+    sp = cols["effective_sp"]
     norm_passes = np.where(cols["rmsnorm"] == "fused", NORM_PASSES["fused"], NORM_PASSES["eager"])
     norm_bytes = 2 * norm_passes * h * e * np.where(sp, 1.0, tp)  # per token per layer, this GPU's share x tp
     other_bytes = (12 * (h + 2 * m.kv_dim) + 18 * f + 12 * h) * e

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from sweeper.flops import hardware_flops_per_token, model_flops_per_token, tflops_per_device, utilization
-from sweeper.layout import LAYOUT_FIELDS, Layout
+from sweeper.layout import Layout
 from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
 
@@ -81,13 +81,7 @@ class TrialResult:
 
 def layout_fields(layout: Layout, sweep: Sweep) -> dict[str, Any]:
     """The knobs of `layout` and its derived dp and grad_accum, as result fields."""
-    world = sweep.cluster.world
-    return {
-        **{k: getattr(layout, k) for k in LAYOUT_FIELDS},
-        "dp": layout.dp(world),
-        "grad_accum": layout.grad_accum(world, sweep.global_batch_size),
-        "num_devices": world,
-    }
+    return layout.resolve(sweep).as_fields()
 
 
 def without_run(

@@ -119,9 +119,10 @@ def classify_failure(text: str) -> tuple[str, str]:
 def placeholders(sweep: Sweep, layout: Layout) -> dict[str, str]:
     """Values a command template may use."""
     world = sweep.cluster.world
+    resolved = layout.resolve(sweep)
     values: dict[str, Any] = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in layout.as_dict().items()}
     values.update(
-        dp=layout.dp(world), grad_accum=layout.grad_accum(world, sweep.global_batch_size),
+        dp=resolved.dp, grad_accum=resolved.grad_accum,
         global_batch_size=sweep.global_batch_size, seq_len=sweep.seq_len, steps=sweep.trial.steps,
         nproc=sweep.cluster.gpus_per_node, nnodes=sweep.cluster.nodes, world=world,
         # on SLURM one task per node runs the command: its node's rank and the first node's address
@@ -150,9 +151,7 @@ def render_command(template: str, sweep: Sweep, layout: Layout, kind: str) -> li
 
 def _flags(kind: str, sweep: Sweep, layout: Layout) -> list[str]:
     """The layout as the trainer's command-line flags (the same mapping as `sweep best --format`)."""
-    world = sweep.cluster.world
-    rec = layout_record(layout.as_dict() | {"dp": layout.dp(world),
-                                            "grad_accum": layout.grad_accum(world, sweep.global_batch_size)}, sweep)
+    rec = layout_record(layout.resolve(sweep).as_fields(), sweep)
     if kind == "megatron":
         args, _ = megatron_args(rec)
         return [*args, "--train-iters", str(sweep.trial.steps), "--log-interval", "1"]

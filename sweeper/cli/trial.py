@@ -112,9 +112,10 @@ def run_local(sweep: Sweep, layout: Layout, *, timeout_s: float | None, workdir:
         err.print(f"trial {sweep.name}: {sweep.workload.kind} workload, tp={layout.tp} pp={layout.pp} "
                   f"(limit {limit:.0f} s, log in {workdir / 'workload.log'})")
         return run_external(sweep, layout, workdir=workdir, timeout_s=limit)
+    resolved = layout.resolve(sweep)
     err.print(
-        f"trial {sweep.name}: tp={layout.tp} pp={layout.pp} dp={layout.dp(world)} "
-        f"grad_accum={layout.grad_accum(world, sweep.global_batch_size)} on {world} local processes "
+        f"trial {sweep.name}: tp={layout.tp} pp={layout.pp} dp={resolved.dp} "
+        f"grad_accum={resolved.grad_accum} on {world} local processes "
         f"(limit {limit:.0f} s)"
     )
     result = launch_trial(sweep, layout, workdir=workdir, timeout_s=timeout_s)
