@@ -244,6 +244,21 @@ RULES: tuple[Rule, ...] = (
     ),
 )
 
+# The rules one value of tp or pp breaks on its own, whatever the other knobs hold: a searched value
+# that breaks one can never be used, and the sweep file is refused (see `unusable`).
+DECIDED_ALONE: dict[str, tuple[PlanReason, ...]] = {
+    "tp": (PlanReason.WORLD_NOT_DIVISIBLE, PlanReason.TP_EXCEEDS_NODE, PlanReason.HEADS_NOT_DIVISIBLE,
+           PlanReason.KV_HEADS_NOT_DIVISIBLE),
+    "pp": (PlanReason.WORLD_NOT_DIVISIBLE,),
+}
+
+
+def unusable(knob: str, value: Any, sweep: Sweep) -> list[str]:
+    """Why no layout of `sweep` can use `knob=value` (the rules it breaks alone); empty when some can."""
+    cols = Layout.from_mapping({knob: value}).columns(sweep)
+    return [r.explain(cols, sweep, 0) for r in RULES if r.code in DECIDED_ALONE[knob] and bool(r.broken(cols, sweep)[0])]
+
+
 RULE_SUMMARIES: dict[str, str] = {r.code.value: r.summary for r in RULES} | {
     PlanReason.DUPLICATE.value: "same as another layout (a knob that has no effect here)",
     PlanReason.MEMORY.value: "predicted peak memory exceeds the card",

@@ -284,37 +284,31 @@ def build_sweep(raw: SweepFile, *, source: Path | None = None) -> Sweep:
     """Resolve presets and check that every searched value can appear in some valid layout."""
     shape = PRESETS[raw.model.lower()] if isinstance(raw.model, str) else raw.model.shape()
     cluster = Cluster(raw.cluster.nodes, raw.cluster.gpus_per_node, raw.cluster.resolved_gpu())
-    space = raw.space.values()
-    _check_usable(space, shape, cluster, raw.global_batch_size)
-    return Sweep(
+    sweep = Sweep(
         name=raw.name, model=shape, seq_len=raw.seq_len, global_batch_size=raw.global_batch_size,
-        cluster=cluster, space=space, trial=raw.trial, search=raw.search, memory=raw.memory,
+        cluster=cluster, space=raw.space.values(), trial=raw.trial, search=raw.search, memory=raw.memory,
         launcher=raw.launcher, results_dir=Path(raw.results_dir), source=source, workload=raw.workload,
     )
+    _check_usable(sweep)
+    return sweep
 
 
-def _check_usable(space: dict[str, tuple[Any, ...]], shape: ModelShape, cluster: Cluster, gbs: int) -> None:
-    """A tp or pp value that no layout can use is a typo, not a search dimension: say so."""
-    world = cluster.world
-    for v in space["tp"]:
-        why = []
-        if world % v:
-            why.append(f"world size {world} is not a multiple of it")
-        if v > cluster.gpus_per_node:
-            why.append(f"it exceeds gpus_per_node={cluster.gpus_per_node}")
-        if shape.heads % v or shape.kv_heads % v:
-            why.append(f"it does not divide heads={shape.heads}, kv_heads={shape.kv_heads}")
-        if why:
-            raise SpecError(f"space.tp: value {v} can never be used: {'; '.join(why)}")
-    for v in space["pp"]:
-        why = []
-        if world % v:
-            why.append(f"world size {world} is not a multiple of it")
-        if v > shape.layers:
-            why.append(f"it exceeds layers={shape.layers}")
-        if why:
-            raise SpecError(f"space.pp: value {v} can never be used: {'; '.join(why)}")
-    for v in space["micro_batch_size"]:
+def _check_usable(sweep: Sweep) -> None:
+    """A tp or pp value that no layout can use is a typo, not a search dimension: say so.
+
+    The rules are the plan's own (`sweeper.layout.unusable`), written once.
+    """
+    from sweeper.layout import unusable
+
+    for knob in ("tp", "pp"):
+        for v in sweep.space[knob]:
+            why = unusable(knob, v, sweep)
+            if knob == "pp" and v > sweep.model.layers:
+                why.append(f"it exceeds layers={sweep.model.layers}")
+            if why:
+                raise SpecError(f"space.{knob}: value {v} can never be used: {'; '.join(why)}")
+    gbs = sweep.global_batch_size
+    for v in sweep.space["micro_batch_size"]:
         if v > gbs:
             raise SpecError(f"space.micro_batch_size: value {v} exceeds global_batch_size={gbs}")
 
