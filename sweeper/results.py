@@ -112,8 +112,11 @@ class ResultsStore:
         if path.exists():
             raise FileExistsError(f"{path} exists: a finished trial is never rewritten")
         table = pa.Table.from_pylist([row], schema=SCHEMA)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # leading dot: datasets skip it
+        # written outside trials/ and renamed in: Polars and DuckDB read trials/ while a sweep runs
+        # (Polars refuses a folder with other extensions in it); same file system, so the rename is atomic
+        tmp = self.root / ".tmp" / f"{path.name}.{os.getpid()}.tmp"
         try:
+            tmp.parent.mkdir(exist_ok=True)
             pq.write_table(table, tmp)
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())

@@ -9,6 +9,7 @@ candidates leave `ask`, so no trial is ever spent on a rejected or repeated layo
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,9 +24,11 @@ from sweeper.layout import NO_EFFECT_VALUE, Layout, ineffective
 from sweeper.learn import memory_scale, needs_at_least
 from sweeper.perfmodel import Calibration, calibrate, predict
 from sweeper.plan import Plan
+from sweeper.statuses import PlanStatus, TrialStatus
 
 SAMPLERS = ("auto", "grid", "random", "tpe", "gp")
 FAILED_OBJECTIVE = 0.0  # what a failed, OOM or rejected layout is worth to the sampler (MFU 0)
+METRIC = "mfu"  # the objective's name in the study (optuna-dashboard's axis label)
 
 
 @dataclass(frozen=True)
@@ -49,11 +52,55 @@ def open_study(storage: str, name: str, *, sampler: optuna.samplers.BaseSampler)
     else:
         store = storage
     try:
-        return optuna.create_study(
+        study = optuna.create_study(
             study_name=name, storage=store, direction="maximize", sampler=sampler, load_if_exists=True
         )
+        if study.metric_names != [METRIC]:
+            with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in use
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.set_metric_names([METRIC])
+        return study
     except (ValueError, ImportError, optuna.exceptions.OptunaError) as e:
         raise SweepError(f"search.storage {storage!r}: cannot open the Optuna study: {e}") from None
+
+
+def tell_study(study: optuna.Study, trial: optuna.trial.Trial | int, *, status: str, value: float | None,
+               attrs: dict[str, Any]) -> None:
+    """Tell Optuna one outcome with its user attributes (status, error line, layout, job id, ...).
+
+    A trial that ran and failed is stored as FAIL, so optuna-dashboard shows it as failed with its
+    error. Optuna's samplers read only COMPLETE/PRUNED trials, so a proposal that is *not run*
+    because it is known to be bad (rejected by the plan, excluded, or a repeat of a failed layout)
+    is told COMPLETE at the failure objective with a violated constraint: TPE and GP rank it
+    infeasible, below every measured layout, so a failed layout still counts as bad for them.
+    """
+    if isinstance(trial, int):  # resumed after a crash: only the number survives
+        trial = optuna.trial.Trial(study, study._storage.get_trial_id_from_study_id_trial_number(
+            study._study_id, trial))
+    for key, v in (attrs | {"status": str(status)}).items():
+        trial.set_user_attr(key, v)
+    ran = attrs.get("kind") is None
+    if status == TrialStatus.OK and value is not None:
+        study.tell(trial, value)
+    elif ran:
+        study.tell(trial, state=TrialState.FAIL)
+    else:
+        trial.set_constraint("failed", 1.0)
+        study.tell(trial, FAILED_OBJECTIVE)
+
+
+def trial_attrs(layout: Layout | None, *, error: str | None = None, job_id: str | None = None,
+                **extra: Any) -> dict[str, Any]:
+    """The user attributes of a told trial: the layout's knobs, the error's first line, the job id."""
+    attrs: dict[str, Any] = dict(extra)
+    if layout is not None:
+        attrs["layout"] = " ".join(f"{k}={_python(v)}" for k, v in layout.as_dict().items())
+    lines = (error or "").strip().splitlines()
+    if lines:
+        attrs["error"] = lines[0][:500]
+    if job_id:
+        attrs["job_id"] = str(job_id)
+    return attrs
 
 
 def make_sampler(name: str, *, seed: int, exhaustive: bool, budget: int) -> optuna.samplers.BaseSampler:
@@ -93,6 +140,7 @@ class LayoutSearch:
         self._rng = np.random.default_rng(seed)
         self._row_of_key = {self._key_of_row(int(r)): int(r) for r in self.rows}
         self.done: dict[int, float] = {}  # plan row -> objective told
+        self.outcome: dict[int, str] = {}  # plan row -> trial status
         self.running: set[int] = set()
         self.excluded: dict[int, str] = {}  # candidate rows ruled out by what trials taught
         self.model = predict(plan.cols, self.sweep)
@@ -136,12 +184,12 @@ class LayoutSearch:
             if row is None or row in self.excluded:
                 why = layout.rejection(self.sweep)
                 reason = self.excluded.get(row) if row is not None else None
-                trial.set_user_attr("kind", "rejected")
-                trial.set_user_attr("reason", reason or (why.message if why else "pruned: predicted memory over the card"))
-                self.study.tell(trial, FAILED_OBJECTIVE)
+                status = PlanStatus.INVALID if why else PlanStatus.PRUNED
+                tell_study(self.study, trial, status=status, value=None, attrs=trial_attrs(
+                    layout, kind="rejected", reason=reason or (why.message if why else "pruned: predicted memory over the card")))
             elif row in self.done:
-                trial.set_user_attr("kind", "repeat")
-                self.study.tell(trial, self.done[row])
+                tell_study(self.study, trial, status=self.outcome.get(row, TrialStatus.OK), value=self.done[row],
+                           attrs=trial_attrs(layout, kind="repeat"))
             elif row in self.running:
                 trial.set_user_attr("kind", "repeat")
                 self.study.tell(trial, state=TrialState.FAIL)
@@ -167,6 +215,7 @@ class LayoutSearch:
         self.running.discard(row)
         self.excluded.pop(row, None)
         self.done[row] = value
+        self.outcome[row] = status
         if status == "oom":
             self._exclude_hungrier(row)
         if status == "ok" and step_time_s:
@@ -177,11 +226,13 @@ class LayoutSearch:
             self._tighten_memory()
         return value
 
-    def tell(self, optuna_trial: int, row: int, *, status: str, mfu: float | None, **measured: object) -> None:
-        """Record a finished trial: MFU when it ran, the failure objective otherwise."""
+    def tell(self, optuna_trial: int, row: int, *, status: str, mfu: float | None,
+             attrs: dict[str, Any] | None = None, **measured: object) -> None:
+        """Record a finished trial: MFU when it ran, FAIL otherwise; `attrs` (error, job id) as user attributes."""
         value = self.observe(row, status=status, mfu=mfu, **measured)  # type: ignore[arg-type]
         try:
-            self.study.tell(optuna_trial, value)
+            tell_study(self.study, optuna_trial, status=status, value=value,
+                       attrs=trial_attrs(self.plan.layout(row)) | (attrs or {}))
         except (ValueError, RuntimeError, KeyError):
             pass  # the trial was already finished in the study (e.g. told before a crash)
 
