@@ -12,6 +12,9 @@ import typer
 from sweeper.errors import SweepError
 
 
+NO_SUCCESS_EXIT = 1  # every format, and `sweep run`: the sweep has no successful trial (2 is bad input)
+
+
 class Format(str, Enum):
     table = "table"
     json = "json"
@@ -22,7 +25,7 @@ class Format(str, Enum):
 
 def best(
     spec: Annotated[str, typer.Argument(help="sweep file (path or bare name)")],
-    top: Annotated[int, typer.Option("--top", "-n", help="how many layouts")] = 5,
+    top: Annotated[int, typer.Option("--top", "-n", min=1, help="how many layouts (at least 1)")] = 5,
     fmt: Annotated[Format, typer.Option("--format", "-f", help="table, json, yaml (the winner's layout), torchtitan (TOML) or megatron (flags)")] = Format.table,
     results: Annotated[Optional[Path], typer.Option("--results", help="a results folder (default: results_dir/<name> of the sweep)")] = None,
 ) -> None:
@@ -47,14 +50,17 @@ def best(
         doc = {"name": root.name, "trials": len(rows), "statuses": dict(Counter(r["status"] for r in rows)),
                "best": chosen[0] if chosen else None, "top": chosen, "layout": _winner_layout(rows, root, spec)}
         typer.echo(json.dumps(doc, indent=2))
-        return
-    if fmt in (Format.yaml, Format.torchtitan, Format.megatron):
+    elif fmt in (Format.yaml, Format.torchtitan, Format.megatron):
+        if not best_rows(rows, 1):
+            abort(f"no successful trial under {escape(str(root))} to export ({len(rows)} trials)", code=NO_SUCCESS_EXIT)
         try:
             typer.echo(_export_winner(rows, root, spec, fmt.value), nl=False)
         except SweepError as e:
             abort(escape(str(e)))
-        return
-    print_best(rows, top=top, title=f"{root.name}: best layouts")
+    else:
+        print_best(rows, top=top, title=f"{root.name}: best layouts")
+    if not best_rows(rows, 1):  # the same exit status whatever the format
+        raise typer.Exit(NO_SUCCESS_EXIT)
 
 
 def open_results(spec: str, results: Path | None) -> tuple[Path, Any]:

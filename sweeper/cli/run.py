@@ -13,13 +13,13 @@ from sweeper.errors import SweepError
 
 def run(
     spec: Annotated[str, typer.Argument(help="sweep file: a path, or a bare name found here or among the shipped spaces")],
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="plan only: show candidates and pruned layouts; submit nothing")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", metavar="", help="plan only: show candidates and pruned layouts; submit nothing")] = False,
     out: Annotated[Optional[Path], typer.Option("--out", help="write the whole plan, one row per layout, as .parquet or .csv")] = None,
     limit: Annotated[int, typer.Option("--limit", help="candidate rows to show (0: all)")] = 40,
-    as_json: Annotated[bool, typer.Option("--json", help="print the plan summary and candidates as JSON")] = False,
-    fresh: Annotated[bool, typer.Option("--fresh", help="discard this sweep's results and study, and start over")] = False,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask before --fresh deletes results")] = False,
-    top: Annotated[int, typer.Option("--top", help="layouts to show at the end")] = 5,
+    as_json: Annotated[bool, typer.Option("--json", metavar="", help="print the plan summary and candidates as JSON")] = False,
+    fresh: Annotated[bool, typer.Option("--fresh", metavar="", help="discard this sweep's results and study, and start over")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", metavar="", help="do not ask before --fresh deletes results")] = False,
+    top: Annotated[int, typer.Option("--top", min=1, help="layouts to show at the end (at least 1)")] = 5,
 ) -> None:
     from sweeper.cli import abort
     from sweeper.plan import make_plan
@@ -91,12 +91,12 @@ def run_sweep(sweep, *, fresh: bool, yes: bool, top: int) -> None:  # noqa: ANN0
 
     from rich.console import Console
 
-    from sweeper.cli.best import print_best
+    from sweeper.cli.best import NO_SUCCESS_EXIT, print_best
     from sweeper.cli.progress import LiveProgress
     from sweeper.launchers import make_launcher
     from sweeper.lock import SweepLock
     from sweeper.orchestrator import prepare, run_loop
-    from sweeper.results import ResultsStore
+    from sweeper.results import ResultsStore, best_rows
 
     err = Console(stderr=True)
     root = sweep.results_path
@@ -129,7 +129,11 @@ def run_sweep(sweep, *, fresh: bool, yes: bool, top: int) -> None:  # noqa: ANN0
                 f"({', '.join(i.handle.job_id for i in run.running.values())}); "
                 f"`sweep run` again re-attaches to them[/]"
             )
-    print_best(ResultsStore(root).rows(), top=top, title=f"{sweep.name}: best layouts")
+    rows = ResultsStore(root).rows()
+    print_best(rows, top=top, title=f"{sweep.name}: best layouts")
+    if not best_rows(rows, 1):  # scripts must not take a sweep of failures for a result
+        err.print(f"[bold red]no trial succeeded[/] ({len(rows)} finished): exit {NO_SUCCESS_EXIT}")
+        raise typer.Exit(NO_SUCCESS_EXIT)
 
 
 def _discard_results(sweep, root: Path) -> None:  # noqa: ANN001
