@@ -78,7 +78,8 @@ def test_polars_reads_trials_while_a_result_is_being_written(tmp_path, monkeypat
     """The temp file of a result in progress lives outside trials/ (Polars refuses a folder with
     mixed file extensions, e.g. `x.parquet` beside `.x.parquet.tmp`)."""
     import polars as pl  # in the test extra
-    import sweeper.results as results
+
+    from sweeper import results
 
     store = ResultsStore(tmp_path)
     store.ensure()
@@ -86,7 +87,7 @@ def test_polars_reads_trials_while_a_result_is_being_written(tmp_path, monkeypat
     seen: list[tuple[int, list[str]]] = []
     real_write = results.pq.write_table
 
-    def write_then_read(table, where, *args, **kwargs):  # noqa: ANN001
+    def write_then_read(table, where, *args, **kwargs):
         real_write(table, where, *args, **kwargs)  # the temp file now exists on disk, not yet renamed
         assert where.exists() and where.parent != store.trials_dir
         seen.append((pl.read_parquet(store.trials_dir).height, sorted(p.name for p in store.trials_dir.iterdir())))
