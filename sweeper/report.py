@@ -329,15 +329,19 @@ def plot_status(df: pd.DataFrame, plan: Plan, out_dir: Path) -> Plot:
     cands = counts.get(CANDIDATE, 0)
     layouts = {"candidate, run": min(len(df), cands), "candidate, not run": max(cands - len(df), 0),
                "pruned (memory)": counts.get("pruned", 0), "invalid": counts.get("invalid", 0)}
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 0.9 + 0.45 * max(len(trials), len(layouts), 2)))
+    from matplotlib.ticker import MaxNLocator
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 0.9 + 0.45 * max(len(trials), len(layouts), 2)),
+                                 gridspec_kw={"wspace": 0.55})  # room for the right panel's labels
     names = [str(n) for n, _ in trials.most_common()] or ["none"]
     bars = [("trials by status", a1, names, [trials.get(n, 0) for n in names],
              [STATUS_COLORS.get(n, "gray") for n in names]),
             ("layouts of the plan", a2, list(layouts), list(layouts.values()),
              ["tab:green", "#b8b8b8", "tab:orange", "dimgray"])]
     for title, ax, labels, values, colors in bars:
-        ax.barh(labels, values, color=colors)
+        ax.barh(labels, values, color=colors, height=0.6)
         ax.invert_yaxis()
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlim(0, max(max(values), 1) * 1.18)
         for i, v in enumerate(values):
             ax.text(v, i, f" {v}", va="center", fontsize=10)
@@ -374,8 +378,14 @@ def explain_top(df: pd.DataFrame, plan: Plan, sweep: Sweep, top: int = TOP_EXPLA
     """Breakdown of the top ok trials with measured step times; None when they cannot be matched to the plan."""
     from sweeper.perfmodel import PARTS, breakdown, calibrate, predict
 
-    ok = df[(df["status"] == TrialStatus.OK) & df["mfu"].notna() & df["step_time_mean_s"].notna()]
+    from sweeper.flops import model_flops_per_token
+
+    ok = df[(df["status"] == TrialStatus.OK) & df["mfu"].notna() & (df["mfu"] > 0)].copy()
     ok = ok.sort_values(["mfu", "trial_number"], ascending=[False, True])
+    # a row with MFU but no step times (a replayed table): its step time follows from MFU's definition
+    step_flops = model_flops_per_token(sweep.model, sweep.seq_len) * sweep.global_batch_size * sweep.seq_len
+    ok["step_time_mean_s"] = ok["step_time_mean_s"].fillna(step_flops / (
+        ok["mfu"] * sweep.cluster.world * sweep.cluster.gpu.peak_flops(sweep.trial.precision)))
     idx = match_plan_rows(plan, ok) if len(ok) else None
     if idx is None:
         return None
@@ -428,7 +438,8 @@ def plot_breakdown(ex: Explained, knobs: list[str], out_dir: Path) -> Plot:
     return Plot(_save(fig, out_dir, "step_breakdown.png"), "Why the winner wins: step-time breakdown",
                 "upper bar of each pair: the throughput model (sweeper/perfmodel.py) split into its parts, "
                 "calibrated to the measured step times of every successful trial; hatched: data-parallel traffic "
-                "hidden behind backward (not on the step's path). Lower, dark bar: the measured mean step time.")
+                "hidden behind backward (not on the step's path). Lower, dark bar: the measured mean step time "
+                "(for a row with only an MFU, the step time that MFU implies).")
 
 
 def runner_up_sentences(ex: Explained, knobs: list[str], sweep: Sweep) -> list[str]:
@@ -592,7 +603,7 @@ def _failures_table(df: pd.DataFrame, knobs: list[str]) -> str:
         return "<h2>Failures</h2><p>None: every trial ran.</p>"
     rows = []
     for _, r in bad.iterrows():
-        lines = str(r["error"] or "").strip().splitlines()
+        lines = r["error"].strip().splitlines() if isinstance(r["error"], str) else []  # null reads as NaN
         rows.append(f"<tr><td>{r['trial_number']}</td><td class=status-{html.escape(str(r['status']))}>"
                     f"{html.escape(str(r['status']))}</td><td>{html.escape(short_layout(r, knobs))}</td>"
                     f"<td><code>{html.escape(lines[0][:300] if lines else '(no error recorded)')}</code></td></tr>")
