@@ -576,7 +576,7 @@ def _top_table(df: pd.DataFrame, knobs: list[str], plan: Plan | None, top: int =
         return ""
     tensors = None
     idx = match_plan_rows(plan, ok) if plan is not None else None
-    if idx is not None:
+    if plan is not None and idx is not None:
         tensors = (plan.memory.total - plan.memory.overhead)[idx] / GIB
     cpu = ok["device"].fillna("").astype(str).str.startswith("cpu").any()
     head = ["#", "trial", "MFU", *(SHORT.get(k, k) for k in knobs), "step s", "tokens/s", "TFLOP/s/GPU",
