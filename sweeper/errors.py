@@ -11,3 +11,9 @@ class SweepError(Exception):
 
 class SpecError(SweepError):
     """The sweep file is malformed or asks for something impossible."""
+
+
+class NoSuccessError(SweepError):
+    """The sweep has no successful trial: every format of `best`, and `run`, exit 1 so scripts notice."""
+
+    exit_code = 1

@@ -12,10 +12,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
-    """Call `write(tmp)` to fill a temp file, then put it in place of `path` atomically."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def atomic_write(path: Path, write: Callable[[Path], object], *, tmp_dir: Path | None = None) -> None:
+    """Call `write(tmp)` to fill a temp file, then put it in place of `path` atomically.
+
+    `tmp_dir` (same file system) keeps the temp file out of the target's folder, for readers that
+    refuse a folder holding anything else (Polars reading a Parquet dataset).
+    """
+    tmp = (tmp_dir or path.parent) / f".{path.name}.{os.getpid()}.tmp"
     try:
+        if tmp_dir is not None:
+            tmp_dir.mkdir(exist_ok=True)
         write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())

@@ -19,7 +19,7 @@ from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failu
 from sweeper.layout import Layout
 from sweeper.plan import Plan, make_plan
 from sweeper.results import InFlight, ResultsStore, now_utc, row_from
-from sweeper.search import LayoutSearch, build_search
+from sweeper.search import LayoutSearch, build_search, trial_attrs
 from sweeper.spec import Sweep, parse_sweep
 from sweeper.statuses import TrialStatus
 
@@ -121,7 +121,7 @@ def _resume_inflight(run: SweepRun) -> None:
         number = rec.trial_number
         if number in finished:  # written but not told or cleared before a crash: finish both
             row = next(r for r in run.rows if r["trial_number"] == number)
-            run.search.tell(rec.optuna_trial, rec.row, **_measured(row))
+            run.search.tell(rec.optuna_trial, rec.row, attrs=_attrs(row), **_measured(row))
             run.store.clear_inflight(number)
             continue
         job = _job(run, number, Layout.from_mapping(rec.layout), attempt=rec.attempt)
@@ -182,7 +182,7 @@ def _record(run: SweepRun, rec: InFlight, outcome: JobOutcome) -> dict[str, Any]
         values["error"] = f"{values['error']} (attempt 1: {rec.previous_error})"
     run.store.write_row(values)
     row = row_from(values)
-    run.search.tell(rec.optuna_trial, plan_row, **_measured(values))
+    run.search.tell(rec.optuna_trial, plan_row, attrs=_attrs(values), **_measured(values))
     run.store.clear_inflight(rec.trial_number)
     run.rows.append(row)
     return row
@@ -192,6 +192,11 @@ def _measured(row: dict[str, Any]) -> dict[str, Any]:
     """What the search learns from a result row."""
     return {"status": row["status"], "mfu": row.get("mfu"), "step_time_s": row.get("step_time_mean_s"),
             "peak_mem_gib": row.get("peak_mem_gib"), "device": row.get("device")}
+
+
+def _attrs(row: dict[str, Any]) -> dict[str, Any]:
+    """What the Optuna study keeps of a result row beside the layout: error line, job id, trial number."""
+    return trial_attrs(None, error=row.get("error"), job_id=row.get("job_id"), trial_number=int(row["trial_number"]))
 
 
 def _ts(value: Any) -> Any:

@@ -155,3 +155,85 @@ def calibrate(pred: StepTime, rows: Sequence[int], measured_step_s: Sequence[flo
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
     c, k = (float(np.clip(v, 0.2, 5.0)) for v in coef)
     return Calibration(c, k, len(idx))
+
+
+# ---- the step explained (for `sweep report`) -----------------------------------------------
+PARTS = ("matmul", "attention", "memory_bound", "framework", "recompute", "bubble",
+         "tp_comm", "pp_comm", "dp_comm", "dp_hidden")
+PART_LABELS = {"matmul": "matmul compute", "attention": "attention", "memory_bound": "memory-bound (norms, elementwise)",
+               "framework": "launch / framework", "recompute": "recomputation", "bubble": "pipeline bubble",
+               "tp_comm": "tensor-parallel comm", "pp_comm": "pipeline comm", "dp_comm": "data-parallel comm (exposed)",
+               "dp_hidden": "data-parallel comm (hidden)"}
+
+
+def breakdown(cols: Columns, sweep: Sweep, calibration: Calibration = Calibration()) -> dict[str, np.ndarray]:
+    """Seconds per step by part, for every layout: the parts of `PARTS`, and `forward` (for shares).
+
+    The same physics as `predict`, split finer: recomputation apart from the first pass, the
+    bubble apart from the work it idles on, data-parallel traffic hidden behind backward apart
+    from what is exposed. Every part but `dp_hidden` (overlapped, so not on the step's critical
+    path) is exposed, and compute parts and communication parts are rescaled to add up to
+    `predict`'s compute and comm exactly, so the bars agree with the predicted step time even
+    where `predict` has refinements this split does not repeat.
+    """
+    m, gpu, cl = sweep.model, sweep.cluster.gpu, sweep.cluster
+    s, L, h, a = sweep.seq_len, m.layers, m.hidden, m.heads
+    e = compute_bytes(sweep)
+    tp, pp, dp = (cols[k].astype(float) for k in ("tp", "pp", "dp"))
+    mbs, accum = cols["micro_batch_size"].astype(float), np.maximum(cols["grad_accum"], 1).astype(float)
+    peak = gpu.peak_flops(sweep.trial.precision)
+    tokens_gpu = sweep.global_batch_size * s / cl.world
+    mode = cols["activation_checkpointing"]
+    gemm = (mbs * s) * (h / tp) / 2**20
+    eff = MATMUL_EFFICIENCY * gemm / (gemm + GEMM_HALF_SIZE)
+    eff = eff * np.where(cols["compile"].astype(bool), 1.03, 1.0)
+    eff = eff * np.where(cols["float8"].astype(bool) & gpu.supports_fp8, FLOAT8_SPEEDUP, 1.0)
+    per_flop = tokens_gpu / (peak * eff)
+    matmul = 6.0 * m.num_params * per_flop
+    re_matmul = np.select([mode == "full", mode == "ffn"], [2.0 * L * m.layer_params, 2.0 * L * m.mlp_params], 0.0) * per_flop
+    scores = np.isin(cols["attention"], SCORE_KERNELS)
+    flash_eff = np.select([cols["attention"] == k for k in FLASH_EFFICIENCY], list(FLASH_EFFICIENCY.values()), 0.5)
+    attn_per_flop = tokens_gpu / (peak * np.where(scores, eff, flash_eff))
+    score_bytes = np.select([cols["attention"] == k for k in SCORE_KERNELS], [SCORE_BYTES[k] for k in SCORE_KERNELS], 0.0)
+    attention = 12.0 * L * h * s * attn_per_flop + L * a * s * score_bytes * tokens_gpu / (gpu.hbm_gbps * GIGA)
+    re_attention = np.where(mode == "full", 4.0 * L * h * s, 0.0) * attn_per_flop
+    sp = cols["sequence_parallel"].astype(bool) & (tp > 1)
+    norm_passes = np.where(cols["rmsnorm"] == "fused", NORM_PASSES["fused"], NORM_PASSES["eager"])
+    other_bytes = (12 * (h + 2 * m.kv_dim) + 18 * m.ffn + 12 * h) * e
+    memory_bound = L * (2 * norm_passes * h * e * np.where(sp, 1.0, tp) + other_bytes) * tokens_gpu / (gpu.hbm_gbps * GIGA)
+    memory_bound = memory_bound * np.where(cols["compile"].astype(bool), COMPILE_ELEMENTWISE, 1.0)
+    framework = LAYER_OVERHEAD_S * (L / pp) * accum
+    re_framework = np.where(mode == "full", 0.5 * framework, 0.0)
+    work = matmul + re_matmul + attention + re_attention + memory_bound + framework + re_framework
+    bubble = work * np.where(pp > 1, (pp - 1) / cols["chunks"].astype(float) / accum, 0.0)
+    compute = {"matmul": matmul, "attention": attention, "memory_bound": memory_bound, "framework": framework,
+               "recompute": re_matmul + re_attention + re_framework, "bubble": bubble}
+    # communication: the exposed parts from predict's own arithmetic, split by kind
+    full = predict(cols, sweep, calibration)
+    tp_comm = _allreduce_s(mbs * s * h * e, tp, gpu.intra_gbps) * np.where(mode == "full", 6, 4) * (L / pp) * accum * (
+        1 + bubble / np.maximum(work, 1e-30))
+    act_bytes = mbs * s * h * e
+    pp_gbps = np.where(tp * dp >= cl.gpus_per_node, gpu.inter_gbps, gpu.intra_gbps)
+    pp_comm = np.where(pp > 1, 2 * act_bytes / np.where(sp, tp, 1.0) * accum * cols["chunks"] / (pp_gbps * GIGA), 0.0)
+    dp_exposed = np.maximum(full.comm - tp_comm - pp_comm, 0.0)
+    first, last = stage_params(cols, sweep)
+    params = np.maximum(first, last)
+    dp_gbps = np.where(tp * dp > cl.gpus_per_node, gpu.inter_gbps, gpu.intra_gbps)
+    fsdp_volume = np.where(pp > 1, 1.0, accum) * (2 * params * e) + params * 4.0
+    dp_raw = np.where(cols["sharding"] == "fsdp",
+                      np.where(dp > 1, (dp - 1) / np.maximum(dp, 1) * fsdp_volume / (dp_gbps * GIGA), 0.0),
+                      _allreduce_s(params * 4.0, dp, dp_gbps))
+    comm = {"tp_comm": tp_comm, "pp_comm": pp_comm, "dp_comm": dp_exposed}
+    out = _rescaled(compute, full.compute * calibration.compute_scale)
+    out |= _rescaled(comm, full.comm * calibration.comm_scale)
+    out["dp_hidden"] = np.maximum(dp_raw - dp_exposed, 0.0) * calibration.comm_scale
+    out["forward"] = (matmul + attention) / 3.0 * calibration.compute_scale * (
+        full.compute / np.maximum(sum(compute.values()), 1e-30))  # first forward pass: a third of fwd + bwd
+    return out
+
+
+def _rescaled(parts: dict[str, np.ndarray], total: np.ndarray) -> dict[str, np.ndarray]:
+    """The parts scaled to add up to `total` (unchanged where they add up to nothing)."""
+    got = sum(parts.values())
+    k = np.where(got > 0, total / np.where(got > 0, got, 1.0), 1.0)
+    return {name: v * k for name, v in parts.items()}

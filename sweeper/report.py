@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sweeper.hardware import GIB
 from sweeper.knobs import KNOBS, label
 from sweeper.layout import RULE_SUMMARIES
 from sweeper.plan import CANDIDATE, Plan
@@ -26,8 +27,8 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-STATUS_COLORS = {TrialStatus.OK: "tab:green", TrialStatus.OOM: "tab:red", TrialStatus.TIMEOUT: "tab:orange",
-                 TrialStatus.FAILED: "black", TrialStatus.KERNEL_UNAVAILABLE: "tab:purple"}
+STATUS_COLORS = {TrialStatus.OK: "tab:green", TrialStatus.OOM: "tab:red", TrialStatus.TIMEOUT: "tab:orange", TrialStatus.FAILED: "black",
+                 TrialStatus.KERNEL_UNAVAILABLE: "tab:purple"}
 
 
 @dataclass(frozen=True)
@@ -113,81 +114,154 @@ def _save(fig: Figure, out_dir: Path, name: str) -> str:
     return name
 
 
-def plot_heatmaps(df: pd.DataFrame, out_dir: Path) -> list[Plot]:
-    """Best MFU per (tp, pp) cell, one heatmap per attention kernel x checkpointing mode with data."""
+def cell_kinds(df: pd.DataFrame, plan: Plan, attn: str, ckpt: str) -> pd.DataFrame:
+    """Each (tp, pp) cell of one attention kernel x checkpointing mode: best MFU, or why there is none.
+
+    `kind` is "ok" (best MFU over the other knobs), a failure status when every trial there failed
+    ("oom", "failed", ...), "not run" (a candidate the search did not try), "pruned" (valid but
+    predicted over memory) or "invalid" (no valid layout in the cell).
+    """
+    import pandas as pd
+
+    tps = sorted({int(v) for v in plan.cols["tp"]})
+    pps = sorted({int(v) for v in plan.cols["pp"]})
+    here = df[(df["attention"] == attn) & (df["activation_checkpointing"] == ckpt)]
+    in_combo = (plan.cols["attention"] == attn) & (plan.cols["activation_checkpointing"] == ckpt)
+    cells = []
+    for tp in tps:
+        for pp in pps:
+            trials = here[(here["tp"] == tp) & (here["pp"] == pp)]
+            ok = trials[(trials["status"] == TrialStatus.OK) & trials["mfu"].notna()]
+            statuses = set(plan.status[in_combo & (plan.cols["tp"] == tp) & (plan.cols["pp"] == pp)])
+            if len(ok):
+                kind, mfu = TrialStatus.OK, float(ok["mfu"].max())
+            elif len(trials):
+                kind, mfu = Counter(trials["status"]).most_common(1)[0][0], math.nan
+            elif PlanStatus.CANDIDATE in statuses:
+                kind, mfu = "not run", math.nan
+            elif PlanStatus.PRUNED in statuses:
+                kind, mfu = PlanStatus.PRUNED, math.nan
+            else:
+                kind, mfu = PlanStatus.INVALID, math.nan
+            cells.append({"tp": tp, "pp": pp, "kind": str(kind), "mfu": mfu})
+    return pd.DataFrame(cells)
+
+
+# fills of cells without a measured MFU; text colour then follows the fill's luminance
+EMPTY_FILLS = {"not run": "#f2f2f2", PlanStatus.PRUNED: "#f6dcb4", PlanStatus.INVALID: "#bdbdbd", TrialStatus.OOM: "#f4b6b6",
+               TrialStatus.FAILED: "#d9a0a0", TrialStatus.TIMEOUT: "#f8cf9c", TrialStatus.KERNEL_UNAVAILABLE: "#d7c4ea"}
+
+
+def text_color(rgb: Any) -> str:
+    """Black on light backgrounds, white on dark ones (WCAG relative luminance of sRGB)."""
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in list(rgb)[:3]]
+    return "black" if 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2] > 0.179 else "white"
+
+
+def plot_heatmaps(df: pd.DataFrame, plan: Plan, out_dir: Path) -> list[Plot]:
+    """The paper's tp x pp view: best MFU per cell, one heatmap per attention kernel x checkpointing mode
+    that has trials; cells without a measurement say why (not run, pruned, invalid, OOM, failed)."""
     plt = _pyplot()
-    ok = df[(df["status"] == TrialStatus.OK) & df["mfu"].notna()]
+    from matplotlib.colors import to_rgb
+    from matplotlib.patches import Rectangle
+
     plots = []
-    for (attn, ckpt), part in ok.groupby(["attention", "activation_checkpointing"], sort=True):
-        grid = part.pivot_table(index="tp", columns="pp", values="mfu", aggfunc="max").sort_index().sort_index(axis=1)
-        fig, ax = plt.subplots(figsize=(1.4 + 1.2 * grid.shape[1], 1.2 + 0.9 * grid.shape[0]))
-        im = ax.imshow(100 * grid.to_numpy(float), cmap="viridis", origin="lower", aspect="auto")
-        ax.set_xticks(range(grid.shape[1]), [str(c) for c in grid.columns])
-        ax.set_yticks(range(grid.shape[0]), [str(i) for i in grid.index])
+    measured = 100 * df.loc[(df["status"] == TrialStatus.OK) & df["mfu"].notna(), "mfu"].to_numpy(float)
+    lo, hi = (float(measured.min()), float(measured.max())) if measured.size else (0.0, 1.0)
+    hi = hi if hi > lo else lo + 1.0  # one colour scale for every heatmap, so colours compare across them
+    for (attn, ckpt), _ in df.groupby(["attention", "activation_checkpointing"], sort=True):
+        cells = cell_kinds(df, plan, str(attn), str(ckpt))
+        tps, pps = sorted(cells["tp"].unique()), sorted(cells["pp"].unique())
+        grid = cells.pivot(index="tp", columns="pp", values="mfu").loc[tps, pps].to_numpy(float) * 100
+        kinds = cells.pivot(index="tp", columns="pp", values="kind").loc[tps, pps].to_numpy()
+        fig, ax = plt.subplots(figsize=(2.2 + 1.2 * len(pps), 1.4 + 0.6 * len(tps)))
+        cmap = plt.get_cmap("viridis")
+        im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=lo, vmax=hi, origin="lower", aspect="auto")
+        for (i, j), v in np.ndenumerate(grid):
+            kind = kinds[i, j]
+            if kind == TrialStatus.OK:
+                rgb, text = im.cmap(im.norm(v))[:3], f"{v:.1f}"
+            else:
+                rgb, text = to_rgb(EMPTY_FILLS.get(kind, "#ffffff")), kind.replace(TrialStatus.KERNEL_UNAVAILABLE, "no kernel")
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=rgb, edgecolor="white",
+                                       hatch="//" if kind == PlanStatus.INVALID else None))
+            ax.text(j, i, text, ha="center", va="center", fontsize=9 if kind == TrialStatus.OK else 8, color=text_color(rgb),
+                    fontweight="bold" if kind == TrialStatus.OK else "normal")
+        ax.set_xticks(range(len(pps)), [str(c) for c in pps])
+        ax.set_yticks(range(len(tps)), [str(t) for t in tps])
         ax.set_xlabel("pp")
         ax.set_ylabel("tp")
-        for (i, j), v in np.ndenumerate(grid.to_numpy(float)):
-            ax.text(j, i, "-" if math.isnan(v) else f"{100 * v:.1f}", ha="center", va="center",
-                    color="gray" if math.isnan(v) else "white")
-        fig.colorbar(im, ax=ax, label="MFU %")
-        ax.set_title(f"attention={attn}, ckpt={ckpt}")
+        fig.colorbar(im, ax=ax, label="best MFU %")
+        ax.set_title(f"attention={attn}, checkpointing={ckpt}", fontsize=10)
         name = _save(fig, out_dir, f"heatmap_{attn}_{ckpt}.png")
         plots.append(Plot(name, f"MFU by tp × pp — attention {attn}, checkpointing {ckpt}",
-                          "best MFU (%) over the other knobs in each cell; '-' not run or not ok"))
+                          "best MFU (%) over the other knobs in each cell, one colour scale for all; a cell without one says why: "
+                          "not run (a candidate the search left), pruned (predicted over memory), invalid "
+                          "(hatched: no valid layout), or the status every trial there ended with"))
     return plots
 
 
 def plot_mfu_vs_mbs(df: pd.DataFrame, out_dir: Path) -> Plot | None:
-    """Best MFU against micro-batch size, one line per (tp, pp)."""
+    """The paper's micro-batch view: best MFU against micro-batch size, one line per attention kernel,
+    one panel per checkpointing mode."""
     ok = df[(df["status"] == TrialStatus.OK) & df["mfu"].notna()]
     if ok.empty:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for (tp, pp), part in ok.groupby(["tp", "pp"]):
-        best = part.groupby("micro_batch_size")["mfu"].max()
-        ax.plot(best.index, 100 * best.to_numpy(float), marker="o", label=f"tp={tp} pp={pp}")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted(ok["micro_batch_size"].unique()), [str(m) for m in sorted(ok["micro_batch_size"].unique())])
-    ax.set_xlabel("micro-batch size")
-    ax.set_ylabel("best MFU %")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return Plot(_save(fig, out_dir, "mfu_vs_mbs.png"), "MFU against micro-batch size",
-                "best MFU over the other knobs, one line per tp × pp")
+    modes = sorted(ok["activation_checkpointing"].unique())
+    fig, axes = plt.subplots(1, len(modes), figsize=(4.6 * len(modes) + 0.6, 3.8), sharey=True, squeeze=False)
+    sizes = sorted(ok["micro_batch_size"].unique())
+    for ax, mode in zip(axes[0], modes):
+        part = ok[ok["activation_checkpointing"] == mode]
+        for attn, by_attn in part.groupby("attention", sort=True):
+            best = by_attn.groupby("micro_batch_size")["mfu"].max()
+            ax.plot(best.index, 100 * best.to_numpy(float), marker="o", label=str(attn))
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(m) for m in sizes])
+        ax.minorticks_off()
+        ax.set_xlabel("micro-batch size")
+        ax.set_title(f"checkpointing: {mode}", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, title="attention", title_fontsize=8)
+    axes[0][0].set_ylabel("best MFU %")
+    return Plot(_save(fig, out_dir, "mfu_vs_mbs.png"), "MFU against micro-batch size, per attention kernel",
+                "best MFU over the other knobs (tp, pp, ...) at each micro-batch size; one panel per checkpointing mode")
 
 
-def plot_memory(df: pd.DataFrame, sweep: Sweep, out_dir: Path) -> Plot | None:
-    """Predicted against measured peak memory per GPU, with the card's limit and the usable share drawn."""
-    rows = df[df["pred_mem_gib"].notna() & df["peak_mem_gib"].notna()]
-    if rows.empty:
-        return None
-    plt = _pyplot()
-    gpu = sweep.cluster.gpu
-    cpu = (df["device"] == "cpu").any() or gpu.name == "cpu"
-    fig, ax = plt.subplots(figsize=(6.0, 5.0))
-    for status, part in rows.groupby("status"):
-        ax.scatter(part["pred_mem_gib"], part["peak_mem_gib"], label=status, color=STATUS_COLORS.get(status, "gray"))
-    top = max(rows["pred_mem_gib"].max(), rows["peak_mem_gib"].max()) * 1.1
-    ax.plot([1e-3, top], [1e-3, top], color="gray", linestyle=":", label="measured = predicted")
-    usable = gpu.memory_gib * (1 - sweep.memory.headroom)
-    ax.axvline(gpu.memory_gib, color="tab:red", label=f"card {gpu.memory_gib:g} GiB")
-    ax.axhline(gpu.memory_gib, color="tab:red")
-    ax.axvline(usable, color="tab:red", linestyle="--", label=f"usable {usable:.1f} GiB")
-    if gpu.memory_gib > 3 * top:  # log axes keep the card's line and the points both readable
-        ax.set_xscale("log")
-        ax.set_yscale("symlog", linthresh=0.01)
-        ax.set_ylim(0, gpu.memory_gib * 1.5)
-        ax.plot([top, gpu.memory_gib * 1.5], [top, gpu.memory_gib * 1.5], color="gray", linestyle=":")
-    ax.set_xlabel("predicted peak GiB per device")
-    ax.set_ylabel("measured peak GiB per device")
-    note = f"card limit {gpu.memory_gib:g} GiB ({gpu.name})"
+def plot_memory(df: pd.DataFrame, plan: Plan, sweep: Sweep, out_dir: Path) -> Plot:
+    """Measured allocator peak against the estimate's tensor terms (weights, grads, optimizer state,
+    activations, logits: the fixed per-process overhead left out, since an allocator never sees it)."""
+    title = "Memory: measured allocated peak against the estimate's tensors"
+    ran = df[df["peak_mem_gib"].notna()]
+    cpu = ran["device"].fillna("").astype(str).str.startswith("cpu").any() or sweep.cluster.gpu.name == "cpu"
     if cpu:
-        note = f"CPU: measured = RSS growth above a baseline, not allocator peak; {note}"
-        ax.set_title("on CPU, measured is RSS growth above a baseline", fontsize=9)
+        return Plot("", title, "Not plotted: on CPU the measured number is the growth of the process's resident "
+                    "set (RSS) above a baseline, not an allocator peak, so it cannot be compared with the estimate.")
+    idx = match_plan_rows(plan, ran) if len(ran) else None
+    if idx is None:
+        return Plot("", title, "skipped: no trial measured its peak" if ran.empty else
+                    "skipped: results could not be matched to the plan's layouts by knob values")
+    mem = plan.memory
+    tensors = (mem.total - mem.overhead)[idx] / GIB
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.0, 5.0))
+    measured = ran["peak_mem_gib"].to_numpy(float)
+    ax.scatter(tensors, measured, color="tab:blue")
+    for x, y, t in zip(tensors, measured, ran["trial_number"]):
+        ax.annotate(str(t), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    top = max(float(tensors.max()), float(measured.max())) * 1.1
+    ax.plot([0, top], [0, top], color="gray", linestyle=":", label="measured = estimate")
+    budget = (mem.capacity_bytes - float(np.median(mem.overhead[idx]))) / GIB
+    if budget < 3 * top:
+        ax.axhline(budget, color="tab:red", linestyle="--", label=f"usable for tensors {budget:.1f} GiB")
+    ax.set_xlabel("estimate: tensor terms, GiB per device (no fixed overhead)")
+    ax.set_ylabel("measured: allocator max allocated, GiB per device")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return Plot(_save(fig, out_dir, "memory_pred_vs_measured.png"), "Predicted against measured peak memory", note)
+    ratio = measured / np.maximum(tensors, 1e-9)
+    return Plot(_save(fig, out_dir, "memory_pred_vs_measured.png"), title,
+                f"labels are trial numbers; measured / estimate: median {np.median(ratio):.2f}, "
+                f"range {ratio.min():.2f}–{ratio.max():.2f}")
 
 
 def plot_mfu_pred(df: pd.DataFrame, plan: Plan, sweep: Sweep, out_dir: Path) -> Plot:
@@ -246,27 +320,174 @@ def plot_progress(df: pd.DataFrame, out_dir: Path) -> Plot | None:
 
 
 def plot_status(df: pd.DataFrame, plan: Plan, out_dir: Path) -> Plot:
-    """Trials by status, beside the plan's layouts by status (candidates run / not run, pruned, invalid)."""
+    """Trials by status beside the plan's layouts by status, on linear axes with the counts written."""
     plt = _pyplot()
     trials = Counter(df["status"])
     counts = plan.counts()
     cands = counts.get(CANDIDATE, 0)
     layouts = {"candidate, run": min(len(df), cands), "candidate, not run": max(cands - len(df), 0),
                "pruned (memory)": counts.get(PlanStatus.PRUNED, 0), PlanStatus.INVALID: counts.get(PlanStatus.INVALID, 0)}
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    names = list(trials) or ["none"]
-    a1.bar(names, [trials.get(n, 0) for n in names], color=[STATUS_COLORS.get(n, "gray") for n in names])
-    a1.set_title("trials by status")
-    a2.barh(list(layouts), list(layouts.values()), color=["tab:green", "tab:olive", "tab:red", "gray"])
-    a2.set_title("layouts of the plan")
-    a2.set_xscale("symlog")
-    for ax, vals in ((a1, [trials.get(n, 0) for n in names]), (a2, list(layouts.values()))):
-        for i, v in enumerate(vals):
-            if ax is a1:
-                ax.text(i, v, str(v), ha="center", va="bottom")
-            else:
-                ax.text(v, i, f" {v}", va="center")
-    return Plot(_save(fig, out_dir, "status.png"), "Status breakdown", "")
+    from matplotlib.ticker import MaxNLocator
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 0.9 + 0.45 * max(len(trials), len(layouts), 2)),
+                                 gridspec_kw={"wspace": 0.55})  # room for the right panel's labels
+    names = [str(n) for n, _ in trials.most_common()] or ["none"]
+    bars = [("trials by status", a1, names, [trials.get(n, 0) for n in names],
+             [STATUS_COLORS.get(n, "gray") for n in names]),
+            ("layouts of the plan", a2, list(layouts), list(layouts.values()),
+             ["tab:green", "#b8b8b8", "tab:orange", "dimgray"])]
+    for title, ax, labels, values, colors in bars:
+        ax.barh(labels, values, color=colors, height=0.6)
+        ax.invert_yaxis()
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlim(0, max(max(values), 1) * 1.18)
+        for i, v in enumerate(values):
+            ax.text(v, i, f" {v}", va="center", fontsize=10)
+        ax.set_title(title, fontsize=10)
+        ax.tick_params(axis="y", labelsize=10)
+        ax.grid(axis="x", alpha=0.3)
+    return Plot(_save(fig, out_dir, "status.png"), "Status breakdown", "linear axes; counts at the bar ends")
+
+
+# ---- why the winner wins ---------------------------------------------------------------
+TOP_EXPLAINED = 5
+
+
+@dataclass(frozen=True)
+class Explained:
+    """The throughput model's step-time breakdown of the top layouts, calibrated to their measurements."""
+
+    trials: pd.DataFrame  # the top ok trials, best first
+    parts: dict[str, np.ndarray]  # seconds per step by perfmodel part, one entry per trial
+    predicted_s: np.ndarray  # the sum of the exposed parts
+
+
+def varying_knobs(df: pd.DataFrame) -> list[str]:
+    """The knobs (and dp) that take more than one value among the trials: what tells layouts apart."""
+    cols = [*KNOBS, "dp"]
+    return [k for k in cols if k in df and df[k].nunique(dropna=True) > 1]
+
+
+def short_layout(row: Any, knobs: list[str]) -> str:
+    return " ".join(f"{label(k)}={_fmt(row[k])}" for k in knobs) or "the only layout"
+
+
+def explain_top(df: pd.DataFrame, plan: Plan, sweep: Sweep, top: int = TOP_EXPLAINED) -> Explained | None:
+    """Breakdown of the top ok trials with measured step times; None when they cannot be matched to the plan."""
+    from sweeper.perfmodel import PARTS, breakdown, calibrate, predict
+
+    from sweeper.flops import model_flops_per_token
+
+    ok = df[(df["status"] == TrialStatus.OK) & df["mfu"].notna() & (df["mfu"] > 0)].copy()
+    ok = ok.sort_values(["mfu", "trial_number"], ascending=[False, True])
+    # a row with MFU but no step times (a replayed table): its step time follows from MFU's definition
+    step_flops = model_flops_per_token(sweep.model, sweep.seq_len) * sweep.global_batch_size * sweep.seq_len
+    ok["step_time_mean_s"] = ok["step_time_mean_s"].fillna(step_flops / (
+        ok["mfu"] * sweep.cluster.world * sweep.cluster.gpu.peak_flops(sweep.trial.precision)))
+    idx = match_plan_rows(plan, ok) if len(ok) else None
+    if idx is None:
+        return None
+    model = predict(plan.cols, sweep)
+    # the scales fitted to every measured step time, so bars and measurements share one scale
+    calibration = calibrate(model, [int(i) for i in idx], ok["step_time_mean_s"].tolist())
+    rows = idx[:top]
+    cols = {k: v[rows] for k, v in plan.cols.items()}
+    parts = breakdown(cols, sweep, calibration)
+    predicted = sum(parts[k] for k in PARTS if k != "dp_hidden")
+    return Explained(ok.head(top).reset_index(drop=True), parts, np.asarray(predicted))
+
+
+def plot_breakdown(ex: Explained, knobs: list[str], out_dir: Path) -> Plot:
+    """Per top layout: the model's stacked step time (exposed parts; hidden DP traffic hatched after
+    it) and, below it, the measured step time."""
+    from sweeper.perfmodel import PART_LABELS, PARTS
+
+    plt = _pyplot()
+    n = len(ex.trials)
+    fig, ax = plt.subplots(figsize=(10.5, 1.2 + 1.05 * n))
+    colors = dict(zip(PARTS, ["#4c72b0", "#55a868", "#8172b2", "#cccc66", "#c44e52", "#dd8452",
+                              "#64b5cd", "#937860", "#da8bc3", "#f2c6e4"]))
+    labels = []
+    for i, (_, r) in enumerate(ex.trials.iterrows()):
+        y = 2.6 * i
+        left = 0.0
+        for k in PARTS:
+            w = float(ex.parts[k][i])
+            if w <= 0:
+                continue
+            ax.barh(y, w, left=left, color=colors[k], edgecolor="white", linewidth=0.5,
+                    hatch="//" if k == "dp_hidden" else None, label=PART_LABELS[k])
+            left += w
+        ax.barh(y + 1, float(r["step_time_mean_s"]), color="#333333", height=0.8)
+        ax.text(float(r["step_time_mean_s"]), y + 1, f"  measured {r['step_time_mean_s']:.3g} s", va="center", fontsize=8)
+        ax.text(float(ex.predicted_s[i]), y, f"  model {ex.predicted_s[i]:.3g} s", va="center", fontsize=8)
+        labels.append((y + 0.5, f"#{i + 1} trial {r['trial_number']} ({100 * r['mfu']:.1f}% MFU)\n{short_layout(r, knobs)}"))
+    ax.set_yticks([y for y, _ in labels], [t for _, t in labels], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds per optimizer step")
+    from matplotlib.patches import Patch
+
+    used = [k for k in PARTS if float(ex.parts[k].max()) > 0]  # the legend in the bars' order
+    ax.legend([Patch(facecolor=colors[k], hatch="//" if k == "dp_hidden" else None) for k in used],
+              [PART_LABELS[k] for k in used], fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_xlim(0, max(float(ex.predicted_s.max() + ex.parts["dp_hidden"].max()),
+                       float(ex.trials["step_time_mean_s"].max())) * 1.25)
+    ax.grid(axis="x", alpha=0.3)
+    return Plot(_save(fig, out_dir, "step_breakdown.png"), "Why the winner wins: step-time breakdown",
+                "upper bar of each pair: the throughput model (sweeper/perfmodel.py) split into its parts, "
+                "calibrated to the measured step times of every successful trial; hatched: data-parallel traffic "
+                "hidden behind backward (not on the step's path). Lower, dark bar: the measured mean step time "
+                "(for a row with only an MFU, the step time that MFU implies).")
+
+
+def runner_up_sentences(ex: Explained, knobs: list[str], sweep: Sweep) -> list[str]:
+    """One sentence per runner-up: how much slower it measured, and the part of the model that costs it most."""
+    from sweeper.perfmodel import PART_LABELS, PARTS
+
+    w = ex.trials.iloc[0]
+    out = []
+    for i in range(1, len(ex.trials)):
+        r = ex.trials.iloc[i]
+        slower = 100 * (r["step_time_mean_s"] / w["step_time_mean_s"] - 1)
+        head = (f"#{i + 1} trial {r['trial_number']} ({short_layout(r, knobs)}): {100 * r['mfu']:.1f}% MFU, "
+                f"step {r['step_time_mean_s']:.3g} s against the winner's {w['step_time_mean_s']:.3g} s "
+                f"({slower:+.1f}% measured)")
+        gaps = {k: float(ex.parts[k][i] - ex.parts[k][0]) for k in PARTS if k != "dp_hidden"}
+        part = max(gaps, key=lambda k: gaps[k])
+        if gaps[part] <= 0:
+            out.append(head + "; the model predicts it no slower than the winner "
+                       f"({ex.predicted_s[i]:.3g} s against {ex.predicted_s[0]:.3g} s): the gap is measured, not modelled.")
+            continue
+        share = 100 * ex.parts[part][i] / ex.predicted_s[i]
+        share_w = 100 * ex.parts[part][0] / ex.predicted_s[0]
+        out.append(f"{head}; what costs it most: {_why(part, r, share, ex.parts, i)} "
+                   f"(winner: {share_w:.0f}% {PART_LABELS[part]}).")
+    return out
+
+
+def _why(part: str, r: Any, share: float, parts: dict[str, np.ndarray], i: int) -> str:
+    """The phrase for the part that costs a layout most, naming the knobs behind it."""
+    if part == "bubble":
+        return f"pp={r['pp']} with {r['grad_accum']} micro-batches adds a {share:.0f}% bubble"
+    if part == "recompute":
+        of_forward = 100 * parts["recompute"][i] / max(float(parts["forward"][i]), 1e-30)
+        return (f"{r['activation_checkpointing']} checkpointing recomputes {of_forward:.0f}% of the forward, "
+                f"{share:.0f}% of the step")
+    if part == "tp_comm":
+        return f"tp={r['tp']} spends {share:.0f}% of the step in tensor-parallel all-reduces"
+    if part == "pp_comm":
+        return f"pp={r['pp']} spends {share:.0f}% of the step sending activations between stages"
+    if part == "dp_comm":
+        return f"dp={r['dp']} (sharding {r['sharding']}) leaves {share:.0f}% of the step in exposed gradient traffic"
+    if part == "matmul":
+        return (f"smaller GEMMs (mbs={r['micro_batch_size']}, tp={r['tp']}) run below peak: matmuls take "
+                f"{share:.0f}% of the step")
+    if part == "attention":
+        return f"attention={r['attention']} takes {share:.0f}% of the step"
+    if part == "memory_bound":
+        return (f"memory-bound norms and elementwise work (rmsnorm={r['rmsnorm']}, sp={_fmt(r['sequence_parallel'])}) "
+                f"take {share:.0f}% of the step")
+    return f"launch overhead of {r['grad_accum']} micro-batches takes {share:.0f}% of the step"
 
 
 # ---- the page ---------------------------------------------------------------------------
@@ -276,31 +497,66 @@ def write_report(sweep: Sweep, df: pd.DataFrame, out_dir: Path, *, plan: Plan | 
 
     plan = plan or make_plan(sweep)
     out_dir.mkdir(parents=True, exist_ok=True)
-    plots = [*plot_heatmaps(df, out_dir), plot_mfu_vs_mbs(df, out_dir), plot_memory(df, sweep, out_dir),
+    knobs = varying_knobs(df)
+    ex = explain_top(df, plan, sweep)
+    why: list[Plot | str] = []
+    if ex is not None:
+        why = [plot_breakdown(ex, knobs, out_dir), *runner_up_sentences(ex, knobs, sweep)]
+    elif len(df[df["status"] == TrialStatus.OK]):
+        why = [("No step-time breakdown: the results could not be matched to the plan's layouts by knob values "
+                "(the sweep file changed since the run?) or no successful trial measured its step time.")]
+    plots = [*plot_heatmaps(df, plan, out_dir), plot_mfu_vs_mbs(df, out_dir), plot_memory(df, plan, sweep, out_dir),
              plot_mfu_pred(df, plan, sweep, out_dir), plot_progress(df, out_dir), plot_status(df, plan, out_dir)]
-    page = render_html(sweep, summary_lines(sweep, plan, df), [p for p in plots if p is not None], df, out_dir)
+    shown = [p for p in plots if p is not None]
+    page = render_html(sweep, summary_lines(sweep, plan, df), shown, df, out_dir, why=why, plan=plan, knobs=knobs)
     path = out_dir / "report.html"
     tmp = path.with_name(".report.html.tmp")
     tmp.write_text(page, encoding="utf-8")
     tmp.replace(path)
-    return path, [p.file for p in plots if p is not None and p.file]
+    files = [p.file for p in [*shown, *(w for w in why if isinstance(w, Plot))] if p.file]
+    return path, files
 
 
-def render_html(sweep: Sweep, summary: list[str], plots: list[Plot], df: pd.DataFrame, out_dir: Path) -> str:
-    """The page: summary, top trials, then each plot as an embedded PNG (or its note when skipped)."""
+def render_html(sweep: Sweep, summary: list[str], plots: list[Plot], df: pd.DataFrame, out_dir: Path, *,
+                why: list[Plot | str] | None = None, plan: Plan | None = None, knobs: list[str] | None = None) -> str:
+    """The page: summary, why the winner wins, top layouts, failures, then each plot (or its note when skipped)."""
     esc = html.escape
+    knobs = varying_knobs(df) if knobs is None else knobs
     parts = [f"<h1>sweep report: {esc(sweep.name)}</h1>",
              f"<p class=meta>{esc(_describe(sweep))}</p>", "<ul class=summary>"]
     parts += [f"<li>{esc(line)}</li>" for line in summary]
-    parts += ["</ul>", _top_table(df)]
-    for p in plots:
-        parts.append(f"<h2>{esc(p.title)}</h2>")
-        if p.file:
+    parts.append("</ul>")
+    if why:
+        parts.append("<h2>Why the winner wins</h2>")
+        sentences = [w for w in why if isinstance(w, str)]
+        for w in why:
+            if isinstance(w, Plot):
+                parts += _plot_html(w, out_dir)
+        if sentences:
+            parts.append("<ul class=why>" + "".join(f"<li>{esc(t)}</li>" for t in sentences) + "</ul>")
+    parts += [_top_table(df, knobs, plan), _failures_table(df, knobs)]
+    heat = [p for p in plots if p.file.startswith("heatmap_")]
+    if heat:  # the paper's tp x pp views side by side, one caption for all
+        parts.append("<h2>MFU by tp × pp, per attention kernel and checkpointing mode</h2><div class=heat>")
+        for p in heat:
             data = base64.b64encode((out_dir / p.file).read_bytes()).decode("ascii")
-            parts.append(f'<img alt="{esc(p.title)}" src="data:image/png;base64,{data}">')
-        if p.caption:
-            parts.append(f"<p class=caption>{esc(p.caption)}" + (f" (file: {esc(p.file)})" if p.file else "") + "</p>")
+            parts.append(f'<img alt="{esc(p.title)}" title="{esc(p.file)}" src="data:image/png;base64,{data}">')
+        parts.append(f"</div><p class=caption>{esc(heat[0].caption)}</p>")
+    for p in plots:
+        if p not in heat:
+            parts += [f"<h2>{esc(p.title)}</h2>", *_plot_html(p, out_dir)]
     return _PAGE.format(title=esc(f"sweep report: {sweep.name}"), body="\n".join(parts))
+
+
+def _plot_html(p: Plot, out_dir: Path) -> list[str]:
+    esc = html.escape
+    out = []
+    if p.file:
+        data = base64.b64encode((out_dir / p.file).read_bytes()).decode("ascii")
+        out.append(f'<img alt="{esc(p.title)}" src="data:image/png;base64,{data}">')
+    if p.caption:
+        out.append(f"<p class=caption>{esc(p.caption)}" + (f" (file: {esc(p.file)})" if p.file else "") + "</p>")
+    return out
 
 
 def _describe(sweep: Sweep) -> str:
@@ -310,15 +566,52 @@ def _describe(sweep: Sweep) -> str:
             f"{sweep.global_batch_size}, {cl.nodes}×{cl.gpus_per_node} {cl.gpu.name}, precision {sweep.trial.precision}")
 
 
-def _top_table(df: pd.DataFrame, top: int = 10) -> str:
-    ok = df[(df["status"] == TrialStatus.OK) & df["mfu"].notna()].sort_values(["mfu", "trial_number"], ascending=[False, True])
+def _top_table(df: pd.DataFrame, knobs: list[str], plan: Plan | None, top: int = 10) -> str:
+    """The best trials: the knobs that vary, step time, tokens/s, TFLOP/s per GPU, measured and predicted memory."""
+    ok = df[(df["status"] == TrialStatus.OK) & df["mfu"].notna()].sort_values(["mfu", "trial_number"],
+                                                                              ascending=[False, True]).head(top)
     if ok.empty:
         return ""
-    rows = "".join(
-        f"<tr><td>{i}</td><td>{r['trial_number']}</td><td>{100 * r['mfu']:.2f}%</td>"
-        f"<td>{html.escape(layout_text(r))}</td></tr>" for i, (_, r) in enumerate(ok.head(top).iterrows(), 1))
-    return ("<h2>Top layouts</h2><table><tr><th>#</th><th>trial</th><th>MFU</th><th>layout</th></tr>"
-            f"{rows}</table>")
+    tensors = None
+    idx = match_plan_rows(plan, ok) if plan is not None else None
+    if plan is not None and idx is not None:
+        tensors = (plan.memory.total - plan.memory.overhead)[idx] / GIB
+    cpu = ok["device"].fillna("").astype(str).str.startswith("cpu").any()
+    head = ["#", "trial", "MFU", *(label(k) for k in knobs), "step s", "tokens/s", "TFLOP/s/GPU",
+            "measured GiB" + (" (RSS growth)" if cpu else " (allocated)"), "predicted GiB (tensors)", "predicted GiB (total)"]
+    body = []
+    for i, (_, r) in enumerate(ok.iterrows()):
+        cells = [str(i + 1), str(r["trial_number"]), f"{100 * r['mfu']:.2f}%", *(_fmt(r[k]) for k in knobs),
+                 _num(r["step_time_mean_s"], 3), _num(r["tokens_per_s"], 4), _num(r["tflops_per_gpu"], 4),
+                 _num(r["peak_mem_gib"], 3), _num(None if tensors is None else float(tensors[i]), 3),
+                 _num(r["pred_mem_gib"], 3)]
+        body.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    note = ("<p class=caption>Only the knobs that vary among the trials are shown. Predicted tensors: the "
+            "estimate without its fixed per-process overhead, the number an allocator's peak compares with"
+            + ("; on CPU the measured number is RSS growth above a baseline, not an allocator peak." if cpu else ".")
+            + "</p>")
+    return ("<h2>Top layouts</h2><table class=top><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+            + "</tr>" + "".join(body) + "</table>" + note)
+
+
+def _failures_table(df: pd.DataFrame, knobs: list[str]) -> str:
+    """Every trial that did not succeed: status, layout, and the first line of its error."""
+    bad = df[df["status"] != TrialStatus.OK].sort_values("trial_number")
+    if bad.empty:
+        return "<h2>Failures</h2><p>None: every trial ran.</p>"
+    rows = []
+    for _, r in bad.iterrows():
+        lines = r["error"].strip().splitlines() if isinstance(r["error"], str) else []  # null reads as NaN
+        rows.append(f"<tr><td>{r['trial_number']}</td><td class=status-{html.escape(str(r['status']))}>"
+                    f"{html.escape(str(r['status']))}</td><td>{html.escape(short_layout(r, knobs))}</td>"
+                    f"<td><code>{html.escape(lines[0][:300] if lines else '(no error recorded)')}</code></td></tr>")
+    counts = ", ".join(f"{k} {v}" for k, v in Counter(bad["status"]).most_common())
+    return (f"<h2>Failures ({len(bad)}: {html.escape(counts)})</h2><table class=failures><tr><th>trial</th>"
+            "<th>status</th><th>layout</th><th>first error line</th></tr>" + "".join(rows) + "</table>")
+
+
+def _num(v: Any, digits: int) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}g}"
 
 
 _PAGE = """<!DOCTYPE html>
@@ -330,6 +623,11 @@ body {{ font-family: sans-serif; max-width: 1100px; margin: 2em auto; color: #22
 table {{ border-collapse: collapse; font-size: 0.9em; }}
 td, th {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: left; }}
 img {{ max-width: 100%; border: 1px solid #eee; }}
+.why li {{ margin: 0.4em 0; }}
+.heat {{ display: flex; flex-wrap: wrap; gap: 8px; }}
+.heat img {{ max-width: calc(50% - 8px); }}
+.failures code {{ font-size: 0.95em; color: #7a1010; }}
+td.status-oom, td.status-failed, td.status-timeout, td.status-kernel_unavailable {{ font-weight: bold; }}
 </style></head>
 <body>
 {body}

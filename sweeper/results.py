@@ -148,7 +148,8 @@ class ResultsStore:
             raise FileExistsError(f"{path} exists: a finished trial is never rewritten")
         table = pa.Table.from_pylist([row], schema=SCHEMA)
         try:
-            atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+            # written in .tmp/ and renamed in: Polars and DuckDB read trials/ while a sweep runs
+            atomic_write(path, lambda tmp: pq.write_table(table, tmp), tmp_dir=self.root / ".tmp")
         except OSError as e:  # a full disk, a quota, a read-only mount: the user's to fix
             raise _write_error(f"the result of trial {row['trial_number']}", path, e) from None
         return path

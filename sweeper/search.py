@@ -9,6 +9,7 @@ candidates leave `ask`, so no trial is ever spent on a rejected or repeated layo
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,10 +23,11 @@ from sweeper.layout import Layout
 from sweeper.learn import Learning
 from sweeper.perfmodel import Calibration, StepTime
 from sweeper.plan import Plan
-from sweeper.statuses import TrialStatus
+from sweeper.statuses import PlanStatus, TrialStatus
 
 SAMPLERS = ("auto", "grid", "random", "tpe", "gp")
 FAILED_OBJECTIVE = 0.0  # what a failed, OOM or rejected layout is worth to the sampler (MFU 0)
+METRIC = "mfu"  # the objective's name in the study (optuna-dashboard's axis label)
 
 
 @dataclass(frozen=True)
@@ -49,9 +51,14 @@ def open_study(storage: str, name: str, *, sampler: optuna.samplers.BaseSampler)
     else:
         store = storage
     try:
-        return optuna.create_study(
+        study = optuna.create_study(
             study_name=name, storage=store, direction="maximize", sampler=sampler, load_if_exists=True
         )
+        if study.metric_names != [METRIC]:
+            with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in use
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.set_metric_names([METRIC])
+        return study
     except (ValueError, ImportError, optuna.exceptions.OptunaError) as e:
         raise SweepError(f"search.storage {storage!r}: cannot open the Optuna study: {e}") from None
 
@@ -84,6 +91,47 @@ def build_search(
         study = open_study(storage, name, sampler=optuna_sampler)
     return LayoutSearch(plan, study, sampler=sampler, max_trials=max_trials, seed=seed,
                         seed_trials=settings.seed_trials, stop_margin=settings.stop_margin)
+
+
+def tell_study(study: optuna.Study, trial: optuna.trial.Trial | int, *, status: str, value: float | None,
+               attrs: dict[str, Any]) -> None:
+    """Tell Optuna one outcome with its user attributes (status, error line, layout, job id, ...).
+
+    A trial that ran and failed is stored as FAIL, so optuna-dashboard shows it as failed with its
+    error. Optuna's samplers read only COMPLETE/PRUNED trials, so a proposal that is *not run*
+    because it is known to be bad (rejected by the plan, excluded, or a repeat of a failed layout)
+    is told COMPLETE at the failure objective with a violated constraint: TPE and GP rank it
+    infeasible, below every measured layout, so a failed layout still counts as bad for them.
+    """
+    if isinstance(trial, int):  # resumed after a crash: only the number survives
+        trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, trial)
+        if study._storage.get_trial(trial_id).state.is_finished():
+            return  # told before the crash: nothing left to say (Optuna's skip_if_finished)
+        trial = optuna.trial.Trial(study, trial_id)
+    for key, v in (attrs | {"status": str(status)}).items():
+        trial.set_user_attr(key, v)
+    ran = attrs.get("kind") is None
+    if status == TrialStatus.OK and value is not None:
+        study.tell(trial, value)
+    elif ran:
+        study.tell(trial, state=TrialState.FAIL)
+    else:
+        trial.set_constraint("failed", 1.0)
+        study.tell(trial, FAILED_OBJECTIVE)
+
+
+def trial_attrs(layout: Layout | None, *, error: str | None = None, job_id: str | None = None,
+                **extra: Any) -> dict[str, Any]:
+    """The user attributes of a told trial: the layout's knobs, the error's first line, the job id."""
+    attrs: dict[str, Any] = dict(extra)
+    if layout is not None:
+        attrs["layout"] = " ".join(f"{k}={_python(v)}" for k, v in layout.as_dict().items())
+    lines = (error or "").strip().splitlines()
+    if lines:
+        attrs["error"] = lines[0][:500]
+    if job_id:
+        attrs["job_id"] = str(job_id)
+    return attrs
 
 
 def make_sampler(name: str, *, seed: int, exhaustive: bool, budget: int) -> optuna.samplers.BaseSampler:
@@ -148,6 +196,7 @@ class LayoutSearch:
         self.stop_margin = stop_margin
         self._rng = np.random.default_rng(seed)
         self.done: dict[int, float] = {}  # plan row -> objective told
+        self.outcome: dict[int, str] = {}  # plan row -> trial status
         self.running: set[int] = set()
         self.learning = Learning(plan)
 
@@ -196,12 +245,12 @@ class LayoutSearch:
             if row is None or row in self.excluded:
                 why = layout.rejection(self.sweep)
                 reason = self.excluded.get(row) if row is not None else None
-                trial.set_user_attr("kind", "rejected")
-                trial.set_user_attr("reason", reason or (why.message if why else "pruned: predicted memory over the card"))
-                self.study.tell(trial, FAILED_OBJECTIVE)
+                status = PlanStatus.INVALID if why else PlanStatus.PRUNED
+                tell_study(self.study, trial, status=status, value=None, attrs=trial_attrs(
+                    layout, kind="rejected", reason=reason or (why.message if why else "pruned: predicted memory over the card")))
             elif row in self.done:
-                trial.set_user_attr("kind", "repeat")
-                self.study.tell(trial, self.done[row])
+                tell_study(self.study, trial, status=self.outcome.get(row, TrialStatus.OK), value=self.done[row],
+                           attrs=trial_attrs(layout, kind="repeat"))
             elif row in self.running:
                 trial.set_user_attr("kind", "repeat")
                 self.study.tell(trial, state=TrialState.FAIL)
@@ -228,6 +277,7 @@ class LayoutSearch:
         self.running.discard(row)
         self.excluded.pop(row, None)
         self.done[row] = value
+        self.outcome[row] = status
         if status.is_oom():
             self.learning.learn_oom(row, self.untried())
         if status.succeeded() and step_time_s:
@@ -236,11 +286,12 @@ class LayoutSearch:
             self.learning.learn_peak(row, peak_mem_gib, self.untried())
         return value
 
-    def tell(self, optuna_trial: int, row: int, *, status: str, mfu: float | None, **measured: object) -> None:
-        """Record a finished trial: MFU when it ran, the failure objective otherwise."""
+    def tell(self, optuna_trial: int, row: int, *, status: str, mfu: float | None,
+             attrs: dict[str, Any] | None = None, **measured: object) -> None:
+        """Record a finished trial: MFU when it ran, FAIL otherwise; `attrs` (error, job id) as user attributes."""
         value = self.observe(row, status=status, mfu=mfu, **measured)  # type: ignore[arg-type]
-        # a trial told before a crash is finished in the study already: Optuna skips it
-        self.study.tell(optuna_trial, value, skip_if_finished=True)
+        tell_study(self.study, optuna_trial, status=status, value=value,
+                   attrs=trial_attrs(self.plan.layout(row)) | (attrs or {}))
 
     def should_stop(self) -> bool:
         """With a stop margin: no untried layout can beat the best by more than it (calibrated model)."""

@@ -40,7 +40,10 @@ def spec_file(tmp_path: Path) -> Path:
 def row(n: int, mfu: float | None, status: str = "ok", **knobs: Any) -> dict[str, Any]:
     values = {k: knob.default for k, knob in KNOBS.items()} | knobs
     dp = 64 // (values["tp"] * values["pp"])
-    return {"trial_number": n, "status": status, "mfu": mfu, **values, "dp": dp,
+    step = None if mfu is None else 5.0 * 0.47 / mfu  # 13B on 64 A100s: ~5 s per 4M-token step at 47 % MFU
+    measured = {} if step is None else {"step_time_mean_s": step, "tokens_per_s": 2048 * 2048 / step,
+                                        "tflops_per_gpu": 312.0 * mfu}
+    return {"trial_number": n, "status": status, "mfu": mfu, **values, "dp": dp, **measured,
             "grad_accum": 2048 // (values["micro_batch_size"] * dp), "num_devices": 64,
             "pred_mem_gib": 40.0 + 5 * n, "peak_mem_gib": 38.0 + 5 * n if status == "ok" else None,
             "device": "cuda", "started_at": T0 + timedelta(minutes=10 * n),
@@ -51,7 +54,8 @@ ROWS = [
     row(0, 0.41, tp=2, pp=1, micro_batch_size=1),
     row(1, 0.47, tp=4, pp=2, micro_batch_size=2),  # the winner
     row(2, 0.45, tp=4, pp=1, micro_batch_size=1, activation_checkpointing="full"),
-    row(3, None, "oom", tp=1, pp=1, micro_batch_size=2, attention="eager"),
+    row(3, None, "oom", tp=1, pp=1, micro_batch_size=2, attention="eager", error="CUDA out of memory. Tried to "
+        "allocate 2.00 GiB\nTraceback (most recent call last):"),
     row(4, 0.30, tp=8, pp=1, micro_batch_size=1, attention="eager", activation_checkpointing="full"),
 ]
 
@@ -78,7 +82,7 @@ def test_report_writes_html_and_pngs(results):
     pngs = {p.name for p in out.glob("*.png")}
     assert {"heatmap_flash2_none.png", "heatmap_flash2_full.png", "heatmap_eager_full.png", "mfu_vs_mbs.png",
             "memory_pred_vs_measured.png", "mfu_pred_vs_measured.png", "progress.png", "status.png"} <= pngs
-    assert "heatmap_eager_none.png" not in pngs  # its only trial was an OOM: no data, no heatmap
+    assert "heatmap_eager_none.png" in pngs  # its only trial was an OOM: the cell says so
     for name in pngs:
         assert (out / name).read_bytes().startswith(PNG_MAGIC)
     page = (out / "report.html").read_text()
@@ -156,3 +160,137 @@ def test_report_on_the_real_tiny_sweep(tmp_path):
     page = (tmp_path / "results" / "tiny_cpu" / "report.html").read_text()
     assert "Winner: trial" in page and "RSS growth above a baseline" in page
     assert "Grid run: 4 trials of 12 candidate layouts" in page
+
+
+def test_report_explains_the_winner_lists_failures_and_shows_varying_knobs(results):
+    assert run_report(results).returncode == 0
+    out = results.parent / "results" / "r"
+    page = (out / "report.html").read_text()
+    assert (out / "step_breakdown.png").read_bytes().startswith(PNG_MAGIC)
+    assert "<h2>Why the winner wins</h2>" in page
+    # one sentence per runner-up (3 other ok trials), naming what costs it
+    why = re.findall(r"<li>(#\d trial \d+ \(.*?)</li>", page)
+    assert [w.split(" (")[0] for w in why] == ["#2 trial 2", "#3 trial 0", "#4 trial 4"]
+    assert re.search(r"#2 trial 2 .*what costs it most: full checkpointing recomputes \d+% of the forward", why[0])
+    assert "+4.4% measured" in why[0]  # 5.22 s against 5.00 s
+    # failures: status, layout, the first error line only
+    assert "<h2>Failures (1: oom 1)</h2>" in page
+    assert "CUDA out of memory. Tried to allocate 2.00 GiB" in page and "Traceback" not in page
+    # top table: only the knobs that vary, plus the measurements
+    head = re.search(r"<table class=top><tr>(.*?)</tr>", page).group(1)
+    cols = re.findall(r"<th>(.*?)</th>", head)
+    assert cols[:9] == ["#", "trial", "MFU", "tp", "pp", "mbs", "ckpt", "attn", "dp"]
+    assert {"step s", "tokens/s", "TFLOP/s/GPU", "measured GiB (allocated)", "predicted GiB (tensors)"} <= set(cols)
+    assert "rmsnorm" not in cols and "sharding" not in cols  # the same in every trial
+    # memory, apples to apples: measured allocated against the tensor terms (a GPU sweep)
+    assert "Memory: measured allocated peak against the estimate&#x27;s tensors" in page
+    assert (out / "memory_pred_vs_measured.png").is_file()
+
+
+def test_runner_up_sentence_names_the_bubble(tmp_path):
+    from sweeper.report import explain_top, runner_up_sentences, varying_knobs
+
+    spec = yaml.safe_load(spec_file(tmp_path).read_text()) | {"global_batch_size": 64}
+    sweep = load_sweep(_write(tmp_path / "b.yaml", spec))
+    plan = make_plan(sweep)
+    rows = [row(0, 0.45, tp=4, pp=1, micro_batch_size=2), row(1, 0.30, tp=4, pp=4, micro_batch_size=2)]
+    for r in rows:  # 64 sequences: dp=16 then dp=4, 2 and 8 micro-batches of 2
+        r["dp"] = 64 // (r["tp"] * r["pp"])
+        r["grad_accum"] = 64 // (2 * r["dp"])
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    ex = explain_top(df, plan, sweep)
+    assert ex is not None and list(ex.trials["trial_number"]) == [0, 1]
+    (sentence,) = runner_up_sentences(ex, varying_knobs(df), sweep)
+    assert re.search(r"what costs it most: pp=4 with 8 micro-batches adds a \d+% bubble", sentence), sentence
+    assert "+50.0% measured" in sentence  # 0.45 / 0.30 of the winner's step time
+
+
+def _write(path: Path, spec: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_heatmap_cells_tell_invalid_from_not_run_and_failed(tmp_path):
+    from sweeper.report import cell_kinds
+
+    spec = yaml.safe_load(spec_file(tmp_path).read_text())
+    # 48 GPUs: tp*pp = 32 or 64 does not divide them, so (tp=4, pp=8) and (tp=8, pp=8) are invalid
+    spec.update(cluster={"nodes": 6, "gpus_per_node": 8, "gpu": "a100-80gb"}, global_batch_size=1536)
+    spec["space"]["pp"] = [1, 2, 8]
+    sweep = load_sweep(_write(tmp_path / "c.yaml", spec))
+    plan = make_plan(sweep)
+    import pandas as pd
+
+    df = pd.DataFrame([row(0, 0.4, tp=4, pp=2), row(1, None, "oom", tp=8, pp=1)])
+    cells = cell_kinds(df, plan, "flash2", "none").set_index(["tp", "pp"])
+    assert cells.loc[(4, 2), "kind"] == "ok" and cells.loc[(4, 2), "mfu"] == 0.4
+    assert cells.loc[(8, 1), "kind"] == "oom"
+    assert cells.loc[(4, 8), "kind"] == cells.loc[(8, 8), "kind"] == "invalid"
+    assert cells.loc[(2, 2), "kind"] == "not run"
+    assert cells.loc[(1, 1), "kind"] == "pruned"  # 13B unsharded on one GPU with no checkpointing
+
+
+def test_heatmap_label_colour_follows_the_background():
+    from matplotlib import colormaps
+
+    from sweeper.report import EMPTY_FILLS, text_color
+
+    viridis = colormaps["viridis"]
+    assert text_color(viridis(1.0)) == "black"  # yellow
+    assert text_color(viridis(0.0)) == "white"  # dark purple
+    assert text_color((0.95, 0.95, 0.95)) == "black"
+    assert all(text_color(tuple(int(c[i:i + 2], 16) / 255 for i in (1, 3, 5))) == "black"
+               for c in EMPTY_FILLS.values())
+
+
+def test_cpu_sweep_leaves_the_memory_plot_out(results):
+    store = ResultsStore(results.parent / "results" / "r")
+    for p in store.trials_dir.glob("*.parquet"):
+        p.unlink()
+    for r in ROWS:
+        store.write_row(r | {"device": "cpu"})
+    assert run_report(results).returncode == 0
+    page = (store.root / "report.html").read_text()
+    assert "Not plotted: on CPU the measured number is the growth of the process&#x27;s resident set (RSS)" in page
+    assert not (store.root / "memory_pred_vs_measured.png").exists()
+    assert "measured GiB (RSS growth)" in page
+
+
+def _chromium() -> str | None:
+    """The headless browser: Debian's `chromium`, installed here when missing and possible (root, apt)."""
+    import os
+    import shutil
+
+    for name in ("chromium", "chromium-browser"):
+        if shutil.which(name):
+            return shutil.which(name)
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        subprocess.run("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium",
+                       shell=True, capture_output=True, timeout=900)
+    return shutil.which("chromium")
+
+
+def test_report_renders_in_headless_chromium(results, tmp_path):
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("chromium is not installed and could not be installed (needs root and Debian's apt: "
+                    "apt-get install chromium)")
+    assert run_report(results).returncode == 0
+    page = results.parent / "results" / "r" / "report.html"
+    shot = tmp_path / "shot.png"
+    r = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                        "--disable-component-update", "--disable-sync", "--no-first-run",
+                        f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars", "--window-size=1280,2400",
+                        f"--screenshot={shot}", page.as_uri()], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0 and shot.is_file(), r.stderr[-2000:]
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(shot)[:, :, :3]
+    assert img.shape[:2] == (2400, 1280)
+    ink = (img.mean(axis=2) < 0.9).mean()  # share of pixels that are not (near) white
+    colours = len(np.unique((img * 255).astype(np.uint8).reshape(-1, 3), axis=0))
+    assert ink > 0.05 and colours > 200, (ink, colours)  # text, tables and plots, not a blank page
+    title = img[:120, :].mean(axis=2)  # the heading's dark text at the top of the page
+    assert (title < 0.3).mean() > 0.002

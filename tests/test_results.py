@@ -72,3 +72,27 @@ def test_inflight_records_and_next_number(tmp_path):
 def test_best_rows_orders_by_mfu_and_ignores_failures():
     rows = [_row(0, "ok", 0.4), _row(1, "oom", None), _row(2, "ok", 0.6), _row(3, "ok", 0.6)]
     assert [r["trial_number"] for r in best_rows(rows, 2)] == [2, 3]
+
+
+def test_polars_reads_trials_while_a_result_is_being_written(tmp_path, monkeypatch):
+    """The temp file of a result in progress lives outside trials/ (Polars refuses a folder with
+    mixed file extensions, e.g. `x.parquet` beside `.x.parquet.tmp`)."""
+    import polars as pl  # in the test extra
+
+    from sweeper import results
+
+    store = ResultsStore(tmp_path)
+    store.ensure()
+    store.write_row(_row(0, "ok", 0.4))
+    seen: list[tuple[int, list[str]]] = []
+    real_write = results.pq.write_table
+
+    def write_then_read(table, where, *args, **kwargs):
+        real_write(table, where, *args, **kwargs)  # the temp file now exists on disk, not yet renamed
+        assert where.exists() and where.parent != store.trials_dir
+        seen.append((pl.read_parquet(store.trials_dir).height, sorted(p.name for p in store.trials_dir.iterdir())))
+
+    monkeypatch.setattr(results.pq, "write_table", write_then_read)
+    store.write_row(_row(1, "oom", None))
+    assert seen == [(1, ["trial-00000.parquet"])]
+    assert pl.read_parquet(store.trials_dir)["status"].to_list() == ["ok", "oom"]

@@ -43,9 +43,12 @@ def test_model_based_samplers_never_run_rejected_or_repeated_layouts(tmp_path, s
     trials = search.study.get_trials(deepcopy=False)
     rejected = [t for t in trials if t.user_attrs.get("kind") == "rejected"]
     assert all(t.value == 0.0 for t in rejected)
-    # OOMs are told as objective 0, successes as their MFU
-    values = sorted(t.value for t in trials if t.user_attrs.get("kind") is None and t.value is not None)
-    assert values[0] == 0.0 and values[-1] == pytest.approx(0.41)
+    # rejected proposals: infeasible for the sampler, with the plan's verdict as status
+    assert all(t.constraints == {"failed": 1.0} and t.user_attrs["status"] in ("invalid", "pruned") for t in rejected)
+    # OOMs are stored as FAIL with their status, successes as their MFU
+    ran = [t for t in trials if t.user_attrs.get("kind") is None and t.state != optuna.trial.TrialState.RUNNING]
+    assert sorted(t.user_attrs["status"] for t in ran if t.state == optuna.trial.TrialState.FAIL) == ["oom"] * 4
+    assert max(t.value for t in ran if t.state == optuna.trial.TrialState.COMPLETE) == pytest.approx(0.41)
 
 
 def test_equivalent_layout_maps_to_its_candidate(tmp_path):

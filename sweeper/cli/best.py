@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from sweeper.errors import SweepError
+from sweeper.errors import NoSuccessError, SweepError
 
 
 class Format(StrEnum):
@@ -23,7 +23,7 @@ class Format(StrEnum):
 
 def best(
     spec: Annotated[str, typer.Argument(help="sweep file (path or bare name)")],
-    top: Annotated[int, typer.Option("--top", "-n", help="how many layouts")] = 5,
+    top: Annotated[int, typer.Option("--top", "-n", min=1, help="how many layouts (at least 1)")] = 5,
     fmt: Annotated[Format, typer.Option("--format", "-f", help="table, json, yaml (the winner's layout), torchtitan (TOML) or megatron (flags)")] = Format.table,
     results: Annotated[Path | None, typer.Option("--results", help="a results folder (default: results_dir/<name> of the sweep)")] = None,
 ) -> None:
@@ -44,13 +44,14 @@ def best(
         doc = {"name": root.name, "trials": len(rows), "statuses": dict(Counter(r["status"] for r in rows)),
                "best": chosen[0] if chosen else None, "top": chosen, "layout": _winner_layout(rows, root, spec)}
         typer.echo(json.dumps(doc, indent=2))
-        return
-    if fmt in (Format.yaml, Format.torchtitan, Format.megatron):
+    elif fmt in (Format.yaml, Format.torchtitan, Format.megatron):
         typer.echo(_export_winner(rows, root, spec, fmt.value), nl=False)
-        return
-    from sweeper.cli.render import print_best
+    else:
+        from sweeper.cli.render import print_best
 
-    print_best(rows, top=top, title=f"{root.name}: best layouts")
+        print_best(rows, top=top, title=f"{root.name}: best layouts")
+    if not best_rows(rows, 1):  # the same exit status whatever the format
+        raise NoSuccessError(f"no successful trial under {root} ({len(rows)} trials)")
 
 
 def _export_winner(rows: list[dict[str, Any]], root: Path, spec: str, fmt: str) -> str:
@@ -60,7 +61,7 @@ def _export_winner(rows: list[dict[str, Any]], root: Path, spec: str, fmt: str) 
 
     chosen = best_rows(rows, 1)
     if not chosen:
-        raise SweepError(f"no successful trial under {root} to export ({len(rows)} trials)")
+        raise NoSuccessError(f"no successful trial under {root} to export ({len(rows)} trials)")
     return EXPORTERS[fmt](chosen[0], sweep_as_run(root, spec))
 
 

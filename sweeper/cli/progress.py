@@ -73,6 +73,8 @@ class LiveProgress:
         if self.live is not None:
             self.live.stop()
             self.live = None
+            if not self.console.is_terminal:  # a pipe or file: rich leaves the last panel line open
+                self.console.line()
 
     def _refresh(self, run: SweepRun) -> None:
         if self.task is not None:

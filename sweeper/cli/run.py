@@ -14,13 +14,13 @@ from sweeper.statuses import PlanStatus
 
 def run(
     spec: Annotated[str, typer.Argument(help="sweep file: a path, or a bare name found here or among the shipped spaces")],
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="plan only: show candidates and pruned layouts; submit nothing")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", metavar="", help="plan only: show candidates and pruned layouts; submit nothing")] = False,
     out: Annotated[Path | None, typer.Option("--out", help="write the whole plan, one row per layout, as .parquet or .csv")] = None,
     limit: Annotated[int, typer.Option("--limit", help="candidate rows to show (0: all)")] = 40,
-    as_json: Annotated[bool, typer.Option("--json", help="print the plan summary and candidates as JSON")] = False,
-    fresh: Annotated[bool, typer.Option("--fresh", help="discard this sweep's results and study, and start over")] = False,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask before --fresh deletes results")] = False,
-    top: Annotated[int, typer.Option("--top", help="layouts to show at the end")] = 5,
+    as_json: Annotated[bool, typer.Option("--json", metavar="", help="print the plan summary and candidates as JSON")] = False,
+    fresh: Annotated[bool, typer.Option("--fresh", metavar="", help="discard this sweep's results and study, and start over")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", metavar="", help="do not ask before --fresh deletes results")] = False,
+    top: Annotated[int, typer.Option("--top", min=1, help="layouts to show at the end (at least 1)")] = 5,
 ) -> None:
     from sweeper.launchers import resolve_profile
     from sweeper.plan import make_plan
@@ -81,7 +81,8 @@ def run_live(sweep, *, fresh: bool, yes: bool, top: int) -> None:  # noqa: ANN00
     from sweeper.cli.progress import LiveProgress
     from sweeper.cli.render import print_best
     from sweeper.orchestrator import run_sweep
-    from sweeper.results import ResultsStore
+    from sweeper.errors import NoSuccessError
+    from sweeper.results import ResultsStore, best_rows
 
     err = Console(stderr=True)
     progress = LiveProgress(err)
@@ -101,5 +102,8 @@ def run_live(sweep, *, fresh: bool, yes: bool, top: int) -> None:  # noqa: ANN00
             f"({', '.join(i.handle.job_id for i in run.running.values())}); "
             f"`sweep run` again re-attaches to them[/]"
         )
-    print_best(ResultsStore(sweep.results_path).rows(), top=top, title=f"{sweep.name}: best layouts")
+    rows = ResultsStore(sweep.results_path).rows()
+    print_best(rows, top=top, title=f"{sweep.name}: best layouts")
+    if not best_rows(rows, 1):  # scripts must not take a sweep of failures for a result
+        raise NoSuccessError(f"no trial succeeded ({len(rows)} finished)")
 

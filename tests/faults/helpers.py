@@ -67,12 +67,12 @@ def optuna_states(tmp_path: Path, name: str) -> dict[int, str]:
 
 
 def assert_rows_match_study(tmp_path: Path, name: str) -> pd.DataFrame:
-    """Every row's Optuna trial is finished (COMPLETE), and no Optuna trial is left RUNNING."""
+    """Every row's Optuna trial is finished (COMPLETE when ok, FAIL when it failed), and none is left RUNNING."""
     df = frame(tmp_path, name)
     states = optuna_states(tmp_path, name)
     assert "RUNNING" not in states.values(), states
-    for n in df.optuna_trial:
-        assert states[int(n)] == "COMPLETE", (int(n), states)
+    for n, status in zip(df.optuna_trial, df.status):
+        assert states[int(n)] == ("COMPLETE" if status == "ok" else "FAIL"), (int(n), status, states)
     assert not df.trial_number.duplicated().any()
     assert not list((results(tmp_path, name) / "inflight").glob("trial-*.json"))
     return df
