@@ -63,3 +63,14 @@ KNOB_NAMES: tuple[str, ...] = tuple(KNOBS)
 
 # Attention kernels that never materialise the s x s score matrix (they keep a log-sum-exp per row).
 FLASH_LIKE: frozenset[str] = frozenset({"flash1", "flash2", "sdpa_efficient", "cudnn"})
+
+# Attention kernels each workload kind can run; the plan rejects the others for that kind (rule
+# "kernel_not_in_workload"), so the search never spends a job on an answer known in advance.
+# The built-in trainer has no flash-attn 1.x path and no fused scale-mask-softmax kernel;
+# Megatron-LM maps every value to an --attention-backend and torchtitan picks its own (export.py).
+WORKLOAD_ATTENTION: dict[str, frozenset[str]] = {
+    "builtin": frozenset(KNOBS["attention"].choices) - {"flash1", "fused_softmax"},
+    "megatron": frozenset(KNOBS["attention"].choices),
+    "torchtitan": frozenset(KNOBS["attention"].choices),
+    "command": frozenset(KNOBS["attention"].choices),
+}

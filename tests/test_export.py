@@ -44,6 +44,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention-backend", choices=["flash", "fused", "unfused", "local", "auto"])
     p.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"])
     p.add_argument("--data-parallel-sharding-strategy")
+    p.add_argument("--ckpt-format")
     p.add_argument("--fp8-format", choices=["e4m3", "hybrid"])
     for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--bf16",
                  "--no-masked-softmax-fusion"):
@@ -61,9 +62,12 @@ def test_torchtitan_toml_parses_to_the_layout():
                                           activation_checkpointing="selective", compile=True), SWEEP))
     par = doc["parallelism"]
     assert par["tensor_parallel_degree"] == 4 and par["pipeline_parallel_degree"] == 2
-    assert par["data_parallel_replicate_degree"] == 8 and par["data_parallel_shard_degree"] == 1
+    # DDP with tp/pp > 1 is refused by torchtitan: the export shards over dp instead, and says so
+    assert par["data_parallel_replicate_degree"] == 1 and par["data_parallel_shard_degree"] == 8
     assert par["pipeline_parallel_schedule"] == "1F1B" and par["enable_async_tensor_parallel"] is False
     assert par["pipeline_parallel_microbatch_size"] == 2
+    assert par["module_fqns_per_model_part"][0][:2] == ["tok_embeddings", "layers.0"]
+    assert par["module_fqns_per_model_part"][1][-3:] == ["layers.39", "norm", "output"]
     # with pipelining, local_batch_size holds every micro-batch of a step: 2 * 128
     assert doc["training"] == {"local_batch_size": 256, "global_batch_size": 2048, "seq_len": 2048,
                                "mixed_precision_param": "bfloat16"}
@@ -79,7 +83,8 @@ def test_torchtitan_fsdp_interleaved_float8_and_notes():
     par = doc["parallelism"]
     assert par["data_parallel_shard_degree"] == 8 and par["data_parallel_replicate_degree"] == 1
     assert par["pipeline_parallel_schedule"] == "Interleaved1F1B"
-    assert par["pipeline_parallel_layers_per_stage"] == 40 // (4 * 2)
+    parts = par["module_fqns_per_model_part"]  # 8 stages of 5 layers, embedding first, output last
+    assert len(parts) == 8 and [sum(n.startswith("layers.") for n in p) for p in parts] == [5] * 8
     assert doc["activation_checkpoint"]["mode"] == "selective"
     assert doc["model"]["converters"] == ["quantize.linear.float8"]
     assert doc["quantize"]["linear"]["float8"]["enable_fsdp_float8_all_gather"] is True
@@ -112,6 +117,7 @@ def test_megatron_interleaved_selective_eager_fsdp_float8():
                            attention="eager", sharding="fsdp", float8=True, compile=True), SWEEP)
     args = parse_megatron(text)
     assert args.num_layers_per_virtual_pipeline_stage == 2  # 40 layers / (4 stages * 5 chunks)
+    assert args.ckpt_format == "fsdp_dtensor"
     assert args.recompute_granularity == "selective" and args.recompute_method is None
     assert args.attention_backend == "unfused" and args.no_masked_softmax_fusion
     assert args.use_megatron_fsdp and args.data_parallel_sharding_strategy == "optim_grads_params"

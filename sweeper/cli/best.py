@@ -17,13 +17,14 @@ class Format(str, Enum):
     json = "json"
     yaml = "yaml"
     torchtitan = "torchtitan"
+    torchtitan_cli = "torchtitan-cli"
     megatron = "megatron"
 
 
 def best(
     spec: Annotated[str, typer.Argument(help="sweep file (path or bare name)")],
     top: Annotated[int, typer.Option("--top", "-n", help="how many layouts")] = 5,
-    fmt: Annotated[Format, typer.Option("--format", "-f", help="table, json, yaml (the winner's layout), torchtitan (TOML) or megatron (flags)")] = Format.table,
+    fmt: Annotated[Format, typer.Option("--format", "-f", help="table, json, yaml (the winner's layout), torchtitan (0.2.x TOML), torchtitan-cli (0.3.x overrides) or megatron (flags)")] = Format.table,
     results: Annotated[Optional[Path], typer.Option("--results", help="a results folder (default: results_dir/<name> of the sweep)")] = None,
 ) -> None:
     from rich.markup import escape
@@ -48,7 +49,7 @@ def best(
                "best": chosen[0] if chosen else None, "top": chosen, "layout": _winner_layout(rows, root, spec)}
         typer.echo(json.dumps(doc, indent=2))
         return
-    if fmt in (Format.yaml, Format.torchtitan, Format.megatron):
+    if fmt in (Format.yaml, Format.torchtitan, Format.torchtitan_cli, Format.megatron):
         try:
             typer.echo(_export_winner(rows, root, spec, fmt.value), nl=False)
         except SweepError as e:
