@@ -290,13 +290,11 @@ def _megatron_pipeline(rec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     --decoder-first/last-pipeline-num-layers only make the first and last stage differ, while
     split_layers puts the remainder on middle stages; --pipeline-model-parallel-layout names every
     stage ("E" embedding, "t" a layer, "L" the loss, stages split by "|", pp*v of them when interleaved).
-    validate_args refuses interleaving (virtual stages) with pp = 2 unless p2p communication overlaps.
     """
     counts = pipeline_stages(rec)
     if not counts:
         return [], []
-    pp = rec["pp"]
-    interleaved = len(counts) > pp
+    interleaved = len(counts) > rec["pp"]
     args: list[str] = []
     notes: list[str] = []
     if len(set(counts)) > 1:
@@ -306,8 +304,6 @@ def _megatron_pipeline(rec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
                      "written as --pipeline-model-parallel-layout")
     elif interleaved:
         args += ["--num-layers-per-virtual-pipeline-stage", str(counts[0])]
-    if interleaved and pp == 2:
-        args.append("--overlap-p2p-comm")
     if rec["pp_schedule"] == "gpipe":
         notes.append("pp_schedule=gpipe: Megatron-LM runs 1F1B (same bubble, less activation memory)")
     return args, notes
