@@ -114,7 +114,7 @@ def test_torchtitan_cli_export_is_accepted(titan_cli, name):
         assert got["dp_replicate"] == 1  # torchtitan's DDP is 1-D only: sharded instead
     stages = pipeline_stages(rec)
     assert [sum(m.startswith("layers.") for m in p) for p in got["parts"] or []] == list(stages)
-    assert got["ac"] == {"none": "NoAC.Config", "full": "FullAC.Config"}.get(rec["activation_checkpointing"],
+    assert got["ac"] == {"none": "NoneType", "full": "FullAC.Config"}.get(rec["activation_checkpointing"],
                                                                                "SelectiveAC.Config")
     assert got["compile"] == rec["compile"]
     if rec["tp"] > 1:
