@@ -147,6 +147,11 @@ def render_command(template: str, sweep: Sweep, layout: Layout, kind: str) -> li
                 argv.append(word.format_map(values))
             except (KeyError, ValueError) as e:
                 raise ValueError(f"workload.command: unknown placeholder in {word!r}: {e}") from None
+    if kind == "torchtitan":
+        # tyro hands every word after a subcommand to that subcommand: words of the template that
+        # follow {flags} would be refused, so torchtitan's activation-checkpoint:MODE goes last
+        sub = [w for w in flags if w.startswith("activation-checkpoint:")]
+        argv = [w for w in argv if w not in sub] + sub
     return argv
 
 
@@ -160,7 +165,6 @@ def _flags(kind: str, sweep: Sweep, layout: Layout) -> list[str]:
         return [*args, "--train-iters", str(sweep.trial.steps), "--log-interval", "1"]
     if kind == "torchtitan":
         args, _ = torchtitan_cli_args(rec)
-        # the activation-checkpointing subcommand stays last: tyro gives what follows it to the subcommand
         return ["--training.steps", str(sweep.trial.steps), "--metrics.log_freq", "1", *args]
     return []
 

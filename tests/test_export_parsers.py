@@ -127,11 +127,12 @@ def test_torchtitan_cli_export_is_accepted(titan_cli, name):
 @pytest.mark.slow
 def test_torchtitan_workload_flags_are_accepted(titan_cli, tmp_path):
     """`workload: torchtitan` renders the same overrides plus steps and log frequency; booleans tyro-style."""
-    sweep = sweep_of(40, workload={"kind": "torchtitan", "command": "train {flags}"})
+    sweep = sweep_of(40, workload={"kind": "torchtitan", "command": "train {flags} --training.max_norm 2.0"})
     layouts = [Layout(tp=2, pp=2, compile=False, activation_checkpointing="full"),
                Layout(tp=1, pp=1, compile=True, sharding="fsdp")]
     argvs = [render_command(sweep.workload.command, sweep, lay, "torchtitan")[1:] for lay in layouts]
     assert "--compile.no-enable" in argvs[0] and "--compile.enable" in argvs[1]
+    assert argvs[0][-1] == "activation-checkpoint:full"  # after the template's own words: tyro's subcommand
     assert not any("=false" in a or "=true" in a for a in argvs[0] + argvs[1])
     for got in run_harness("torchtitan_cli.py", [{"argv": a, "world": WORLD} for a in argvs]):
         assert got["ok"], got["error"]
