@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sweeper.export import to_json, to_megatron, to_torchtitan, to_yaml
+from sweeper.export import to_json, to_megatron, to_torchtitan, to_torchtitan_cli, to_yaml
 from sweeper.knobs import KNOBS
 from sweeper.results import ResultsStore
 from tests.conftest import make_sweep
@@ -133,6 +133,34 @@ def test_megatron_ffn_checkpointing_and_gpipe_named():
     assert "pp_schedule=gpipe" in text
 
 
+def test_torchtitan_cli_overrides_are_tyro_style():
+    text = to_torchtitan_cli(row(tp=2, pp=4, pp_schedule="interleaved", virtual_stages=2, compile=False,
+                                 activation_checkpointing="full", float8=True), SWEEP)
+    assert "# torchtitan 0.3.0 overrides" in text
+    argv = shlex.split(text.replace("\\\n", " "), comments=True)
+    assert "--compile.no-enable" in argv and "--parallelism.no-enable_sequence_parallel" in argv
+    assert not any(a.endswith(("=false", "=true")) for a in argv)
+    assert argv[-1] == "activation-checkpoint:full" and "--training.disable_cuda_graphs" in argv
+    i = argv.index("--parallelism.module_fqns_per_model_part")
+    parts = argv[i + 1:i + 9]  # 8 stages of 5 layers; 0.3 calls the output projection lm_head
+    assert parts[0] == "tok_embeddings,layers.0,layers.1,layers.2,layers.3,layers.4"
+    assert parts[-1] == "layers.35,layers.36,layers.37,layers.38,layers.39,norm,lm_head"
+    assert argv[argv.index("--parallelism.data_parallel_shard_degree") + 1] == "8"
+    assert "# no torchtitan option: float8=true: torchtitan 0.3 has no command-line switch" in text
+
+
+def test_uneven_stages_in_both_trainers():
+    s30 = make_sweep(model={"layers": 30, "hidden": 5120, "heads": 40, "ffn": 13824, "vocab": 32000})
+    r = row(pp=4, micro_batch_size=1)
+    mg = to_megatron(r, s30)
+    args = shlex.split(mg.replace("\\\n", " "), comments=True)
+    # split_layers(30, 4) = 7, 8, 8, 7: the embedding on the first stage, the loss on the last
+    assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et*7|t*8|t*8|t*7,L"
+    assert "uneven pipeline split 7/8/8/7" in mg
+    parts = tomllib.loads(to_torchtitan(r, s30))["parallelism"]["module_fqns_per_model_part"]
+    assert [len([m for m in p if m.startswith("layers.")]) for p in parts] == [7, 8, 8, 7]
+
+
 @pytest.mark.parametrize("dump, load", [(to_json, json.loads), (to_yaml, yaml.safe_load)])
 def test_data_formats_round_trip(dump, load):
     r = row(tp=2, pp=2, sequence_parallel=True, attention="cudnn")
@@ -161,6 +189,8 @@ def test_best_exports_the_winner_from_a_results_folder(tmp_path):
     tt = sweep_cli("best", str(spec), "--format", "torchtitan", cwd=tmp_path)
     assert tt.returncode == 0, tt.stderr
     assert tomllib.loads(tt.stdout)["parallelism"]["tensor_parallel_degree"] == 4
+    cli = sweep_cli("best", str(spec), "--format", "torchtitan-cli", cwd=tmp_path)
+    assert cli.returncode == 0 and "--parallelism.tensor_parallel_degree 4" in cli.stdout
     mg = sweep_cli("best", str(spec), "--format", "megatron", cwd=tmp_path)
     assert parse_megatron(mg.stdout).pipeline_model_parallel_size == 2
     js = json.loads(sweep_cli("best", str(spec), "--format", "json", cwd=tmp_path).stdout)
