@@ -82,12 +82,12 @@ def _torchtitan_dp(rec: Mapping[str, Any]) -> tuple[int, int, list[str]]:
     if sharding == "fsdp":
         return 1, dp, []
     if tp > 1 or pp > 1:
-        # models/llama3/infra/parallelize.py (0.2.2): `if parallel_dims.dp_replicate_enabled:
-        # if parallel_dims.tp_enabled or parallel_dims.pp_enabled: raise RuntimeError(...)`
-        return 1, dp, [f"sharding={sharding} with tp/pp > 1: torchtitan raises \"DDP has not supported > 1D "
-                       "parallelism\"; written as FSDP over dp (data_parallel_shard_degree)"]
-    notes = ["sharding=zero1: torchtitan has no optimizer-only sharding; written as DDP "
-             "(data_parallel_replicate_degree), FSDP is data_parallel_shard_degree"] if sharding == "zero1" else []
+        # models/llama3/infra/parallelize.py (0.2.2): DDP only when the dp_replicate mesh is the
+        # whole world, else RuntimeError("DDP has not supported > 1D parallelism")
+        return 1, dp, [(f"sharding={sharding} with tp/pp > 1: torchtitan raises \"DDP has not supported > 1D "
+                        "parallelism\"; written as FSDP over dp (data_parallel_shard_degree)")]
+    notes = [("sharding=zero1: torchtitan has no optimizer-only sharding; written as DDP "
+              "(data_parallel_replicate_degree), FSDP is data_parallel_shard_degree")] if sharding == "zero1" else []
     return dp, 1, notes
 
 
@@ -171,8 +171,8 @@ def to_torchtitan(row: Mapping[str, Any], sweep: Sweep) -> str:
     sections, notes = torchtitan_sections(rec)
     lines = [f"# torchtitan {TORCHTITAN_TOML_VERSION} config fragment: sweep {sweep.name}, trial {rec['trial_number']}"
              + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else ""),
-             f"# names from pytorch/torchtitan {TORCHTITAN_TOML_VERSION} torchtitan/config/job_config.py; "
-             f"torchtitan {TORCHTITAN_CLI_VERSION} and later take no TOML: see --format torchtitan-cli"]
+             (f"# names from pytorch/torchtitan {TORCHTITAN_TOML_VERSION} torchtitan/config/job_config.py; "
+              f"torchtitan {TORCHTITAN_CLI_VERSION} and later take no TOML: see --format torchtitan-cli")]
     lines += [f"# no torchtitan option: {n}" for n in notes]
     if not rec["float8"]:
         lines.append('# float8=false (to enable: [model] converters = ["quantize.linear.float8"])')

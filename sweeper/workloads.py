@@ -23,7 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweeper.export import layout_record, megatron_args, megatron_env, torchtitan_cli_args
+from sweeper.export import (
+    layout_record,
+    megatron_args,
+    megatron_env,
+    torchtitan_cli_args,
+)
 from sweeper.layout import Layout
 from sweeper.spec import Sweep
 from sweeper.trial import FAILED, OOM, TIMEOUT, TrialResult, summarize, without_run

@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 import yaml
 
-from sweeper.export import to_json, to_megatron, to_torchtitan, to_torchtitan_cli, to_yaml
+from sweeper.export import (
+    to_json,
+    to_megatron,
+    to_torchtitan,
+    to_torchtitan_cli,
+    to_yaml,
+)
 from sweeper.knobs import KNOBS
 from sweeper.results import ResultsStore
 from tests.conftest import make_sweep

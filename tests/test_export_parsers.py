@@ -28,8 +28,17 @@ from typing import Any
 import pytest
 import yaml
 
-from sweeper.export import (MEGATRON_COMMIT, TORCHTITAN_CLI_VERSION, TORCHTITAN_TOML_VERSION, megatron_args,
-                            megatron_env, layout_record, pipeline_stages, to_torchtitan, torchtitan_cli_args)
+from sweeper.export import (
+    MEGATRON_COMMIT,
+    TORCHTITAN_CLI_VERSION,
+    TORCHTITAN_TOML_VERSION,
+    layout_record,
+    megatron_args,
+    megatron_env,
+    pipeline_stages,
+    to_torchtitan,
+    torchtitan_cli_args,
+)
 from sweeper.knobs import KNOBS
 from sweeper.layout import Layout
 from sweeper.spec import Sweep, parse_sweep
@@ -64,11 +73,11 @@ def grid() -> list[tuple[str, Sweep, dict[str, Any]]]:
             for sharding in KNOBS["sharding"].choices:
                 for sched in (KNOBS["pp_schedule"].choices if pp > 1 else ("1f1b",)):
                     i += 1
-                    knobs = dict(tp=tp, pp=pp, sharding=sharding, pp_schedule=sched,
-                                 virtual_stages=2 if sched == "interleaved" else 1,
-                                 activation_checkpointing=KNOBS["activation_checkpointing"].choices[i % 4],
-                                 sequence_parallel=tp > 1 and i % 2 == 0, compile=i % 3 == 0, float8=i % 2 == 1,
-                                 micro_batch_size=1 + i % 2, attention=("flash2", "cudnn", "eager")[i % 3])
+                    knobs = {"tp": tp, "pp": pp, "sharding": sharding, "pp_schedule": sched,
+                             "virtual_stages": 2 if sched == "interleaved" else 1,
+                             "activation_checkpointing": KNOBS["activation_checkpointing"].choices[i % 4],
+                             "sequence_parallel": tp > 1 and i % 2 == 0, "compile": i % 3 == 0, "float8": i % 2 == 1,
+                             "micro_batch_size": 1 + i % 2, "attention": ("flash2", "cudnn", "eager")[i % 3]}
                     name = f"L{sweep.model.layers}-" + "-".join(f"{k}={v}" for k, v in knobs.items())
                     cases.append((name, sweep, layout_row(sweep, **knobs)))
     return cases
@@ -83,7 +92,7 @@ def run_harness(script: str, cases: list[dict[str, Any]], pythonpath: str | None
     if pythonpath:
         env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, str(PARSERS / script)], input="".join(json.dumps(c) + "\n" for c in cases),
-                          capture_output=True, text=True, env=env, timeout=900, cwd=PARSERS)
+                          capture_output=True, text=True, env=env, timeout=900, cwd=PARSERS, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert len(lines) == len(cases), f"{script} answered {len(lines)} of {len(cases)} cases:\n{proc.stderr[-3000:]}"
     return [json.loads(ln) for ln in lines]
@@ -145,7 +154,8 @@ def titan_toml(tmp_path_factory) -> dict[str, dict[str, Any]]:
     if not (root / "torchtitan" / "config" / "manager.py").exists():
         dl = tmp_path_factory.mktemp("wheel")
         got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(dl),
-                              f"torchtitan=={TORCHTITAN_TOML_VERSION}"], capture_output=True, text=True, timeout=300)
+                              f"torchtitan=={TORCHTITAN_TOML_VERSION}"], capture_output=True, text=True, timeout=300,
+                             check=False)
         wheels = list(dl.glob("*.whl"))
         if got.returncode or not wheels:
             pytest.skip(f"cannot fetch torchtitan {TORCHTITAN_TOML_VERSION} from PyPI: {got.stderr.strip()[-300:]}")

@@ -18,8 +18,10 @@ import warnings
 warnings.filterwarnings("ignore")
 FAKE_GPU_ARCH = 9
 
-import megatron.training.arguments as arguments  # noqa: E402
-from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout  # noqa: E402
+from megatron.core.transformer.pipeline_parallel_layer_layout import (
+    PipelineParallelLayerLayout,
+)
+from megatron.training import arguments
 
 arguments.get_device_arch_version = lambda: FAKE_GPU_ARCH  # the GPU this machine does not have
 

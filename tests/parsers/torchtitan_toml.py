@@ -11,13 +11,16 @@ import sys
 import warnings
 
 warnings.filterwarnings("ignore")
-import logging  # noqa: E402
+import logging
 
 logging.disable(logging.WARNING)
 
-from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class  # noqa: E402
-from torchtitan.config.manager import ConfigManager  # noqa: E402
-from torchtitan.distributed.parallel_dims import ParallelDims  # noqa: E402
+from torch.distributed.pipelining.schedules import (
+    PipelineScheduleSingle,
+    get_schedule_class,
+)
+from torchtitan.config.manager import ConfigManager
+from torchtitan.distributed.parallel_dims import ParallelDims
 
 for line in sys.stdin:
     case = json.loads(line)
