@@ -76,11 +76,16 @@ def pipeline_stages(rec: Mapping[str, Any]) -> tuple[int, ...]:
 
 
 # ---- torchtitan -------------------------------------------------------------------------
-def _torchtitan_dp(rec: Mapping[str, Any]) -> tuple[int, int, list[str]]:
+def _torchtitan_dp(rec: Mapping[str, Any], version: str) -> tuple[int, int, list[str]]:
     """(replicate degree, shard degree, notes): DDP only where torchtitan accepts it."""
     tp, pp, dp, sharding = rec["tp"], rec["pp"], rec["dp"], rec["sharding"]
     if sharding == "fsdp":
         return 1, dp, []
+    if version == TORCHTITAN_CLI_VERSION:
+        # models/llama3/parallelize.py (0.3.0) has no DDP path: it always applies fully_shard over the
+        # dp_replicate x fsdp mesh, so shard degree 1 keeps whole weights and all-reduces gradients
+        return dp, 1, [f"sharding={sharding}: torchtitan 0.3 has no DDP; data_parallel_replicate_degree = dp "
+                       "with shard degree 1 replicates the weights the same way"]
     if tp > 1 or pp > 1:
         # models/llama3/infra/parallelize.py (0.2.2): DDP only when the dp_replicate mesh is the
         # whole world, else RuntimeError("DDP has not supported > 1D parallelism")
@@ -117,7 +122,7 @@ def _torchtitan_parts(rec: Mapping[str, Any], version: str) -> list[list[str]] |
 def _torchtitan_common(rec: Mapping[str, Any], version: str) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """The parallelism and training fields both torchtitan forms share, and notes."""
     tp, pp, mbs = rec["tp"], rec["pp"], rec["micro_batch_size"]
-    replicate, shard, notes = _torchtitan_dp(rec)
+    replicate, shard, notes = _torchtitan_dp(rec, version)
     par: dict[str, Any] = {
         "tensor_parallel_degree": tp,
         "pipeline_parallel_degree": pp,

@@ -151,7 +151,8 @@ def test_torchtitan_cli_overrides_are_tyro_style():
     parts = argv[i + 1:i + 9]  # 8 stages of 5 layers; 0.3 calls the output projection lm_head
     assert parts[0] == "tok_embeddings,layers.0,layers.1,layers.2,layers.3,layers.4"
     assert parts[-1] == "layers.35,layers.36,layers.37,layers.38,layers.39,norm,lm_head"
-    assert argv[argv.index("--parallelism.data_parallel_shard_degree") + 1] == "8"
+    assert argv[argv.index("--parallelism.data_parallel_replicate_degree") + 1] == "8"  # 0.3: no 1-D-only DDP
+    assert argv[argv.index("--parallelism.data_parallel_shard_degree") + 1] == "1"
     assert "# no torchtitan option: float8=true: torchtitan 0.3 has no command-line switch" in text
 
 

@@ -119,8 +119,8 @@ def test_torchtitan_cli_export_is_accepted(titan_cli, name):
     assert got["ok"], got["error"]
     rec = layout_record(row, sweep)
     assert (got["tp"], got["pp"], got["dp_replicate"] * got["dp_shard"]) == (rec["tp"], rec["pp"], rec["dp"])
-    if rec["tp"] > 1 or rec["pp"] > 1:
-        assert got["dp_replicate"] == 1  # torchtitan's DDP is 1-D only: sharded instead
+    # 0.3 wraps every layout in fully_shard: replicate degree dp (shard 1) is what DDP measured
+    assert got["dp_shard"] == (rec["dp"] if rec["sharding"] == "fsdp" else 1)
     stages = pipeline_stages(rec)
     assert [sum(m.startswith("layers.") for m in p) for p in got["parts"] or []] == list(stages)
     assert got["ac"] == {"none": "NoneType", "full": "FullAC.Config"}.get(rec["activation_checkpointing"],
