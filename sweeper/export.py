@@ -84,8 +84,8 @@ def _torchtitan_dp(rec: Mapping[str, Any], version: str) -> tuple[int, int, list
     if version == TORCHTITAN_CLI_VERSION:
         # models/llama3/parallelize.py (0.3.0) has no DDP path: it always applies fully_shard over the
         # dp_replicate x fsdp mesh, so shard degree 1 keeps whole weights and all-reduces gradients
-        return dp, 1, [f"sharding={sharding}: torchtitan 0.3 has no DDP; data_parallel_replicate_degree = dp "
-                       "with shard degree 1 replicates the weights the same way"]
+        return dp, 1, [(f"sharding={sharding}: torchtitan 0.3 has no DDP; data_parallel_replicate_degree = dp "
+                        "with shard degree 1 replicates the weights the same way")]
     if tp > 1 or pp > 1:
         # models/llama3/infra/parallelize.py (0.2.2): DDP only when the dp_replicate mesh is the
         # whole world, else RuntimeError("DDP has not supported > 1D parallelism")
