@@ -1,16 +1,19 @@
-"""A winning layout carried into the trainers people use: torchtitan TOML, Megatron-LM flags, data.
+"""A winning layout carried into the trainers people use: torchtitan, Megatron-LM flags, data.
 
 Pure functions of one results row and its sweep (no torch). A knob value that a trainer has no
-option for is named in a comment of the output, never dropped in silence.
+option for is named in a comment of the output, never dropped in silence. Each export names the
+trainer release it targets; the tests parse every one with that release's own parser.
 
-Names were checked against the trainers' sources:
-- torchtitan: torchtitan/config/job_config.py (pytorch/torchtitan) — `Parallelism`, `Training`,
-  `ActivationCheckpoint`, `Compile` and `Quantize.linear.float8` (`[quantize.linear.float8]`,
-  enabled by `model.converters = ["quantize.linear.float8"]`; releases before the `quantize`
-  section call it `[float8]` with `converters = ["float8"]`).
-- Megatron-LM: megatron/training/arguments.py (NVIDIA/Megatron-LM) — `_add_distributed_args`,
-  `_add_training_args`, `_add_network_size_args` (`--attention-backend`),
-  `_add_transformer_engine_args` (`--fp8-format`, `--transformer-impl`).
+- torchtitan 0.2.x (`--format torchtitan`): a TOML fragment for `--job.config_file`, names from
+  torchtitan/config/job_config.py of 0.2.2 (`Parallelism`, `Training`, `ActivationCheckpoint`,
+  `Compile`, `Quantize.linear.float8` enabled by `model.converters = ["quantize.linear.float8"]`).
+- torchtitan 0.3.x (`--format torchtitan-cli`): 0.3 dropped TOML; a run is `--module M --config F`
+  (a Python config function) plus tyro command-line overrides (`--section.field VALUE`,
+  booleans as `--section.field` / `--section.no-field`, activation checkpointing as the
+  subcommand `activation-checkpoint:{none,selective,full}`); names from torchtitan/config/configs.py,
+  torchtitan/trainer.py and torchtitan/distributed/activation_checkpoint.py of 0.3.0.
+- Megatron-LM: megatron/training/arguments.py (`add_megatron_arguments`, `validate_args`) at
+  NVIDIA/Megatron-LM c1e938b (May 2026, the last commit before main required Python 3.12).
 """
 
 from __future__ import annotations
@@ -22,11 +25,17 @@ from typing import Any
 
 from sweeper.knobs import KNOBS
 from sweeper.spec import Sweep
+from sweeper.stages import split_layers
 
 TORCHTITAN_SCHEDULE = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 # our attention kernels -> Megatron-LM's --attention-backend (flash, fused = cuDNN via TE, unfused)
 MEGATRON_ATTENTION = {"flash1": "flash", "flash2": "flash", "cudnn": "fused", "sdpa_efficient": "fused",
                       "fused_softmax": "unfused", "eager": "unfused", "sdpa_math": "unfused"}
+TORCHTITAN_TOML_VERSION = "0.2.2"  # the last release configured by TOML
+TORCHTITAN_CLI_VERSION = "0.3.0"
+MEGATRON_COMMIT = "c1e938b03902ab688cf4ac1ce1eaebe7a5a17dcf"
+# the module that holds the output projection in torchtitan's Llama: renamed in 0.3
+TORCHTITAN_OUTPUT = {TORCHTITAN_TOML_VERSION: "output", TORCHTITAN_CLI_VERSION: "lm_head"}
 
 
 def layout_record(row: Mapping[str, Any], sweep: Sweep) -> dict[str, Any]:
@@ -57,64 +66,172 @@ def to_yaml(row: Mapping[str, Any], sweep: Sweep) -> str:
     return yaml.safe_dump(layout_record(row, sweep), sort_keys=False)
 
 
+def pipeline_stages(rec: Mapping[str, Any]) -> tuple[int, ...]:
+    """Layers of every pipeline stage in order (pp*virtual_stages of them when interleaved); () without pp."""
+    pp = rec["pp"]
+    if pp <= 1:
+        return ()
+    chunks = rec["virtual_stages"] if rec["pp_schedule"] == "interleaved" else 1
+    return split_layers(rec["layers"], pp * chunks)
+
+
 # ---- torchtitan -------------------------------------------------------------------------
-def torchtitan_sections(rec: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """torchtitan config sections for a layout, and the knob values it has no option for."""
-    tp, pp, dp, mbs = rec["tp"], rec["pp"], rec["dp"], rec["micro_batch_size"]
-    sharding, mode = rec["sharding"], rec["activation_checkpointing"]
-    notes: list[str] = []
+def _torchtitan_dp(rec: Mapping[str, Any], version: str) -> tuple[int, int, list[str]]:
+    """(replicate degree, shard degree, notes): DDP only where torchtitan accepts it."""
+    tp, pp, dp, sharding = rec["tp"], rec["pp"], rec["dp"], rec["sharding"]
+    if sharding == "fsdp":
+        return 1, dp, []
+    if version == TORCHTITAN_CLI_VERSION:
+        # models/llama3/parallelize.py (0.3.0) has no DDP path: it always applies fully_shard over the
+        # dp_replicate x fsdp mesh, so shard degree 1 keeps whole weights and all-reduces gradients
+        return dp, 1, [(f"sharding={sharding}: torchtitan 0.3 has no DDP; data_parallel_replicate_degree = dp "
+                        "with shard degree 1 replicates the weights the same way")]
+    if tp > 1 or pp > 1:
+        # models/llama3/infra/parallelize.py (0.2.2): DDP only when the dp_replicate mesh is the
+        # whole world, else RuntimeError("DDP has not supported > 1D parallelism")
+        return 1, dp, [(f"sharding={sharding} with tp/pp > 1: torchtitan raises \"DDP has not supported > 1D "
+                        "parallelism\"; written as FSDP over dp (data_parallel_shard_degree)")]
+    notes = [("sharding=zero1: torchtitan has no optimizer-only sharding; written as DDP "
+              "(data_parallel_replicate_degree), FSDP is data_parallel_shard_degree")] if sharding == "zero1" else []
+    return dp, 1, notes
+
+
+def _torchtitan_parts(rec: Mapping[str, Any], version: str) -> list[list[str]] | None:
+    """Module names of every pipeline stage: our split (`sweeper.stages.split_layers`) spelled out.
+
+    torchtitan's own split counts the embedding and the output as layers
+    (pipeline_parallel_first/last_stage_less_layers) and derives the stage count from
+    pipeline_parallel_layers_per_stage by ceil((layers + 2) / per_stage), which need not be
+    pp*virtual_stages; naming the modules of each stage makes it exactly the split that was measured.
+    """
+    counts = pipeline_stages(rec)
+    if not counts:
+        return None
+    parts, start = [], 0
+    for i, n in enumerate(counts):
+        names = [f"layers.{j}" for j in range(start, start + n)]
+        if i == 0:
+            names.insert(0, "tok_embeddings")
+        if i == len(counts) - 1:
+            names += ["norm", TORCHTITAN_OUTPUT[version]]
+        parts.append(names)
+        start += n
+    return parts
+
+
+def _torchtitan_common(rec: Mapping[str, Any], version: str) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """The parallelism and training fields both torchtitan forms share, and notes."""
+    tp, pp, mbs = rec["tp"], rec["pp"], rec["micro_batch_size"]
+    replicate, shard, notes = _torchtitan_dp(rec, version)
     par: dict[str, Any] = {
         "tensor_parallel_degree": tp,
         "pipeline_parallel_degree": pp,
-        "data_parallel_shard_degree": dp if sharding == "fsdp" else 1,
-        "data_parallel_replicate_degree": 1 if sharding == "fsdp" else dp,
-        "enable_async_tensor_parallel": False,
-        "disable_loss_parallel": False,  # the built-in trainer computes the loss vocab-parallel too
-        "pipeline_parallel_schedule": TORCHTITAN_SCHEDULE[rec["pp_schedule"]],
-        "pipeline_parallel_microbatch_size": mbs,
+        "data_parallel_shard_degree": shard,
+        "data_parallel_replicate_degree": replicate,
     }
-    if rec["pp_schedule"] == "interleaved":
-        par["pipeline_parallel_layers_per_stage"] = rec["layers"] // (pp * rec["virtual_stages"])
-    if sharding == "zero1":
-        notes.append("sharding=zero1: torchtitan has no optimizer-only sharding; written as DDP "
-                     "(data_parallel_replicate_degree), FSDP is data_parallel_shard_degree")
-    if tp > 1 and not rec["sequence_parallel"]:
-        notes.append("sequence_parallel=false: torchtitan always shards norms along the sequence under TP")
+    if pp > 1:
+        par["pipeline_parallel_schedule"] = TORCHTITAN_SCHEDULE[rec["pp_schedule"]]
+        par["pipeline_parallel_microbatch_size"] = mbs
+        par["module_fqns_per_model_part"] = _torchtitan_parts(rec, version)
+        counts = pipeline_stages(rec)
+        if len(set(counts)) > 1:
+            notes.append(f"uneven pipeline split {'/'.join(map(str, counts))} layers per stage, "
+                         "written as module_fqns_per_model_part")
     # with pipelining torchtitan splits local_batch_size into micro-batches; without, it accumulates
     local = mbs * rec["grad_accum"] if pp > 1 else mbs
     training = {"local_batch_size": local, "global_batch_size": rec["global_batch_size"], "seq_len": rec["seq_len"],
                 "mixed_precision_param": "float32" if rec["precision"] == "fp32" else "bfloat16"}
+    if rec["activation_checkpointing"] == "ffn":
+        notes.append("activation_checkpointing=ffn (recompute the MLP only): no torchtitan mode; "
+                     "selective is the nearest")
+    notes.append(f"attention={rec['attention']}: torchtitan picks its attention kernel (SDPA/flex) itself")
+    notes.append(f"rmsnorm={rec['rmsnorm']}: no torchtitan option for the RMSNorm kernel")
+    return par, training, notes
+
+
+def torchtitan_sections(rec: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """torchtitan 0.2.x TOML sections for a layout, and the knob values it has no option for."""
+    par, training, notes = _torchtitan_common(rec, TORCHTITAN_TOML_VERSION)
+    mode = rec["activation_checkpointing"]
+    par["enable_async_tensor_parallel"] = False
+    par["disable_loss_parallel"] = False  # the built-in trainer computes the loss vocab-parallel too
+    if rec["tp"] > 1 and not rec["sequence_parallel"]:
+        notes.append("sequence_parallel=false: torchtitan 0.2 always shards norms along the sequence under TP")
     ac: dict[str, Any] = {"mode": {"ffn": "selective"}.get(mode, mode)}
     if mode in ("selective", "ffn"):
         ac["selective_ac_option"] = "op"
-    if mode == "ffn":
-        notes.append("activation_checkpointing=ffn (recompute the MLP only): no torchtitan mode; "
-                     "per-op selective is the nearest")
-    sections = {"parallelism": par, "training": training, "activation_checkpoint": ac,
-                "compile": {"enable": bool(rec["compile"])}}
+    sections: dict[str, dict[str, Any]] = {"parallelism": par, "training": training, "activation_checkpoint": ac,
+                                           "compile": {"enable": bool(rec["compile"])}}
     if rec["compile"]:
         sections["compile"]["components"] = ["model", "loss"]
     if rec["float8"]:
         sections["model"] = {"converters": ["quantize.linear.float8"]}
-        sections["quantize.linear.float8"] = {"enable_fsdp_float8_all_gather": sharding == "fsdp"}
-    notes.append(f"attention={rec['attention']}: torchtitan picks its attention kernel (SDPA/flex) itself")
-    notes.append(f"rmsnorm={rec['rmsnorm']}: no torchtitan option for the RMSNorm kernel")
+        sections["quantize.linear.float8"] = {"enable_fsdp_float8_all_gather": par["data_parallel_shard_degree"] > 1}
     return sections, notes
 
 
 def to_torchtitan(row: Mapping[str, Any], sweep: Sweep) -> str:
-    """A TOML fragment to merge into a torchtitan train config."""
+    """A TOML fragment to merge into a torchtitan 0.2.x train config (`--job.config_file`)."""
     rec = layout_record(row, sweep)
     sections, notes = torchtitan_sections(rec)
-    lines = [f"# torchtitan config fragment: sweep {sweep.name}, trial {rec['trial_number']}"
+    lines = [f"# torchtitan {TORCHTITAN_TOML_VERSION} config fragment: sweep {sweep.name}, trial {rec['trial_number']}"
              + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else ""),
-             "# names from pytorch/torchtitan torchtitan/config/job_config.py"]
+             (f"# names from pytorch/torchtitan {TORCHTITAN_TOML_VERSION} torchtitan/config/job_config.py; "
+              f"torchtitan {TORCHTITAN_CLI_VERSION} and later take no TOML: see --format torchtitan-cli")]
     lines += [f"# no torchtitan option: {n}" for n in notes]
     if not rec["float8"]:
         lines.append('# float8=false (to enable: [model] converters = ["quantize.linear.float8"])')
     for name, values in sections.items():
         lines += ["", f"[{name}]"] + [f"{k} = {_toml(v)}" for k, v in values.items()]
     return "\n".join(lines) + "\n"
+
+
+def torchtitan_cli_args(rec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """torchtitan 0.3.x command-line overrides for a layout (tyro syntax), and notes.
+
+    The activation-checkpointing subcommand comes last: tyro reads what follows it as its own options.
+    """
+    par, training, notes = _torchtitan_common(rec, TORCHTITAN_CLI_VERSION)
+    args: list[str] = []
+    for key, value in par.items():
+        if key == "module_fqns_per_model_part":
+            args += [f"--parallelism.{key}", *(",".join(part) for part in value)]
+        else:
+            args += [f"--parallelism.{key}", str(value)]
+    if rec["tp"] > 1:
+        args.append(_tyro_bool("parallelism.enable_sequence_parallel", bool(rec["sequence_parallel"])))
+    for key, value in training.items():
+        args += [f"--training.{key}", str(value)]
+    if rec["pp"] > 1:
+        # Trainer.Config.__post_init__: "CUDA graphs do not support pipeline parallelism yet"
+        args.append("--training.disable_cuda_graphs")
+    args.append(_tyro_bool("compile.enable", bool(rec["compile"])))
+    if rec["compile"]:
+        args += ["--compile.components", "model,loss"]
+    if rec["float8"]:
+        notes.append("float8=true: torchtitan 0.3 has no command-line switch; pick a --config function whose "
+                     "model_spec has converters=[Float8LinearConverter.Config()] (e.g. llama3_debugmodel_float8)")
+    mode = rec["activation_checkpointing"]
+    args.append(f"activation-checkpoint:{ {'ffn': 'selective'}.get(mode, mode) }")
+    return args, notes
+
+
+def to_torchtitan_cli(row: Mapping[str, Any], sweep: Sweep) -> str:
+    """torchtitan 0.3.x overrides as a shell fragment: comments, then one override per line."""
+    rec = layout_record(row, sweep)
+    args, notes = torchtitan_cli_args(rec)
+    lines = [f"# torchtitan {TORCHTITAN_CLI_VERSION} overrides: sweep {sweep.name}, trial {rec['trial_number']}"
+             + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else ""),
+             "# append to: torchrun ... -m torchtitan.train --module llama3 --config <your config function>",
+             f"# names from pytorch/torchtitan {TORCHTITAN_CLI_VERSION} torchtitan/config/configs.py and trainer.py"]
+    lines += [f"# no torchtitan option: {n}" for n in notes]
+    return "\n".join(lines + _shell_lines(args)) + "\n"
+
+
+def _tyro_bool(name: str, value: bool) -> str:
+    """tyro's boolean flags: --a.b sets it, --a.no-b clears it (there is no --a.b=false)."""
+    section, _, field = name.rpartition(".")
+    return f"--{name}" if value else f"--{section}.no-{field}"
 
 
 def _toml(v: Any) -> str:
@@ -137,10 +254,9 @@ def megatron_args(rec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
             "--micro-batch-size", str(rec["micro_batch_size"]), "--global-batch-size", str(rec["global_batch_size"]),
             "--seq-length", str(rec["seq_len"])]
     notes: list[str] = []
-    if rec["pp_schedule"] == "interleaved":
-        args += ["--num-layers-per-virtual-pipeline-stage", str(rec["layers"] // (pp * rec["virtual_stages"]))]
-    elif rec["pp_schedule"] == "gpipe" and pp > 1:
-        notes.append("pp_schedule=gpipe: Megatron-LM runs 1F1B (same bubble, less activation memory)")
+    pipe, notes_pp = _megatron_pipeline(rec)
+    args += pipe
+    notes += notes_pp
     if rec["sequence_parallel"]:
         args.append("--sequence-parallel")
     if mode == "full":
@@ -159,7 +275,9 @@ def megatron_args(rec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     if rec["sharding"] == "zero1":
         args.append("--use-distributed-optimizer")
     elif rec["sharding"] == "fsdp":
-        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]
+        # validate_args: "Megatron-FSDP requires the `fsdp_dtensor` checkpointing format."
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
+                 "--ckpt-format", "fsdp_dtensor"]
     if rec["precision"] == "bf16":
         args.append("--bf16")
     elif rec["precision"] == "fp32":
@@ -171,24 +289,70 @@ def megatron_args(rec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     return args, notes
 
 
+def _megatron_pipeline(rec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """Pipeline flags: the classic ones for even splits, else the explicit stage layout.
+
+    --decoder-first/last-pipeline-num-layers only make the first and last stage differ, while
+    split_layers puts the remainder on middle stages; --pipeline-model-parallel-layout names every
+    stage ("E" embedding, "t" a layer, "L" the loss, stages split by "|", pp*v of them when interleaved).
+    """
+    counts = pipeline_stages(rec)
+    if not counts:
+        return [], []
+    interleaved = len(counts) > rec["pp"]
+    args: list[str] = []
+    notes: list[str] = []
+    if len(set(counts)) > 1:
+        stages = [("E" if i == 0 else "") + f"t*{n}" + (",L" if i == len(counts) - 1 else "") for i, n in enumerate(counts)]
+        args += ["--pipeline-model-parallel-layout", "|".join(stages)]
+        notes.append(f"uneven pipeline split {'/'.join(map(str, counts))} layers per stage, "
+                     "written as --pipeline-model-parallel-layout")
+    elif interleaved:
+        args += ["--num-layers-per-virtual-pipeline-stage", str(counts[0])]
+    if rec["pp_schedule"] == "gpipe":
+        notes.append("pp_schedule=gpipe: Megatron-LM runs 1F1B (same bubble, less activation memory)")
+    return args, notes
+
+
+def megatron_env(rec: Mapping[str, Any]) -> tuple[dict[str, str | None], list[str]]:
+    """Environment a Megatron-LM run of this layout needs (None = must be unset), with the reasons.
+
+    validate_args (GPUs before Blackwell): tensor parallelism without FSDP asserts
+    CUDA_DEVICE_MAX_CONNECTIONS == "1"; Megatron-FSDP asserts it is not "1".
+    """
+    if rec["sharding"] == "fsdp":
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": None}, [
+            "CUDA_DEVICE_MAX_CONNECTIONS must not be 1: Megatron-FSDP refuses it"]
+    if rec["tp"] > 1:
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, [
+            "CUDA_DEVICE_MAX_CONNECTIONS=1: tensor parallelism needs it on GPUs before Blackwell"]
+    return {}, []
+
+
 def to_megatron(row: Mapping[str, Any], sweep: Sweep) -> str:
     """Megatron-LM flags as a shell fragment: comment lines, then the flags one per line."""
     rec = layout_record(row, sweep)
     args, notes = megatron_args(rec)
+    _, env_notes = megatron_env(rec)
     lines = [f"# Megatron-LM flags: sweep {sweep.name}, trial {rec['trial_number']}"
              + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else ""),
-             "# names from NVIDIA/Megatron-LM megatron/training/arguments.py"]
+             f"# names from NVIDIA/Megatron-LM megatron/training/arguments.py at {MEGATRON_COMMIT[:7]}"]
+    lines += [f"# environment: {n}" for n in env_notes]
     lines += [f"# no Megatron-LM flag: {n}" for n in notes]
+    return "\n".join(lines + _shell_lines(args)) + "\n"
+
+
+def _shell_lines(args: list[str]) -> list[str]:
+    """Arguments as shell lines, one flag and its values a line, joined by continuations."""
     flags = _pair_flags(args)
-    lines += [" ".join(shlex.quote(a) for a in f) + (" \\" if i < len(flags) - 1 else "") for i, f in enumerate(flags)]
-    return "\n".join(lines) + "\n"
+    return [" ".join(shlex.quote(a) for a in f) + (" \\" if i < len(flags) - 1 else "") for i, f in enumerate(flags)]
 
 
 def _pair_flags(args: list[str]) -> list[list[str]]:
     """Group a flat argument list as [flag, value...] so each flag gets its own line."""
     groups: list[list[str]] = []
     for a in args:
-        if a.startswith("--") or not groups:
+        if a.startswith("--") or not groups or ":" in a:
             groups.append([a])
         else:
             groups[-1].append(a)
@@ -200,4 +364,5 @@ def _plain(v: Any) -> Any:
     return v.item() if hasattr(v, "item") else v
 
 
-EXPORTERS = {"torchtitan": to_torchtitan, "megatron": to_megatron, "json": to_json, "yaml": to_yaml}
+EXPORTERS = {"torchtitan": to_torchtitan, "torchtitan-cli": to_torchtitan_cli, "megatron": to_megatron,
+             "json": to_json, "yaml": to_yaml}

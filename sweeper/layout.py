@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from sweeper.knobs import KNOBS
+from sweeper.knobs import KNOBS, WORKLOAD_ATTENTION
 from sweeper.spec import Sweep
 from sweeper.statuses import PlanReason
 
@@ -235,6 +235,14 @@ RULES: tuple[Rule, ...] = (
         lambda c, s, i: (
             f"interleaved: grad_accum = {_i(c,'grad_accum',i)} is not a multiple of its "
             f"{max(1, _i(c,'grad_accum',i) // _i(c,'pp',i))} rounds of pp = {_i(c,'pp',i)}"
+        ),
+    ),
+    Rule(
+        PlanReason.KERNEL_NOT_IN_WORKLOAD, "an attention kernel the workload's trainer does not have",
+        lambda c, s: ~np.isin(c["attention"], sorted(WORKLOAD_ATTENTION[s.workload.kind])),
+        lambda c, s, i: (
+            f"the {s.workload.kind} trainer has no attention kernel "
+            f"{' or '.join(sorted(set(KNOBS['attention'].choices) - WORKLOAD_ATTENTION[s.workload.kind]))}"
         ),
     ),
     Rule(

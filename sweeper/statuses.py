@@ -62,6 +62,7 @@ class PlanReason(StrEnum):
     INTERLEAVED_VIRTUAL_STAGES = "interleaved_virtual_stages"
     INTERLEAVED_LAYERS = "interleaved_layers"
     INTERLEAVED_MICROBATCHES = "interleaved_microbatches"
+    KERNEL_NOT_IN_WORKLOAD = "kernel_not_in_workload"
     FLOAT8_UNSUPPORTED = "float8_unsupported"
     DUPLICATE = "duplicate"  # runs identically to another layout (a knob with no effect there)
     MEMORY = "memory"  # predicted not to fit: the layout is pruned, not invalid

@@ -22,7 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweeper.export import layout_record, megatron_args, torchtitan_sections
+from sweeper.export import (
+    layout_record,
+    megatron_args,
+    megatron_env,
+    torchtitan_cli_args,
+)
 from sweeper.launchers.process import free_port, kill_group
 from sweeper.layout import Layout
 from sweeper.spec import Sweep
@@ -146,6 +151,11 @@ def render_command(template: str, sweep: Sweep, layout: Layout, kind: str) -> li
                 argv.append(word.format_map(values))
             except (KeyError, ValueError) as e:
                 raise ValueError(f"workload.command: unknown placeholder in {word!r}: {e}") from None
+    if kind == "torchtitan":
+        # tyro hands every word after a subcommand to that subcommand: words of the template that
+        # follow {flags} would be refused, so torchtitan's activation-checkpoint:MODE goes last
+        sub = [w for w in flags if w.startswith("activation-checkpoint:")]
+        argv = [w for w in argv if w not in sub] + sub
     return argv
 
 
@@ -156,14 +166,35 @@ def _flags(kind: str, sweep: Sweep, layout: Layout) -> list[str]:
         args, _ = megatron_args(rec)
         return [*args, "--train-iters", str(sweep.trial.steps), "--log-interval", "1"]
     if kind == "torchtitan":
-        sections, _ = torchtitan_sections(rec)
-        out = [f"--training.steps={sweep.trial.steps}", "--metrics.log_freq=1"]
-        for section, values in sections.items():
-            for key, value in values.items():
-                v = ",".join(map(str, value)) if isinstance(value, list) else str(value).lower() if isinstance(value, bool) else str(value)
-                out.append(f"--{section}.{key}={v}")
-        return out
+        args, _ = torchtitan_cli_args(rec)
+        return ["--training.steps", str(sweep.trial.steps), "--metrics.log_freq", "1", *args]
     return []
+
+
+def workload_env(sweep: Sweep, layout: Layout) -> tuple[dict[str, str], list[str]]:
+    """The workload's environment (ours, the sweep file's, then what the layout needs) and what was changed.
+
+    Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS per layout (see `export.megatron_env`): a value
+    the sweep file sets that this layout's run would refuse is dropped, with a line in the trial's log.
+    """
+    env = {**os.environ, **{k: str(v) for k, v in sweep.workload.env.items()}}
+    if sweep.workload.kind != "megatron":
+        return env, []
+    world = sweep.cluster.world
+    rec = layout_record(layout.as_dict() | {"dp": layout.dp(world),
+                                            "grad_accum": layout.grad_accum(world, sweep.global_batch_size)}, sweep)
+    needed, reasons = megatron_env(rec)
+    notes: list[str] = []
+    for (name, value), why in zip(needed.items(), reasons):
+        if env.get(name) == value:
+            continue
+        if value is None:
+            if name in env:
+                notes.append(f"{name}={env.pop(name)} dropped for this layout ({why})")
+        else:
+            notes.append(f"{name} set to {value}" + (f" (was {env[name]})" if name in env else "") + f" ({why})")
+            env[name] = value
+    return env, notes
 
 
 def run_external(sweep: Sweep, layout: Layout, *, workdir: Path, timeout_s: float | None = None) -> TrialResult:
@@ -177,9 +208,11 @@ def run_external(sweep: Sweep, layout: Layout, *, workdir: Path, timeout_s: floa
         argv = render_command(wl.command, sweep, layout, wl.kind)
     except ValueError as e:
         return without_run(sweep, layout, status=FAILED, error=str(e))
-    env = {**os.environ, **{k: str(v) for k, v in wl.env.items()}}
+    env, env_notes = workload_env(sweep, layout)
     start = time.monotonic()
     with open(log_path, "wb") as log:
+        log.write("".join(f"sweep: {n}\n" for n in env_notes).encode())
+        log.flush()
         try:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     cwd=wl.cwd or None, env=env, start_new_session=True)

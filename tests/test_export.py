@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 import yaml
 
-from sweeper.export import to_json, to_megatron, to_torchtitan, to_yaml
+from sweeper.export import (
+    to_json,
+    to_megatron,
+    to_torchtitan,
+    to_torchtitan_cli,
+    to_yaml,
+)
 from sweeper.knobs import KNOBS
 from sweeper.results import ResultsStore
 from tests.conftest import make_sweep
@@ -44,6 +50,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention-backend", choices=["flash", "fused", "unfused", "local", "auto"])
     p.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"])
     p.add_argument("--data-parallel-sharding-strategy")
+    p.add_argument("--ckpt-format")
     p.add_argument("--fp8-format", choices=["e4m3", "hybrid"])
     for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--bf16",
                  "--no-masked-softmax-fusion"):
@@ -61,9 +68,12 @@ def test_torchtitan_toml_parses_to_the_layout():
                                           activation_checkpointing="selective", compile=True), SWEEP))
     par = doc["parallelism"]
     assert par["tensor_parallel_degree"] == 4 and par["pipeline_parallel_degree"] == 2
-    assert par["data_parallel_replicate_degree"] == 8 and par["data_parallel_shard_degree"] == 1
+    # DDP with tp/pp > 1 is refused by torchtitan: the export shards over dp instead, and says so
+    assert par["data_parallel_replicate_degree"] == 1 and par["data_parallel_shard_degree"] == 8
     assert par["pipeline_parallel_schedule"] == "1F1B" and par["enable_async_tensor_parallel"] is False
     assert par["pipeline_parallel_microbatch_size"] == 2
+    assert par["module_fqns_per_model_part"][0][:2] == ["tok_embeddings", "layers.0"]
+    assert par["module_fqns_per_model_part"][1][-3:] == ["layers.39", "norm", "output"]
     # with pipelining, local_batch_size holds every micro-batch of a step: 2 * 128
     assert doc["training"] == {"local_batch_size": 256, "global_batch_size": 2048, "seq_len": 2048,
                                "mixed_precision_param": "bfloat16"}
@@ -79,7 +89,8 @@ def test_torchtitan_fsdp_interleaved_float8_and_notes():
     par = doc["parallelism"]
     assert par["data_parallel_shard_degree"] == 8 and par["data_parallel_replicate_degree"] == 1
     assert par["pipeline_parallel_schedule"] == "Interleaved1F1B"
-    assert par["pipeline_parallel_layers_per_stage"] == 40 // (4 * 2)
+    parts = par["module_fqns_per_model_part"]  # 8 stages of 5 layers, embedding first, output last
+    assert len(parts) == 8 and [sum(n.startswith("layers.") for n in p) for p in parts] == [5] * 8
     assert doc["activation_checkpoint"]["mode"] == "selective"
     assert doc["model"]["converters"] == ["quantize.linear.float8"]
     assert doc["quantize"]["linear"]["float8"]["enable_fsdp_float8_all_gather"] is True
@@ -112,6 +123,7 @@ def test_megatron_interleaved_selective_eager_fsdp_float8():
                            attention="eager", sharding="fsdp", float8=True, compile=True), SWEEP)
     args = parse_megatron(text)
     assert args.num_layers_per_virtual_pipeline_stage == 2  # 40 layers / (4 stages * 5 chunks)
+    assert args.ckpt_format == "fsdp_dtensor"
     assert args.recompute_granularity == "selective" and args.recompute_method is None
     assert args.attention_backend == "unfused" and args.no_masked_softmax_fusion
     assert args.use_megatron_fsdp and args.data_parallel_sharding_strategy == "optim_grads_params"
@@ -125,6 +137,35 @@ def test_megatron_ffn_checkpointing_and_gpipe_named():
     assert args.recompute_granularity == "selective" and args.recompute_modules == ["mlp"]
     assert args.attention_backend == "fused"
     assert "pp_schedule=gpipe" in text
+
+
+def test_torchtitan_cli_overrides_are_tyro_style():
+    text = to_torchtitan_cli(row(tp=2, pp=4, pp_schedule="interleaved", virtual_stages=2, compile=False,
+                                 activation_checkpointing="full", float8=True), SWEEP)
+    assert "# torchtitan 0.3.0 overrides" in text
+    argv = shlex.split(text.replace("\\\n", " "), comments=True)
+    assert "--compile.no-enable" in argv and "--parallelism.no-enable_sequence_parallel" in argv
+    assert not any(a.endswith(("=false", "=true")) for a in argv)
+    assert argv[-1] == "activation-checkpoint:full" and "--training.disable_cuda_graphs" in argv
+    i = argv.index("--parallelism.module_fqns_per_model_part")
+    parts = argv[i + 1:i + 9]  # 8 stages of 5 layers; 0.3 calls the output projection lm_head
+    assert parts[0] == "tok_embeddings,layers.0,layers.1,layers.2,layers.3,layers.4"
+    assert parts[-1] == "layers.35,layers.36,layers.37,layers.38,layers.39,norm,lm_head"
+    assert argv[argv.index("--parallelism.data_parallel_replicate_degree") + 1] == "8"  # 0.3: no 1-D-only DDP
+    assert argv[argv.index("--parallelism.data_parallel_shard_degree") + 1] == "1"
+    assert "# no torchtitan option: float8=true: torchtitan 0.3 has no command-line switch" in text
+
+
+def test_uneven_stages_in_both_trainers():
+    s30 = make_sweep(model={"layers": 30, "hidden": 5120, "heads": 40, "ffn": 13824, "vocab": 32000})
+    r = row(pp=4, micro_batch_size=1)
+    mg = to_megatron(r, s30)
+    args = shlex.split(mg.replace("\\\n", " "), comments=True)
+    # split_layers(30, 4) = 7, 8, 8, 7: the embedding on the first stage, the loss on the last
+    assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et*7|t*8|t*8|t*7,L"
+    assert "uneven pipeline split 7/8/8/7" in mg
+    parts = tomllib.loads(to_torchtitan(r, s30))["parallelism"]["module_fqns_per_model_part"]
+    assert [len([m for m in p if m.startswith("layers.")]) for p in parts] == [7, 8, 8, 7]
 
 
 @pytest.mark.parametrize("dump, load", [(to_json, json.loads), (to_yaml, yaml.safe_load)])
@@ -155,6 +196,8 @@ def test_best_exports_the_winner_from_a_results_folder(tmp_path):
     tt = sweep_cli("best", str(spec), "--format", "torchtitan", cwd=tmp_path)
     assert tt.returncode == 0, tt.stderr
     assert tomllib.loads(tt.stdout)["parallelism"]["tensor_parallel_degree"] == 4
+    cli = sweep_cli("best", str(spec), "--format", "torchtitan-cli", cwd=tmp_path)
+    assert cli.returncode == 0 and "--parallelism.tensor_parallel_degree 4" in cli.stdout
     mg = sweep_cli("best", str(spec), "--format", "megatron", cwd=tmp_path)
     assert parse_megatron(mg.stdout).pipeline_model_parallel_size == 2
     js = json.loads(sweep_cli("best", str(spec), "--format", "json", cwd=tmp_path).stdout)

@@ -112,3 +112,24 @@ def test_sharding_collapses_at_dp1():
                    space={"tp": [8], "sharding": ["none", "fsdp"]})
     )
     assert plan.counts() == {"candidate": 1, "invalid": 1}
+
+
+@pytest.mark.parametrize("kernel", ["flash1", "fused_softmax"])
+def test_builtin_trainer_lacks_flash1_and_fused_softmax(kernel):
+    r = Layout(attention=kernel).rejection(make_sweep())
+    assert r is not None and r.code == "kernel_not_in_workload"
+    assert r.message == "the builtin trainer has no attention kernel flash1 or fused_softmax"
+    megatron = {"kind": "megatron", "command": "pretrain_gpt.py {flags}"}
+    assert Layout(attention=kernel).rejection(make_sweep(workload=megatron)) is None  # Megatron-LM has them
+
+
+def test_plan_rejects_kernels_of_the_workload_only():
+    space = {"tp": [1, 2], "attention": ["eager", "fused_softmax", "flash1", "flash2"]}
+    plan = make_plan(make_sweep(space=space, cluster=HUGE))
+    attention = plan.cols["attention"]
+    lacking = (attention == "fused_softmax") | (attention == "flash1")
+    assert (plan.reason_code[lacking] == "kernel_not_in_workload").all() and lacking.sum() == 4
+    assert (plan.status[~lacking] == "candidate").all()
+    megatron = make_plan(make_sweep(space=space, cluster=HUGE,
+                                    workload={"kind": "megatron", "command": "pretrain_gpt.py {flags}"}))
+    assert (megatron.status == "candidate").all()

@@ -18,13 +18,14 @@ class Format(StrEnum):
     json = "json"
     yaml = "yaml"
     torchtitan = "torchtitan"
+    torchtitan_cli = "torchtitan-cli"
     megatron = "megatron"
 
 
 def best(
     spec: Annotated[str, typer.Argument(help="sweep file (path or bare name)")],
     top: Annotated[int, typer.Option("--top", "-n", min=1, help="how many layouts (at least 1)")] = 5,
-    fmt: Annotated[Format, typer.Option("--format", "-f", help="table, json, yaml (the winner's layout), torchtitan (TOML) or megatron (flags)")] = Format.table,
+    fmt: Annotated[Format, typer.Option("--format", "-f", help="table, json, yaml (the winner's layout), torchtitan (0.2.x TOML), torchtitan-cli (0.3.x overrides) or megatron (flags)")] = Format.table,
     results: Annotated[Path | None, typer.Option("--results", help="a results folder (default: results_dir/<name> of the sweep)")] = None,
 ) -> None:
     from rich.console import Console
@@ -44,7 +45,7 @@ def best(
         doc = {"name": root.name, "trials": len(rows), "statuses": dict(Counter(r["status"] for r in rows)),
                "best": chosen[0] if chosen else None, "top": chosen, "layout": _winner_layout(rows, root, spec)}
         typer.echo(json.dumps(doc, indent=2))
-    elif fmt in (Format.yaml, Format.torchtitan, Format.megatron):
+    elif fmt in (Format.yaml, Format.torchtitan, Format.torchtitan_cli, Format.megatron):
         typer.echo(_export_winner(rows, root, spec, fmt.value), nl=False)
     else:
         from sweeper.cli.render import print_best

@@ -8,7 +8,14 @@ tps: T  tflops: F  mfu: M%". Reads --training.steps and the parallelism degrees 
 import sys
 import time
 
-opts = dict(a.removeprefix("--").split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
+# tyro-style options as torchtitan 0.3 takes them: "--section.field VALUE" (or "--section.field=VALUE")
+argv = sys.argv[1:]
+opts = {}
+for i, a in enumerate(argv):
+    if a.startswith("--") and "=" in a:
+        opts.update([a.removeprefix("--").split("=", 1)])
+    elif a.startswith("--") and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+        opts[a.removeprefix("--")] = argv[i + 1]
 steps = int(opts["training.steps"])
 tp = int(opts["parallelism.tensor_parallel_degree"])
 tps = 50_000 // tp

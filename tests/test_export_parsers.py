@@ -1,0 +1,265 @@
+"""Every export of a grid of layouts, parsed and validated by the trainers' own code.
+
+- torchtitan 0.3.x (`--format torchtitan-cli`, `workload: torchtitan`): its ConfigManager on our
+  overrides, ParallelDims, and its pipeline stage-to-rank mapping (the `test` extra installs it).
+- torchtitan 0.2.2 (`--format torchtitan`, TOML): its ConfigManager on our TOML file; the wheel is
+  fetched from PyPI at test time (it cannot share an environment with 0.3).
+- Megatron-LM: `parse_args` (add_megatron_arguments) + `validate_args` of
+  megatron/training/arguments.py at NVIDIA/Megatron-LM c1e938b. It is not on PyPI (megatron-core
+  lacks megatron/training): SWEEP_MEGATRON_LM names a tree holding that commit's `megatron/`, else
+  it is downloaded from GitHub at test time; offline the Megatron tests skip saying so.
+The harnesses under tests/parsers/ run in subprocesses, one per trainer for the whole grid.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import urllib.request
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sweeper.export import (
+    MEGATRON_COMMIT,
+    TORCHTITAN_CLI_VERSION,
+    TORCHTITAN_TOML_VERSION,
+    layout_record,
+    megatron_args,
+    megatron_env,
+    pipeline_stages,
+    to_torchtitan,
+    torchtitan_cli_args,
+)
+from sweeper.knobs import KNOBS
+from sweeper.layout import Layout
+from sweeper.spec import Sweep, parse_sweep
+from sweeper.workloads import render_command, workload_env
+from tests.conftest import base_spec
+
+PARSERS = Path(__file__).parent / "parsers"
+CACHE = Path(os.environ.get("SWEEP_TEST_CACHE", Path.home() / ".cache" / "sweep-tests"))
+WORLD = 64
+
+
+def sweep_of(layers: int, **extra: Any) -> Sweep:
+    model = {"layers": layers, "hidden": 5120, "heads": 40, "kv_heads": 8, "ffn": 13824, "vocab": 32000}
+    return parse_sweep(yaml.safe_dump(base_spec(model=model, cluster={"nodes": 8, "gpus_per_node": 8,
+                                                                      "gpu": "h100-sxm"}, **extra)))
+
+
+def layout_row(sweep: Sweep, **knobs: Any) -> dict[str, Any]:
+    lay = Layout(**knobs)
+    return {"trial_number": 1, "mfu": 0.5, **lay.as_dict(), "dp": lay.dp(WORLD),
+            "grad_accum": lay.grad_accum(WORLD, sweep.global_batch_size), "num_devices": WORLD}
+
+
+def grid() -> list[tuple[str, Sweep, dict[str, Any]]]:
+    """tp x pp x sharding x schedule, with checkpointing modes, sp, compile, float8 and micro-batches
+    cycling through the combinations; 40 layers (even splits, and 16 uneven stages at pp=8 interleaved)
+    and 30 layers (uneven at pp=4 and pp=8, interleaved and not)."""
+    s40, s30 = sweep_of(40), sweep_of(30)
+    cases, i = [], 0
+    for sweep, pairs in ((s40, [(1, 1), (2, 1), (8, 1), (1, 2), (2, 2), (4, 4), (1, 8)]), (s30, [(2, 4), (1, 8)])):
+        for tp, pp in pairs:
+            for sharding in KNOBS["sharding"].choices:
+                for sched in (KNOBS["pp_schedule"].choices if pp > 1 else ("1f1b",)):
+                    i += 1
+                    knobs = {"tp": tp, "pp": pp, "sharding": sharding, "pp_schedule": sched,
+                             "virtual_stages": 2 if sched == "interleaved" else 1,
+                             "activation_checkpointing": KNOBS["activation_checkpointing"].choices[i % 4],
+                             "sequence_parallel": tp > 1 and i % 2 == 0, "compile": i % 3 == 0, "float8": i % 2 == 1,
+                             "micro_batch_size": 1 + i % 2, "attention": ("flash2", "cudnn", "eager")[i % 3]}
+                    name = f"L{sweep.model.layers}-" + "-".join(f"{k}={v}" for k, v in knobs.items())
+                    cases.append((name, sweep, layout_row(sweep, **knobs)))
+    return cases
+
+
+GRID = grid()
+IDS = [c[0] for c in GRID]
+
+
+def run_harness(script: str, cases: list[dict[str, Any]], pythonpath: str | None = None) -> list[dict[str, Any]]:
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, str(PARSERS / script)], input="".join(json.dumps(c) + "\n" for c in cases),
+                          capture_output=True, text=True, env=env, timeout=900, cwd=PARSERS, check=False)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert len(lines) == len(cases), f"{script} answered {len(lines)} of {len(cases)} cases:\n{proc.stderr[-3000:]}"
+    return [json.loads(ln) for ln in lines]
+
+
+# ---- torchtitan 0.3 (command-line overrides) --------------------------------------------
+@pytest.fixture(scope="module")
+def titan_cli() -> dict[str, dict[str, Any]]:
+    try:
+        version = importlib.metadata.version("torchtitan")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("torchtitan is not installed (pip install -e '.[test]')")
+    if version.split(".")[:2] != TORCHTITAN_CLI_VERSION.split(".")[:2]:
+        pytest.skip(f"torchtitan {version} installed; the CLI export targets {TORCHTITAN_CLI_VERSION}")
+    cases = [{"argv": torchtitan_cli_args(layout_record(row, sweep))[0], "world": WORLD} for _, sweep, row in GRID]
+    return dict(zip(IDS, run_harness("torchtitan_cli.py", cases)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", IDS, ids=IDS)
+def test_torchtitan_cli_export_is_accepted(titan_cli, name):
+    _, sweep, row = GRID[IDS.index(name)]
+    got = titan_cli[name]
+    assert got["ok"], got["error"]
+    rec = layout_record(row, sweep)
+    assert (got["tp"], got["pp"], got["dp_replicate"] * got["dp_shard"]) == (rec["tp"], rec["pp"], rec["dp"])
+    # 0.3 wraps every layout in fully_shard: replicate degree dp (shard 1) is what DDP measured
+    assert got["dp_shard"] == (rec["dp"] if rec["sharding"] == "fsdp" else 1)
+    stages = pipeline_stages(rec)
+    assert [sum(m.startswith("layers.") for m in p) for p in got["parts"] or []] == list(stages)
+    assert got["ac"] == {"none": "NoneType", "full": "FullAC.Config"}.get(rec["activation_checkpointing"],
+                                                                               "SelectiveAC.Config")
+    assert got["compile"] == rec["compile"]
+    if rec["tp"] > 1:
+        assert got["sp"] == rec["sequence_parallel"]
+    _, notes = torchtitan_cli_args(rec)
+    if rec["float8"]:  # no switch on the 0.3 command line: the export says so
+        assert any(n.startswith("float8=true: torchtitan 0.3 has no command-line switch") for n in notes)
+
+
+@pytest.mark.slow
+def test_torchtitan_workload_flags_are_accepted(titan_cli, tmp_path):
+    """`workload: torchtitan` renders the same overrides plus steps and log frequency; booleans tyro-style."""
+    sweep = sweep_of(40, workload={"kind": "torchtitan", "command": "train {flags} --training.max_norm 2.0"})
+    layouts = [Layout(tp=2, pp=2, compile=False, activation_checkpointing="full"),
+               Layout(tp=1, pp=1, compile=True, sharding="fsdp")]
+    argvs = [render_command(sweep.workload.command, sweep, lay, "torchtitan")[1:] for lay in layouts]
+    assert "--compile.no-enable" in argvs[0] and "--compile.enable" in argvs[1]
+    assert argvs[0][-1] == "activation-checkpoint:full"  # after the template's own words: tyro's subcommand
+    assert not any("=false" in a or "=true" in a for a in argvs[0] + argvs[1])
+    for got in run_harness("torchtitan_cli.py", [{"argv": a, "world": WORLD} for a in argvs]):
+        assert got["ok"], got["error"]
+
+
+# ---- torchtitan 0.2 (TOML) ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def titan_toml(tmp_path_factory) -> dict[str, dict[str, Any]]:
+    root = CACHE / f"torchtitan-{TORCHTITAN_TOML_VERSION}"
+    if not (root / "torchtitan" / "config" / "manager.py").exists():
+        dl = tmp_path_factory.mktemp("wheel")
+        got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(dl),
+                              f"torchtitan=={TORCHTITAN_TOML_VERSION}"], capture_output=True, text=True, timeout=300,
+                             check=False)
+        wheels = list(dl.glob("*.whl"))
+        if got.returncode or not wheels:
+            pytest.skip(f"cannot fetch torchtitan {TORCHTITAN_TOML_VERSION} from PyPI: {got.stderr.strip()[-300:]}")
+        zipfile.ZipFile(wheels[0]).extractall(root)
+    out = tmp_path_factory.mktemp("toml")
+    cases = []
+    for i, (_, sweep, row) in enumerate(GRID):
+        path = out / f"{i}.toml"
+        path.write_text(to_torchtitan(row, sweep))
+        cases.append({"toml": str(path), "world": WORLD})
+    return dict(zip(IDS, run_harness("torchtitan_toml.py", cases, pythonpath=str(root))))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", IDS, ids=IDS)
+def test_torchtitan_toml_export_is_accepted(titan_toml, name):
+    _, sweep, row = GRID[IDS.index(name)]
+    got = titan_toml[name]
+    assert got["ok"], got["error"]
+    rec = layout_record(row, sweep)
+    assert got["dp_replicate"] * got["dp_shard"] == rec["dp"]
+    assert [sum(m.startswith("layers.") for m in p) for p in got["parts"] or []] == list(pipeline_stages(rec))
+    if got["parts"]:
+        assert got["parts"][0][0] == "tok_embeddings" and got["parts"][-1][-2:] == ["norm", "output"]
+    assert got["ac"] == {"ffn": "selective"}.get(rec["activation_checkpointing"], rec["activation_checkpointing"])
+    assert got["converters"] == (["quantize.linear.float8"] if rec["float8"] else [])
+    text = to_torchtitan(row, sweep)
+    if rec["sharding"] != "fsdp" and (rec["tp"] > 1 or rec["pp"] > 1):
+        assert "DDP has not supported > 1D parallelism" in text
+
+
+# ---- Megatron-LM -------------------------------------------------------------------------
+def megatron_tree() -> Path:
+    """A directory holding megatron/ of the pinned commit: SWEEP_MEGATRON_LM, the cache, or a download."""
+    if os.environ.get("SWEEP_MEGATRON_LM"):
+        return Path(os.environ["SWEEP_MEGATRON_LM"])
+    root = CACHE / f"megatron-lm-{MEGATRON_COMMIT[:12]}"
+    if (root / "megatron" / "training" / "arguments.py").exists():
+        return root
+    url = f"https://codeload.github.com/NVIDIA/Megatron-LM/tar.gz/{MEGATRON_COMMIT}"
+    try:
+        data = urllib.request.urlopen(url, timeout=30).read()
+    except OSError as e:
+        pytest.skip(f"Megatron-LM's arguments.py is not on PyPI and {url} cannot be fetched ({e}); "
+                    "set SWEEP_MEGATRON_LM to a tree of NVIDIA/Megatron-LM at " + MEGATRON_COMMIT)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        members = [m for m in tar.getmembers() if "/megatron/" in m.name and m.isfile()]
+        for m in members:
+            m.name = m.name.split("/", 1)[1]
+        tar.extractall(root, members=members, filter="data")
+    return root
+
+
+def megatron_model_args(sweep: Sweep) -> list[str]:
+    m = sweep.model
+    return ["--num-layers", str(m.layers), "--hidden-size", str(m.hidden), "--num-attention-heads", str(m.heads),
+            "--group-query-attention", "--num-query-groups", str(m.kv_heads), "--ffn-hidden-size", str(m.ffn),
+            "--max-position-embeddings", str(sweep.seq_len), "--position-embedding-type", "rope", "--swiglu",
+            "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--train-iters", "10", "--lr", "1e-4",
+            "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(m.vocab)]
+
+
+@pytest.fixture(scope="module")
+def megatron() -> dict[str, dict[str, Any]]:
+    tree = megatron_tree()
+    cases = []
+    for _, sweep, row in GRID:
+        rec = layout_record(row, sweep)
+        env, _ = megatron_env(rec)
+        cases.append({"argv": megatron_model_args(sweep) + megatron_args(rec)[0], "env": env, "world": WORLD})
+    # what the README's workload example used to set, on an FSDP layout: Megatron-FSDP refuses it
+    fsdp = next((s, r) for _, s, r in GRID if r["sharding"] == "fsdp")
+    cases.append({"argv": megatron_model_args(fsdp[0]) + megatron_args(layout_record(fsdp[1], fsdp[0]))[0],
+                  "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, "world": WORLD})
+    results = run_harness("megatron_validate.py", cases, pythonpath=str(tree))
+    return dict(zip([*IDS, "fsdp-with-max-connections-1"], results))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", IDS, ids=IDS)
+def test_megatron_export_is_accepted(megatron, name):
+    _, sweep, row = GRID[IDS.index(name)]
+    got = megatron[name]
+    assert got["ok"], got["error"]
+    rec = layout_record(row, sweep)
+    assert got["dp"] == rec["dp"]
+    stages = pipeline_stages(rec)
+    assert (got["vpp"] or 1) == (len(stages) // rec["pp"] if stages else 1)
+    assert (got["ckpt_format"] == "fsdp_dtensor") == (rec["sharding"] == "fsdp")
+
+
+@pytest.mark.slow
+def test_megatron_fsdp_refuses_one_device_connection(megatron):
+    got = megatron["fsdp-with-max-connections-1"]
+    assert not got["ok"] and "CUDA_DEVICE_MAX_CONNECTIONS" in got["error"]
+
+
+def test_workload_env_drops_what_megatron_fsdp_refuses(tmp_path):
+    sweep = sweep_of(40, workload={"kind": "megatron", "command": "pretrain_gpt.py {flags}",
+                                   "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}})
+    env, notes = workload_env(sweep, Layout(sharding="fsdp"))
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in env and "Megatron-FSDP refuses it" in notes[0]
+    env, notes = workload_env(sweep, Layout(tp=2))
+    assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and notes == []
+    bare = sweep_of(40, workload={"kind": "megatron", "command": "pretrain_gpt.py {flags}"})
+    env, notes = workload_env(bare, Layout(tp=2))
+    assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and "set to 1" in notes[0]
