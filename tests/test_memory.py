@@ -22,9 +22,8 @@ def est(layout: Layout, sweep=None):
     sweep = sweep or sweep7b()
     cols = layout.columns(sweep)
     e = estimate(cols, sweep)
-    return {k: float(getattr(e, k)[0]) for k in ("weights", "grads", "optimizer", "activations", "logits", "overhead")} | {
-        "total": float(e.total[0])
-    }
+    terms = ("weights", "grads", "optimizer", "activations", "logits", "buffers", "overhead", "allocated", "reserved")
+    return {k: float(getattr(e, k)[0]) for k in terms} | {"total": float(e.total[0])}
 
 
 BASE = Layout(attention="flash2", rmsnorm="fused")
@@ -145,14 +144,16 @@ def test_pipeline_stages_split_the_parameters():
 
 def test_torchtitan_published_measurement():
     # torchtitan docs/performance.md, table 1: Llama 3.1 8B, FSDP over 8 H100 (95 GiB), local
-    # batch 2, seq 8192, selective op checkpointing, no compile: 82.4 GiB peak memory.
-    # torchtitan's op policy keeps every other matmul output, ours keeps all of them, so the
-    # estimate must sit at or a little above the measurement.
+    # batch 2, seq 8192, selective op checkpointing, no compile: 82.4 GiB peak memory, which
+    # torchtitan's metrics report as max reserved (components/metrics.py), so it is compared
+    # with the reserved estimate under the torchtitan recipe. torchtitan's op policy keeps every
+    # other matmul output, ours keeps all of them, so the estimate must sit at or a little above.
     s = make_sweep(model="llama3-8b", seq_len=8192, global_batch_size=16,
-                   cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"}, space={"tp": [1]})
+                   cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"}, space={"tp": [1]},
+                   memory={"recipe": "torchtitan"})
     e = est(Layout(sharding="fsdp", micro_batch_size=2, activation_checkpointing="selective",
                    attention="flash2", rmsnorm="fused"), s)
-    assert 1.0 <= e["total"] / GIB / 82.4 <= 1.15
+    assert 1.0 <= e["reserved"] / GIB / 82.4 <= 1.15
 
 
 def test_fsdp_with_pipeline_keeps_the_stage_unsharded():
