@@ -119,6 +119,13 @@ def stage_layers(layers: int, pp: int, chunks: int = 1) -> tuple[int, ...]:
     return tuple(sum(split[r::pp]) for r in range(pp))
 
 
+def pipeline_shapes(cols: Columns) -> list[tuple[int, int]]:
+    """The distinct (pp, chunks per rank) pairs among the layouts, in order."""
+    # one int64 key per row (chunks < 2**20), then the distinct keys: a 1-D unique is fast
+    key = np.asarray(cols["pp"], dtype=np.int64) * (1 << 20) + np.asarray(cols["chunks"], dtype=np.int64)
+    return [(int(k) >> 20, int(k) & ((1 << 20) - 1)) for k in np.unique(key)]
+
+
 def stage_params_at(cols: Columns, sweep: Sweep, layers: np.ndarray | float, *, first: np.ndarray | bool,
                     last: np.ndarray | bool) -> np.ndarray:
     """Parameters on a rank of a stage holding `layers` blocks (tp-split).
@@ -138,8 +145,10 @@ def stage_params_at(cols: Columns, sweep: Sweep, layers: np.ndarray | float, *, 
 def stage_params(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.ndarray]:
     """Parameters on a rank of the first and of the last pipeline stage (tp-split, uneven splits included)."""
     L = sweep.model.layers
-    first_layers = np.asarray([stage_layers(L, int(p))[0] for p in cols["pp"]], dtype=float)
-    last_layers = np.asarray([stage_layers(L, int(p))[-1] for p in cols["pp"]], dtype=float)
+    first_layers, last_layers = np.zeros(len(cols["pp"])), np.zeros(len(cols["pp"]))
+    for p in np.unique(cols["pp"]):
+        split = stage_layers(L, int(p)) if p <= L else (np.nan,)
+        first_layers[cols["pp"] == p], last_layers[cols["pp"] == p] = split[0], split[-1]
     single = cols["pp"] == 1
     first = stage_params_at(cols, sweep, first_layers, first=True, last=single)
     last = np.where(single, first, stage_params_at(cols, sweep, last_layers, first=False, last=True))
@@ -397,6 +406,16 @@ def _state_and_buffers(cols: Columns, sweep: Sweep, params: np.ndarray) -> tuple
     return recipe_state_bytes(cols, sweep, params)
 
 
+def _ranks_to_check(pp: int, chunks: int) -> list[int]:
+    """Pipeline ranks that can be the most loaded. Without interleaving, the middle ranks hold
+    no embedding and no head, rank 1 has the most micro-batches in flight among them and gets
+    an extra layer first (`split_layers` fills the middle first), so it bounds ranks 2..pp-2;
+    with interleaving every rank is checked."""
+    if chunks > 1:
+        return list(range(pp))
+    return sorted({0, min(1, pp - 1), pp - 1})
+
+
 def estimate(cols: Columns, sweep: Sweep) -> Estimate:
     """Peak memory per GPU for every layout in `cols` (derived columns included).
 
@@ -412,11 +431,12 @@ def estimate(cols: Columns, sweep: Sweep) -> Estimate:
     best_total = np.full(n, -np.inf)
     stage = np.zeros(n, dtype=np.int64)
     p2p = p2p_bytes(cols, sweep)
-    for pp_value, chunks in sorted({(int(p), int(c)) for p, c in zip(cols["pp"], cols["chunks"])}):
+    for pp_value, chunks in pipeline_shapes(cols):
         rows = np.flatnonzero((cols["pp"] == pp_value) & (cols["chunks"] == chunks))
         sub = {k: v[rows] for k, v in cols.items()}
         layers = stage_layers(sweep.model.layers, pp_value, chunks) if pp_value <= sweep.model.layers else ()
-        for rank, count in enumerate(layers):
+        for rank in _ranks_to_check(pp_value, chunks):
+            count = layers[rank]
             first, last = rank == 0, rank == pp_value - 1
             params = stage_params_at(sub, sweep, float(count), first=first, last=last)
             weights, grads, optimizer, buffers = _state_and_buffers(sub, sweep, params)

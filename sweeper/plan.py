@@ -117,13 +117,31 @@ def make_plan(sweep: Sweep) -> Plan:
         reason[hit] = _per_distinct(key, lambda i, rule=rule: rule.explain(cols, sweep, int(i)), hit)
 
     _mark_duplicates(cols, codes, radix, status, code, reason)
-    mem = estimate(cols, sweep)
+    # memory and throughput only for the valid rows (a few % of a large space); NaN elsewhere
+    valid = np.flatnonzero(status == CANDIDATE)
+    sub = {k: v[valid] for k, v in cols.items()}
+    mem = _spread_estimate(estimate(sub, sweep), valid, n)
     over = np.flatnonzero((status == CANDIDATE) & ~mem.fits)
     status[over], code[over] = PRUNED, "memory"
     gib, cap = mem.total / 1024**3, mem.capacity_bytes / 1024**3
     reason[over] = [f"needs {gib[i]:.1f} GiB > {cap:.1f} GiB usable on {sweep.cluster.gpu.name}" for i in over]
-    pred = predict(cols, sweep).mfu
+    pred = np.full(n, np.nan)
+    pred[valid] = predict(sub, sweep).mfu
     return Plan(sweep, cols, status.astype(str), code.astype(str), reason.astype(str), mem, pred)
+
+
+def _spread_estimate(sub: Estimate, rows: np.ndarray, n: int) -> Estimate:
+    """An estimate over a subset of rows, widened to all n rows (NaN where not estimated)."""
+    def wide(a: np.ndarray | None, fill: float = np.nan) -> np.ndarray:
+        out = np.full(n, fill)
+        if a is not None:
+            out[rows] = a
+        return out
+
+    fields = {f: wide(getattr(sub, f)) for f in ("weights", "grads", "optimizer", "activations", "logits",
+                                                   "buffers", "allocator", "overhead")}
+    return Estimate(**fields, capacity_bytes=sub.capacity_bytes, recipe=sub.recipe,
+                    stage=wide(sub.stage, -1).astype(np.int64))
 
 
 _MESSAGE_KNOBS = ("tp", "pp", "micro_batch_size", "pp_schedule", "virtual_stages")
