@@ -41,6 +41,11 @@ class Plan:
     def candidate_mask(self) -> np.ndarray:
         return self.status == CANDIDATE
 
+    def near_card(self) -> np.ndarray:
+        """Pruned layouts whose predicted total is within memory.probe_margin of the usable card."""
+        margin = self.sweep.memory.probe_margin
+        return (self.status == PRUNED) & (self.memory.total <= self.memory.capacity_bytes * (1 + margin))
+
     def counts(self) -> dict[str, int]:
         return dict(Counter(self.status.tolist()))
 
@@ -66,6 +71,7 @@ class Plan:
         data["reason"] = self.reason
         for name, values in self.memory.gib().items():
             data[name] = np.round(values, 4)
+        data["peak_stage"] = self.memory.stage if self.memory.stage is not None else np.zeros(len(self), dtype=np.int64)
         data["mem_share"] = np.round(self.memory.total / (self.sweep.cluster.gpu.memory_gib * 1024**3), 4)
         data["pred_mfu"] = np.where(self.status == INVALID, np.nan, np.round(self.pred_mfu, 4))
         frame = pd.DataFrame(data)

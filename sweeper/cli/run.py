@@ -77,6 +77,8 @@ def plan_summary(plan) -> dict:  # noqa: ANN001
     cands = frame[frame.status == "candidate"]
     return {
         "name": plan.sweep.name,
+        "memory_recipe": plan.memory.recipe,
+        "near_card": int(plan.near_card().sum()),
         "layouts": len(plan),
         "counts": plan.counts(),
         "reasons": plan.reason_counts(),
