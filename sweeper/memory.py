@@ -416,8 +416,11 @@ def _ranks_to_check(pp: int, chunks: int) -> list[int]:
     return sorted({0, min(1, pp - 1), pp - 1})
 
 
-def estimate(cols: Columns, sweep: Sweep) -> Estimate:
+def estimate(cols: Columns, sweep: Sweep, *, rank: int | None = None) -> Estimate:
     """Peak memory per GPU for every layout in `cols` (derived columns included).
+
+    `rank`: estimate that pipeline rank only (-1: the last, where Megatron-LM's logging rank
+    sits) instead of the most loaded one.
 
     Every pipeline rank is estimated (its layers from `stage_layers`, the embedding on the
     first, the head and the logits on the last, its micro-batches in flight) and the one with
@@ -435,12 +438,12 @@ def estimate(cols: Columns, sweep: Sweep) -> Estimate:
         rows = np.flatnonzero((cols["pp"] == pp_value) & (cols["chunks"] == chunks))
         sub = {k: v[rows] for k, v in cols.items()}
         layers = stage_layers(sweep.model.layers, pp_value, chunks) if pp_value <= sweep.model.layers else ()
-        for rank in _ranks_to_check(pp_value, chunks):
-            count = layers[rank]
-            first, last = rank == 0, rank == pp_value - 1
+        for r in (_ranks_to_check(pp_value, chunks) if rank is None else [rank % pp_value]):
+            count = layers[r]
+            first, last = r == 0, r == pp_value - 1
             params = stage_params_at(sub, sweep, float(count), first=first, last=last)
             weights, grads, optimizer, buffers = _state_and_buffers(sub, sweep, params)
-            inflight = microbatches_in_flight_at(sub, rank)
+            inflight = microbatches_in_flight_at(sub, r)
             terms = {
                 "weights": weights, "grads": grads, "optimizer": optimizer,
                 "activations": inflight * count * kept[rows] + transient[rows],
@@ -453,7 +456,7 @@ def estimate(cols: Columns, sweep: Sweep) -> Estimate:
             for k in names:
                 best[k][idx] = terms[k][better]
             best_total[idx] = total[better]
-            stage[idx] = rank
+            stage[idx] = r
     allocated = sum(best.values())
     capacity = sweep.cluster.gpu.memory_gib * GIB * (1 - sweep.memory.headroom)
     return Estimate(
