@@ -190,7 +190,8 @@ def _record(run: SweepRun, number: int, rec: dict[str, Any], outcome: Outcome) -
 def _measured(row: dict[str, Any]) -> dict[str, Any]:
     """What the search learns from a result row."""
     return {"status": row["status"], "mfu": row.get("mfu"), "step_time_s": row.get("step_time_mean_s"),
-            "peak_mem_gib": row.get("peak_mem_gib"), "device": row.get("device")}
+            "peak_mem_gib": row.get("peak_mem_gib"), "device": row.get("device"),
+            "peak_mem_reserved_gib": row.get("peak_mem_reserved_gib")}
 
 
 def _ts(value: Any) -> Any:

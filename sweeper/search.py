@@ -20,9 +20,10 @@ from sweeper.errors import SweepError
 from sweeper.hardware import GIB
 from sweeper.knobs import KNOBS
 from sweeper.layout import NO_EFFECT_VALUE, Layout, ineffective
-from sweeper.learn import memory_scale, needs_at_least
+from sweeper.learn import needs_at_least
+from sweeper.memfit import MemoryFit, mirror, probe_rows, refit, refitted_total
 from sweeper.perfmodel import Calibration, calibrate, predict
-from sweeper.plan import Plan
+from sweeper.plan import PRUNED, Plan
 
 SAMPLERS = ("auto", "grid", "random", "tpe", "gp")
 FAILED_OBJECTIVE = 0.0  # what a failed, OOM or rejected layout is worth to the sampler (MFU 0)
@@ -100,6 +101,20 @@ class LayoutSearch:
         self.pred_mfu = self.model.mfu
         self._measured: dict[int, float] = {}  # plan row -> measured step time
         self._peaks: dict[int, float] = {}  # plan row -> measured peak GiB (GPU runs only)
+        self._reserved: dict[int, float] = {}  # plan row -> measured reserved GiB, where logged
+        # memory learned both ways (sweeper.memfit): pruned rows re-admitted, and why
+        self.readmitted: dict[int, str] = {}
+        self._mem_excluded: set[int] = set()  # excluded by a refit (a later refit may re-admit)
+        self._proven: set[int] = set()  # fit for certain: they ran, or need no more than one that ran
+        self.memory_fit = MemoryFit()
+        mem = plan.memory
+        probes = [] if sampler == "grid" else probe_rows(
+            mem.total, mem.capacity_bytes, self.sweep.memory.probe_margin, plan.status == PRUNED,
+            plan.candidate_mask, plan.pred_mfu)
+        for r in probes:
+            need = mem.total[r] / GIB
+            self._readmit(r, f"probe: predicted {need:.1f} GiB, within {100 * self.sweep.memory.probe_margin:.0f}% "
+                             f"of the card, and clearly the fastest predicted layout")
 
     # ---- identity of layouts ---------------------------------------------------------
     def _key_of_row(self, row: int) -> tuple:
@@ -112,7 +127,8 @@ class LayoutSearch:
 
     # ---- ask / tell ------------------------------------------------------------------
     def untried(self) -> list[int]:
-        return [int(r) for r in self.rows if r not in self.done and r not in self.running and r not in self.excluded]
+        pool = [*self.rows.tolist(), *(r for r in self.readmitted if not self.plan.candidate_mask[r])]
+        return [int(r) for r in pool if r not in self.done and r not in self.running and r not in self.excluded]
 
     def remaining(self) -> int:
         return len(self.untried())
@@ -161,7 +177,8 @@ class LayoutSearch:
         return Proposal(trial.number, row, self.plan.layout(row))
 
     def observe(self, row: int, *, status: str, mfu: float | None, step_time_s: float | None = None,
-                peak_mem_gib: float | None = None, device: str | None = None) -> float:
+                peak_mem_gib: float | None = None, device: str | None = None,
+                peak_mem_reserved_gib: float | None = None) -> float:
         """Learn from a finished trial (also from an earlier run's rows); returns its objective."""
         value = mfu if (status == "ok" and mfu is not None) else FAILED_OBJECTIVE
         self.running.discard(row)
@@ -172,9 +189,14 @@ class LayoutSearch:
         if status == "ok" and step_time_s:
             self._measured[row] = step_time_s
             self._recalibrate()
-        if status == "ok" and peak_mem_gib and device and not device.startswith("cpu"):
-            self._peaks[row] = peak_mem_gib
-            self._tighten_memory()
+        gpu_peak = bool(device) and not str(device).startswith("cpu")
+        if status == "ok" and gpu_peak and (peak_mem_gib or peak_mem_reserved_gib):
+            self._peaks[row] = peak_mem_gib or 0.0
+            if peak_mem_reserved_gib:
+                self._reserved[row] = peak_mem_reserved_gib
+            self._refit_memory()
+        if status == "ok":
+            self._mirror(row)
         return value
 
     def tell(self, optuna_trial: int, row: int, *, status: str, mfu: float | None, **measured: object) -> None:
@@ -209,17 +231,45 @@ class LayoutSearch:
             self.calibration.compute_scale * self.model.compute + self.calibration.comm_scale * self.model.comm, 1e-12)
         self.pred_mfu = self.model.mfu * scale
 
-    def _tighten_memory(self) -> None:
+    def _readmit(self, row: int, why: str) -> None:
+        self.readmitted[row] = why
+        self._row_of_key.setdefault(self._key_of_row(row), row)
+        if row in self._mem_excluded:
+            self._mem_excluded.discard(row)
+            self.excluded.pop(row, None)
+
+    def _refit_memory(self) -> None:
+        """Refit the estimate to every measured peak; judge the untried layouts again, both ways."""
         mem = self.plan.memory
-        tensors = (mem.total - mem.overhead) / GIB
         rows = list(self._peaks)
-        k = memory_scale([float(tensors[r]) for r in rows], [self._peaks[r] for r in rows])
-        if k <= 1.0:
-            return
-        over = (tensors * k + mem.overhead / GIB) * GIB > mem.capacity_bytes
+        self.memory_fit = refit(mem, rows, [self._peaks[r] for r in rows], [self._reserved.get(r) for r in rows])
+        total = refitted_total(mem, self.memory_fit)
+        fits = total <= mem.capacity_bytes
+        why = self.memory_fit.describe()
         for r in self.untried():
-            if over[r]:
-                self.excluded[r] = f"measured peaks run {k:.2f}x the estimate: this layout would not fit"
+            if not fits[r] and r not in self._proven:
+                self.excluded[r] = f"refit ({why}): needs {total[r] / GIB:.1f} GiB, over the card"
+                self._mem_excluded.add(r)
+        for r in np.flatnonzero(fits & (self.plan.candidate_mask | (self.plan.status == PRUNED))):
+            r = int(r)
+            if r in self.done or r in self.running:
+                continue
+            if r in self._mem_excluded or (not self.plan.candidate_mask[r] and r not in self.readmitted):
+                self._readmit(r, f"refit ({why}): needs {total[r] / GIB:.1f} GiB, fits the card")
+
+    def _mirror(self, ok_row: int) -> None:
+        """A layout that ran re-admits every pruned layout that needs no more memory than it."""
+        mem = self.plan.memory
+        self._proven.add(ok_row)
+        pool = [int(r) for r in np.flatnonzero(self.plan.status == PRUNED)
+                if r not in self.done and (r not in self.readmitted or r in self._mem_excluded)]
+        pool += [r for r in self._mem_excluded if self.plan.candidate_mask[r]]
+        m = mirror(self.plan.cols, mem.total, mem.capacity_bytes, ok_row, np.asarray(pool, dtype=int))
+        for r in m.readmit:
+            r = int(r)
+            self._proven.add(r)
+            self._readmit(r, f"needs no more memory than plan row {ok_row}, which ran; the estimate was at least "
+                             f"{m.too_high_bytes / GIB:.1f} GiB ({100 * m.too_high_share:.0f}%) too high there")
 
     def abandon(self, optuna_trial: int) -> None:
         """A trial that will not report (vanished, or interrupted before it was submitted)."""
