@@ -270,7 +270,11 @@ def logits_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.ndarray]:
     tokens = sweep.seq_len * cols["micro_batch_size"]
     logits = tokens * sweep.model.vocab / t
     head_in = tokens * (norm_bytes(cols, sweep, r) + e * sweep.model.hidden)
-    return 4.0 * logits + head_in, (e + 4.0) * logits
+    # Megatron-LM's vocab_parallel_cross_entropy (megatron/core/tensor_parallel/cross_entropy.py)
+    # casts the logits to fp32 and works in place on that copy, which it keeps: at the peak only
+    # the e-byte logits coexist with the kept fp32 softmax, and its gradient reuses it in place
+    transient = e if sweep.memory.recipe == "megatron" else e + 4.0
+    return 4.0 * logits + head_in, transient * logits
 
 
 def overhead_bytes(cols: Columns, sweep: Sweep) -> np.ndarray:
@@ -406,6 +410,27 @@ def _state_and_buffers(cols: Columns, sweep: Sweep, params: np.ndarray) -> tuple
     return recipe_state_bytes(cols, sweep, params)
 
 
+def recipe_activation_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, transient) of one block as the sweep's trainer checkpoints it, per micro-batch.
+
+    The built-in trainer's terms (`layer_activation_bytes`), except torchtitan's `selective`:
+    its op-level policy (torchtitan/models/llama3/infra/parallelize.py, `_apply_ac_to_transformer_block`,
+    "Saves output of all compute ops, except every second mm") keeps the 1st, 3rd, 5th and 7th
+    matmul of a SwiGLU block (wq, wv, w1, w2) and recomputes wk, wo and w3: e*(kv/t + h + ffn/t)
+    bytes per token fewer kept, materialised again one block at a time in backward.
+    """
+    kept, transient = layer_activation_bytes(cols, sweep)
+    m = sweep.model
+    if sweep.memory.recipe != "torchtitan" or m.mlp != "swiglu":
+        return kept, transient
+    e = compute_bytes(sweep)
+    t = cols["tp"].astype(float)
+    tokens = sweep.seq_len * cols["micro_batch_size"]
+    recomputed = e * (m.kv_dim / t + m.hidden + m.ffn / t) * tokens
+    selective = cols["activation_checkpointing"] == "selective"
+    return np.where(selective, kept - recomputed, kept), np.where(selective, transient + recomputed, transient)
+
+
 def _ranks_to_check(pp: int, chunks: int) -> list[int]:
     """Pipeline ranks that can be the most loaded. Without interleaving, the middle ranks hold
     no embedding and no head, rank 1 has the most micro-batches in flight among them and gets
@@ -426,7 +451,7 @@ def estimate(cols: Columns, sweep: Sweep, *, rank: int | None = None) -> Estimat
     first, the head and the logits on the last, its micro-batches in flight) and the one with
     the largest total reported, with its index in `Estimate.stage`.
     """
-    kept, transient = layer_activation_bytes(cols, sweep)
+    kept, transient = recipe_activation_bytes(cols, sweep)
     logit_kept, logit_transient = logits_bytes(cols, sweep)
     n = len(cols["tp"])
     names = ("weights", "grads", "optimizer", "activations", "logits", "buffers")
@@ -447,7 +472,10 @@ def estimate(cols: Columns, sweep: Sweep, *, rank: int | None = None) -> Estimat
             terms = {
                 "weights": weights, "grads": grads, "optimizer": optimizer,
                 "activations": inflight * count * kept[rows] + transient[rows],
-                "logits": inflight * logit_kept[rows] + logit_transient[rows] if last else np.zeros(len(rows)),
+                # the head runs in the last model chunk only: one micro-batch's logits kept under
+                # the 1F1B schedules (interleaved included), every micro-batch's under GPipe
+                "logits": (np.where(sub["pp_schedule"] == "gpipe", np.maximum(sub["grad_accum"], 1), 1.0) * logit_kept[rows]
+                           if pp_value > 1 else logit_kept[rows]) + logit_transient[rows] if last else np.zeros(len(rows)),
                 "buffers": buffers + p2p[rows],
             }
             total = sum(terms.values())

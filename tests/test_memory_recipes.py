@@ -216,3 +216,32 @@ def test_unknown_recipe_exits_2_through_the_cli(tmp_path):
     assert r.returncode == 2
     assert "memory.recipe" in r.stderr and "allowed: builtin, megatron" in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def test_megatron_cross_entropy_works_in_place_on_its_fp32_copy():
+    # 128 tokens x vocab 128 logits: kept fp32 softmax 4 bytes; at the peak only the bf16 logits
+    # (2) coexist with it under megatron, the built-in trainer also holds an fp32 gradient (2 + 4)
+    logits = 128 * 128
+    b = estimate(Layout().columns(small()), small())
+    m = estimate(Layout().columns(small(recipe="megatron")), small(recipe="megatron"))
+    assert float(b.logits[0] - m.logits[0]) == 4 * logits
+
+
+def test_torchtitan_selective_recomputes_every_second_matmul():
+    # torchtitan's op policy keeps wq, wv, w1, w2 outputs and recomputes wk, wo, w3:
+    # e*(kv + h + ffn) = 2*(64 + 64 + 256) = 768 bytes per token per block fewer kept,
+    # one block of them materialised again in backward
+    lay = Layout(activation_checkpointing="selective")
+    b = estimate(lay.columns(small()), small())
+    t = estimate(lay.columns(small(recipe="torchtitan")), small(recipe="torchtitan"))
+    per_block = 768 * 128
+    assert float(b.activations[0] - t.activations[0]) == 2 * per_block - per_block
+
+
+def test_interleaved_last_rank_keeps_one_micro_batch_of_logits():
+    s = make_sweep(model=SMALL | {"layers": 4}, seq_len=128, global_batch_size=64,
+                   cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"},
+                   space={"tp": [1], "pp": [2], "pp_schedule": ["interleaved"], "virtual_stages": [1]})
+    e1 = estimate(Layout(pp=2).columns(s), s, rank=-1)
+    e2 = estimate(Layout(pp=2, pp_schedule="interleaved", virtual_stages=2).columns(s), s, rank=-1)
+    assert float(e1.logits[0]) == float(e2.logits[0])
