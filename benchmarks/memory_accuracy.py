@@ -79,15 +79,17 @@ def memory_of(row: dict[str, str]) -> dict[str, Any]:
 def layout_of(row: dict[str, str]) -> Layout:
     vpp = _int(row["vpp"]) or 1
     pp = int(row["pp"])
-    # Megatron-LM runs TransformerEngine's fused LayerNorm/RMSNorm; torchtitan and DeepSpeed's
-    # GPT-2 examples the framework's plain norm
-    fused = row["recipe"] == "megatron"
+    # Megatron-LM runs TransformerEngine's fused LayerNorm/RMSNorm, and torch.compile fuses
+    # torchtitan's norm (the CSV has no compile column: fid-data's notes say "compile=true");
+    # otherwise torchtitan and DeepSpeed's GPT-2 examples run the framework's plain norm
+    compiled = "compile=true" in row["notes"] or "torch.compile" in row["source_ref"]
+    fused = row["recipe"] == "megatron" or compiled
     return Layout(
         tp=int(row["tp"]), pp=pp, micro_batch_size=int(row["micro_batch_size"]),
         sequence_parallel=bool(_bool(row["sequence_parallel"])) and int(row["tp"]) > 1,
         activation_checkpointing=row["activation_checkpointing"] or "none",
         attention=row["attention"] or "flash2", rmsnorm="fused" if fused else "eager",
-        sharding=row["sharding"] or "none",
+        sharding=row["sharding"] or "none", compile=compiled,
         pp_schedule="interleaved" if (pp > 1 and vpp > 1) else "1f1b", virtual_stages=vpp if (pp > 1 and vpp > 1) else 1,
     )
 
