@@ -245,3 +245,24 @@ def test_interleaved_last_rank_keeps_one_micro_batch_of_logits():
     e1 = estimate(Layout(pp=2).columns(s), s, rank=-1)
     e2 = estimate(Layout(pp=2, pp_schedule="interleaved", virtual_stages=2).columns(s), s, rank=-1)
     assert float(e1.logits[0]) == float(e2.logits[0])
+
+
+def test_dry_run_shows_the_recipe_and_allocated_reserved(tmp_path):
+    f = tmp_path / "m.yaml"
+    f.write_text("name: m\nmodel: {layers: 60, hidden: 6656, heads: 52, ffn: 17920, vocab: 32000}\n"
+                 "seq_len: 2048\nglobal_batch_size: 1024\ncluster: {nodes: 16, gpus_per_node: 8, gpu: a100-80gb}\n"
+                 "space: {tp: [2, 4], pp: [8, 16], micro_batch_size: [1, 2]}\n"
+                 "workload: {kind: megatron, command: 'python pretrain_gpt.py {flags}'}\n")
+    r = subprocess.run([sys.executable, "-c", "from sweeper.cli import main; main()", "run", str(f), "--dry-run", "--json"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    import json
+
+    data = json.loads(r.stdout)
+    assert data["memory_recipe"] == "megatron"  # from workload.kind
+    assert "near_card" in data and data["counts"].get("invalid", 0) == 0
+    c = data["candidates"][0]
+    assert c["mem_reserved_gib"] == pytest.approx(1.10 * c["mem_allocated_gib"], rel=1e-3)
+    r = subprocess.run([sys.executable, "-c", "from sweeper.cli import main; main()", "run", str(f), "--dry-run"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert "memory recipe: megatron" in r.stdout and "within 5% of the card" in r.stdout
