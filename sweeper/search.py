@@ -76,7 +76,9 @@ class LayoutSearch:
     budget; otherwise it spends its first trials on the layouts the throughput model ranks
     highest, then alternates: TPE explores, the recalibrated model exploits. Every outcome teaches: an OOM excludes the layouts that
     need at least as much memory, measured step times recalibrate the throughput model,
-    measured peaks above the estimate tighten the memory check.
+    measured peaks refit the memory estimate both ways, a layout that ran re-admits the pruned
+    layouts that need no more memory, and a clearly faster layout just over the card gets a
+    probe trial (`sweeper.memfit`).
     """
 
     def __init__(self, plan: Plan, study: optuna.Study, *, sampler: str, max_trials: int, seed: int = 0,
