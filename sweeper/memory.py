@@ -349,12 +349,14 @@ def recipe_bytes(sweep: Sweep, sharding: str) -> StateBytes:
         sharded = ["master", "optimizer"] if distributed else []
         if sharding == "fsdp":
             sharded = ["params", "grads", "master", "optimizer"]
-        return StateBytes(params=params, grads=grads, master=master, optimizer=8.0, sharded=sharded)
+        return StateBytes.model_validate(
+            {"params": params, "grads": grads, "master": master, "optimizer": 8.0, "sharded": sharded})
     if m.recipe == "deepspeed":
         grads = 4.0 if (m.grad_accum_dtype == "fp32" or e == 4) else 2.0  # default: the parameters' dtype
         stage = {"none": 0, "zero1": 1, "fsdp": 3}[sharding] if (m.zero_stage is None or sharding == "none") else m.zero_stage
         sharded = ["master", "optimizer", "grads", "params"][: {0: 0, 1: 2, 2: 3, 3: 4}[stage]]
-        return StateBytes(params=params, grads=grads, master=master, optimizer=8.0, sharded=sharded)
+        return StateBytes.model_validate(
+            {"params": params, "grads": grads, "master": master, "optimizer": 8.0, "sharded": sharded})
     raise ValueError(f"memory.recipe {m.recipe!r} has no byte table here (builtin and torchtitan use builtin_state_bytes)")
 
 
@@ -373,8 +375,8 @@ def recipe_state_bytes(cols: Columns, sweep: Sweep, params: np.ndarray) -> tuple
         b = recipe_bytes(sweep, str(value))
         rows = cols["sharding"] == value
 
-        def part(name: str, per_param: float) -> np.ndarray:
-            return per_param * params / np.where(name in b.sharded, dp, 1.0)
+        def part(name: str, per_param: float, sharded: tuple[str, ...] = tuple(b.sharded)) -> np.ndarray:
+            return per_param * params / np.where(name in sharded, dp, 1.0)
 
         gathered = np.where("params" in b.sharded, 2 * unit * e + unit * b.grads, 0.0)
         weights = part("params", b.params) + part("master", b.master) + gathered
@@ -489,6 +491,6 @@ def estimate(cols: Columns, sweep: Sweep, *, rank: int | None = None) -> Estimat
     capacity = sweep.cluster.gpu.memory_gib * GIB * (1 - sweep.memory.headroom)
     return Estimate(
         best["weights"], best["grads"], best["optimizer"], best["activations"], best["logits"], best["buffers"],
-        allocated * (reserved_factor(sweep) - 1.0), overhead_bytes(cols, sweep), capacity,
+        np.asarray(allocated * (reserved_factor(sweep) - 1.0)), overhead_bytes(cols, sweep), capacity,
         recipe=sweep.memory.recipe or "builtin", stage=stage,
     )

@@ -18,7 +18,13 @@ import numpy as np
 
 from sweeper.flops import model_flops_per_token
 from sweeper.layout import Columns
-from sweeper.memory import SCORE_KERNELS, compute_bytes, pipeline_shapes, stage_layers, stage_params
+from sweeper.memory import (
+    SCORE_KERNELS,
+    compute_bytes,
+    pipeline_shapes,
+    stage_layers,
+    stage_params,
+)
 from sweeper.spec import Sweep
 
 GIGA = 1e9

@@ -252,8 +252,8 @@ class LayoutSearch:
             if not fits[r] and r not in self._proven:
                 self.excluded[r] = f"refit ({why}): needs {total[r] / GIB:.1f} GiB, over the card"
                 self._mem_excluded.add(r)
-        for r in np.flatnonzero(fits & (self.plan.candidate_mask | (self.plan.status == PRUNED))):
-            r = int(r)
+        for found in np.flatnonzero(fits & (self.plan.candidate_mask | (self.plan.status == PRUNED))):
+            r = int(found)
             if r in self.done or r in self.running:
                 continue
             if r in self._mem_excluded or (not self.plan.candidate_mask[r] and r not in self.readmitted):
@@ -267,8 +267,8 @@ class LayoutSearch:
                 if r not in self.done and (r not in self.readmitted or r in self._mem_excluded)]
         pool += [r for r in self._mem_excluded if self.plan.candidate_mask[r]]
         m = mirror(self.plan.cols, mem.total, mem.capacity_bytes, ok_row, np.asarray(pool, dtype=int))
-        for r in m.readmit:
-            r = int(r)
+        for found in m.readmit:
+            r = int(found)
             self._proven.add(r)
             self._readmit(r, f"needs no more memory than plan row {ok_row}, which ran; the estimate was at least "
                              f"{m.too_high_bytes / GIB:.1f} GiB ({100 * m.too_high_share:.0f}%) too high there")

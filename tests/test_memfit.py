@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 
 from sweeper.hardware import GIB
-from sweeper.memfit import MemoryFit, mirror, needs_at_most, probe_rows, refit, refitted_total
+from sweeper.memfit import (
+    MemoryFit,
+    mirror,
+    needs_at_most,
+    probe_rows,
+    refit,
+    refitted_total,
+)
 from sweeper.plan import make_plan
 from sweeper.search import LayoutSearch, make_sampler, open_study
 from sweeper.workloads import parse_megatron

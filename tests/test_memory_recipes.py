@@ -12,7 +12,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from sweeper.errors import SpecError
@@ -140,7 +139,6 @@ def test_60_layers_at_pp8_is_a_candidate_with_its_most_loaded_stage():
     e = plan.memory
     # per block on a tp=4 rank: attention 4*6656^2/4, SwiGLU 3*6656*17920/4, norms 2*6656
     block = (4 * 6656**2 + 3 * 6656 * 17920) / 4 + 2 * 6656
-    embed = 32000 * 6656 / 4
     dp = 4  # 128 GPUs / (4 * 8)
     # rank 0: 7 blocks + embedding, 8 micro-batches in flight; rank 1: 8 blocks, 7 in flight;
     # last: 7 blocks + head + norm, 1 in flight + logits. Same activations on ranks 0 and 1
@@ -212,7 +210,7 @@ def test_unknown_recipe_exits_2_through_the_cli(tmp_path):
     f.write_text("name: bad\nmodel: llama-7b\nseq_len: 2048\nglobal_batch_size: 64\n"
                  "cluster: {nodes: 1, gpus_per_node: 8, gpu: a100-80gb}\nmemory: {recipe: warp}\n")
     r = subprocess.run([sys.executable, "-c", "from sweeper.cli import main; main()", "run", str(f), "--dry-run"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                       check=False, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "memory.recipe" in r.stderr and "allowed: builtin, megatron" in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
@@ -254,7 +252,7 @@ def test_dry_run_shows_the_recipe_and_allocated_reserved(tmp_path):
                  "space: {tp: [2, 4], pp: [8, 16], micro_batch_size: [1, 2]}\n"
                  "workload: {kind: megatron, command: 'python pretrain_gpt.py {flags}'}\n")
     r = subprocess.run([sys.executable, "-c", "from sweeper.cli import main; main()", "run", str(f), "--dry-run", "--json"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                       check=False, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     import json
 
@@ -264,5 +262,5 @@ def test_dry_run_shows_the_recipe_and_allocated_reserved(tmp_path):
     c = data["candidates"][0]
     assert c["mem_reserved_gib"] == pytest.approx(1.10 * c["mem_allocated_gib"], rel=1e-3)
     r = subprocess.run([sys.executable, "-c", "from sweeper.cli import main; main()", "run", str(f), "--dry-run"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                       check=False, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert "memory recipe: megatron" in r.stdout and "within 5% of the card" in r.stdout
