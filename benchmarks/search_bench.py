@@ -38,8 +38,8 @@ ATTENTION = {"flash2": 1.0, "cudnn": 1.01, "flash1": 0.91, "sdpa_efficient": 0.9
 CKPT = {"none": 1.0, "selective": 0.965, "ffn": 0.9, "full": 0.755}
 
 
-def simulate(plan: Plan, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(true MFU, true OOM) for every layout of the plan; invalid layouts get NaN."""
+def simulate(plan: Plan, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(true MFU, true OOM, true peak GiB) for every layout of the plan; invalid layouts get NaN."""
     sw, c = plan.sweep, plan.cols
     rng = np.random.default_rng(1000 + seed)
     n = len(plan)
@@ -69,11 +69,11 @@ def simulate(plan: Plan, seed: int) -> tuple[np.ndarray, np.ndarray]:
     true_bytes = mem.weights + mem.grads + mem.optimizer + mem.overhead + (mem.activations + mem.logits) * act_err
     oom = true_bytes > sw.cluster.gpu.memory_gib * 1024**3 * 0.97
     valid = plan.status != "invalid"
-    return np.where(valid, mfu, np.nan), oom & valid
+    return np.where(valid, mfu, np.nan), oom & valid, (true_bytes - mem.overhead) / 1024**3
 
 
-def run_strategy(plan: Plan, truth: tuple[np.ndarray, np.ndarray], strategy: str, seed: int) -> dict:
-    mfu, oom = truth
+def run_strategy(plan: Plan, truth: tuple[np.ndarray, np.ndarray, np.ndarray], strategy: str, seed: int) -> dict:
+    mfu, oom, peak_gib = truth
     sw = plan.sweep
     cand = plan.candidate_mask
     ok_cand = cand & ~oom
@@ -99,7 +99,9 @@ def run_strategy(plan: Plan, truth: tuple[np.ndarray, np.ndarray], strategy: str
         else:
             step = tokens * fpt / (mfu[r] * sw.cluster.world * peak)
             gpu_h += sw.cluster.world * (STARTUP_S + sw.trial.steps * step) / 3600
-            search.tell(p.optuna_trial, r, status="ok", mfu=float(mfu[r]), step_time_s=step)
+            # a GPU trial reports its peak (max allocated), as the built-in trainer and Megatron-LM do
+            search.tell(p.optuna_trial, r, status="ok", mfu=float(mfu[r]), step_time_s=step,
+                        peak_mem_gib=float(peak_gib[r]), device="cuda")
             if within is None and mfu[r] >= 0.99 * best:
                 within = trial
             if r == best_row:
@@ -149,7 +151,7 @@ def main() -> None:
         for strategy in ("default", "tpe", "random", "grid"):
             seeds = SEEDS if strategy != "grid" else (0,)
             per[strategy] = [run_strategy(plan, simulate(plan, s), strategy, s) for s in seeds]
-        mfu, oom = simulate(plan, 0)
+        mfu, oom, _ = simulate(plan, 0)
         fits = (plan.status != "invalid") & ~oom
         pruned_best = plan.status[int(np.nanargmax(np.where(fits, mfu, np.nan)))] == "pruned"
         for strategy, runs in per.items():
@@ -203,7 +205,7 @@ def true_memory(plan: Plan, direction: str, seed: int) -> tuple[np.ndarray, np.n
 
 
 def run_memory_case(plan: Plan, seed: int, direction: str) -> dict:
-    mfu, _ = simulate(plan, seed)
+    mfu, _, _ = simulate(plan, seed)
     alloc, oom = true_memory(plan, direction, seed)
     sw = plan.sweep
     runnable = (plan.status != "invalid") & ~oom

@@ -248,8 +248,14 @@ class LayoutSearch:
         total = refitted_total(mem, self.memory_fit)
         fits = total <= mem.capacity_bytes
         why = self.memory_fit.describe()
+        # excluding is a prediction, not a fact (an OOM is): only from two peaks on, and only
+        # layouts the refit puts clearly over the card (beyond memory.probe_margin)
+        if self.memory_fit.points < 2:
+            over = np.zeros(len(total), dtype=bool)
+        else:
+            over = total > mem.capacity_bytes * (1 + self.sweep.memory.probe_margin)
         for r in self.untried():
-            if not fits[r] and r not in self._proven:
+            if over[r] and r not in self._proven:
                 self.excluded[r] = f"refit ({why}): needs {total[r] / GIB:.1f} GiB, over the card"
                 self._mem_excluded.add(r)
         for found in np.flatnonzero(fits & (self.plan.candidate_mask | (self.plan.status == PRUNED))):
