@@ -38,8 +38,8 @@ ATTENTION = {"flash2": 1.0, "cudnn": 1.01, "flash1": 0.91, "sdpa_efficient": 0.9
 CKPT = {"none": 1.0, "selective": 0.965, "ffn": 0.9, "full": 0.755}
 
 
-def simulate(plan: Plan, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(true MFU, true OOM) for every layout of the plan; invalid layouts get NaN."""
+def simulate(plan: Plan, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(true MFU, true OOM, true peak GiB) for every layout of the plan; invalid layouts get NaN."""
     sw, c = plan.sweep, plan.cols
     rng = np.random.default_rng(1000 + seed)
     n = len(plan)
@@ -69,11 +69,11 @@ def simulate(plan: Plan, seed: int) -> tuple[np.ndarray, np.ndarray]:
     true_bytes = mem.weights + mem.grads + mem.optimizer + mem.overhead + (mem.activations + mem.logits) * act_err
     oom = true_bytes > sw.cluster.gpu.memory_gib * 1024**3 * 0.97
     valid = plan.status != "invalid"
-    return np.where(valid, mfu, np.nan), oom & valid
+    return np.where(valid, mfu, np.nan), oom & valid, (true_bytes - mem.overhead) / 1024**3
 
 
-def run_strategy(plan: Plan, truth: tuple[np.ndarray, np.ndarray], strategy: str, seed: int) -> dict:
-    mfu, oom = truth
+def run_strategy(plan: Plan, truth: tuple[np.ndarray, np.ndarray, np.ndarray], strategy: str, seed: int) -> dict:
+    mfu, oom, peak_gib = truth
     sw = plan.sweep
     cand = plan.candidate_mask
     ok_cand = cand & ~oom
@@ -95,7 +95,9 @@ def run_strategy(plan: Plan, truth: tuple[np.ndarray, np.ndarray], strategy: str
         else:
             step = tokens * fpt / (mfu[r] * sw.cluster.world * peak)
             gpu_h += sw.cluster.world * (STARTUP_S + sw.trial.steps * step) / 3600
-            search.tell(p.optuna_trial, r, status="ok", mfu=float(mfu[r]), step_time_s=step)
+            # a GPU trial reports its peak (max allocated), as the built-in trainer and Megatron-LM do
+            search.tell(p.optuna_trial, r, status="ok", mfu=float(mfu[r]), step_time_s=step,
+                        peak_mem_gib=float(peak_gib[r]), device="cuda")
             if within is None and mfu[r] >= 0.99 * best:
                 within = trial
             if r == best_row:
@@ -145,7 +147,7 @@ def main() -> None:
         for strategy in ("default", "tpe", "random", "grid"):
             seeds = SEEDS if strategy != "grid" else (0,)
             per[strategy] = [run_strategy(plan, simulate(plan, s), strategy, s) for s in seeds]
-        mfu, oom = simulate(plan, 0)
+        mfu, oom, _ = simulate(plan, 0)
         fits = (plan.status != "invalid") & ~oom
         pruned_best = plan.status[int(np.nanargmax(np.where(fits, mfu, np.nan)))] == "pruned"
         for strategy, runs in per.items():
@@ -169,5 +171,93 @@ def main() -> None:
           f"default / random {math.exp(statistics.mean(map(math.log, ratios_random))):.3f} ({time.time() - t0:.0f} s)")
 
 
+# ---- memory off the estimate --------------------------------------------------------------
+# Sweeps whose true memory differs from the estimate in one direction: "over" (the estimate is
+# too high: true activations 0.6-0.75x, 1-2 GiB less fixed memory, so the plan prunes layouts
+# that fit, the true best among them) and "under" (too low: 1.2-1.4x activations and 1-2 GiB
+# more, so candidates OOM). Each trial that runs reports its true peak as the GPU would (max
+# allocated, and max reserved 8 % above it); the search refits from those, re-admits and
+# excludes (sweeper.memfit). Per recipe and direction: in how many seeds the true best ran,
+# and after how many trials.
+
+RECIPES = ("builtin", "megatron", "torchtitan", "deepspeed")
+MEM_SEEDS = (0, 1, 2)
+
+
+def true_memory(plan: Plan, direction: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(true allocated bytes, true OOM) of every layout: the estimate, off in one direction."""
+    rng = np.random.default_rng(2000 + seed)
+    mem = plan.memory
+    n = len(plan)
+    if direction == "over":
+        scale, fixed = rng.uniform(0.6, 0.75), -rng.uniform(1.0, 2.0)
+    else:
+        scale, fixed = rng.uniform(1.2, 1.4), rng.uniform(1.0, 2.0)
+    act = mem.activations + mem.logits
+    alloc = mem.allocated - act + act * scale * (1 + rng.normal(0, 0.02, n)) + fixed * 1024**3
+    # runnable = fits the usable card (the sweep's headroom is the user's to keep free)
+    oom = alloc * 1.08 + mem.overhead > mem.capacity_bytes
+    return alloc, oom & (plan.status != "invalid")
+
+
+def run_memory_case(plan: Plan, seed: int, direction: str) -> dict:
+    mfu, _, _ = simulate(plan, seed)
+    alloc, oom = true_memory(plan, direction, seed)
+    sw = plan.sweep
+    runnable = (plan.status != "invalid") & ~oom
+    best_row = int(np.nanargmax(np.where(runnable, mfu, np.nan)))
+    sampler = make_sampler("auto", seed=seed, exhaustive=False, budget=sw.search.max_trials)
+    search = LayoutSearch(plan, optuna.create_study(direction="maximize", sampler=sampler), sampler="auto",
+                          max_trials=sw.search.max_trials, seed=seed)
+    fpt = model_flops_per_token(sw.model, sw.seq_len)
+    peak = sw.cluster.gpu.peak_flops(sw.trial.precision)
+    tokens = sw.global_batch_size * sw.seq_len
+    found, ooms = None, 0
+    for trial in range(1, CAP + 1):
+        p = search.ask()
+        if p is None:
+            break
+        r = p.row
+        if oom[r]:
+            ooms += 1
+            search.tell(p.optuna_trial, r, status="oom", mfu=None)
+            continue
+        step = tokens * fpt / (mfu[r] * sw.cluster.world * peak)
+        gib = float(alloc[r]) / 1024**3
+        search.tell(p.optuna_trial, r, status="ok", mfu=float(mfu[r]), step_time_s=step,
+                    peak_mem_gib=gib, peak_mem_reserved_gib=1.08 * gib, device="cuda")
+        if r == best_row:
+            found = trial
+            break
+    return {"found": found, "pruned_best": plan.status[best_row] == "pruned", "ooms": ooms}
+
+
+def memory_main() -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    print(f"\n{'table':12s} {'recipe':11s} {'memory':6s} {'best pruned':>11s} {'best run':>9s} {'trials to best':>15s} {'OOMs':>5s}")
+    hits = total = pruned_hits = pruned_total = 0
+    for table in ("llama13b_2k", "llama13b_8k"):
+        base = load_sweep(f"search_spaces/{table}.yaml")
+        for recipe in RECIPES:
+            sweep = replace(base, memory=base.memory.model_copy(update={"recipe": recipe}))
+            plan = make_plan(sweep)
+            for direction in ("over", "under"):
+                runs = [run_memory_case(plan, s, direction) for s in MEM_SEEDS]
+                found = [r["found"] for r in runs if r["found"] is not None]
+                hits, total = hits + len(found), total + len(runs)
+                pruned_total += sum(r["pruned_best"] for r in runs)
+                pruned_hits += sum(r["pruned_best"] and r["found"] is not None for r in runs)
+                mean = f"{statistics.mean(found):.1f}" if found else "-"
+                print(f"{table:12s} {recipe:11s} {direction:6s} {sum(r['pruned_best'] for r in runs):>8d}/{len(runs)} "
+                      f"{len(found):>7d}/{len(runs)} {mean:>15s} {statistics.mean(r['ooms'] for r in runs):5.1f}")
+    print(f"memory off the estimate: the true best ran in {hits}/{total} simulated sweeps "
+          f"({len(RECIPES)} recipes x over/under x {len(MEM_SEEDS)} seeds x 2 tables); where the plan had pruned "
+          f"the true best, it still ran in {pruned_hits}/{pruned_total}")
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if "--memory-only" not in sys.argv:
+        main()
+    memory_main()

@@ -9,9 +9,10 @@ def model_flops_per_token(model: ModelShape, seq_len: int) -> float:
     """6N + 12*L*H*Q*T: matmuls with the weights (fwd 2N, bwd 4N) plus attention scores and values.
 
     N counts every parameter, embeddings and output head included (as DESIGN.md specifies);
-    H*Q is the hidden size even under grouped-query attention (the queries set the work).
+    H*Q is the width of the queries, heads x head_dim (the hidden size unless head_dim is set,
+    as in Qwen3), even under grouped-query attention (the queries set the work).
     """
-    return 6.0 * model.num_params + 12.0 * model.layers * model.hidden * seq_len
+    return 6.0 * model.num_params + 12.0 * model.layers * model.q_dim * seq_len
 
 
 def recompute_flops_per_token(model: ModelShape, seq_len: int, activation_checkpointing: str) -> float:
@@ -22,7 +23,7 @@ def recompute_flops_per_token(model: ModelShape, seq_len: int, activation_checkp
     cheap elementwise ops are recomputed (counted as zero, like PaLM ignores them); none: zero.
     """
     if activation_checkpointing == "full":
-        return 2.0 * model.layers * model.layer_params + 4.0 * model.layers * model.hidden * seq_len
+        return 2.0 * model.layers * model.layer_params + 4.0 * model.layers * model.q_dim * seq_len
     if activation_checkpointing == "ffn":
         return 2.0 * model.layers * model.mlp_params
     return 0.0

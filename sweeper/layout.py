@@ -190,10 +190,12 @@ RULES: tuple[Rule, ...] = (
         lambda c, s: s.model.ffn % c["tp"] != 0,
         lambda c, s, i: f"tp = {_i(c,'tp',i)} does not divide ffn = {s.model.ffn}",
     ),
+    # pp need not divide the layers: stages get ceil/floor layer counts (sweeper.stages), as
+    # Megatron-LM and torchtitan run them; each stage needs at least one layer
     Rule(
-        PlanReason.LAYERS_NOT_DIVISIBLE, "pp does not divide the layers",
-        lambda c, s: s.model.layers % c["pp"] != 0,
-        lambda c, s, i: f"pp = {_i(c,'pp',i)} does not divide layers = {s.model.layers}",
+        PlanReason.PP_EXCEEDS_LAYERS, "more pipeline stages than layers",
+        lambda c, s: c["pp"] > s.model.layers,
+        lambda c, s, i: f"pp = {_i(c,'pp',i)} exceeds layers = {s.model.layers} (each stage needs a layer)",
     ),
     Rule(
         PlanReason.BATCH_NOT_DIVISIBLE, "micro_batch_size*dp does not divide the global batch",
@@ -222,11 +224,11 @@ RULES: tuple[Rule, ...] = (
         lambda c, s, i: f"pp_schedule = interleaved needs virtual_stages >= 2, got {_i(c,'virtual_stages',i)}",
     ),
     Rule(
-        PlanReason.INTERLEAVED_LAYERS, "pp*virtual_stages does not divide the layers",
-        lambda c, s: (c["chunks"] > 1) & (s.model.layers % (c["pp"] * c["chunks"]) != 0),
+        PlanReason.INTERLEAVED_LAYERS, "pp*virtual_stages exceeds the layers",
+        lambda c, s: (c["chunks"] > 1) & (c["pp"] * c["chunks"] > s.model.layers),
         lambda c, s, i: (
             f"interleaved: pp*virtual_stages = {_i(c,'pp',i)}*{_i(c,'virtual_stages',i)} "
-            f"does not divide layers = {s.model.layers}"
+            f"exceeds layers = {s.model.layers} (each model chunk needs a layer)"
         ),
     ),
     Rule(

@@ -1,85 +1,45 @@
-"""What a finished trial teaches about the others: memory order after an OOM, calibrations.
+"""What finished trials teach about the untried layouts: memory both ways, and the throughput calibration.
 
-Pure numpy over the plan's columns. An OOM at one layout implies an OOM at every layout that
-differs only by asking for more memory in a monotone knob (bigger micro-batch, less
-checkpointing, no sequence parallel, a kernel that keeps the s x s scores, the eager norm),
-with the parallel degrees, sharding and schedule equal.
+Pure numpy over the plan's columns. The memory lessons' arithmetic (the partial order of
+layouts by memory need, the refit, the mirror rule, probes) lives in `sweeper.memfit`; this
+module keeps the state of one sweep and applies them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from sweeper.hardware import GIB
-from sweeper.knobs import KNOBS
-from sweeper.layout import Columns
-from sweeper.memory import SCORE_KERNELS
+from sweeper.memfit import MemoryFit, mirror, needs_at_least, probe_rows, refit, refitted_total
 from sweeper.perfmodel import Calibration, StepTime, calibrate
 from sweeper.plan import Plan
+from sweeper.statuses import PlanStatus
 
-# How much memory a knob value asks for, in a partial order (None: comparable only with itself).
-_CKPT_LEVEL = {"full": 0, "selective": 1, "ffn": 1, "none": 2}
-MONOTONE = ("micro_batch_size", "activation_checkpointing", "sequence_parallel", "attention", "rmsnorm")
-
-
-def _level(cols: Columns, knob: str) -> np.ndarray:
-    v = cols[knob]
-    if knob == "micro_batch_size":
-        return v.astype(float)
-    if knob == "activation_checkpointing":
-        return np.vectorize(_CKPT_LEVEL.get, otypes=[float])(v)
-    if knob == "sequence_parallel":
-        return (~v.astype(bool)).astype(float)  # no SP keeps more
-    if knob == "attention":
-        return np.isin(v, SCORE_KERNELS).astype(float)
-    if knob == "rmsnorm":
-        return (v == "eager").astype(float)
-    raise KeyError(knob)
-
-
-def needs_at_least(cols: Columns, rows: np.ndarray, ref: int) -> np.ndarray:
-    """Mask over `rows`: layouts that need at least the memory of layout `ref` (itself included)."""
-    mask = np.ones(len(rows), dtype=bool)
-    for k in KNOBS:
-        if k in MONOTONE:
-            continue
-        mask &= cols[k][rows] == cols[k][ref]
-    for k in MONOTONE:
-        lv = _level(cols, k)
-        mask &= lv[rows] >= lv[ref]
-        if k == "activation_checkpointing":
-            # ffn and selective are not ordered between themselves
-            both_mid = (lv[rows] == 1) & (lv[ref] == 1)
-            mask &= ~both_mid | (cols[k][rows] == cols[k][ref])
-    return mask
-
-
-def memory_scale(predicted_gib: Sequence[float], measured_gib: Sequence[float]) -> float:
-    """How much the estimate under-predicts measured peaks (median ratio), never below 1.
-
-    Only upward: a layout the plan pruned stays pruned, but an estimate found too low
-    prunes more of what is left.
-    """
-    ratios = [m / p for p, m in zip(predicted_gib, measured_gib) if p > 0 and m and m > 0]
-    return max(1.0, float(np.median(ratios))) if len(ratios) >= 2 else 1.0
-
+__all__ = ["Learning", "needs_at_least"]
 
 @dataclass
 class Learning:
     """What the finished trials of a sweep taught about the untried layouts of its plan.
 
-    Three lessons, each in one method: an OOM excludes every layout that needs at least as much
-    memory (`learn_oom`); measured step times refit the throughput model (`learn_step_time`);
-    measured device peaks rescale the memory estimate (`learn_peak`).
+    Each lesson in one method: an OOM excludes every layout that needs at least as much memory
+    (`learn_oom`); measured step times refit the throughput model (`learn_step_time`); measured
+    device peaks refit the memory estimate both ways (`learn_peak`); a layout that ran re-admits
+    the pruned layouts that need no more (`learn_ran`); a clearly fastest layout just over the
+    card gets a probe (`add_probes`).
     """
 
     plan: Plan
     excluded: dict[int, str] = field(default_factory=dict)  # candidate rows ruled out, and why
     measured: dict[int, float] = field(default_factory=dict)  # plan row -> measured step time (s)
     peaks: dict[int, float] = field(default_factory=dict)  # plan row -> measured peak GiB (devices with memory)
+    reserved: dict[int, float] = field(default_factory=dict)  # plan row -> measured reserved GiB, where logged
+    readmitted: dict[int, str] = field(default_factory=dict)  # pruned rows made runnable by what trials taught, and why
+    mem_excluded: set[int] = field(default_factory=set)  # excluded by a refit (a later refit may re-admit)
+    proven: set[int] = field(default_factory=set)  # fit for certain: they ran, or need no more than one that ran
+    memory_fit: MemoryFit = field(default_factory=MemoryFit)
     calibration: Calibration = field(default_factory=Calibration)
 
     def __post_init__(self) -> None:
@@ -106,16 +66,59 @@ class Learning:
             self.calibration.compute_scale * model.compute + self.calibration.comm_scale * model.comm, 1e-12)
         self.pred_mfu = model.mfu * scale
 
-    def learn_peak(self, row: int, peak_gib: float, untried: Sequence[int]) -> None:
-        """The memory-learning hook: measured peaks above the estimate exclude what would no longer fit."""
-        self.peaks[row] = peak_gib
+    def learn_peak(self, row: int, peak_gib: float | None, reserved_gib: float | None,
+                   untried: Sequence[int], busy: Collection[int]) -> None:
+        """The memory-learning hook: refit the estimate to every measured peak; judge the untried layouts
+        again, both ways (pruned ones that now fit are re-admitted, untried ones that do not are excluded)."""
+        self.peaks[row] = peak_gib or 0.0
+        if reserved_gib:
+            self.reserved[row] = reserved_gib
         mem = self.plan.memory
-        tensors = (mem.total - mem.overhead) / GIB
         rows = list(self.peaks)
-        k = memory_scale([float(tensors[r]) for r in rows], [self.peaks[r] for r in rows])
-        if k <= 1.0:
-            return
-        over = (tensors * k + mem.overhead / GIB) * GIB > mem.capacity_bytes
-        for r in untried:
-            if over[r]:
-                self.excluded[r] = f"measured peaks run {k:.2f}x the estimate: this layout would not fit"
+        self.memory_fit = refit(mem, rows, [self.peaks[r] for r in rows], [self.reserved.get(r) for r in rows])
+        total = refitted_total(mem, self.memory_fit)
+        why = self.memory_fit.describe()
+        # excluding is a prediction, not a fact (an OOM is): only from two peaks on, and only
+        # layouts the refit puts clearly over the card (beyond memory.probe_margin)
+        if self.memory_fit.points >= 2:
+            over = total > mem.capacity_bytes * (1 + self.plan.sweep.memory.probe_margin)
+            for r in untried:
+                if over[r] and r not in self.proven:
+                    self.excluded[r] = f"refit ({why}): needs {total[r] / GIB:.1f} GiB, over the card"
+                    self.mem_excluded.add(r)
+        valid = self.plan.candidate_mask | (self.plan.status == PlanStatus.PRUNED)
+        for found in np.flatnonzero((total <= mem.capacity_bytes) & valid):
+            r = int(found)
+            if r in busy:
+                continue
+            if r in self.mem_excluded or (not self.plan.candidate_mask[r] and r not in self.readmitted):
+                self.readmit(r, f"refit ({why}): needs {total[r] / GIB:.1f} GiB, fits the card")
+
+    def learn_ran(self, ok_row: int, done: Collection[int]) -> None:
+        """The mirror rule: a layout that ran re-admits every pruned layout that needs no more memory than it."""
+        mem = self.plan.memory
+        self.proven.add(ok_row)
+        pruned = self.plan.status == PlanStatus.PRUNED
+        pool = [int(r) for r in np.flatnonzero(pruned)
+                if r not in done and (r not in self.readmitted or r in self.mem_excluded)]
+        pool += [r for r in self.mem_excluded if self.plan.candidate_mask[r]]
+        m = mirror(self.plan.cols, mem.total, mem.capacity_bytes, ok_row, np.asarray(pool, dtype=int))
+        for found in m.readmit:
+            r = int(found)
+            self.proven.add(r)
+            self.readmit(r, f"needs no more memory than plan row {ok_row}, which ran; the estimate was at least "
+                            f"{m.too_high_bytes / GIB:.1f} GiB ({100 * m.too_high_share:.0f}%) too high there")
+
+    def add_probes(self) -> None:
+        """A pruned layout just over the card whose predicted MFU clearly beats every candidate gets one trial."""
+        mem, margin = self.plan.memory, self.plan.sweep.memory.probe_margin
+        pruned = self.plan.status == PlanStatus.PRUNED
+        for r in probe_rows(mem.total, mem.capacity_bytes, margin, pruned, self.plan.candidate_mask, self.plan.pred_mfu):
+            self.readmit(int(r), f"probe: predicted {mem.total[r] / GIB:.1f} GiB, within {100 * margin:.0f}% "
+                                 "of the card, and clearly the fastest predicted layout")
+
+    def readmit(self, row: int, why: str) -> None:
+        self.readmitted[row] = why
+        if row in self.mem_excluded:
+            self.mem_excluded.discard(row)
+            self.excluded.pop(row, None)

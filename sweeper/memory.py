@@ -5,6 +5,13 @@ Transformer Models", section 4: s*b*h*(34 + 5*a*s/h) bytes per GPT layer in 16-b
 re-derived tensor by tensor for the block the built-in trainer runs: RMSNorm (no biases),
 RoPE, grouped-query attention, SwiGLU, no dropout. Each term below names the tensors that
 autograd keeps; tests/trainer check the sums against what the trainer really saves.
+
+Model states follow the trainer the user runs (`memory.recipe`, see `recipe_bytes`): what each
+value of the `sharding` knob costs in that trainer. Around the tensors: transient buffers
+(gradient-reduction buckets, pipeline send/receive buffers, gathered FSDP units) make the
+allocated peak; the caching allocator's gap on top of it makes the reserved peak, which plus
+the fixed per-process overhead is what must fit the card. Pipeline stages need not be even
+(`sweeper.stages.split_layers`): every stage is estimated and the most loaded one reported.
 """
 
 from __future__ import annotations
@@ -16,7 +23,8 @@ import numpy as np
 from sweeper.hardware import GIB
 from sweeper.knobs import KNOBS
 from sweeper.layout import Columns
-from sweeper.spec import Sweep
+from sweeper.spec import StateBytes, Sweep
+from sweeper.stages import split_layers
 
 # Attention kernels that keep the s x s probabilities for backward, and how many bytes per
 # score they keep: the softmax output in fp32 (softmax runs in fp32 under bf16 autocast, and
@@ -35,7 +43,19 @@ CUDA_BASE_GIB = 1.0
 CUDA_PER_COMM_GIB = 0.25
 CPU_BASE_GIB = 0.3
 
-BREAKDOWN = ("weights", "grads", "optimizer", "activations", "logits", "overhead")
+BREAKDOWN = ("weights", "grads", "optimizer", "activations", "logits", "buffers", "allocator", "overhead")
+
+# Reserved / allocated of PyTorch's caching allocator per recipe (fragmentation and cached
+# blocks). torchtitan's run_train.sh and the built-in trainer's default leave
+# PYTORCH_CUDA_ALLOC_CONF alone except torchtitan's expandable_segments:True, which keeps
+# the gap small; Megatron-LM and DeepSpeed logs typically show reserved 5-15 % above max
+# allocated. A measured pair (Megatron's "max allocated / max reserved" line) refits it.
+RESERVED_FACTOR = {"builtin": 1.05, "torchtitan": 1.03, "megatron": 1.10, "deepspeed": 1.10, "explicit": 1.10}
+
+# DeepSpeed ZeRO defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size and
+# allgather_bucket_size 5e8 elements, stage3_prefetch_bucket_size 5e7 elements.
+DEEPSPEED_REDUCE_BUCKET = 5e8
+DEEPSPEED_PREFETCH_BUCKET = 5e7
 
 
 @dataclass(frozen=True)
@@ -47,20 +67,37 @@ class Estimate:
     optimizer: np.ndarray
     activations: np.ndarray
     logits: np.ndarray
-    overhead: np.ndarray
+    buffers: np.ndarray  # transient: reduction buckets, pipeline send/receive buffers
+    allocator: np.ndarray  # reserved - allocated: the caching allocator's gap
+    overhead: np.ndarray  # CUDA context, communicators: outside the allocator
     capacity_bytes: float
+    recipe: str = "builtin"
+    stage: np.ndarray | None = None  # the pipeline stage reported (the most loaded)
+
+    @property
+    def allocated(self) -> np.ndarray:
+        """What torch.cuda.max_memory_allocated would report: every tensor at the peak."""
+        return self.weights + self.grads + self.optimizer + self.activations + self.logits + self.buffers
+
+    @property
+    def reserved(self) -> np.ndarray:
+        """What torch.cuda.max_memory_reserved would report: allocated plus the allocator's gap."""
+        return self.allocated + self.allocator
 
     @property
     def total(self) -> np.ndarray:
-        return self.weights + self.grads + self.optimizer + self.activations + self.logits + self.overhead
+        """The card's share taken: reserved plus the per-process overhead (what pruning compares)."""
+        return self.reserved + self.overhead
 
     @property
     def fits(self) -> np.ndarray:
         return self.total <= self.capacity_bytes
 
     def gib(self) -> dict[str, np.ndarray]:
-        """Every term and the total, in GiB, as `mem_<term>_gib` columns."""
+        """Every term, allocated, reserved and the total, in GiB, as `mem_<term>_gib` columns."""
         out = {f"mem_{k}_gib": getattr(self, k) / GIB for k in BREAKDOWN}
+        out["mem_allocated_gib"] = self.allocated / GIB
+        out["mem_reserved_gib"] = self.reserved / GIB
         out["mem_total_gib"] = self.total / GIB
         return out
 
@@ -73,22 +110,49 @@ def compute_bytes(sweep: Sweep) -> int:
 def layer_params_per_rank(cols: Columns, sweep: Sweep) -> np.ndarray:
     """One block's parameters on one tensor-parallel rank: matrices split by tp, norms replicated."""
     m = sweep.model
-    return (m.attention_params + m.mlp_params) / cols["tp"] + 2 * m.hidden
+    return (m.attention_params + m.mlp_params) / cols["tp"] + m.layer_norm_params
+
+
+def stage_layers(layers: int, pp: int, chunks: int = 1) -> tuple[int, ...]:
+    """Layers held by each pipeline rank: its chunks of `split_layers(layers, pp*chunks)`
+    (chunk c runs on rank c mod pp, as Megatron-LM's and torch's interleaved schedules place them)."""
+    split = split_layers(layers, pp * chunks)
+    return tuple(sum(split[r::pp]) for r in range(pp))
+
+
+def pipeline_shapes(cols: Columns) -> list[tuple[int, int]]:
+    """The distinct (pp, chunks per rank) pairs among the layouts, in order."""
+    # one int64 key per row (chunks < 2**20), then the distinct keys: a 1-D unique is fast
+    key = np.asarray(cols["pp"], dtype=np.int64) * (1 << 20) + np.asarray(cols["chunks"], dtype=np.int64)
+    return [(int(k) >> 20, int(k) & ((1 << 20) - 1)) for k in np.unique(key)]
+
+
+def stage_params_at(cols: Columns, sweep: Sweep, layers: np.ndarray | float, *, first: np.ndarray | bool,
+                    last: np.ndarray | bool) -> np.ndarray:
+    """Parameters on a rank of a stage holding `layers` blocks (tp-split).
+
+    The first stage holds the embedding (vocab-parallel under tp) and a learned position table
+    (replicated, as Megatron-LM keeps it); the last the final norm and the output head (or,
+    when tied and the stage is not also the first, its own copy of the embedding).
+    """
+    m = sweep.model
+    embed = m.vocab * m.hidden / cols["tp"]
+    head = np.where(first, 0.0, embed) if m.tied_embeddings else embed
+    return (layers * layer_params_per_rank(cols, sweep)
+            + np.where(first, embed + m.position_params, 0.0)
+            + np.where(last, head + m.norm_params, 0.0))
 
 
 def stage_params(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.ndarray]:
-    """Parameters on a rank of the first and of the last pipeline stage (tp-split).
-
-    The first stage holds the embedding (vocab-parallel under tp); the last holds the final
-    norm and the output head (or, when tied and pp > 1, its own copy of the embedding).
-    """
-    m = sweep.model
-    pp = cols["pp"]
-    blocks = (m.layers / pp) * layer_params_per_rank(cols, sweep)
-    embed = m.vocab * m.hidden / cols["tp"]
-    head = embed if not m.tied_embeddings else np.where(pp > 1, embed, 0.0)
-    first = blocks + embed + np.where(pp == 1, head + m.hidden, 0.0)
-    last = np.where(pp == 1, first, blocks + head + m.hidden)
+    """Parameters on a rank of the first and of the last pipeline stage (tp-split, uneven splits included)."""
+    L = sweep.model.layers
+    first_layers, last_layers = np.zeros(len(cols["pp"])), np.zeros(len(cols["pp"]))
+    for p in np.unique(cols["pp"]):
+        split = stage_layers(L, int(p)) if p <= L else (np.nan,)
+        first_layers[cols["pp"] == p], last_layers[cols["pp"] == p] = split[0], split[-1]
+    single = cols["pp"] == 1
+    first = stage_params_at(cols, sweep, first_layers, first=True, last=single)
+    last = np.where(single, first, stage_params_at(cols, sweep, last_layers, first=False, last=True))
     return first, last
 
 
@@ -161,6 +225,20 @@ def layer_activation_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.
     return kept * tokens, transient * tokens
 
 
+def microbatches_in_flight_at(cols: Columns, rank: int) -> np.ndarray:
+    """Micro-batch x block activations pipeline rank `rank` holds, in units of its own layers.
+
+    1F1B: rank i runs pp - i forwards before its first backward; GPipe: every micro-batch;
+    interleaved: rank i warms up (v-1)*pp + 2*(pp-1-i) chunks (torch ScheduleInterleaved1F1B,
+    Megatron-LM's interleaved schedule) plus the one in its first steady step.
+    """
+    pp, m, v = cols["pp"], cols["grad_accum"], cols["chunks"].astype(float)
+    sched = cols["pp_schedule"]
+    one_f_one_b = np.minimum(pp - rank, m).astype(float)
+    interleaved = np.minimum((v - 1) * pp + 2 * (pp - 1 - rank) + 1, m * v) / v
+    return np.select([pp == 1, sched == "gpipe", v > 1], [1.0, m.astype(float), interleaved], default=one_f_one_b)
+
+
 def microbatches_in_flight(cols: Columns) -> tuple[np.ndarray, np.ndarray]:
     """Micro-batch x block activations held by the first and the last pipeline stage, in blocks of L/pp.
 
@@ -193,7 +271,11 @@ def logits_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.ndarray]:
     tokens = sweep.seq_len * cols["micro_batch_size"]
     logits = tokens * sweep.model.vocab / t
     head_in = tokens * (norm_bytes(cols, sweep, r) + e * sweep.model.hidden)
-    return 4.0 * logits + head_in, (e + 4.0) * logits
+    # Megatron-LM's vocab_parallel_cross_entropy (megatron/core/tensor_parallel/cross_entropy.py)
+    # casts the logits to fp32 and works in place on that copy, which it keeps: at the peak only
+    # the e-byte logits coexist with the kept fp32 softmax, and its gradient reuses it in place
+    transient = e if sweep.memory.recipe == "megatron" else e + 4.0
+    return 4.0 * logits + head_in, transient * logits
 
 
 def overhead_bytes(cols: Columns, sweep: Sweep) -> np.ndarray:
@@ -207,7 +289,16 @@ def overhead_bytes(cols: Columns, sweep: Sweep) -> np.ndarray:
 
 
 def state_bytes(cols: Columns, sweep: Sweep, params: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(weights, grads, optimizer) bytes for `params` parameters on a rank, by sharding mode.
+    """(weights, grads, optimizer) bytes for `params` parameters on a rank, by sharding mode,
+    as the sweep's recipe holds them (`builtin_state_bytes` or `recipe_state_bytes`)."""
+    if sweep.memory.recipe in (None, "builtin", "torchtitan"):
+        return builtin_state_bytes(cols, sweep, params)
+    weights, grads, optimizer, _ = recipe_state_bytes(cols, sweep, params)
+    return weights, grads, optimizer
+
+
+def builtin_state_bytes(cols: Columns, sweep: Sweep, params: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The built-in trainer's (and torchtitan's) model states for `params` parameters on a rank.
 
     none (DDP): 4 master + 2 compute copy, 4 grad, 8 Adam per parameter. zero1 (DDP with a
     ZeRO-1 optimizer): Adam states / dp. fsdp (FSDP2): master, grads and Adam / dp, plus the
@@ -222,7 +313,7 @@ def state_bytes(cols: Columns, sweep: Sweep, params: np.ndarray) -> tuple[np.nda
     sharding = cols["sharding"]
     copy = e if e < 4 else 0  # the 16-bit compute copy; none when computing in fp32
     fsdp = sharding == "fsdp"
-    unit = np.maximum(layer_params_per_rank(cols, sweep), sweep.model.vocab * sweep.model.hidden / cols["tp"])
+    unit = _unit_params(cols, sweep)
     gathered = np.where(cols["pp"] > 1, params * e, 2 * unit * e)
     weights = np.where(fsdp, MASTER_BYTES * params / dp + gathered, (MASTER_BYTES + copy) * params)
     unsharded_grads = np.where(cols["pp"] > 1, GRAD_BYTES * params, unit * (e + 4))
@@ -231,35 +322,176 @@ def state_bytes(cols: Columns, sweep: Sweep, params: np.ndarray) -> tuple[np.nda
     return weights, grads, optimizer
 
 
-def estimate(cols: Columns, sweep: Sweep) -> Estimate:
-    """Peak memory per GPU for every layout in `cols` (derived columns included).
+def _unit_params(cols: Columns, sweep: Sweep) -> np.ndarray:
+    """The largest unit FSDP gathers at once: a block, or the embedding when it is larger."""
+    return np.maximum(layer_params_per_rank(cols, sweep), sweep.model.vocab * sweep.model.hidden / cols["tp"])
 
-    Both ends of the pipeline are estimated (the first holds the embedding and the most
-    micro-batches in flight, the last the head and the logits); the larger total is reported.
+
+def recipe_bytes(sweep: Sweep, sharding: str) -> StateBytes:
+    """Bytes per parameter of each model state, and which are sharded over dp, for one value of
+    the sharding knob in the sweep's recipe (megatron, deepspeed, explicit; README has the sources).
+
+    megatron (--bf16): 2-byte parameters, main gradients 4 (fp32 accumulation, the default
+    with --bf16) or 2 (--grad-reduce-in-bf16), fp32 master weights 4 and Adam moments 8;
+    --use-distributed-optimizer shards master and moments (6 + 12/dp bytes); sharding fsdp is
+    Megatron FSDP (optim_grads_params): everything sharded. deepspeed: 2 + 2 + 12 (ZeRO paper,
+    K = 12); stage 1 shards the optimizer (master + moments), 2 also gradients, 3 parameters.
+    Under fp32 compute there is no separate master copy: parameters are the fp32 weights.
+    """
+    m = sweep.memory
+    e = compute_bytes(sweep)
+    params, master = (2.0, 4.0) if e < 4 else (4.0, 0.0)
+    if m.recipe == "explicit":
+        assert m.bytes is not None  # checked by MemorySettings
+        return m.bytes if sharding != "none" else m.bytes.model_copy(update={"sharded": []})
+    if m.recipe == "megatron":
+        grads = 2.0 if (m.grad_accum_dtype == "bf16" and e < 4) else 4.0  # default fp32 main grads
+        distributed = sharding != "none" if m.distributed_optimizer is None else m.distributed_optimizer
+        sharded = ["master", "optimizer"] if distributed else []
+        if sharding == "fsdp":
+            sharded = ["params", "grads", "master", "optimizer"]
+        return StateBytes.model_validate(
+            {"params": params, "grads": grads, "master": master, "optimizer": 8.0, "sharded": sharded})
+    if m.recipe == "deepspeed":
+        grads = 4.0 if (m.grad_accum_dtype == "fp32" or e == 4) else 2.0  # default: the parameters' dtype
+        stage = {"none": 0, "zero1": 1, "fsdp": 3}[sharding] if (m.zero_stage is None or sharding == "none") else m.zero_stage
+        sharded = ["master", "optimizer", "grads", "params"][: {0: 0, 1: 2, 2: 3, 3: 4}[stage]]
+        return StateBytes.model_validate(
+            {"params": params, "grads": grads, "master": master, "optimizer": 8.0, "sharded": sharded})
+    raise ValueError(f"memory.recipe {m.recipe!r} has no byte table here (builtin and torchtitan use builtin_state_bytes)")
+
+
+def recipe_state_bytes(cols: Columns, sweep: Sweep, params: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(weights, grads, optimizer, buffers) for `params` parameters on a rank, from `recipe_bytes`.
+
+    Sharded parameters are gathered a unit at a time: two units in 16 bits (the one computing,
+    the one prefetched) and one unit's gradient before its reduce-scatter. DeepSpeed adds its
+    gradient-reduction bucket (reduce_bucket_size elements) and, at stage 3, its prefetch bucket.
+    """
+    e = compute_bytes(sweep)
+    dp = np.maximum(cols["dp"], 1).astype(float)
+    unit = _unit_params(cols, sweep)
+    out = [np.zeros(np.shape(params)) for _ in range(4)]
+    for value in np.unique(cols["sharding"]):
+        b = recipe_bytes(sweep, str(value))
+        rows = cols["sharding"] == value
+
+        def part(name: str, per_param: float, sharded: tuple[str, ...] = tuple(b.sharded)) -> np.ndarray:
+            return per_param * params / np.where(name in sharded, dp, 1.0)
+
+        gathered = np.where("params" in b.sharded, 2 * unit * e + unit * b.grads, 0.0)
+        weights = part("params", b.params) + part("master", b.master) + gathered
+        buffers = np.zeros(np.shape(params))
+        if sweep.memory.recipe == "deepspeed" and b.sharded:
+            buffers = np.minimum(params, DEEPSPEED_REDUCE_BUCKET) * b.grads
+            if "params" in b.sharded:
+                buffers = buffers + np.minimum(params, DEEPSPEED_PREFETCH_BUCKET) * e
+        for i, term in enumerate((weights, part("grads", b.grads), part("optimizer", b.optimizer), buffers)):
+            out[i] = np.where(rows, term, out[i])
+    return tuple(out)
+
+
+def p2p_bytes(cols: Columns, sweep: Sweep) -> np.ndarray:
+    """Pipeline send/receive buffers: one micro-batch's activation (s*b*h, /tp under sequence
+    parallel) received forward and one gradient received backward, in compute precision."""
+    e = compute_bytes(sweep)
+    t = cols["tp"].astype(float)
+    r = np.where(cols["sequence_parallel"].astype(bool) & (t > 1), 1.0 / t, 1.0)
+    act = sweep.seq_len * cols["micro_batch_size"] * sweep.model.hidden * e * r
+    return np.where(cols["pp"] > 1, 2.0 * act, 0.0)
+
+
+def reserved_factor(sweep: Sweep) -> float:
+    """reserved / allocated: the user's figure, else the recipe's (RESERVED_FACTOR)."""
+    m = sweep.memory
+    return m.reserved_factor if m.reserved_factor is not None else RESERVED_FACTOR.get(m.recipe or "builtin", 1.10)
+
+
+def _state_and_buffers(cols: Columns, sweep: Sweep, params: np.ndarray) -> tuple[np.ndarray, ...]:
+    if sweep.memory.recipe in (None, "builtin", "torchtitan"):
+        return (*builtin_state_bytes(cols, sweep, params), np.zeros(np.shape(params)))
+    return recipe_state_bytes(cols, sweep, params)
+
+
+def recipe_activation_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, transient) of one block as the sweep's trainer checkpoints it, per micro-batch.
+
+    The built-in trainer's terms (`layer_activation_bytes`), except torchtitan's `selective`:
+    its op-level policy (torchtitan/models/llama3/infra/parallelize.py, `_apply_ac_to_transformer_block`,
+    "Saves output of all compute ops, except every second mm") keeps the 1st, 3rd, 5th and 7th
+    matmul of a SwiGLU block (wq, wv, w1, w2) and recomputes wk, wo and w3: e*(kv/t + h + ffn/t)
+    bytes per token fewer kept, materialised again one block at a time in backward.
     """
     kept, transient = layer_activation_bytes(cols, sweep)
-    blocks = sweep.model.layers / cols["pp"]
-    inflight_first, inflight_last = microbatches_in_flight(cols)
+    m = sweep.model
+    if sweep.memory.recipe != "torchtitan" or m.mlp != "swiglu":
+        return kept, transient
+    e = compute_bytes(sweep)
+    t = cols["tp"].astype(float)
+    tokens = sweep.seq_len * cols["micro_batch_size"]
+    recomputed = e * (m.kv_dim / t + m.hidden + m.ffn / t) * tokens
+    selective = cols["activation_checkpointing"] == "selective"
+    return np.where(selective, kept - recomputed, kept), np.where(selective, transient + recomputed, transient)
+
+
+def _ranks_to_check(pp: int, chunks: int) -> list[int]:
+    """Pipeline ranks that can be the most loaded. Without interleaving, the middle ranks hold
+    no embedding and no head, rank 1 has the most micro-batches in flight among them and gets
+    an extra layer first (`split_layers` fills the middle first), so it bounds ranks 2..pp-2;
+    with interleaving every rank is checked."""
+    if chunks > 1:
+        return list(range(pp))
+    return sorted({0, min(1, pp - 1), pp - 1})
+
+
+def estimate(cols: Columns, sweep: Sweep, *, rank: int | None = None) -> Estimate:
+    """Peak memory per GPU for every layout in `cols` (derived columns included).
+
+    `rank`: estimate that pipeline rank only (-1: the last, where Megatron-LM's logging rank
+    sits) instead of the most loaded one.
+
+    Every pipeline rank is estimated (its layers from `stage_layers`, the embedding on the
+    first, the head and the logits on the last, its micro-batches in flight) and the one with
+    the largest total reported, with its index in `Estimate.stage`.
+    """
+    kept, transient = recipe_activation_bytes(cols, sweep)
     logit_kept, logit_transient = logits_bytes(cols, sweep)
-    params_first, params_last = stage_params(cols, sweep)
-    single = cols["pp"] == 1
-
-    first_state = state_bytes(cols, sweep, params_first)
-    last_state = state_bytes(cols, sweep, params_last)
-    first_act = inflight_first * blocks * kept + transient
-    last_act = inflight_last * blocks * kept + transient
-    first_logits = np.where(single, logit_kept + logit_transient, 0.0)
-    last_logits = inflight_last * logit_kept + logit_transient
-    first_total = sum(first_state) + first_act + first_logits
-    last_total = sum(last_state) + last_act + last_logits
-    use_last = ~single & (last_total > first_total)
-
-    def pick(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return np.where(use_last, b, a)
-
-    weights, grads, optimizer = (pick(a, b) for a, b in zip(first_state, last_state))
+    n = len(cols["tp"])
+    names = ("weights", "grads", "optimizer", "activations", "logits", "buffers")
+    best = {k: np.zeros(n) for k in names}
+    best_total = np.full(n, -np.inf)
+    stage = np.zeros(n, dtype=np.int64)
+    p2p = p2p_bytes(cols, sweep)
+    for pp_value, chunks in pipeline_shapes(cols):
+        rows = np.flatnonzero((cols["pp"] == pp_value) & (cols["chunks"] == chunks))
+        sub = {k: v[rows] for k, v in cols.items()}
+        layers = stage_layers(sweep.model.layers, pp_value, chunks) if pp_value <= sweep.model.layers else ()
+        for r in (_ranks_to_check(pp_value, chunks) if rank is None else [rank % pp_value]):
+            count = layers[r]
+            first, last = r == 0, r == pp_value - 1
+            params = stage_params_at(sub, sweep, float(count), first=first, last=last)
+            weights, grads, optimizer, buffers = _state_and_buffers(sub, sweep, params)
+            inflight = microbatches_in_flight_at(sub, r)
+            terms = {
+                "weights": weights, "grads": grads, "optimizer": optimizer,
+                "activations": inflight * count * kept[rows] + transient[rows],
+                # the head runs in the last model chunk only: one micro-batch's logits kept under
+                # the 1F1B schedules (interleaved included), every micro-batch's under GPipe
+                "logits": (np.where(sub["pp_schedule"] == "gpipe", np.maximum(sub["grad_accum"], 1), 1.0) * logit_kept[rows]
+                           if pp_value > 1 else logit_kept[rows]) + logit_transient[rows] if last else np.zeros(len(rows)),
+                "buffers": buffers + p2p[rows],
+            }
+            total = sum(terms.values())
+            better = total > best_total[rows]
+            idx = rows[better]
+            for k in names:
+                best[k][idx] = terms[k][better]
+            best_total[idx] = total[better]
+            stage[idx] = r
+    allocated = sum(best.values())
     capacity = sweep.cluster.gpu.memory_gib * GIB * (1 - sweep.memory.headroom)
     return Estimate(
-        weights, grads, optimizer, pick(first_act, last_act), pick(first_logits, last_logits),
-        overhead_bytes(cols, sweep), capacity,
+        best["weights"], best["grads"], best["optimizer"], best["activations"], best["logits"], best["buffers"],
+        np.asarray(allocated * (reserved_factor(sweep) - 1.0)), overhead_bytes(cols, sweep), capacity,
+        recipe=sweep.memory.recipe or "builtin", stage=stage,
     )

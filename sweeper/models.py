@@ -1,4 +1,9 @@
-"""Transformer shapes: the LLaMA family presets and the parameter counts derived from a shape."""
+"""Transformer shapes: presets (LLaMA 1/2/3.x, Qwen3, Mistral, GPT-3) and the parameter counts derived from a shape.
+
+Two block families: LLaMA-style (RMSNorm weight only, RoPE, SwiGLU, no biases) and GPT-style
+(LayerNorm weight and bias, learned positions, GELU MLP of two matrices, and, as in GPT-2/3 and
+Megatron-LM's default `--add-bias-linear`, a bias on every linear layer of a GELU block).
+"""
 
 from __future__ import annotations
 
@@ -22,6 +27,11 @@ class ModelShape:
     mlp: str = "swiglu"  # swiglu | gelu
     norm: str = "rmsnorm"  # rmsnorm | layernorm
     position: str = "rope"  # rope | learned
+    qk_norm: bool = False  # Qwen3: an RMSNorm over head_dim on the queries and on the keys
+    # learned positions: rows of the position table (GPT-3: n_ctx = 2048); a sweep whose
+    # seq_len is longer grows it to seq_len (see spec.build_sweep), as Megatron-LM requires
+    # --max-position-embeddings >= --seq-length
+    max_positions: int = 0
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -38,19 +48,42 @@ class ModelShape:
         return self.kv_heads * self.head_dim
 
     @property
+    def biases(self) -> bool:
+        """GELU (GPT-style) blocks carry a bias on every linear layer; SwiGLU (LLaMA-style) none."""
+        return self.mlp == "gelu"
+
+    @property
     def attention_params(self) -> int:
-        """wq is hidden x q_dim, wo q_dim x hidden; wk and wv are hidden x kv_dim (no biases)."""
-        return 2 * self.hidden * self.q_dim + 2 * self.hidden * self.kv_dim
+        """wq is hidden x q_dim, wo q_dim x hidden; wk and wv are hidden x kv_dim; biases for GPT blocks."""
+        w = 2 * self.hidden * self.q_dim + 2 * self.hidden * self.kv_dim
+        return w + (self.q_dim + 2 * self.kv_dim + self.hidden if self.biases else 0)
 
     @property
     def mlp_params(self) -> int:
-        """SwiGLU: w1 and w3 (hidden -> ffn) and w2 (ffn -> hidden)."""
+        """SwiGLU: w1 and w3 (hidden -> ffn) and w2 (ffn -> hidden); GELU: two matrices and their biases."""
+        if self.mlp == "gelu":
+            return 2 * self.hidden * self.ffn + self.ffn + self.hidden
         return 3 * self.hidden * self.ffn
 
     @property
+    def norm_params(self) -> int:
+        """One norm over hidden: RMSNorm a weight, LayerNorm a weight and a bias."""
+        return (2 if self.norm == "layernorm" else 1) * self.hidden
+
+    @property
+    def layer_norm_params(self) -> int:
+        """A block's norms (replicated under tensor parallelism): two, plus Qwen3's q/k norms."""
+        return 2 * self.norm_params + (2 * self.head_dim if self.qk_norm else 0)
+
+    @property
     def layer_params(self) -> int:
-        """One block: attention, MLP and its two RMSNorm weights."""
-        return self.attention_params + self.mlp_params + 2 * self.hidden
+        """One block: attention, MLP and its norms."""
+        return self.attention_params + self.mlp_params + self.layer_norm_params
+
+    @property
+    def position_params(self) -> int:
+        """The learned position table (max_positions x hidden); RoPE has no parameters."""
+        return self.max_positions * self.hidden if self.position == "learned" else 0
 
     @property
     def embedding_params(self) -> int:
@@ -68,7 +101,8 @@ class ModelShape:
             self.layers * self.layer_params
             + self.embedding_params
             + self.head_params
-            + self.hidden  # final norm
+            + self.position_params
+            + self.norm_params  # final norm
         )
 
 
@@ -76,7 +110,22 @@ def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: 
     return ModelShape(layers, hidden, heads, kv_heads, ffn, vocab, tied_embeddings=False, name=name)
 
 
-# Shapes from the published configs (params.json / config.json of each release).
+def _qwen3(name: str, layers: int, hidden: int, heads: int, ffn: int, tied: bool) -> ModelShape:
+    # every Qwen3 dense model: 8 kv heads, head_dim 128, vocab 151936, q/k RMSNorm
+    return ModelShape(layers, hidden, heads, 8, ffn, 151936, tied_embeddings=tied, name=name, head_dim=128, qk_norm=True)
+
+
+def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelShape:
+    # Brown et al. 2020, Table 2.1: d_ff = 4 d_model, d_head = 128 except 2.7B (80), n_ctx 2048,
+    # 13B's d_model 5140 with 40 heads of 128 (so head_dim is explicit there),
+    # GPT-2's BPE vocabulary of 50257, output head tied to the token embedding
+    return ModelShape(layers, hidden, heads, heads, 4 * hidden, 50257, tied_embeddings=True, name=name,
+                      head_dim=0 if hidden % heads == 0 else 128, mlp="gelu", norm="layernorm",
+                      position="learned", max_positions=2048)
+
+
+# Shapes from the published configs (params.json / config.json of each release; GPT-3 from
+# the paper's Table 2.1). Published totals they reproduce: tests/test_models_hardware.py.
 PRESETS: dict[str, ModelShape] = {
     m.name: m
     for m in [
@@ -90,5 +139,30 @@ PRESETS: dict[str, ModelShape] = {
         _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256),
         _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256),
         _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256),
+        # meta-llama/Llama-3.1-{8B,70B,405B}/config.json: the Llama 3 shapes (rope scaling only differs)
+        _llama("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256),
+        _llama("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256),
+        _llama("llama3.1-405b", 126, 16384, 128, 8, 53248, 128256),
+        # meta-llama/Llama-3.2-{1B,3B}/config.json: tie_word_embeddings true
+        ModelShape(16, 2048, 32, 8, 8192, 128256, tied_embeddings=True, name="llama3.2-1b"),
+        ModelShape(28, 3072, 24, 8, 8192, 128256, tied_embeddings=True, name="llama3.2-3b"),
+        # meta-llama/Llama-3.3-70B-Instruct/config.json
+        _llama("llama3.3-70b", 80, 8192, 64, 8, 28672, 128256),
+        # mistralai/Mistral-7B-v0.1/config.json
+        _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000),
+        # Qwen/Qwen3-*/config.json (dense models)
+        _qwen3("qwen3-0.6b", 28, 1024, 16, 3072, True),
+        _qwen3("qwen3-1.7b", 28, 2048, 16, 6144, True),
+        _qwen3("qwen3-4b", 36, 2560, 32, 9728, True),
+        _qwen3("qwen3-8b", 36, 4096, 32, 12288, False),
+        _qwen3("qwen3-14b", 40, 5120, 40, 17408, False),
+        _qwen3("qwen3-32b", 64, 5120, 64, 25600, False),
+        # 1.3B: Table 2.1 gives 24 heads of 128, which cannot span d_model 2048; the 16 heads of
+        # 128 that Megatron-LM's and NeMo's GPT-3 1.3B configs use do
+        _gpt3("gpt3-1.3b", 24, 2048, 16),
+        _gpt3("gpt3-2.7b", 32, 2560, 32),
+        _gpt3("gpt3-6.7b", 32, 4096, 32),
+        _gpt3("gpt3-13b", 40, 5140, 40),
+        _gpt3("gpt3-175b", 96, 12288, 96),
     ]
 }

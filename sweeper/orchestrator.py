@@ -108,6 +108,8 @@ def _load_finished(run: SweepRun) -> None:
         run.rows.append(r)
         layout = Layout.from_mapping({k: r[k] for k in Layout.__dataclass_fields__ if r.get(k) is not None})
         row = run.plan.row_of(layout)
+        if row is None:  # a pruned layout the trials had re-admitted (a probe, or proven to fit)
+            row = run.plan.row_of(layout, pruned=True)
         if row is not None:
             run.search.observe(row, **_measured(r))
 
@@ -191,7 +193,8 @@ def _record(run: SweepRun, rec: InFlight, outcome: JobOutcome) -> dict[str, Any]
 def _measured(row: dict[str, Any]) -> dict[str, Any]:
     """What the search learns from a result row."""
     return {"status": row["status"], "mfu": row.get("mfu"), "step_time_s": row.get("step_time_mean_s"),
-            "peak_mem_gib": row.get("peak_mem_gib"), "device": row.get("device")}
+            "peak_mem_gib": row.get("peak_mem_gib"), "device": row.get("device"),
+            "peak_mem_reserved_gib": row.get("peak_mem_reserved_gib")}
 
 
 def _attrs(row: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,13 @@ import numpy as np
 
 from sweeper.flops import model_flops_per_token
 from sweeper.layout import Columns
-from sweeper.memory import SCORE_KERNELS, compute_bytes, stage_params
+from sweeper.memory import (
+    SCORE_KERNELS,
+    compute_bytes,
+    pipeline_shapes,
+    stage_layers,
+    stage_params,
+)
 from sweeper.spec import Sweep
 
 GIGA = 1e9
@@ -75,6 +81,10 @@ def predict(cols: Columns, sweep: Sweep, calibration: Calibration = Calibration(
     tokens_gpu = sweep.global_batch_size * s / world  # tokens per step, per GPU share of the model
     mode = cols["activation_checkpointing"]
 
+    # uneven stages: the pipeline runs at the pace of its most loaded rank
+    busiest = busiest_stage_layers(cols, L)
+    imbalance = busiest * pp / L
+
     # --- compute: weight matmuls (fwd 2N, bwd 4N, + recomputed forwards) -----------------
     w_flops = 6.0 * m.num_params + np.select([mode == "full", mode == "ffn"],
                                              [2.0 * L * m.layer_params, 2.0 * L * m.mlp_params], 0.0)
@@ -85,7 +95,8 @@ def predict(cols: Columns, sweep: Sweep, calibration: Calibration = Calibration(
     matmul = w_flops * tokens_gpu / (peak * eff)
 
     # --- attention: flash-like at a share of peak; score kernels add s x s HBM traffic ----
-    a_flops = 12.0 * L * h * s + np.where(mode == "full", 4.0 * L * h * s, 0.0)
+    q = m.q_dim  # heads x head_dim: the width the scores and values are computed over
+    a_flops = 12.0 * L * q * s + np.where(mode == "full", 4.0 * L * q * s, 0.0)
     scores = np.isin(cols["attention"], SCORE_KERNELS)
     flash_eff = np.select([cols["attention"] == k for k in FLASH_EFFICIENCY], list(FLASH_EFFICIENCY.values()), 0.5)
     attn_eff = np.where(scores, eff, flash_eff)
@@ -100,9 +111,9 @@ def predict(cols: Columns, sweep: Sweep, calibration: Calibration = Calibration(
     elementwise = L * (norm_bytes + other_bytes) * tokens_gpu / (gpu.hbm_gbps * GIGA)
     elementwise = elementwise * np.where(cols["compile"].astype(bool), COMPILE_ELEMENTWISE, 1.0)
 
-    per_mb_layers = (L / pp) * accum  # block passes each GPU runs per step
+    per_mb_layers = busiest * accum  # block passes the busiest GPU runs per step
     framework = LAYER_OVERHEAD_S * per_mb_layers * np.where(mode == "full", 1.5, 1.0)
-    work = matmul + attention + elementwise + framework
+    work = (matmul + attention + elementwise) * imbalance + framework
 
     # --- pipeline bubble ------------------------------------------------------------------
     chunks = cols["chunks"].astype(float)
@@ -135,6 +146,15 @@ def predict(cols: Columns, sweep: Sweep, calibration: Calibration = Calibration(
     step = calibration.compute_scale * compute + calibration.comm_scale * comm
     mfu = model_flops_per_token(m, s) * sweep.global_batch_size * s / (step * world * peak)
     return StepTime(compute, comm, calibration, mfu)
+
+
+def busiest_stage_layers(cols: Columns, layers: int) -> np.ndarray:
+    """Layers on the most loaded pipeline rank of each layout (`memory.stage_layers`)."""
+    out = np.zeros(len(cols["pp"]))
+    for pp_value, chunks in pipeline_shapes(cols):
+        rows = (cols["pp"] == pp_value) & (cols["chunks"] == chunks)
+        out[rows] = max(stage_layers(layers, pp_value, chunks)) if pp_value <= layers else np.nan
+    return out
 
 
 def calibrate(pred: StepTime, rows: Sequence[int], measured_step_s: Sequence[float]) -> Calibration:

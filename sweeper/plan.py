@@ -44,19 +44,32 @@ class Plan:
         """The throughput model's MFU (uncalibrated), for every layout."""
         return self.throughput.mfu
 
+    def _row_of_key(self, mask: np.ndarray) -> dict[tuple[Any, ...], int]:
+        return {_canonical_key({k: v[r : r + 1] for k, v in self.cols.items()}): int(r) for r in np.flatnonzero(mask)}
+
     @cached_property
     def _candidate_of_key(self) -> dict[tuple[Any, ...], int]:
-        rows = np.flatnonzero(self.candidate_mask)
-        return {_canonical_key({k: v[r : r + 1] for k, v in self.cols.items()}): int(r) for r in rows}
+        return self._row_of_key(self.candidate_mask)
 
-    def row_of(self, layout: Layout) -> int | None:
+    @cached_property
+    def _pruned_of_key(self) -> dict[tuple[Any, ...], int]:
+        return self._row_of_key(self.status == PRUNED)
+
+    def row_of(self, layout: Layout, *, pruned: bool = False) -> int | None:
         """The candidate row that runs this layout (itself, or the layout it runs identically to),
-        or None when the plan rejected it."""
-        return self._candidate_of_key.get(_canonical_key(layout.columns(self.sweep)))
+        or None when the plan rejected it; with `pruned`, the pruned row instead (the search may
+        re-admit one that trials showed fits)."""
+        table = self._pruned_of_key if pruned else self._candidate_of_key
+        return table.get(_canonical_key(layout.columns(self.sweep)))
 
     @property
     def candidate_mask(self) -> np.ndarray:
         return self.status == CANDIDATE
+
+    def near_card(self) -> np.ndarray:
+        """Pruned layouts whose predicted total is within memory.probe_margin of the usable card."""
+        margin = self.sweep.memory.probe_margin
+        return (self.status == PRUNED) & (self.memory.total <= self.memory.capacity_bytes * (1 + margin))
 
     def counts(self) -> dict[str, int]:
         return dict(Counter(self.status.tolist()))
@@ -83,6 +96,7 @@ class Plan:
         data["reason"] = self.reason
         for name, values in self.memory.gib().items():
             data[name] = np.round(values, 4)
+        data["peak_stage"] = self.memory.stage if self.memory.stage is not None else np.zeros(len(self), dtype=np.int64)
         data["mem_share"] = np.round(self.memory.total / (self.sweep.cluster.gpu.memory_gib * 1024**3), 4)
         data["pred_mfu"] = np.where(self.status == INVALID, np.nan, np.round(self.pred_mfu, 4))
         frame = pd.DataFrame(data)
@@ -134,12 +148,34 @@ def make_plan(sweep: Sweep) -> Plan:
         reason[hit] = _per_distinct(key, lambda i, rule=rule: rule.explain(cols, sweep, int(i)), hit)
 
     _mark_duplicates(cols, codes, radix, status, code, reason)
-    mem = estimate(cols, sweep)
+    # memory and throughput only for the valid rows (a few % of a large space); NaN elsewhere
+    valid = np.flatnonzero(status == CANDIDATE)
+    sub = {k: v[valid] for k, v in cols.items()}
+    mem = _spread_estimate(estimate(sub, sweep), valid, n)
     over = np.flatnonzero((status == CANDIDATE) & ~mem.fits)
     status[over], code[over] = PRUNED, PlanReason.MEMORY
     gib, cap = mem.total / 1024**3, mem.capacity_bytes / 1024**3
     reason[over] = [f"needs {gib[i]:.1f} GiB > {cap:.1f} GiB usable on {sweep.cluster.gpu.name}" for i in over]
-    return Plan(sweep, cols, status.astype(str), code.astype(str), reason.astype(str), mem, predict(cols, sweep))
+    sub_time = predict(sub, sweep)
+    throughput = StepTime(_widen(sub_time.compute, valid, n), _widen(sub_time.comm, valid, n),
+                          sub_time.calibration, _widen(sub_time.mfu, valid, n))
+    return Plan(sweep, cols, status.astype(str), code.astype(str), reason.astype(str), mem, throughput)
+
+
+def _widen(a: np.ndarray | None, rows: np.ndarray, n: int, fill: float = np.nan) -> np.ndarray:
+    """Values over a subset of rows, widened to all n rows (`fill` where not computed)."""
+    out = np.full(n, fill)
+    if a is not None:
+        out[rows] = a
+    return out
+
+
+def _spread_estimate(sub: Estimate, rows: np.ndarray, n: int) -> Estimate:
+    """An estimate over a subset of rows, widened to all n rows (NaN where not estimated)."""
+    fields = {f: _widen(getattr(sub, f), rows, n) for f in ("weights", "grads", "optimizer", "activations", "logits",
+                                                   "buffers", "allocator", "overhead")}
+    return Estimate(**fields, capacity_bytes=sub.capacity_bytes, recipe=sub.recipe,
+                    stage=_widen(sub.stage, rows, n, -1).astype(np.int64))
 
 
 _MESSAGE_KNOBS = ("tp", "pp", "micro_batch_size", "pp_schedule", "virtual_stages")

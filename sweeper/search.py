@@ -181,7 +181,9 @@ class LayoutSearch:
     budget; otherwise it spends its first trials on the layouts the throughput model ranks
     highest, then alternates: TPE explores, the recalibrated model exploits. Every outcome teaches: an OOM excludes the layouts that
     need at least as much memory, measured step times recalibrate the throughput model,
-    measured peaks above the estimate tighten the memory check.
+    measured peaks refit the memory estimate both ways, a layout that ran re-admits the pruned
+    layouts that need no more memory, and a clearly faster layout just over the card gets a
+    probe trial (`sweeper.memfit`).
     """
 
     def __init__(self, plan: Plan, study: optuna.Study, *, sampler: str, max_trials: int, seed: int = 0,
@@ -199,6 +201,8 @@ class LayoutSearch:
         self.outcome: dict[int, str] = {}  # plan row -> trial status
         self.running: set[int] = set()
         self.learning = Learning(plan)
+        if not self.policy.in_plan_order:  # grid runs the plan as planned
+            self.learning.add_probes()
 
     # What the trials taught, as the rest of the code and the tests read it.
     @property
@@ -221,9 +225,18 @@ class LayoutSearch:
     def model(self) -> StepTime:
         return self.learning.model
 
+    def row_of(self, layout: Layout) -> int | None:
+        """The plan row that runs this layout: a candidate, or a pruned layout the trials re-admitted."""
+        row = self.plan.row_of(layout)
+        if row is None:
+            valid = self.plan.row_of(layout, pruned=True)
+            row = valid if valid in self.learning.readmitted else None
+        return row
+
     # ---- ask / tell ------------------------------------------------------------------
     def untried(self) -> list[int]:
-        return [int(r) for r in self.rows if r not in self.done and r not in self.running and r not in self.excluded]
+        pool = [*self.rows.tolist(), *(r for r in self.learning.readmitted if not self.plan.candidate_mask[r])]
+        return [int(r) for r in pool if r not in self.done and r not in self.running and r not in self.excluded]
 
     def remaining(self) -> int:
         return len(self.untried())
@@ -241,7 +254,7 @@ class LayoutSearch:
             trial = self.study.ask()
             values = {k: trial.suggest_categorical(k, list(self.sweep.space[k])) for k in self.searched}
             layout = self._layout(values)
-            row = self.plan.row_of(layout)
+            row = self.row_of(layout)
             if row is None or row in self.excluded:
                 why = layout.rejection(self.sweep)
                 reason = self.excluded.get(row) if row is not None else None
@@ -270,7 +283,8 @@ class LayoutSearch:
         return Proposal(trial.number, row, self.plan.layout(row))
 
     def observe(self, row: int, *, status: str, mfu: float | None, step_time_s: float | None = None,
-                peak_mem_gib: float | None = None, device: str | None = None) -> float:
+                peak_mem_gib: float | None = None, device: str | None = None,
+                peak_mem_reserved_gib: float | None = None) -> float:
         """Learn from a finished trial (also from an earlier run's rows); returns its objective."""
         status = TrialStatus(status)
         value = mfu if (status.succeeded() and mfu is not None) else FAILED_OBJECTIVE
@@ -282,8 +296,12 @@ class LayoutSearch:
             self.learning.learn_oom(row, self.untried())
         if status.succeeded() and step_time_s:
             self.learning.learn_step_time(row, step_time_s)
-        if status.succeeded() and peak_mem_gib and device and not device.startswith("cpu"):
-            self.learning.learn_peak(row, peak_mem_gib, self.untried())
+        device_peak = bool(device) and not str(device).startswith("cpu")  # CPU RSS growth is no allocator peak
+        if status.succeeded() and device_peak and (peak_mem_gib or peak_mem_reserved_gib):
+            self.learning.learn_peak(row, peak_mem_gib, peak_mem_reserved_gib, self.untried(),
+                                     busy=self.done.keys() | self.running)
+        if status.succeeded():
+            self.learning.learn_ran(row, done=self.done.keys())
         return value
 
     def tell(self, optuna_trial: int, row: int, *, status: str, mfu: float | None,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,20 +33,43 @@ class ModelSpec(_Strict):
     ffn: int = Field(ge=1, le=10_000_000)
     vocab: int = Field(ge=1, le=100_000_000)
     tied_embeddings: bool = False
+    head_dim: int | None = Field(default=None, ge=1, le=100_000,
+                                 description="width of one attention head; default hidden/heads (Qwen3, Gemma set it)")
+    mlp: Literal["swiglu", "gelu"] = Field(default="swiglu", description="swiglu (3 matrices) or gelu (2, with biases)")
+    norm: Literal["rmsnorm", "layernorm"] = Field(default="rmsnorm", description="rmsnorm (weight) or layernorm (weight, bias)")
+    position: Literal["rope", "learned"] = Field(default="rope", description="rope, or a learned position table")
+    qk_norm: bool = Field(default=False, description="an RMSNorm on queries and keys per head (Qwen3)")
+    max_positions: int | None = Field(default=None, ge=1, le=100_000_000,
+                                      description="rows of a learned position table; default (and at least) seq_len")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelSpec:
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden must be a multiple of heads, but got hidden={self.hidden}, heads={self.heads}")
+        if self.head_dim is None and self.hidden % self.heads:
+            raise ValueError(
+                f"hidden must be a multiple of heads, but got hidden={self.hidden}, heads={self.heads} "
+                "(or give model.head_dim)"
+            )
+        if self.head_dim is not None:
+            if self.head_dim > self.hidden:
+                raise ValueError(
+                    f"model.head_dim: {self.head_dim} does not fit the heads: one head wider than hidden={self.hidden}"
+                )
+            if self.position == "rope" and self.head_dim % 2:
+                raise ValueError(
+                    f"model.head_dim: {self.head_dim} does not fit the heads: RoPE rotates pairs, so it must be even"
+                )
         kv = self.kv_heads or self.heads
         if self.heads % kv:
             raise ValueError(f"heads must be a multiple of kv_heads, but got heads={self.heads}, kv_heads={kv}")
+        if self.max_positions is not None and self.position != "learned":
+            raise ValueError("model.max_positions: only a learned position table has rows; set position: learned")
         return self
 
     def shape(self, name: str = "custom") -> ModelShape:
         return ModelShape(
             self.layers, self.hidden, self.heads, self.kv_heads or self.heads, self.ffn, self.vocab,
-            self.tied_embeddings, name,
+            self.tied_embeddings, name, head_dim=self.head_dim or 0, mlp=self.mlp, norm=self.norm,
+            position=self.position, qk_norm=self.qk_norm, max_positions=self.max_positions or 0,
         )
 
 
@@ -127,11 +150,63 @@ class SearchSettings(_Strict):
                                       description="stop early when no untried layout is predicted to beat the best by this share")
 
 
+RECIPES = ("builtin", "megatron", "torchtitan", "deepspeed", "explicit")
+# the recipe a workload kind implies when memory.recipe is not given
+RECIPE_OF_WORKLOAD = {"builtin": "builtin", "megatron": "megatron", "torchtitan": "torchtitan", "command": "builtin"}
+STATE_PARTS = ("params", "grads", "master", "optimizer")
+
+
+class StateBytes(_Strict):
+    """memory.bytes, the explicit recipe: bytes per parameter of each model state, and which
+    of them are sharded over data parallel (when the layout's sharding is not none)."""
+
+    params: float = Field(ge=0, le=64, description="the parameters the forward reads (2: bf16)")
+    grads: float = Field(ge=0, le=64, description="the gradients kept between backward and the step")
+    master: float = Field(default=0, ge=0, le=64, description="fp32 master weights held by the optimizer")
+    optimizer: float = Field(ge=0, le=64, description="optimizer states (AdamW: 8 in fp32)")
+    sharded: list[Literal["params", "grads", "master", "optimizer"]] = Field(
+        default_factory=list, description="states divided over data parallel")
+
+
 class MemorySettings(_Strict):
     headroom: float = Field(default=0.05, ge=0, lt=1, description="share of the card kept free")
     overhead_gib: float | None = Field(
         default=None, ge=0, le=1000, description="fixed per-process overhead; default by device type"
     )
+    recipe: str | None = Field(default=None, description=f"how the trainer holds memory: {', '.join(RECIPES)}; "
+                                                          "default from workload.kind")
+    distributed_optimizer: bool | None = Field(
+        default=None, description="megatron: --use-distributed-optimizer always (true), never (false), or as sharding says")
+    grad_accum_dtype: Literal["fp32", "bf16"] | None = Field(
+        default=None, description="megatron/deepspeed: dtype of the accumulated gradients (megatron fp32, deepspeed bf16)")
+    zero_stage: int | None = Field(default=None, ge=0, le=3, description="deepspeed: ZeRO stage; default as sharding says")
+    bytes: StateBytes | None = Field(default=None, description="explicit recipe: bytes per parameter")
+    reserved_factor: float | None = Field(default=None, ge=1, le=3,
+                                          description="reserved / allocated of the caching allocator; default by recipe")
+    probe_margin: float = Field(default=0.05, ge=0, le=1,
+                                description="a pruned layout within this share of the card may get one probe trial")
+
+    @field_validator("recipe")
+    @classmethod
+    def _known_recipe(cls, v: str | None) -> str | None:
+        if v is not None and v not in RECIPES:
+            raise ValueError(f"memory.recipe: {v!r} not allowed; allowed: {', '.join(RECIPES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _options_match_recipe(self) -> MemorySettings:
+        r = self.recipe
+        if self.distributed_optimizer is not None and r not in (None, "megatron"):
+            raise ValueError(f"memory.distributed_optimizer applies to recipe megatron only, not {r!r}")
+        if self.zero_stage is not None and r not in (None, "deepspeed"):
+            raise ValueError(f"memory.zero_stage applies to recipe deepspeed only, not {r!r}")
+        if r == "explicit" and self.bytes is None:
+            raise ValueError("memory.bytes is required for recipe explicit: {params, grads, master, optimizer, sharded}")
+        if self.grad_accum_dtype is not None and r not in (None, "megatron", "deepspeed"):
+            raise ValueError(f"memory.grad_accum_dtype applies to recipes megatron and deepspeed only, not {r!r}")
+        if self.bytes is not None and r != "explicit":
+            raise ValueError(f"memory.bytes applies to recipe explicit only, not {r!r}")
+        return self
 
 
 class WorkloadSpec(_Strict):
@@ -283,10 +358,16 @@ class Sweep:
 def build_sweep(raw: SweepFile, *, source: Path | None = None) -> Sweep:
     """Resolve presets and check that every searched value can appear in some valid layout."""
     shape = PRESETS[raw.model.lower()] if isinstance(raw.model, str) else raw.model.shape()
+    if shape.position == "learned" and shape.max_positions < raw.seq_len:
+        # the table must hold every position trained (Megatron-LM: --max-position-embeddings >= --seq-length)
+        shape = replace(shape, max_positions=raw.seq_len)
+    memory = raw.memory
+    if memory.recipe is None:
+        memory = memory.model_copy(update={"recipe": RECIPE_OF_WORKLOAD[raw.workload.kind]})
     cluster = Cluster(raw.cluster.nodes, raw.cluster.gpus_per_node, raw.cluster.resolved_gpu())
     sweep = Sweep(
         name=raw.name, model=shape, seq_len=raw.seq_len, global_batch_size=raw.global_batch_size,
-        cluster=cluster, space=raw.space.values(), trial=raw.trial, search=raw.search, memory=raw.memory,
+        cluster=cluster, space=raw.space.values(), trial=raw.trial, search=raw.search, memory=memory,
         launcher=raw.launcher, results_dir=Path(raw.results_dir), source=source, workload=raw.workload,
     )
     _check_usable(sweep)

@@ -55,7 +55,7 @@ class PlanReason(StrEnum):
     HEADS_NOT_DIVISIBLE = "heads_not_divisible"
     KV_HEADS_NOT_DIVISIBLE = "kv_heads_not_divisible"
     FFN_NOT_DIVISIBLE = "ffn_not_divisible"
-    LAYERS_NOT_DIVISIBLE = "layers_not_divisible"
+    PP_EXCEEDS_LAYERS = "pp_exceeds_layers"
     BATCH_NOT_DIVISIBLE = "batch_not_divisible"
     SEQ_NOT_DIVISIBLE = "seq_not_divisible"
     TOO_FEW_MICROBATCHES = "too_few_microbatches"

@@ -16,6 +16,7 @@ PLAN_COLUMNS = [
     "tp", "pp", "dp", "micro_batch_size", "grad_accum", "sequence_parallel", "activation_checkpointing",
     "attention", "rmsnorm", "status", "reason", "mem_total_gib", "mem_weights_gib", "mem_grads_gib",
     "mem_optimizer_gib", "mem_activations_gib", "mem_logits_gib", "mem_overhead_gib", "pred_mfu",
+    "mem_buffers_gib", "mem_allocator_gib", "mem_allocated_gib", "mem_reserved_gib",
 ]
 
 
@@ -49,8 +50,13 @@ def test_out_writes_every_layout(tmp_path, ext):
     assert (plan[plan.status == "candidate"].mem_total_gib <= 80 * 0.95).all()
     assert (plan[plan.status != "candidate"].reason.str.len() > 0).all()
     parts = plan[[c for c in plan.columns if c.startswith("mem_") and c not in ("mem_total_gib",)]]
-    parts = parts.drop(columns=["mem_share"], errors="ignore")
-    assert ((parts.sum(axis=1) - plan.mem_total_gib).abs() < 1e-2).all()
+    parts = parts.drop(columns=["mem_share", "mem_allocated_gib", "mem_reserved_gib"], errors="ignore")
+    assert ((parts.sum(axis=1) - plan.mem_total_gib).abs() < 1e-2)[plan.status != "invalid"].all()
+    # reserved = allocated + the allocator's gap; the card must hold reserved + the overhead
+    est = plan[plan.status != "invalid"]  # invalid layouts are not estimated (NaN)
+    assert ((est.mem_reserved_gib - est.mem_allocated_gib - est.mem_allocator_gib).abs() < 1e-3).all()
+    assert ((est.mem_reserved_gib + est.mem_overhead_gib - est.mem_total_gib).abs() < 1e-3).all()
+    assert plan[plan.status == "invalid"].mem_total_gib.isna().all()
     assert not list(tmp_path.glob(".*tmp"))
 
 

@@ -34,12 +34,13 @@ def test_derived_values(sweep13b):
                         "space": {"tp": [1]}}, "kv_heads_not_divisible"),
         (Layout(tp=2), {"model": {"layers": 4, "hidden": 64, "heads": 4, "ffn": 175, "vocab": 64}, "space": {"tp": [1]}},
          "ffn_not_divisible"),
-        (Layout(pp=16), {}, "layers_not_divisible"),  # 40 layers
+        (Layout(pp=8), {"model": {"layers": 4, "hidden": 64, "heads": 4, "ffn": 256, "vocab": 64}, "space": {"tp": [1]}},
+         "pp_exceeds_layers"),
         (Layout(micro_batch_size=3), {"global_batch_size": 2048}, "batch_not_divisible"),
         (Layout(tp=8, sequence_parallel=True), {"seq_len": 2044}, "seq_not_divisible"),
         (Layout(pp=4, micro_batch_size=8), {"global_batch_size": 512}, "too_few_microbatches"),  # 512/(8*16)=4 ok?
         (Layout(pp=2, pp_schedule="interleaved", virtual_stages=1), {}, "interleaved_virtual_stages"),
-        (Layout(pp=4, pp_schedule="interleaved", virtual_stages=4), {}, "interleaved_layers"),  # 40 % 16
+        (Layout(pp=4, pp_schedule="interleaved", virtual_stages=16), {}, "interleaved_layers"),  # 64 chunks > 40
         (Layout(pp=4, pp_schedule="interleaved", virtual_stages=2), {"global_batch_size": 144},
          "interleaved_microbatches"),
         (Layout(float8=True), {}, "float8_unsupported"),  # A100 has no fp8
@@ -133,3 +134,10 @@ def test_plan_rejects_kernels_of_the_workload_only():
     megatron = make_plan(make_sweep(space=space, cluster=HUGE,
                                     workload={"kind": "megatron", "command": "pretrain_gpt.py {flags}"}))
     assert (megatron.status == "candidate").all()
+
+
+def test_uneven_pipeline_stages_are_valid():
+    # 40 layers over 16 stages (2 or 3 each) and 40 over 4*4 interleaved chunks run in
+    # Megatron-LM and torchtitan: both valid now
+    assert reject_code(Layout(pp=16)) is None
+    assert reject_code(Layout(pp=4, pp_schedule="interleaved", virtual_stages=4)) is None

@@ -22,9 +22,8 @@ def est(layout: Layout, sweep=None):
     sweep = sweep or sweep7b()
     cols = layout.columns(sweep)
     e = estimate(cols, sweep)
-    return {k: float(getattr(e, k)[0]) for k in ("weights", "grads", "optimizer", "activations", "logits", "overhead")} | {
-        "total": float(e.total[0])
-    }
+    terms = ("weights", "grads", "optimizer", "activations", "logits", "buffers", "overhead", "allocated", "reserved")
+    return {k: float(getattr(e, k)[0]) for k in terms} | {"total": float(e.total[0])}
 
 
 BASE = Layout(attention="flash2", rmsnorm="fused")
@@ -144,15 +143,22 @@ def test_pipeline_stages_split_the_parameters():
 
 
 def test_torchtitan_published_measurement():
-    # torchtitan docs/performance.md, table 1: Llama 3.1 8B, FSDP over 8 H100 (95 GiB), local
-    # batch 2, seq 8192, selective op checkpointing, no compile: 82.4 GiB peak memory.
-    # torchtitan's op policy keeps every other matmul output, ours keeps all of them, so the
-    # estimate must sit at or a little above the measurement.
-    s = make_sweep(model="llama3-8b", seq_len=8192, global_batch_size=16,
-                   cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"}, space={"tp": [1]})
-    e = est(Layout(sharding="fsdp", micro_batch_size=2, activation_checkpointing="selective",
-                   attention="flash2", rmsnorm="fused"), s)
-    assert 1.0 <= e["total"] / GIB / 82.4 <= 1.15
+    # torchtitan benchmarks/llama3_h100_202412_torchtitan.md, table 1: Llama 3.1 8B, FSDP over 8
+    # H100 (95 GiB), local batch 2, seq 8192, selective op checkpointing, no compile: 82.4 GiB,
+    # which torchtitan's metrics report as max reserved, so it is compared with the reserved
+    # estimate. Under the torchtitan recipe its op policy recomputes every second matmul
+    # (wk, wo, w3); the estimate sits 10 % below this row (and 4 % below the same layout with
+    # torch.compile, 77.0 GiB). The built-in trainer's selective policy keeps every matmul
+    # output, so its recipe must sit at or above the measurement.
+    def reserved(recipe: str) -> float:
+        s = make_sweep(model="llama3-8b", seq_len=8192, global_batch_size=16,
+                       cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"}, space={"tp": [1]},
+                       memory={"recipe": recipe})
+        return est(Layout(sharding="fsdp", micro_batch_size=2, activation_checkpointing="selective",
+                          attention="flash2", rmsnorm="fused"), s)["reserved"] / GIB
+
+    assert 0.85 <= reserved("torchtitan") / 82.4 <= 1.0
+    assert 1.0 <= reserved("builtin") / 82.4 <= 1.15
 
 
 def test_fsdp_with_pipeline_keeps_the_stage_unsharded():

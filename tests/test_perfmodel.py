@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sweeper.layout import Layout
-from sweeper.learn import memory_scale, needs_at_least
+from sweeper.learn import needs_at_least
 from sweeper.perfmodel import calibrate, predict
 from sweeper.plan import make_plan
 from tests.conftest import make_sweep
@@ -71,7 +71,3 @@ def test_an_oom_rules_out_layouts_that_need_more_memory():
     assert Layout(tp=2, micro_batch_size=4, activation_checkpointing="full", sequence_parallel=True) not in hungrier
 
 
-def test_memory_scale_only_tightens():
-    assert memory_scale([10, 20], [12, 25]) == pytest.approx(1.225)
-    assert memory_scale([10, 20], [8, 15]) == 1.0
-    assert memory_scale([10], [20]) == 1.0  # one measurement is not enough

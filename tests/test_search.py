@@ -30,7 +30,8 @@ def test_grid_asks_every_candidate_once_in_plan_order(tmp_path):
 @pytest.mark.parametrize("sampler", ["tpe", "random", "auto"])
 def test_model_based_samplers_never_run_rejected_or_repeated_layouts(tmp_path, sampler):
     # the 13B space of conftest: many layouts pruned by memory; a budget below the candidates
-    plan, search = _search(tmp_path, sampler, 12)
+    # (no headroom, so that 16 candidates outlast 12 trials whose OOMs exclude hungrier ones)
+    plan, search = _search(tmp_path, sampler, 12, memory={"headroom": 0.0})
     n_cand = int(plan.candidate_mask.sum())
     assert n_cand > 12 and not search.exhaustive
     seen = set()

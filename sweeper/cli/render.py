@@ -47,6 +47,8 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     table.add_column("accum", justify="right")
     for k in varying[3:]:
         table.add_column(label(k))
+    table.add_column("alloc", justify="right")
+    table.add_column("reserved", justify="right")
     table.add_column("GiB/GPU", justify="right")
     table.add_column(f"of {gpu.memory_gib:g}", justify="right")
     table.add_column("pred MFU", justify="right")
@@ -55,7 +57,7 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
         r = row._asdict()
         cells = [_fmt(r[k]) for k in varying[:3]] + [str(r["dp"]), str(r["grad_accum"])]
         cells += [_fmt(r[k]) for k in varying[3:]]
-        cells += [_gib(r["mem_total_gib"]), f"{100 * r['mem_share']:.0f}%", f"{100 * r['pred_mfu']:.1f}%"]
+        cells += [_gib(r["mem_allocated_gib"]), _gib(r["mem_reserved_gib"]), _gib(r["mem_total_gib"]), f"{100 * r['mem_share']:.0f}%", f"{100 * r['pred_mfu']:.1f}%"]
         table.add_row(*cells)
     if len(cands):
         console.print(table)
@@ -68,6 +70,8 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
         f"\n[bold]{sweep.name}[/]: {m.name} ({_params(m.num_params)} params), seq {sweep.seq_len}, "
         f"global batch {sweep.global_batch_size}, {sweep.cluster.nodes}×{sweep.cluster.gpus_per_node} {gpu.name}"
     )
+    console.print(f"memory recipe: [bold]{plan.memory.recipe}[/] ({recipe_summary(sweep)}); "
+                  "pruning compares the reserved peak + overhead with the card")
     summary = Table(show_header=False, box=None, padding=(0, 2))
     summary.add_row("layouts in the cross product", str(len(plan)))
     for code, n in plan.reason_counts().items():
@@ -77,8 +81,33 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
         f"  pruned: predicted memory over {100 * (1 - sweep.memory.headroom):.0f}% of {gpu.memory_gib:g} GiB",
         str(counts.get(PlanStatus.PRUNED, 0)),
     )
+    near = plan.near_card()
+    summary.add_row(
+        f"    of them within {100 * sweep.memory.probe_margin:.0f}% of the card (a probe trial if clearly fastest)",
+        str(int(near.sum())),
+    )
     summary.add_row("[bold]candidates[/]", f"[bold]{counts.get(PlanStatus.CANDIDATE, 0)}[/]")
     console.print(summary)
+
+
+def recipe_summary(sweep) -> str:  # noqa: ANN001 - Sweep
+    """The recipe's options in a few words, as the dry run prints them."""
+    m = sweep.memory
+    parts = []
+    if m.recipe == "megatron":
+        do = {None: "as sharding says", True: "always", False: "never"}[m.distributed_optimizer]
+        parts += [f"distributed optimizer {do}", f"grads {m.grad_accum_dtype or 'fp32'}"]
+    elif m.recipe == "deepspeed":
+        parts += [f"ZeRO stage {m.zero_stage if m.zero_stage is not None else 'as sharding says'}",
+                  f"grads {m.grad_accum_dtype or 'bf16'}"]
+    elif m.recipe == "explicit" and m.bytes is not None:
+        b = m.bytes
+        parts += [f"bytes/param params {b.params:g}, grads {b.grads:g}, master {b.master:g}, optimizer {b.optimizer:g}",
+                  f"sharded: {', '.join(b.sharded) or 'none'}"]
+    from sweeper.memory import reserved_factor
+
+    parts.append(f"reserved = {reserved_factor(sweep):.2f} x allocated")
+    return "; ".join(parts)
 
 
 def _params(n: int) -> str:

@@ -67,6 +67,8 @@ def plan_summary(plan) -> dict:  # noqa: ANN001
     cands = frame[frame.status == PlanStatus.CANDIDATE]
     return {
         "name": plan.sweep.name,
+        "memory_recipe": plan.memory.recipe,
+        "near_card": int(plan.near_card().sum()),
         "layouts": len(plan),
         "counts": plan.counts(),
         "reasons": plan.reason_counts(),
