@@ -55,15 +55,17 @@ COMPILED = {
 }
 
 
-def _run(cases: dict[str, tuple[dict[str, Any], bool]], world: int, workdir: Path) -> Path:
-    specs = [{"id": cid, "sweep": tiny_sweep(world, tied=tied), "knobs": knobs} for cid, (knobs, tied) in cases.items()]
-    done = run_workers("parity", nprocs=world, workdir=workdir, timeout_s=400, cases=specs)
+def _run(cases: dict[str, tuple[Any, ...]], world: int, workdir: Path, timeout_s: float = 400) -> Path:
+    """Cases are (knobs, tied) or (knobs, tied, model variant of helpers.MODELS)."""
+    specs = [{"id": cid, "sweep": tiny_sweep(world, tied=c[1], model=c[2] if len(c) > 2 else "llama"), "knobs": c[0]}
+             for cid, c in cases.items()]
+    done = run_workers("parity", nprocs=world, workdir=workdir, timeout_s=timeout_s, cases=specs)
     return done.out_dir
 
 
-def _check(out_dir: Path, case_id: str, knobs: dict[str, Any], tied: bool) -> None:
+def _check(out_dir: Path, case_id: str, knobs: dict[str, Any], tied: bool, model: str = "llama") -> None:
     got = merged(out_dir, case_id)
-    ref = reference(tied, knobs.get("attention", "flash2"), knobs.get("rmsnorm", "eager"))
+    ref = reference(tied, knobs.get("attention", "flash2"), knobs.get("rmsnorm", "eager"), model=model)
     dloss = max(abs(a - b) for a, b in zip(got["losses"], ref["losses"]))
     assert len(got["losses"]) == 10
     assert dloss <= LOSS_TOL, f"{case_id}: loss differs by {dloss:.2e}"
