@@ -2,8 +2,10 @@
 
 Each world size is one launch that runs its layouts one after another (start-up costs seconds).
 Tolerances: loss 1e-6 absolute (2 float32 ulps at 6.0); gradients at step 0 1e-8 absolute, or
-5e-7 of the tensor's largest gradient where that is more (a few float32 ulps: with a tied head the
-final norm's gradients reach 0.16); parameters after 10 AdamW steps 1e-4 (Adam divides by
+1e-6 of the tensor's largest gradient where that is more (8 float32 ulps: with a tied head the
+final norm's gradients reach 0.16; with torch 2.13 on CPU the head's gradient, a sum over 256
+tokens formed in micro-batches, differs by 1.68e-8 of 0.026, 5.4 ulps, in every layout
+(it failed the earlier 5e-7 before the GPT work too)); parameters after 10 AdamW steps 1e-4 (Adam divides by
 sqrt(v): tiny gradient differences on near-zero gradients grow).
 """
 
@@ -16,7 +18,7 @@ import pytest
 
 from .helpers import max_diff, merged, reference, run_workers, tiny_sweep
 
-LOSS_TOL, GRAD_TOL, GRAD_RTOL, PARAM_TOL = 1e-6, 1e-8, 5e-7, 1e-4
+LOSS_TOL, GRAD_TOL, GRAD_RTOL, PARAM_TOL = 1e-6, 1e-8, 1e-6, 1e-4
 
 # id -> (knobs, tied embeddings); micro-batch sizes keep 2 micro-batches per step where they can
 TWO_RANKS: dict[str, tuple[dict[str, Any], bool]] = {
