@@ -74,3 +74,14 @@ def test_eight_ranks_gpt_and_head_dim_match_single_process(tmp_path: Path) -> No
     out = _run(EIGHT_RANKS, 8, tmp_path, timeout_s=600)
     for case_id, case in EIGHT_RANKS.items():
         _check(out, case_id, *case, **_tolerances(case[2]))
+
+
+COMPILED: dict[str, tuple[dict[str, Any], bool, str]] = {
+    "gpt_tp2_sp_compile": ({"tp": 2, "sequence_parallel": True, "compile": True, "micro_batch_size": 4}, False, "gpt"),
+}
+
+
+@pytest.mark.slow
+def test_compiled_gpt_blocks_under_tp_match_single_process(tmp_path: Path) -> None:
+    out = _run(COMPILED, 2, tmp_path, timeout_s=600)
+    _check(out, "gpt_tp2_sp_compile", *COMPILED["gpt_tp2_sp_compile"], **_tolerances("gpt"))
