@@ -18,7 +18,6 @@ import math
 import re
 import zlib
 from collections.abc import Callable
-
 from typing import Any
 
 import torch
@@ -125,7 +124,7 @@ class Attention(nn.Module):
         super().__init__()
         h, q, kv = shape.hidden, shape.q_dim, shape.kv_dim
         bias = shape.position == "learned"
-        self.head_dim, self.rope = shape.head_dim, shape.position == "rope"
+        self.head_dim = shape.head_dim
         self.wq, self.wk, self.wv = nn.Linear(h, q, bias=bias), nn.Linear(h, kv, bias=bias), nn.Linear(h, kv, bias=bias)
         self.wo = nn.Linear(q, h, bias=bias)
         self.attend = attend
@@ -136,7 +135,7 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        if self.rope:
+        if cos is not None and sin is not None:  # RoPE models only (Transformer passes None otherwise)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = self.attend(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
@@ -232,15 +231,17 @@ class Transformer(nn.Module):
         """
         from torch.distributed.tensor import DTensor, Shard
 
+        assert self.pos_embeddings is not None
         table = self.pos_embeddings.weight
         if not isinstance(table, DTensor):
             return h + table[: h.shape[1]]
         seq = self.pos_layout
         full = DTensor.from_local(h, table.device_mesh, [seq], run_check=False)
-        rows = table[: full.shape[1]]
+        rows: DTensor = table[: full.shape[1]]  # type: ignore[assignment]  # slicing a DTensor is one
         if isinstance(seq, Shard):
             rows = rows.redistribute(table.device_mesh, [Shard(0)])  # a local slice, no communication
-        return (full + rows).to_local()
+        out: DTensor = full + rows  # type: ignore[assignment]
+        return out.to_local()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x

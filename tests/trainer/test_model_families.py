@@ -12,7 +12,12 @@ import torch
 
 from sweeper.models import ModelShape
 from sweeper.trainer import kernels
-from sweeper.trainer.model import build_model, eager_layernorm, fused_layernorm, norm_kernel
+from sweeper.trainer.model import (
+    build_model,
+    eager_layernorm,
+    fused_layernorm,
+    norm_kernel,
+)
 from sweeper.trainer.parallel import split_stage
 
 LLAMA = ModelShape(layers=4, hidden=64, heads=4, kv_heads=2, ffn=176, vocab=256)
