@@ -145,7 +145,8 @@ def norm_bytes(cols: Columns, sweep: Sweep, r: np.ndarray) -> np.ndarray:
     RMSNorm: fused e*h*r + 4*r (input, rstd); eager 4*h*r + 4*r + e*h*r (the fp32 copy of the
     input that pow keeps, rstd, the value before the weight).
     LayerNorm: fused (torch's native layer_norm) its input, mean and rstd: e*h*r + 8*r, where the
-    input is an fp32 copy (4*h*r) under bf16 autocast, which runs layer_norm in fp32; eager (plain
+    input is an fp32 copy (4*h*r) under bf16 autocast, which runs layer_norm in fp32 on CUDA (torch's
+    AMP op reference, "CUDA Ops that can autocast to float32"); eager (plain
     ops) the centred fp32 input, rstd and the value before the weight: as eager RMSNorm.
     """
     e, h = compute_bytes(sweep), sweep.model.hidden

@@ -105,3 +105,26 @@ def test_stages_hold_the_uneven_split(layers: int, stages: int, expected: list[l
     assert [[int(k) for k in p.layers] for p in parts] == expected
     assert [(p.tok_embeddings is not None, p.pos_embeddings is not None) for p in parts] == [(True, True)] + [(False, False)] * (stages - 1)
     assert [(p.norm is not None, p.output is not None) for p in parts] == [(False, False)] * (stages - 1) + [(True, True)]
+
+
+def test_layernorm_bytes_follow_autocast() -> None:
+    """Fused LayerNorm keeps input + mean + rstd per token: an fp32 input copy under bf16 autocast
+    (4*64 + 8 = 264 B), the bf16 input when FSDP's mixed precision casts instead (2*64 + 8 = 136 B);
+    eager keeps 4*64 + 4 + 2*64 = 388 B either way; fp32 fused 4*64 + 8 = 264 B."""
+    import numpy as np
+
+    from sweeper import memory
+    from sweeper.layout import Layout
+
+    from .helpers import tiny_sweep
+
+    def per_token(world: int, precision: str, **knobs: object) -> float:
+        sweep = tiny_sweep(world, precision=precision, model="gpt")
+        cols = Layout(**knobs).columns(sweep)
+        return float(memory.norm_bytes(cols, sweep, np.ones(1))[0])
+
+    assert per_token(1, "bf16", rmsnorm="fused") == 264
+    assert per_token(2, "bf16", rmsnorm="fused", sharding="fsdp", micro_batch_size=2) == 136
+    assert per_token(2, "bf16", rmsnorm="fused", sharding="zero1", micro_batch_size=2) == 264
+    assert per_token(1, "bf16", rmsnorm="eager") == 388
+    assert per_token(1, "fp32", rmsnorm="fused") == 264
