@@ -1,4 +1,5 @@
-"""The analytic memory model (sweeper/memory.py) against what the trainer really keeps, on tiny layouts.
+"""The analytic memory model (sweeper/memory.py) against what the trainer really keeps, on tiny layouts
+of the LLaMA block and, for activations, the GPT block and a head_dim != hidden/heads block (helpers.MODELS).
 
 Activations: the bytes autograd keeps for one micro-batch (saved-tensor hooks, de-duplicated by
 storage; parameters, buffers, the batch and the shared causal mask excluded; checkpoint inputs and
