@@ -159,23 +159,26 @@ def stage_params(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.ndarray]:
 def _per_token_terms(cols: Columns, sweep: Sweep) -> dict[str, np.ndarray]:
     """Bytes per token that one block keeps for backward, by part, for each checkpointing mode.
 
-    With e bytes per element, t = tp, and r = 1/t under sequence parallel (else 1):
-      norm       fused: its input (e*h*r) and rstd (4*r); eager: the fp32 copy of the input
-                 (4*h*r; autograd keeps it, not the input), rstd, and the value before the
-                 weight (e*h*r)
-      linear in  q/k/v and w1/w3 read the all-gathered norm output: e*h each (DTensor keeps it)
-      attention  flash-like: q, k, v after RoPE (e*(h + 2*kv)/t), output (e*h/t), log-sum-exp
-                 (4*a/t); its output is already laid out for the o-projection (a view, no copy);
-                 score kernels: q and k, v expanded to all heads (3*e*h/t), the probabilities
+    With e bytes per element, t = tp, r = 1/t under sequence parallel (else 1), q = heads*head_dim
+    (the Q projection's width: h unless head_dim is set) and kv = kv_heads*head_dim:
+      norm       see `norm_bytes` (RMSNorm or LayerNorm)
+      linear in  q/k/v and w1/w3 (GPT: fc1) read the all-gathered norm output: e*h each (DTensor keeps it)
+      attention  flash-like: q, k, v (after RoPE, or views of the projections without it)
+                 (e*(q + 2*kv)/t), output (e*q/t), log-sum-exp (4*a/t); its output is already laid
+                 out for the o-projection (a view, no copy);
+                 score kernels: q and k, v expanded to all heads (3*e*q/t), the probabilities
                  (fp32 softmax output plus the e-byte copy the matmul keeps: (4 + e) bytes per
                  score when e < 4; a*s scores per token, /t) and the o-projection's input, made
-                 contiguous (e*h/t)
-      mlp        w1 out, silu out, w3 out, w2 input: 4*e*ffn/t
+                 contiguous (e*q/t)
+      mlp        SwiGLU: w1 out, silu out, w3 out, w2 input: 4*e*ffn/t; GELU: fc1 out (GELU's
+                 input) and GELU out (fc2's input): 2*e*ffn/t. Biases add no saved tensor (the
+                 linear layers run as addmm, which keeps its two matrix inputs only).
     Checked against what the trainer saves (saved-tensor hooks) in tests/trainer.
     """
     m = sweep.model
     e = compute_bytes(sweep)
-    s, h, a, kv, f = sweep.seq_len, m.hidden, m.heads, m.kv_dim, m.ffn
+    s, h, a, q, kv, f = sweep.seq_len, m.hidden, m.heads, m.q_dim, m.kv_dim, m.ffn
+    mlp_tensors = 2 if m.mlp == "gelu" else 4  # activations of the ffn width the MLP keeps
     t = cols["tp"].astype(float)
     sp = cols["effective_sp"]
     r = np.where(sp, 1.0 / t, 1.0)
@@ -184,25 +187,40 @@ def _per_token_terms(cols: Columns, sweep: Sweep) -> dict[str, np.ndarray]:
     score_bytes = 4 + (e if e < 4 else 0)
     attn_core = np.where(
         scores,
-        3 * e * h / t + score_bytes * a * s / t + e * h / t,
-        e * (h + 2 * kv) / t + e * h / t + 4 * a / t,
+        3 * e * q / t + score_bytes * a * s / t + e * q / t,
+        e * (q + 2 * kv) / t + e * q / t + 4 * a / t,
     )
     attention = norm + e * h + attn_core
-    mlp = norm + e * h + 4 * e * f / t
+    mlp = norm + e * h + mlp_tensors * e * f / t
     block_in = e * h * r
     # selective: the block input plus every matmul / attention output (row-parallel matmul
     # outputs are full size on each rank, before their reduction) and, under sequence
-    # parallel, the two reduce-scatter outputs (torchtitan's policy keeps them)
-    kept_attn = np.where(scores, e * a * s / t + e * h / t, e * h / t + 4 * a / t)
-    selective = block_in + e * (h + 2 * kv) / t + kept_attn + e * h + 2 * e * f / t + e * h
+    # parallel, the two reduce-scatter outputs (torchtitan's policy keeps them); the MLP's
+    # matmuls before the nonlinearity are w1 and w3 (SwiGLU) or fc1 (GELU)
+    kept_attn = np.where(scores, e * a * s / t + e * q / t, e * q / t + 4 * a / t)
+    up = (mlp_tensors // 2) * e * f / t
+    selective = block_in + e * (q + 2 * kv) / t + kept_attn + e * h + up + e * h
     selective = selective + np.where(sp, 2 * e * h / t, 0.0)
     return {"attention": attention, "mlp": mlp, "block_in": block_in, "selective": selective}
 
 
 def norm_bytes(cols: Columns, sweep: Sweep, r: np.ndarray) -> np.ndarray:
-    """Bytes per token an RMSNorm keeps: fused e*h*r + 4*r; eager 4*h*r + 4*r + e*h*r."""
+    """Bytes per token a norm keeps (its share of the sequence r under sequence parallel).
+
+    RMSNorm: fused e*h*r + 4*r (input, rstd); eager 4*h*r + 4*r + e*h*r (the fp32 copy of the
+    input that pow keeps, rstd, the value before the weight).
+    LayerNorm: fused (torch's native layer_norm) its input, mean and rstd: e*h*r + 8*r, where the
+    input is an fp32 copy (4*h*r) under bf16 autocast, which runs layer_norm in fp32 on CUDA (torch's
+    AMP op reference, "CUDA Ops that can autocast to float32"); eager (plain
+    ops) the centred fp32 input, rstd and the value before the weight: as eager RMSNorm.
+    """
     e, h = compute_bytes(sweep), sweep.model.hidden
     eager = cols["rmsnorm"] == "eager"
+    if sweep.model.norm == "layernorm":
+        # bf16 autocast is on unless FSDP's mixed precision casts the weights instead
+        autocast = (e < 4) & ~((cols["sharding"] == "fsdp") & (cols["dp"] > 1))
+        fused_in = np.where(autocast, 4.0, float(e))
+        return np.where(eager, 4 * h * r + 4 * r + e * h * r, fused_in * h * r + 8 * r)
     return np.where(eager, 4 * h * r + 4 * r + e * h * r, e * h * r + 4 * r)
 
 

@@ -1,4 +1,11 @@
-"""A LLaMA decoder (RMSNorm, RoPE in real arithmetic, grouped-query attention, SwiGLU) built on the meta device.
+"""The decoder the built-in trainer runs, built on the meta device, in the two block families of `ModelShape`.
+
+LLaMA (the default): RMSNorm, RoPE in real arithmetic, grouped-query attention, SwiGLU, no biases;
+`head_dim` may differ from hidden/heads (Qwen3, Gemma: wq is hidden -> heads*head_dim, wo back).
+GPT (mlp=gelu, norm=layernorm, position=learned, as GPT-2/3 and Megatron-LM's GPT): LayerNorm with
+weight and bias, Q/K/V/O projections with biases, a GELU MLP (fc1, tanh-approximated GELU, fc2,
+both with biases) and a learned table of absolute positions added to the token embedding.
+The three fields are independent: any mix builds.
 
 Parameters are created without storage and materialised after parallelisation, shard by shard,
 by `init_weights`: every value is drawn from a generator seeded by the parameter's name, so
@@ -10,13 +17,19 @@ from __future__ import annotations
 import math
 import re
 import zlib
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from sweeper.models import ModelShape
+from sweeper.trainer import kernels
 from sweeper.trainer.kernels import AttentionFn, NormFn
+
+# A LayerNorm kernel: (x, weight, bias, eps) -> normalised x
+LayerNormFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 
 NORM_EPS = 1e-5
 ROPE_THETA = 10000.0
@@ -34,6 +47,49 @@ class RMSNorm(nn.Module):
         # Under autocast the fp32 weight would promote the output to fp32, and each following
         # matmul would keep its own 16-bit cast of it: return x's dtype, one tensor for all.
         return self.norm_fn(x, self.weight, NORM_EPS).type_as(x)
+
+
+def eager_layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """(x - mean) / std * weight + bias from plain ops, normalised in fp32 (as `eager_rmsnorm`)."""
+    x32 = x.float()
+    centred = x32 - x32.mean(-1, keepdim=True)
+    normed = centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps)
+    return normed.type_as(x) * weight + bias
+
+
+def fused_layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """torch's native layer_norm kernel (one kernel forward, one backward, on CPU and CUDA)."""
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def norm_kernel(shape: ModelShape, name: str) -> NormFn | LayerNormFn:
+    """The norm function of the `rmsnorm` knob for the model's norm: `fused` is torch's operator
+    (rms_norm, or the native layer_norm), `eager` the same maths from plain ops."""
+    if shape.norm == "rmsnorm":
+        return kernels.rmsnorm_kernel(name)
+    if name == "fused":
+        return fused_layernorm
+    if name == "eager":
+        return eager_layernorm
+    raise kernels.KernelUnavailable(f"rmsnorm={name}: unknown kernel; known: eager, fused")
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with weight and bias; the `rmsnorm` knob picks its kernel (see `norm_kernel`)."""
+
+    def __init__(self, dim: int, norm_fn: LayerNormFn) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.bias = nn.Parameter(torch.empty(dim))
+        self.norm_fn = norm_fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # as RMSNorm: one output in x's dtype (autocast runs layer_norm in fp32 on CUDA)
+        return self.norm_fn(x, self.weight, self.bias, NORM_EPS).type_as(x)
+
+
+def make_norm(shape: ModelShape, norm_fn: Callable[..., torch.Tensor]) -> nn.Module:
+    return LayerNorm(shape.hidden, norm_fn) if shape.norm == "layernorm" else RMSNorm(shape.hidden, norm_fn)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -58,24 +114,43 @@ def rope_tables(seq_len: int, head_dim: int, device: torch.device) -> tuple[torc
 
 
 class Attention(nn.Module):
-    """Q, K, V and output projections around an attention kernel; heads per rank follow the weights."""
+    """Q, K, V and output projections around an attention kernel; heads per rank follow the weights.
+
+    wq: hidden -> q_dim (heads*head_dim), wk/wv: hidden -> kv_dim, wo: q_dim -> hidden; with biases
+    in GPT blocks (position=learned), where RoPE is not applied.
+    """
 
     def __init__(self, shape: ModelShape, attend: AttentionFn) -> None:
         super().__init__()
-        h, kv = shape.hidden, shape.kv_dim
+        h, q, kv = shape.hidden, shape.q_dim, shape.kv_dim
+        bias = shape.position == "learned"
         self.head_dim = shape.head_dim
-        self.wq, self.wk, self.wv = nn.Linear(h, h, bias=False), nn.Linear(h, kv, bias=False), nn.Linear(h, kv, bias=False)
-        self.wo = nn.Linear(h, h, bias=False)
+        self.wq, self.wk, self.wv = nn.Linear(h, q, bias=bias), nn.Linear(h, kv, bias=bias), nn.Linear(h, kv, bias=bias)
+        self.wo = nn.Linear(q, h, bias=bias)
         self.attend = attend
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
         b, s, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds heads/tp of them
         q = self.wq(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        out = self.attend(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
+        if cos is not None and sin is not None:  # RoPE models only (Transformer passes None otherwise)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = self.attend(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class GeluMLP(nn.Module):
+    """GPT's MLP: fc2(gelu(fc1 x)), with biases, GELU in its tanh approximation (GPT-2/3, Megatron-LM)."""
+
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(shape.hidden, shape.ffn, bias=True)
+        self.fc2 = nn.Linear(shape.ffn, shape.hidden, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
 class FeedForward(nn.Module):
@@ -94,34 +169,34 @@ class FeedForward(nn.Module):
 class AttentionBlock(nn.Module):
     """Pre-norm attention without its residual (the unit that tensor parallelism gathers around)."""
 
-    def __init__(self, shape: ModelShape, attend: AttentionFn, norm_fn: NormFn) -> None:
+    def __init__(self, shape: ModelShape, attend: AttentionFn, norm_fn: Callable[..., torch.Tensor]) -> None:
         super().__init__()
-        self.norm = RMSNorm(shape.hidden, norm_fn)
+        self.norm = make_norm(shape, norm_fn)
         self.attention = Attention(shape, attend)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
         return self.attention(self.norm(x), cos, sin)
 
 
 class MLPBlock(nn.Module):
     """Pre-norm MLP without its residual: the unit that `ffn` checkpointing recomputes."""
 
-    def __init__(self, shape: ModelShape, norm_fn: NormFn) -> None:
+    def __init__(self, shape: ModelShape, norm_fn: Callable[..., torch.Tensor]) -> None:
         super().__init__()
-        self.norm = RMSNorm(shape.hidden, norm_fn)
-        self.ffn = FeedForward(shape)
+        self.norm = make_norm(shape, norm_fn)
+        self.ffn: nn.Module = GeluMLP(shape) if shape.mlp == "gelu" else FeedForward(shape)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.ffn(self.norm(h))
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, shape: ModelShape, attend: AttentionFn, norm_fn: NormFn) -> None:
+    def __init__(self, shape: ModelShape, attend: AttentionFn, norm_fn: Callable[..., torch.Tensor]) -> None:
         super().__init__()
         self.attn = AttentionBlock(shape, attend, norm_fn)
         self.mlp = MLPBlock(shape, norm_fn)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
         h = x + self.attn(x, cos, sin)
         return h + self.mlp(h)
 
@@ -129,22 +204,49 @@ class TransformerBlock(nn.Module):
 class Transformer(nn.Module):
     """The decoder. A pipeline stage is the same class with the parts it does not hold set to None."""
 
-    def __init__(self, shape: ModelShape, seq_len: int, *, attend: AttentionFn, norm_fn: NormFn) -> None:
+    def __init__(self, shape: ModelShape, seq_len: int, *, attend: AttentionFn, norm_fn: Callable[..., torch.Tensor]) -> None:
         super().__init__()
         self.shape, self.seq_len = shape, seq_len
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(shape.vocab, shape.hidden)
+        # learned absolute positions (GPT): one row per position, added to the token embedding
+        self.pos_embeddings: nn.Embedding | None = nn.Embedding(seq_len, shape.hidden) if shape.position == "learned" else None
+        # where the embedding output lives along the sequence under tensor parallelism (set by apply_tp)
+        self.pos_layout: Any = None
         # keyed by the global layer index, so names stay the same in every pipeline stage
         self.layers = nn.ModuleDict({str(i): TransformerBlock(shape, attend, norm_fn) for i in range(shape.layers)})
-        self.norm: RMSNorm | None = RMSNorm(shape.hidden, norm_fn)
+        self.norm: nn.Module | None = make_norm(shape, norm_fn)
         self.output: nn.Linear | None = nn.Linear(shape.hidden, shape.vocab, bias=False)
         if shape.tied_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        cos, sin = rope_tables(seq_len, shape.head_dim, torch.get_default_device())
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        tables = rope_tables(seq_len, shape.head_dim, torch.get_default_device()) if shape.position == "rope" else (None, None)
+        self.register_buffer("rope_cos", tables[0], persistent=False)
+        self.register_buffer("rope_sin", tables[1], persistent=False)
+
+    def add_positions(self, h: torch.Tensor) -> torch.Tensor:
+        """h + the learned position rows of its tokens.
+
+        Under tensor parallelism the table is a replicated DTensor and h this rank's local part
+        (the whole sequence, or its slice under sequence parallelism): the sum is formed as
+        DTensors, so each rank adds its own positions and the table's gradient is gathered.
+        """
+        from torch.distributed.tensor import DTensor, Shard
+
+        assert self.pos_embeddings is not None
+        table = self.pos_embeddings.weight
+        if not isinstance(table, DTensor):
+            return h + table[: h.shape[1]]
+        seq = self.pos_layout
+        full = DTensor.from_local(h, table.device_mesh, [seq], run_check=False)
+        rows: DTensor = table[: full.shape[1]]  # type: ignore[assignment]  # slicing a DTensor is one
+        if isinstance(seq, Shard):
+            rows = rows.redistribute(table.device_mesh, [Shard(0)])  # a local slice, no communication
+        out: DTensor = full + rows  # type: ignore[assignment]
+        return out.to_local()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        if self.pos_embeddings is not None:
+            h = self.add_positions(h)
         if torch.is_autocast_enabled(h.device.type):
             # the embedding is not autocast: start the residual stream in 16 bits, as FSDP's
             # mixed precision (bf16 weights) does, instead of carrying it in fp32
@@ -155,7 +257,7 @@ class Transformer(nn.Module):
         return self.output(h) if self.output is not None else h
 
 
-def build_model(shape: ModelShape, seq_len: int, *, attend: AttentionFn, norm_fn: NormFn) -> Transformer:
+def build_model(shape: ModelShape, seq_len: int, *, attend: AttentionFn, norm_fn: Callable[..., torch.Tensor]) -> Transformer:
     """The whole model on the meta device: shapes only, no memory."""
     with torch.device("meta"):
         return Transformer(shape, seq_len, attend=attend, norm_fn=norm_fn)
@@ -173,18 +275,21 @@ def canonical_name(name: str, shape: ModelShape) -> str:
 
 
 def init_std(name: str, shape: ModelShape) -> float | None:
-    """Standard deviation of a weight's normal init (None: RMSNorm weights, set to one).
+    """Standard deviation of a weight's normal init (None: a constant, see `full_init_value`).
 
-    Embeddings N(0, 1) (untied) or N(0, 1/h) (tied, since they also produce the logits);
-    projections 0.02, those writing into the residual stream scaled down with depth; head 1/sqrt(h).
+    Embeddings N(0, 1) (untied) or N(0, 1/h) (tied, since they also produce the logits); learned
+    positions 0.02 (GPT-3, Megatron-LM's init_method_std); projections 0.02, those writing into
+    the residual stream scaled down with depth; head 1/sqrt(h). Norm weights one, biases zero.
     """
-    if name.endswith("norm.weight"):
+    if name.endswith(("norm.weight", ".bias")):
         return None
+    if name == "pos_embeddings.weight":
+        return 0.02
     if name == "tok_embeddings.weight":
         return shape.hidden**-0.5 if shape.tied_embeddings else 1.0
     if name == "output.weight":
         return shape.hidden**-0.5
-    if name.endswith(("wo.weight", "w2.weight")):
+    if name.endswith(("wo.weight", "w2.weight", "fc2.weight")):
         layer = int(name.split(".")[1])
         return 0.02 / math.sqrt(2 * (layer + 1))
     return 0.02
@@ -194,7 +299,7 @@ def full_init_value(name: str, shape: ModelShape, size: torch.Size, *, seed: int
     """The whole (unsharded) initial value of parameter `name`: same on every rank and layout."""
     std = init_std(name, shape)
     if std is None:
-        return torch.ones(size, device=device)
+        return torch.zeros(size, device=device) if name.endswith(".bias") else torch.ones(size, device=device)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
     out = torch.empty(size, device=device)
@@ -204,7 +309,7 @@ def full_init_value(name: str, shape: ModelShape, size: torch.Size, *, seed: int
 def reset_rope(model: nn.Module, device: torch.device) -> None:
     """Recompute the RoPE tables of every (possibly wrapped) stage module after `to_empty`."""
     for m in model.modules():
-        if isinstance(m, Transformer):
+        if isinstance(m, Transformer) and m.shape.position == "rope":
             m.rope_cos, m.rope_sin = rope_tables(m.seq_len, m.shape.head_dim, device)
 
 

@@ -18,7 +18,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -30,13 +30,15 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from sweeper.layout import Layout
+from sweeper.stages import stage_bounds
 from sweeper.trainer.model import Transformer, materialize
 
 aten = torch.ops.aten
-# Selective checkpointing keeps the outputs of matmuls and attention kernels (expensive to
+# Selective checkpointing keeps the outputs of matmuls (with or without a bias) and attention kernels (expensive to
 # recompute) and of reduce-scatters (a collective), and recomputes the cheap elementwise ops.
 SAC_SAVE_OPS = {
     aten.mm.default,
+    aten.addmm.default,  # a linear layer with a bias (GPT blocks)
     aten.bmm.default,
     aten._scaled_dot_product_flash_attention.default,
     aten._scaled_dot_product_flash_attention_for_cpu.default,
@@ -52,13 +54,19 @@ SAC_CACHES: list[dict[Any, Any]] | None = None
 def apply_tp(model: Transformer, *, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
     """Megatron-style tensor parallelism with DTensor; loss parallel (vocab-sharded logits) always.
 
-    Q/K/V and w1/w3 are column-parallel, wo and w2 row-parallel. Under sequence parallelism the
-    norms and the residual stream are sharded along the sequence, gathered before each block.
+    Q/K/V and w1/w3 (GPT: fc1) are column-parallel, wo and w2 (fc2) row-parallel; a column-parallel
+    bias is split with its weight's rows, a row-parallel one replicated and added once. Under
+    sequence parallelism the norms (weights and biases replicated) and the residual stream are
+    sharded along the sequence, gathered before each block. A learned position table is
+    replicated; each rank adds the rows of the positions it holds (`Transformer.add_positions`).
     """
     seq = Shard(1) if sequence_parallel else Replicate()
     top: dict[str, Any] = {}
     if model.tok_embeddings is not None:
         top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+    if model.pos_embeddings is not None:
+        distribute_module(model.pos_embeddings, tp_mesh)  # every parameter replicated
+        model.pos_layout = seq
     if model.norm is not None and sequence_parallel:
         top["norm"] = SequenceParallel()
     if model.output is not None:
@@ -70,10 +78,15 @@ def apply_tp(model: Transformer, *, tp_mesh: DeviceMesh, sequence_parallel: bool
             "attn.attention.wk": ColwiseParallel(),
             "attn.attention.wv": ColwiseParallel(),
             "attn.attention.wo": RowwiseParallel(output_layouts=seq),
-            "mlp.ffn.w1": ColwiseParallel(),
-            "mlp.ffn.w3": ColwiseParallel(),
-            "mlp.ffn.w2": RowwiseParallel(output_layouts=seq),
         }
+        if model.shape.mlp == "gelu":
+            plan |= {"mlp.ffn.fc1": ColwiseParallel(), "mlp.ffn.fc2": RowwiseParallel(output_layouts=seq)}
+        else:
+            plan |= {
+                "mlp.ffn.w1": ColwiseParallel(),
+                "mlp.ffn.w3": ColwiseParallel(),
+                "mlp.ffn.w2": RowwiseParallel(output_layouts=seq),
+            }
         if sequence_parallel:
             plan |= {
                 "attn.norm": SequenceParallel(),
@@ -193,14 +206,18 @@ def stage_ids(pp_rank: int, pp: int, chunks: int) -> list[int]:
 
 
 def split_stage(model: Transformer, *, stage: int, num_stages: int) -> Transformer:
-    """A copy of the (meta) model holding only stage `stage`'s blocks, first embeds, last norms and projects."""
+    """A copy of the (meta) model holding only stage `stage`'s blocks, first embeds, last norms and projects.
+
+    The blocks are `sweeper.stages.stage_bounds`' share for the stage (uneven where the stages
+    do not divide the layers), the split the memory model estimates.
+    """
     part = copy.deepcopy(model)
-    per = model.shape.layers // num_stages
+    start, end = stage_bounds(model.shape.layers, num_stages)[stage]
     for key in list(part.layers):
-        if not stage * per <= int(key) < (stage + 1) * per:
+        if not start <= int(key) < end:
             del part.layers[key]
     if stage != 0:
-        part.tok_embeddings = None
+        part.tok_embeddings, part.pos_embeddings = None, None
     if stage != num_stages - 1:
         part.norm, part.output = None, None
     return part

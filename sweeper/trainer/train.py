@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from sweeper.layout import Layout
 from sweeper.models import ModelShape
 from sweeper.trainer import kernels
-from sweeper.trainer.model import build_model, loss_fn
+from sweeper.trainer.model import build_model, loss_fn, norm_kernel
 from sweeper.trainer.parallel import Parallelized, parallelize
 
 ADAMW = dict(betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -207,7 +207,7 @@ def build_trainer(
         layout.attention, heads=shape.heads // tp, kv_heads=shape.kv_heads // tp, head_dim=shape.head_dim,
         seq_len=seq_len, dtype=dtype, device=device,
     )
-    model = build_model(shape, seq_len, attend=attend, norm_fn=kernels.rmsnorm_kernel(layout.rmsnorm))
+    model = build_model(shape, seq_len, attend=attend, norm_fn=norm_kernel(shape, layout.rmsnorm))
     grad_accum = global_batch_size // (layout.micro_batch_size * dp)
     par = parallelize(model, layout=layout, mesh=mesh, device=device, precision=precision, seed=seed,
                       grad_accum=grad_accum, loss_fn=loss_fn)

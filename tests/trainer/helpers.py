@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -12,15 +13,39 @@ import torch
 from sweeper.spec import Sweep, parse_sweep
 from sweeper.trainer import kernels
 from sweeper.launchers.ranks import launch
-from sweeper.trainer.model import Transformer, build_model, loss_fn, materialize
+from sweeper.trainer.model import Transformer, build_model, loss_fn, materialize, norm_kernel
 from sweeper.trainer.train import make_optimizer, synthetic_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
 
 
-def tiny_sweep(world: int, *, tied: bool = False, precision: str = "fp32", seq_len: int = 32, extra: str = "") -> Sweep:
-    """The tiny LLaMA of the issue (4 layers, dim 64, 4 heads, 2 kv heads, ffn 176, vocab 256) on `world` CPU ranks."""
+# Variants of the tiny model (ModelShape fields replaced), by name
+MODELS: dict[str, dict[str, Any]] = {
+    "llama": {},
+    # GPT-2/3 style: multi-head attention, ffn 4h, GELU, LayerNorm with biases, learned positions
+    "gpt": dict(kv_heads=4, ffn=256, mlp="gelu", norm="layernorm", position="learned"),
+    # Qwen3-style head_dim: 4 heads of 32 (q_dim 128) on hidden 64
+    "head_dim": dict(head_dim=32),
+    # layer counts no pipeline of 2 (or 2x2 virtual) stages divides
+    "layers5": dict(layers=5),
+    "layers7": dict(layers=7),
+    "gpt_layers5": dict(layers=5, kv_heads=4, ffn=256, mlp="gelu", norm="layernorm", position="learned"),
+}
+
+
+def tiny_sweep(world: int, *, tied: bool = False, precision: str = "fp32", seq_len: int = 32, extra: str = "",
+               model: str = "llama") -> Sweep:
+    """The tiny LLaMA of the issue (4 layers, dim 64, 4 heads, 2 kv heads, ffn 176, vocab 256) on `world` CPU ranks,
+    or one of its `MODELS` variants."""
+    sweep = _tiny_sweep(world, tied=tied, precision=precision, seq_len=seq_len, extra=extra)
+    if not MODELS[model]:
+        return sweep
+    shape = dataclasses.replace(sweep.model, **MODELS[model], name=f"tiny-{model}")
+    return dataclasses.replace(sweep, model=shape)
+
+
+def _tiny_sweep(world: int, *, tied: bool, precision: str, seq_len: int, extra: str) -> Sweep:
     return parse_sweep(f"""
 name: tiny_test
 model: {{layers: 4, hidden: 64, heads: 4, kv_heads: 2, ffn: 176, vocab: 256, tied_embeddings: {str(tied).lower()}}}
@@ -49,15 +74,16 @@ def plain_model(sweep: Sweep, *, attention: str = "flash2", rmsnorm: str = "eage
     s = sweep.model
     attend = kernels.attention_kernel(attention, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim,
                                       seq_len=sweep.seq_len, dtype=torch.float32, device=CPU)
-    model = build_model(s, sweep.seq_len, attend=attend, norm_fn=kernels.rmsnorm_kernel(rmsnorm))
+    model = build_model(s, sweep.seq_len, attend=attend, norm_fn=norm_kernel(s, rmsnorm))
     materialize(model, s, seed=sweep.trial.seed, device=CPU)
     return model
 
 
 @lru_cache(maxsize=None)
-def reference(tied: bool = False, attention: str = "flash2", rmsnorm: str = "eager", steps: int = 10) -> dict[str, Any]:
+def reference(tied: bool = False, attention: str = "flash2", rmsnorm: str = "eager", steps: int = 10,
+              model: str = "llama") -> dict[str, Any]:
     """The single-process run every layout must reproduce: the whole global batch in one micro-batch."""
-    sweep = tiny_sweep(1, tied=tied)
+    sweep = tiny_sweep(1, tied=tied, model=model)
     model = plain_model(sweep, attention=attention, rmsnorm=rmsnorm)
     opt = make_optimizer(list(model.parameters()), lr=sweep.trial.lr, device=CPU)
     x, y = synthetic_batch(sweep.model, batch=sweep.global_batch_size, seq_len=sweep.seq_len, seed=sweep.trial.seed)

@@ -1,4 +1,5 @@
-"""The analytic memory model (sweeper/memory.py) against what the trainer really keeps, on tiny layouts.
+"""The analytic memory model (sweeper/memory.py) against what the trainer really keeps, on tiny layouts
+of the LLaMA block and, for activations, the GPT block and a head_dim != hidden/heads block (helpers.MODELS).
 
 Activations: the bytes autograd keeps for one micro-batch (saved-tensor hooks, de-duplicated by
 storage; parameters, buffers, the batch and the shared causal mask excluded; checkpoint inputs and
@@ -37,11 +38,22 @@ MBS = 2  # micro-batch size of every activation case: 64 tokens
 
 
 
-def _act_cases() -> dict[int, list[Any]]:
-    one = [dict(attention=a, activation_checkpointing=c, rmsnorm=n, micro_batch_size=MBS)
-           for a in ("eager", "sdpa_math", "flash2") for c in ("none", "selective", "ffn", "full") for n in ("eager", "fused")]
-    two = [dict(tp=2, sequence_parallel=sp, attention=a, activation_checkpointing=c, micro_batch_size=MBS)
-           for sp in (False, True) for a in ("eager", "flash2") for c in ("none", "selective", "ffn", "full")]
+MODES = ("none", "selective", "ffn", "full")
+
+
+def _act_cases() -> dict[int, list[tuple[str, dict[str, Any]]]]:
+    """(model variant of helpers.MODELS, knobs) per world size: the LLaMA and GPT blocks over the whole
+    grid; the head_dim block (q_dim 128 on hidden 64) over every kernel and mode, norms and tp2 in part."""
+    one = [(model, dict(attention=a, activation_checkpointing=c, rmsnorm=n, micro_batch_size=MBS))
+           for model in ("llama", "gpt") for a in ("eager", "sdpa_math", "flash2") for c in MODES for n in ("eager", "fused")]
+    one += [("head_dim", dict(attention=a, activation_checkpointing=c, micro_batch_size=MBS))
+            for a in ("eager", "sdpa_math", "flash2") for c in MODES]
+    two = [(model, dict(tp=2, sequence_parallel=sp, attention=a, activation_checkpointing=c, micro_batch_size=MBS))
+           for model in ("llama", "gpt") for sp in (False, True) for a in ("eager", "flash2") for c in MODES]
+    two += [("gpt", dict(tp=2, sequence_parallel=True, rmsnorm="fused", activation_checkpointing=c, micro_batch_size=MBS))
+            for c in MODES]
+    two += [("head_dim", dict(tp=2, sequence_parallel=sp, attention=a, activation_checkpointing=c, micro_batch_size=MBS))
+            for sp in (False, True) for a in ("eager", "flash2") for c in ("none", "selective")]
     return {1: one, 2: two}
 
 
@@ -54,8 +66,9 @@ STATE_CASES: dict[int, list[dict[str, Any]]] = {
 }
 
 
-def _name(knobs: dict[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in knobs.items() if k != "micro_batch_size")
+def _name(knobs: dict[str, Any], model: str = "llama") -> str:
+    name = ",".join(f"{k}={v}" for k, v in knobs.items() if k != "micro_batch_size")
+    return name if model == "llama" else f"{model}:{name}"
 
 
 def rmsnorm_fused_here() -> bool:
@@ -70,23 +83,23 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, str, s
     """Every case measured, keyed by (world, what, case name) -> rank files; one launch per world size."""
     cases: dict[int, list[dict[str, Any]]] = {}
     for world, grid in _act_cases().items():
-        cases.setdefault(world, []).extend({"what": "activations", "knobs": k} for k in grid)
-    for world, grid in STATE_CASES.items():
-        cases.setdefault(world, []).extend({"what": "states", "knobs": k} for k in grid)
+        cases.setdefault(world, []).extend({"what": "activations", "knobs": k, "model": m} for m, k in grid)
+    for world, states in STATE_CASES.items():
+        cases.setdefault(world, []).extend({"what": "states", "knobs": k, "model": "llama"} for k in states)
     out: dict[tuple[int, str, str], dict[str, Any]] = {}
     for world, specs in cases.items():
-        sweep = tiny_sweep(world)
         for i, c in enumerate(specs):
-            c.update(id=f"m{i}", sweep=sweep)
+            c.update(id=f"m{i}", sweep=tiny_sweep(world, model=c["model"]))
         done = run_workers("memory_check", nprocs=world, workdir=tmp_path_factory.mktemp(f"mem{world}"), cases=specs)
         for c in specs:
             ranks = [json.loads((done.out_dir / f"{c['id']}_rank{r}.json").read_text()) for r in range(world)]
-            out[(world, c["what"], _name(c["knobs"]))] = {"ranks": ranks, "sweep": sweep}
+            out[(world, c["what"], _name(c["knobs"], c["model"]))] = {"ranks": ranks, "sweep": c["sweep"]}
     return out
 
 
 def _cols(knobs: dict[str, Any], sweep: Sweep) -> dict[str, np.ndarray]:
-    if knobs.get("rmsnorm") == "fused" and not rmsnorm_fused_here():
+    # (LayerNorm's `fused` is torch's native layer_norm kernel, which this CPU build has)
+    if sweep.model.norm == "rmsnorm" and knobs.get("rmsnorm") == "fused" and not rmsnorm_fused_here():
         knobs = knobs | {"rmsnorm": "eager"}
     return Layout(**knobs).columns(sweep)
 
@@ -98,15 +111,15 @@ def _ratio(measured: float, estimated: float) -> float:
 def _act_params() -> list[Any]:
     params = []
     for world, grid in _act_cases().items():
-        for knobs in grid:
-            params.append(pytest.param(world, knobs, id=f"w{world}:{_name(knobs)}"))
+        for model, knobs in grid:
+            params.append(pytest.param(world, model, knobs, id=f"w{world}:{_name(knobs, model)}"))
     return params
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("world", "knobs"), _act_params())
-def test_block_activations_match_layer_activation_bytes(measured: dict, world: int, knobs: dict[str, Any]) -> None:
-    m = measured[(world, "activations", _name(knobs))]
+@pytest.mark.parametrize(("world", "model", "knobs"), _act_params())
+def test_block_activations_match_layer_activation_bytes(measured: dict, world: int, model: str, knobs: dict[str, Any]) -> None:
+    m = measured[(world, "activations", _name(knobs, model))]
     sweep = m["sweep"]
     cols = _cols(knobs, sweep)
     kept, _ = memory.layer_activation_bytes(cols, sweep)
@@ -117,10 +130,14 @@ def test_block_activations_match_layer_activation_bytes(measured: dict, world: i
     head = m["ranks"][0]["loss"] + m["ranks"][0]["final"]  # loss + final norm + head input
     r_loss = _ratio(head, float(logit_kept[0]))
     tokens = sweep.seq_len * MBS
-    print(f"{_name(knobs)}: block {blocks[0] / tokens:.0f} B/token measured vs {kept[0] / tokens:.0f} estimated "
+    print(f"{_name(knobs, model)}: block {blocks[0] / tokens:.0f} B/token measured vs {kept[0] / tokens:.0f} estimated "
           f"({r_block:.3f}); output layer (final norm, head input, loss) {r_loss:.3f}")
     assert abs(r_block - 1) <= TOL, f"per block: measured {blocks[0]} B, layer_activation_bytes {kept[0]:.0f} B"
     assert abs(r_loss - 1) <= TOL, f"output layer: measured {head} B, logits_bytes {logit_kept[0]:.0f} B"
+    # the embedding (and a learned position table's rows added to it) keeps nothing but the
+    # token ids, which are the batch, and under TP the vocab-parallel lookup's mask of them
+    # (one byte per token; memory.py counts no activation there)
+    assert m["ranks"][0]["embed"] <= tokens, f"embedding keeps {m['ranks'][0]['embed']} B"
 
 
 def _stage_params(knobs: dict[str, Any], sweep: Sweep, rank_file: dict[str, Any]) -> tuple[dict[str, np.ndarray], float]:

@@ -2,8 +2,10 @@
 
 Each world size is one launch that runs its layouts one after another (start-up costs seconds).
 Tolerances: loss 1e-6 absolute (2 float32 ulps at 6.0); gradients at step 0 1e-8 absolute, or
-5e-7 of the tensor's largest gradient where that is more (a few float32 ulps: with a tied head the
-final norm's gradients reach 0.16); parameters after 10 AdamW steps 1e-4 (Adam divides by
+1e-6 of the tensor's largest gradient where that is more (8 float32 ulps: with a tied head the
+final norm's gradients reach 0.16; with torch 2.13 on CPU the head's gradient, a sum over 256
+tokens formed in micro-batches, differs by 1.68e-8 of 0.026, 5.4 ulps, in every layout
+(it failed the earlier 5e-7 before the GPT work too)); parameters after 10 AdamW steps 1e-4 (Adam divides by
 sqrt(v): tiny gradient differences on near-zero gradients grow).
 """
 
@@ -16,7 +18,7 @@ import pytest
 
 from .helpers import max_diff, merged, reference, run_workers, tiny_sweep
 
-LOSS_TOL, GRAD_TOL, GRAD_RTOL, PARAM_TOL = 1e-6, 1e-8, 5e-7, 1e-4
+LOSS_TOL, GRAD_TOL, GRAD_RTOL, PARAM_TOL = 1e-6, 1e-8, 1e-6, 1e-4
 
 # id -> (knobs, tied embeddings); micro-batch sizes keep 2 micro-batches per step where they can
 TWO_RANKS: dict[str, tuple[dict[str, Any], bool]] = {
@@ -55,25 +57,28 @@ COMPILED = {
 }
 
 
-def _run(cases: dict[str, tuple[dict[str, Any], bool]], world: int, workdir: Path) -> Path:
-    specs = [{"id": cid, "sweep": tiny_sweep(world, tied=tied), "knobs": knobs} for cid, (knobs, tied) in cases.items()]
-    done = run_workers("parity", nprocs=world, workdir=workdir, timeout_s=400, cases=specs)
+def _run(cases: dict[str, tuple[Any, ...]], world: int, workdir: Path, timeout_s: float = 400) -> Path:
+    """Cases are (knobs, tied) or (knobs, tied, model variant of helpers.MODELS)."""
+    specs = [{"id": cid, "sweep": tiny_sweep(world, tied=c[1], model=c[2] if len(c) > 2 else "llama"), "knobs": c[0]}
+             for cid, c in cases.items()]
+    done = run_workers("parity", nprocs=world, workdir=workdir, timeout_s=timeout_s, cases=specs)
     return done.out_dir
 
 
-def _check(out_dir: Path, case_id: str, knobs: dict[str, Any], tied: bool) -> None:
+def _check(out_dir: Path, case_id: str, knobs: dict[str, Any], tied: bool, model: str = "llama", *,
+           loss_tol: float = LOSS_TOL, grad_rtol: float = GRAD_RTOL, param_tol: float = PARAM_TOL) -> None:
     got = merged(out_dir, case_id)
-    ref = reference(tied, knobs.get("attention", "flash2"), knobs.get("rmsnorm", "eager"))
+    ref = reference(tied, knobs.get("attention", "flash2"), knobs.get("rmsnorm", "eager"), model=model)
     dloss = max(abs(a - b) for a, b in zip(got["losses"], ref["losses"]))
     assert len(got["losses"]) == 10
-    assert dloss <= LOSS_TOL, f"{case_id}: loss differs by {dloss:.2e}"
+    assert dloss <= loss_tol, f"{case_id}: loss differs by {dloss:.2e}"
     for name, g in ref["grads"].items():
         diff = (got["grads"][name] - g).abs().max().item()
-        allowed = max(GRAD_TOL, GRAD_RTOL * g.abs().max().item())
+        allowed = max(GRAD_TOL, grad_rtol * g.abs().max().item())
         assert diff <= allowed, f"{case_id}: step-0 gradient of {name} differs by {diff:.2e} (allowed {allowed:.1e})"
     dgrad = max_diff(got["grads"], ref["grads"])
     dparam = max_diff(got["params"], ref["params"])
-    assert dparam <= PARAM_TOL, f"{case_id}: parameters after 10 steps differ by {dparam:.2e}"
+    assert dparam <= param_tol, f"{case_id}: parameters after 10 steps differ by {dparam:.2e}"
     print(f"{case_id}: dloss={dloss:.1e} dgrad={dgrad:.1e} dparam={dparam:.1e}")
 
 

@@ -158,8 +158,10 @@ def measure_activations(trainer: Trainer, micro_batch: int) -> dict[str, Any]:
     saved = SavedBytes(model)
     saved.exclude |= {t.untyped_storage().data_ptr() for t in (trainer.inputs, trainer.labels)}
     handles = []
+    # the embedding region: from the token lookup (and learned positions) to the first block
+    handles.append(model.tok_embeddings.register_forward_pre_hook(lambda *_: saved.enter("embed")))
     for key, block in model.layers.items():
-        handles.append(block.register_forward_pre_hook(lambda _m, _a, key=key: saved.enter(f"block{key}")))
+        handles.append(block.register_forward_pre_hook(lambda _m, _a, key=key: _next_region(saved, f"block{key}")))
         handles.append(block.register_forward_hook(lambda *_: saved.exit()))
     for mod in model.modules():
         if isinstance(mod, CheckpointWrapper):  # the region's input stays alive for recomputation
@@ -181,7 +183,14 @@ def measure_activations(trainer: Trainer, micro_batch: int) -> dict[str, Any]:
             h.remove()
     del loss, logits
     blocks = [saved.total(f"block{k}") + (sac[i] if i < len(sac) else 0) for i, k in enumerate(model.layers)]
-    return {"blocks": blocks, "sac_cache": sac, "final": saved.total("final"), "loss": saved.total("loss")}
+    return {"blocks": blocks, "sac_cache": sac, "final": saved.total("final"), "loss": saved.total("loss"),
+            "embed": saved.total("embed")}
+
+
+def _next_region(saved: SavedBytes, region: str) -> None:
+    if saved.current is not None:  # still in the embedding region
+        saved.exit()
+    saved.enter(region)
 
 
 def _storage_bytes(tensors: list[torch.Tensor]) -> int:
