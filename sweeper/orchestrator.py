@@ -13,12 +13,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sweeper.errors import SweepError
+from sweeper.folder import check_creatable, check_private, make_private
+from sweeper.identity import sweep_identity
 from sweeper.launchers.base import Handle, Launcher, Outcome, TrialJob
 from sweeper.layout import Layout
 from sweeper.plan import Plan, make_plan
 from sweeper.results import COLUMNS, ResultsStore, now_utc, row_from
 from sweeper.search import LayoutSearch, make_sampler, open_study
 from sweeper.spec import Sweep, parse_sweep
+from sweeper.study_guard import (check_storage, corrupt_message, default_storage, is_sqlite, rebuild,
+                                 storage_errors)
 
 FROZEN_SPEC = "sweep.yaml"
 MAX_ATTEMPTS = 2  # an infrastructure failure (killed job, lost node, vanished process) is retried once
@@ -52,6 +56,8 @@ class SweepRun:
     running: dict[int, Running] = field(default_factory=dict)
     rows: list[dict[str, Any]] = field(default_factory=list)
     stop_requested: bool = False
+    identity: str = ""  # sweeper.identity.sweep_identity, written into every row
+    notes: list[str] = field(default_factory=list)  # what the run did that the user should know
 
     @property
     def budget(self) -> int:
@@ -86,10 +92,50 @@ def _identity(s: Sweep) -> tuple:
     return (s.name, s.model, s.seq_len, s.global_batch_size, s.cluster, s.space, s.trial, s.memory, s.workload)
 
 
-def prepare(sweep: Sweep, launcher: Launcher) -> SweepRun:
+def preflight(sweep: Sweep) -> str:
+    """Before anything is created: the results folder can be made (or is ours and private) and
+    the storage URL is one, over an existing folder and a readable database. Returns the storage."""
+    root = sweep.results_path
+    check_creatable(root)
+    if root.exists():
+        check_private(root)
+    if sweep.search.storage:
+        check_storage(sweep.search.storage)
+        return sweep.search.storage
+    db = root / "optuna.db"  # the default: made with the folder; refused only when it is not a database
+    if db.exists() and not is_sqlite(db):
+        raise SweepError(corrupt_message(db))
+    return default_storage(root)
+
+
+def check_rows_identity(store: ResultsStore) -> None:
+    """Refuse rows of another sweep (another identity than the store's)."""
+    store.rows()
+    if store.foreign:
+        names = ", ".join(p.name for p in store.foreign[:3])
+        raise SweepError(
+            f"{store.trials_dir} holds {len(store.foreign)} row file(s) of another sweep ({names}): a different "
+            "model, seq_len, batch, cluster, space or trial settings. Move them away, or give this sweep a new name"
+        )
+
+
+def prepare(sweep: Sweep, launcher: Launcher, *, storage: str | None = None) -> SweepRun:
     """Plan the sweep, open its study and results, and pick up what an earlier run left."""
-    store = ResultsStore(sweep.results_path)
+    storage = storage or preflight(sweep)
+    identity = sweep_identity(sweep)
+    store = ResultsStore(sweep.results_path, identity=identity)
+    frozen_existed = (store.root / FROZEN_SPEC).exists()
+    make_private(store.root)
     store.ensure()
+    store.identity = None  # first the rows without an identity, then the foreign ones
+    unlabelled = [r for r in store.rows() if not r.get("sweep_id")]
+    store.identity = identity
+    if unlabelled and not frozen_existed:
+        raise SweepError(
+            f"{store.trials_dir} holds {len(unlabelled)} row(s) with no sweep identity and {FROZEN_SPEC} is gone, "
+            "so nothing says which experiment they measured; move them away, or give this sweep a new name"
+        )
+    check_rows_identity(store)
     spec_path = freeze_spec(sweep, store)
     plan = make_plan(sweep)
     n_cand = int(plan.candidate_mask.sum())
@@ -98,15 +144,25 @@ def prepare(sweep: Sweep, launcher: Launcher) -> SweepRun:
     exhaustive = sweep.search.sampler == "grid" or (sweep.search.sampler == "auto" and n_cand <= sweep.search.max_trials)
     sampler = make_sampler(sweep.search.sampler, seed=sweep.search.seed, exhaustive=exhaustive,
                            budget=sweep.search.max_trials)
-    storage = sweep.search.storage or f"sqlite:///{(store.root / 'optuna.db').resolve()}"
-    study = open_study(storage, sweep.name, sampler=sampler)
-    search = LayoutSearch(plan, study, sampler=sweep.search.sampler, max_trials=sweep.search.max_trials,
-                          seed=sweep.search.seed, seed_trials=sweep.search.seed_trials,
-                          stop_margin=sweep.search.stop_margin)
-    run = SweepRun(sweep, plan, store, search, launcher, spec_path)
-    _load_finished(run)
-    _resume_inflight(run)
+    with storage_errors(storage):
+        study = open_study(storage, sweep.name, sampler=sampler)
+        search = LayoutSearch(plan, study, sampler=sweep.search.sampler, max_trials=sweep.search.max_trials,
+                              seed=sweep.search.seed, seed_trials=sweep.search.seed_trials,
+                              stop_margin=sweep.search.stop_margin)
+        run = SweepRun(sweep, plan, store, search, launcher, spec_path, identity=identity)
+        _load_finished(run)
+        if run.rows and not study.trials:  # the study was deleted or set aside: tell it every row
+            n = rebuild(study, sweep.space, search.searched, run.rows, lambda r: search.done.get(_plan_row(run, r), 0.0))
+            run.notes.append(f"the Optuna study had no trials but trials/ holds {len(run.rows)} rows: "
+                             f"rebuilt it from them ({n} told); new trials continue the numbering after them")
+        _resume_inflight(run)
     return run
+
+
+def _plan_row(run: SweepRun, r: dict[str, Any]) -> int:
+    layout = Layout.from_mapping({k: r[k] for k in Layout.__dataclass_fields__ if r.get(k) is not None})
+    row = run.search.row_of(layout)
+    return -1 if row is None else row
 
 
 def _load_finished(run: SweepRun) -> None:
@@ -175,6 +231,7 @@ def _record(run: SweepRun, number: int, rec: dict[str, Any], outcome: Outcome) -
         pred_mem_gib=float(run.plan.memory.total[plan_row] / 1024**3),
         job_id=outcome.job_id, nodelist=outcome.nodelist, log_path=outcome.log_path,
         launcher=run.launcher.kind, attempt=int(rec["attempt"]), optuna_trial=int(rec["optuna_trial"]),
+        sweep_id=run.identity,
         started_at=_ts(rec.get("started_at")), finished_at=now_utc(),
     )
     if rec.get("previous_error") and values.get("error"):
@@ -238,5 +295,7 @@ def run_loop(run: SweepRun, *, progress: Progress | None = None, poll_s: float |
     (then trials in flight are left running for the next `sweep run` to re-attach)."""
     if progress:
         progress.started(run)
-    while step(run, progress) and not run.stop_requested:
-        time.sleep(run.launcher.poll_s if poll_s is None else poll_s)
+    storage = run.sweep.search.storage or default_storage(run.store.root)
+    with storage_errors(storage):  # a full disk or lost database at any tell: one line, rows kept
+        while step(run, progress) and not run.stop_requested:
+            time.sleep(run.launcher.poll_s if poll_s is None else poll_s)

@@ -62,10 +62,16 @@ def open_results(spec: str, results: Path | None) -> tuple[Path, Any]:
     from sweeper.results import ResultsStore
     from sweeper.spec import load_sweep
 
-    root = results or load_sweep(spec).results_path
+    from sweeper.identity import sweep_identity
+
+    sweep = load_sweep(spec) if results is None else None
+    root = results or sweep.results_path
     if not (root / "trials").is_dir():
         raise SweepError(f"no results under {root} (run `sweep run {spec}` first)")
-    return root, ResultsStore(root)
+    if sweep is None and (root / "sweep.yaml").is_file():
+        sweep = load_sweep(root / "sweep.yaml")
+    # rows of another sweep (a copied file) are skipped with a warning, never ranked
+    return root, ResultsStore(root, identity=sweep_identity(sweep) if sweep is not None else None)
 
 
 def _sweep_of(root: Path, spec: str) -> Any:

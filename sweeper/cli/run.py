@@ -20,6 +20,8 @@ def run(
     fresh: Annotated[bool, typer.Option("--fresh", help="discard this sweep's results and study, and start over")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask before --fresh deletes results")] = False,
     top: Annotated[int, typer.Option("--top", help="layouts to show at the end")] = 5,
+    rebuild_study: Annotated[bool, typer.Option(
+        "--rebuild-study", help="set an unreadable optuna.db aside and rebuild the study from trials/")] = False,
 ) -> None:
     from sweeper.cli import abort
     from sweeper.plan import make_plan
@@ -39,7 +41,7 @@ def run(
         abort(escape(str(e)))
     if not dry_run:
         try:
-            run_sweep(sweep, fresh=fresh, yes=yes, top=top)
+            run_sweep(sweep, fresh=fresh, yes=yes, top=top, rebuild_study=rebuild_study)
         except SweepError as e:
             abort(escape(str(e)))
         return
@@ -84,10 +86,10 @@ def plan_summary(plan) -> dict:  # noqa: ANN001
     }
 
 
-def run_sweep(sweep, *, fresh: bool, yes: bool, top: int) -> None:  # noqa: ANN001 - Sweep
-    """The real run: lock, (fresh start), plan, loop with a live display, then the best layouts."""
+def run_sweep(sweep, *, fresh: bool, yes: bool, top: int, rebuild_study: bool = False) -> None:  # noqa: ANN001 - Sweep
+    """The real run: checks, lock, (fresh start), plan, loop with a live display, then the best layouts."""
+    import os
     import signal
-    import shutil
 
     from rich.console import Console
 
@@ -95,17 +97,29 @@ def run_sweep(sweep, *, fresh: bool, yes: bool, top: int) -> None:  # noqa: ANN0
     from sweeper.cli.progress import LiveProgress
     from sweeper.launchers import make_launcher
     from sweeper.lock import SweepLock
-    from sweeper.orchestrator import prepare, run_loop
+    from sweeper.folder import foreign_entries
+    from sweeper.orchestrator import preflight, prepare, run_loop
     from sweeper.results import ResultsStore
+    from sweeper.study_guard import set_aside, sqlite_path
 
     err = Console(stderr=True)
     root = sweep.results_path
+    os.umask(0o077)  # a results folder is trusted like code: everything in it is its owner's alone
+    storage = None
+    if not (fresh or rebuild_study):  # those two repair what preflight would refuse
+        storage = preflight(sweep)
     with SweepLock(root):
         if fresh and any(p.name != "run.lock" for p in root.iterdir()):
-            if not yes and not typer.confirm(f"delete every result of {sweep.name} under {root}?", err=True):
+            foreign = foreign_entries(root)  # refused before asking: nothing of others is deleted
+            if not foreign and not yes and not typer.confirm(f"delete every result of {sweep.name} under {root}?", err=True):
                 raise SweepError("--fresh: not confirmed; nothing deleted")
             _discard_results(sweep, root)
-        run = prepare(sweep, make_launcher(sweep))
+        db = sqlite_path(sweep.search.storage or f"sqlite:///{root.resolve() / 'optuna.db'}")
+        if rebuild_study and not fresh and db is not None and db.exists():
+            err.print(f"[yellow]--rebuild-study:[/] {db} set aside as {set_aside(db).name}")
+        run = prepare(sweep, make_launcher(sweep), storage=storage)
+        for note in run.notes:
+            err.print(f"[yellow]note:[/] {note}")
         progress = LiveProgress(err)
         previous = signal.getsignal(signal.SIGINT)
 
@@ -133,13 +147,11 @@ def run_sweep(sweep, *, fresh: bool, yes: bool, top: int) -> None:  # noqa: ANN0
 
 
 def _discard_results(sweep, root: Path) -> None:  # noqa: ANN001
-    """Remove everything of the sweep but the lock we hold (and its study in external storage)."""
-    import shutil
+    """Remove what the sweep created but the lock we hold (and its study in external storage);
+    refuse, deleting nothing, when the folder holds anything else."""
+    from sweeper.folder import discard_own
 
-    for p in root.iterdir():
-        if p.name == "run.lock":
-            continue
-        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    discard_own(root)
     if sweep.search.storage:
         import optuna
 

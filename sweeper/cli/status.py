@@ -26,7 +26,9 @@ def status(
 
     try:
         sweep = load_sweep(spec)
-        store = ResultsStore(sweep.results_path)
+        from sweeper.identity import sweep_identity
+
+        store = ResultsStore(sweep.results_path, identity=sweep_identity(sweep))
         rows = store.rows()
         inflight = store.inflight()
     except SweepError as e:
