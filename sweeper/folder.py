@@ -113,3 +113,17 @@ def _read_only_mount(p: Path) -> bool:
         return bool(os.statvfs(p).f_flag & os.ST_RDONLY)
     except OSError:
         return False
+
+
+def check_trusted_file(path: Path) -> None:
+    """Before unpickling a file from the results folder (a SLURM job's result): it is a plain file
+    of ours that nobody else could have written. Anything else is refused, not read."""
+    try:
+        st = path.lstat()
+    except OSError as e:
+        raise SweepError(f"{path}: cannot check it before reading: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SweepError(f"{path}: not a plain file; refusing to unpickle it")
+    if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWOTH | stat.S_IWGRP):
+        raise SweepError(f"{path}: owned by user id {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}, not a private "
+                         "file of yours; refusing to unpickle it (a results folder is trusted like code)")

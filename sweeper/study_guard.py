@@ -82,11 +82,13 @@ def set_aside(path: Path) -> Path:
 def storage_errors(storage: str) -> Iterator[None]:
     """A database or file-system error of the study (full disk, corrupt file, lost server) as one SweepError."""
     import sqlalchemy.exc
+    from optuna.exceptions import StorageInternalError
 
     try:
         yield
-    except (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error) as e:
-        detail = " ".join(str(getattr(e, "orig", None) or e).split())[:200]
+    except (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, StorageInternalError) as e:
+        cause = e.__cause__ if isinstance(e, StorageInternalError) and e.__cause__ else e
+        detail = " ".join(str(getattr(cause, "orig", None) or cause).split())[:200]
         path = sqlite_path(storage)
         hint = (corrupt_message(path) if path is not None and "not a database" in detail
                 else "the results already written are intact; fix the storage and run `sweep run` again")
