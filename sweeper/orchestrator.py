@@ -178,7 +178,13 @@ def _resume_inflight(run: SweepRun) -> None:
     """Re-attach to trials an earlier run left in flight; retry once those that vanished."""
     finished = {r["trial_number"] for r in run.rows}
     keep: set[int] = set()
-    for rec in run.store.inflight():
+    records = run.store.inflight()
+    named = {_job(run, int(r["trial_number"]), Layout.from_mapping(r["layout"]), attempt=int(r["attempt"])).workdir
+             for r in records if int(r["trial_number"]) not in finished}
+    ended = run.launcher.end_strays(run.store.jobs_dir, named)
+    if ended:
+        run.notes.append(f"ended {len(ended)} trial process(es) of this sweep that no record names: {', '.join(ended)}")
+    for rec in records:
         number = int(rec["trial_number"])
         if number in finished:  # written but not told or cleared before a crash: finish both
             row = next(r for r in run.rows if r["trial_number"] == number)
@@ -186,9 +192,16 @@ def _resume_inflight(run: SweepRun) -> None:
             run.store.clear_inflight(number)
             continue
         job = _job(run, number, Layout.from_mapping(rec["layout"]), attempt=int(rec["attempt"]))
-        handle = run.launcher.reattach(str(rec["job_id"]), job)
         keep.add(int(rec["optuna_trial"]))
         run.search.running.add(int(rec["row"]))
+        if rec.get("job_id") is None:  # killed between saving the record and starting the job
+            found = run.launcher.find(job)
+            if found is None:  # it never started: start it now, same attempt, same folder
+                _submit(run, number, job.layout, rec)
+                continue
+            rec = rec | {"job_id": found}
+            run.store.record_inflight(number, rec)
+        handle = run.launcher.reattach(str(rec["job_id"]), job)
         if handle is not None:
             run.running[number] = Running(handle, rec)
         elif job.attempt < MAX_ATTEMPTS:
@@ -211,10 +224,14 @@ def _job(run: SweepRun, number: int, layout: Layout, *, attempt: int) -> TrialJo
 
 def _submit(run: SweepRun, number: int, layout: Layout, rec: dict[str, Any]) -> None:
     job = _job(run, number, layout, attempt=int(rec["attempt"]))
-    handle = run.launcher.submit(job)
-    rec = rec | {"trial_number": number, "job_id": handle.job_id, "layout": layout.as_dict(),
+    rec = rec | {"trial_number": number, "job_id": None, "layout": layout.as_dict(),
                  "submitted_at": now_utc().isoformat()}
     rec.setdefault("started_at", rec["submitted_at"])
+    # saved before the job starts: a `sweep run` killed in between leaves a record, and the
+    # restart finds the job by its folder instead of starting the same trial a second time
+    run.store.record_inflight(number, rec)
+    handle = run.launcher.submit(job)
+    rec = rec | {"job_id": handle.job_id}
     run.store.record_inflight(number, rec)  # before anything waits on the job
     run.running[number] = Running(handle, rec)
 
