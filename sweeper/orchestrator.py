@@ -115,7 +115,8 @@ def check_rows_identity(store: ResultsStore) -> None:
         names = ", ".join(p.name for p in store.foreign[:3])
         raise SweepError(
             f"{store.trials_dir} holds {len(store.foreign)} row file(s) of another sweep ({names}): a different "
-            "model, seq_len, batch, cluster, space or trial settings. Move them away, or give this sweep a new name"
+            "model, seq_len, batch, cluster, space or trial settings. Move them away, give this sweep a new name, "
+            "or start over with --fresh"
         )
 
 
@@ -135,8 +136,11 @@ def prepare(sweep: Sweep, launcher: Launcher, *, storage: str | None = None) -> 
             f"{store.trials_dir} holds {len(unlabelled)} row(s) with no sweep identity and {FROZEN_SPEC} is gone, "
             "so nothing says which experiment they measured; move them away, or give this sweep a new name"
         )
+    if frozen_existed:  # its own message first: the sweep file changed since (with --fresh advice)
+        spec_path = freeze_spec(sweep, store)
     check_rows_identity(store)
-    spec_path = freeze_spec(sweep, store)
+    if not frozen_existed:  # written only once the rows are known to be this sweep's
+        spec_path = freeze_spec(sweep, store)
     plan = make_plan(sweep)
     n_cand = int(plan.candidate_mask.sum())
     if n_cand == 0:
