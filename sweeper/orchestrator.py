@@ -21,8 +21,14 @@ from sweeper.plan import Plan, make_plan
 from sweeper.results import COLUMNS, ResultsStore, now_utc, row_from
 from sweeper.search import LayoutSearch, make_sampler, open_study
 from sweeper.spec import Sweep, parse_sweep
-from sweeper.study_guard import (check_storage, corrupt_message, default_storage, is_sqlite, rebuild,
-                                 storage_errors)
+from sweeper.study_guard import (
+    check_storage,
+    corrupt_message,
+    default_storage,
+    is_sqlite,
+    rebuild,
+    storage_errors,
+)
 
 FROZEN_SPEC = "sweep.yaml"
 MAX_ATTEMPTS = 2  # an infrastructure failure (killed job, lost node, vanished process) is retried once

@@ -15,7 +15,7 @@ from pathlib import Path
 
 # The error of an unexplained rank death starts with this; the local launcher reads it to retry once.
 INFRASTRUCTURE_FAILURE = "infrastructure failure"
-_CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|out of memory", re.I)
+_CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|out of memory", re.IGNORECASE)
 
 
 def _cgroup_dir() -> Path | None:
@@ -43,7 +43,7 @@ def oom_kill_count() -> int | None:
             text = (d / name).read_text()
         except OSError:
             continue
-        m = re.search(r"^oom_kill (\d+)$", text, re.M)
+        m = re.search(r"^oom_kill (\d+)$", text, re.MULTILINE)
         if m:
             return int(m.group(1))
     return None
@@ -52,7 +52,7 @@ def oom_kill_count() -> int | None:
 def kernel_log_names(pid: int) -> bool:
     """The kernel log says the OOM killer killed `pid` (False when the log cannot be read)."""
     try:
-        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5).stdout
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5, check=False).stdout
     except (OSError, subprocess.SubprocessError):
         return False
     # "Out of memory: Killed process 1234 (python)", "oom-kill:...,task=python,pid=1234,uid=0"

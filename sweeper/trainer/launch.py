@@ -21,7 +21,11 @@ from typing import Any
 
 from sweeper.layout import Layout
 from sweeper.spec import Sweep
-from sweeper.trainer.evidence import INFRASTRUCTURE_FAILURE, oom_evidence, oom_kill_count
+from sweeper.trainer.evidence import (
+    INFRASTRUCTURE_FAILURE,
+    oom_evidence,
+    oom_kill_count,
+)
 from sweeper.trial import FAILED, OOM, TIMEOUT, TrialResult, without_run
 
 # After rank 0 wrote its result (or a rank died), how long the others get to finish on their own.

@@ -11,10 +11,22 @@ from pathlib import Path
 
 import pytest
 
-from sweeper.trainer.evidence import INFRASTRUCTURE_FAILURE, oom_evidence, oom_kill_count
+from sweeper.trainer.evidence import (
+    INFRASTRUCTURE_FAILURE,
+    oom_evidence,
+    oom_kill_count,
+)
 from tests.faults.helpers import (
-    alive, assert_no_processes_left, assert_rows_match_study, kill, processes_with, rank_pids, results, spec_file,
-    start, sweep, wait_for,
+    alive,
+    assert_no_processes_left,
+    assert_rows_match_study,
+    kill,
+    processes_with,
+    rank_pids,
+    results,
+    spec_file,
+    start,
+    wait_for,
 )
 
 pytestmark = pytest.mark.slow
@@ -60,13 +72,13 @@ def test_a_killed_rank_is_seen_at_once_retried_once_and_never_called_oom(tmp_pat
     try:
         for attempt, rank in ((1, 1), (2, 0)):  # rank 1 dies while rank 0 waits; then rank 0 itself
             trial_dir = root / "jobs" / f"trial-00000-a{attempt}"
-            pids = wait_for(lambda: (p := rank_pids(trial_dir)) and len(p) == 2 and p, timeout=90, what="two ranks")
+            pids = wait_for(lambda d=trial_dir: (p := rank_pids(d)) and len(p) == 2 and p, timeout=90, what="two ranks")
             time.sleep(4)  # both ranks past start-up, in the training loop's collectives
             ordered = sorted(pids, key=lambda p: "RANK=0" not in Path(f"/proc/{p}/environ").read_bytes().decode(errors="replace").split("\0"))
             kill(ordered[rank])
             killed_at.append(time.time())
-            wait_for(lambda: not any(alive(p) for p in pids), timeout=60, what="the other rank to be ended")
-        out, err = proc.communicate(timeout=400)
+            wait_for(lambda ps=pids: not any(alive(p) for p in ps), timeout=60, what="the other rank to be ended")
+        _, err = proc.communicate(timeout=400)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -102,7 +114,7 @@ def test_restart_finds_a_trial_whose_job_id_was_never_recorded(tmp_path: Path):
             seen.update(now)
             assert len(now) <= 1, f"two trial processes at once: {now}"
             time.sleep(0.2)
-        out, err = again.communicate()
+        _, err = again.communicate()
     finally:
         for p in (proc, locals().get("again")):
             if p is not None and p.poll() is None:
@@ -129,7 +141,7 @@ def test_restart_ends_a_trial_process_that_no_record_names(tmp_path: Path):
         while again.poll() is None:
             assert len(trial_procs(root)) <= 1, "two trial processes at once"
             time.sleep(0.2)
-        out, err = again.communicate()
+        _, err = again.communicate()
     finally:
         for p in (proc, locals().get("again")):
             if p is not None and p.poll() is None:
