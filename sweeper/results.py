@@ -185,7 +185,7 @@ class ResultsStore:
 
     def inflight(self) -> list[dict[str, Any]]:
         """The in-flight records; a file that is not one (bad name, not JSON, `{}`) is skipped by name."""
-        out = []
+        out: list[dict[str, Any]] = []
         if not self.inflight_dir.is_dir():
             return out
         for path in sorted(self.inflight_dir.iterdir()):
@@ -193,9 +193,9 @@ class ResultsStore:
                 continue
             m = INFLIGHT_FILE.match(path.name)
             try:
-                rec = json.loads(path.read_text()) if m else None
                 if m is None:
                     raise ValueError("not an in-flight record of the sweep (trial-NNNNN.json)")
+                rec = json.loads(path.read_text())
                 _check_record(rec, int(m.group(1)))
             except (OSError, ValueError, TypeError) as e:
                 self._warn(f"skipped {path}: {' '.join(str(e).split())[:200]}")

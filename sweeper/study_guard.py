@@ -45,13 +45,13 @@ def check_storage(url: str, *, field: str = "search.storage") -> None:
             f"{field} {url!r} is not an Optuna storage URL; use sqlite:///PATH, postgresql://..., "
             "mysql://..., or a PATH.journal file"
         )
-    path = sqlite_path(url)
-    if path is None:
+    db = sqlite_path(url)
+    if db is None:
         return
-    if not path.parent.is_dir():
-        raise SweepError(f"{field} {url!r}: folder {path.parent} does not exist")
-    if path.exists() and not is_sqlite(path):
-        raise SweepError(corrupt_message(path))
+    if not db.parent.is_dir():
+        raise SweepError(f"{field} {url!r}: folder {db.parent} does not exist")
+    if db.exists() and not is_sqlite(db):
+        raise SweepError(corrupt_message(db))
 
 
 def is_sqlite(path: Path) -> bool:
@@ -100,9 +100,9 @@ def rebuild(study: Any, space: Mapping[str, Sequence[Any]], searched: Sequence[s
     """Tell a study that has no trials every finished row (as COMPLETE trials with their objective);
     returns how many were added. `objective(row)` is what the search told for that row."""
     import optuna
-    from optuna.distributions import CategoricalDistribution
+    from optuna.distributions import BaseDistribution, CategoricalDistribution
 
-    dists = {k: CategoricalDistribution(list(space[k])) for k in searched}
+    dists: dict[str, BaseDistribution] = {k: CategoricalDistribution(list(space[k])) for k in searched}
     trials = []
     for r in rows:
         if any(r.get(k) not in space[k] for k in searched):
