@@ -1,9 +1,11 @@
 """Kill `sweep run` with SIGKILL at seeded random moments, restart it, and check nothing was lost.
 
 Runs the demo sweep (search_spaces/tiny_cpu.yaml with fewer steps, in a temp folder) once
-uninterrupted, then again with N kill/restart cycles, and compares: the set of layouts that
-finished, rows lost, duplicate rows, partial files visible to readers, and the extra wall time
-the restarts cost.
+uninterrupted, then again with N kill/restart cycles at random moments, then again with N kills
+each at the moment a trial process starts (the window between starting a trial and recording
+it), and compares: the set of layouts that finished, rows lost, duplicate rows, duplicate
+launches (a trial started twice: its folder's log shows two starts, or two trial processes of
+the sweep ran at once), partial files visible to readers, and the extra wall time.
 
     python benchmarks/kill_resume.py [--cycles 5] [--seed 0] [--steps 3] [--trials 6]
 """
@@ -71,6 +73,66 @@ def run_with_kills(spec: Path, *, cycles: int, seed: int, max_delay_s: float) ->
     return delays
 
 
+def trial_processes(results: Path) -> set[int]:
+    """Live `sweep trial` processes of the sweep whose results are under `results` (not ranks,
+    nor a rank between fork and exec, which still looks like its parent)."""
+    jobs = str(results.resolve() / "jobs") + "/"  # `sweep trial --workdir <results>/jobs/trial-.../ranks`
+    found: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+            if b"sweeper.cli" not in cmd or b"trial" not in cmd or b"--workdir" not in cmd:
+                continue
+            if not cmd[cmd.index(b"--workdir") + 1].decode(errors="replace").startswith(jobs):
+                continue
+            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if stat[0] != "Z":
+            found[int(d.name)] = int(stat[1])
+    return {pid for pid, ppid in found.items() if ppid not in found}
+
+
+def run_with_start_kills(spec: Path, results: Path, *, cycles: int, parallel: int = 1) -> tuple[int, int]:
+    """`cycles` runs each SIGKILLed the moment a new trial process of the sweep appears, then one
+    run to the end. Returns (kills that hit a trial start, most trial processes seen at once beyond
+    `parallel`), watching the whole time."""
+    hits, over = 0, 0
+    seen: set[int] = set()
+    for _ in range(cycles):
+        proc = subprocess.Popen(_cmd(spec), cwd=spec.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env=_env())
+        while proc.poll() is None:
+            now = trial_processes(results)
+            over = max(over, len(now) - parallel)
+            if now - seen:
+                proc.send_signal(signal.SIGKILL)
+                hits += 1
+            seen |= now
+            time.sleep(0.002)
+        proc.wait()
+    final = subprocess.Popen(_cmd(spec), cwd=spec.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, env=_env())
+    while final.poll() is None:
+        over = max(over, len(trial_processes(results)) - parallel)
+        time.sleep(0.05)
+    if final.returncode != 0:
+        raise SystemExit(f"sweep run {spec} failed ({final.returncode}):\n{final.stderr.read()[-3000:]}")
+    return hits, over
+
+
+def duplicate_launches(results: Path, name: str) -> int:
+    """Trial folders started more than once: each `sweep trial` start writes one `trial NAME:` line
+    to its folder's log (appended, never truncated)."""
+    extra = 0
+    for log in (results / "jobs").glob("trial-*/log.txt"):
+        starts = sum(line.startswith(f"trial {name}:") for line in log.read_text(errors="replace").splitlines())
+        extra += max(0, starts - 1)
+    return extra
+
+
 @dataclass
 class Check:
     finished: int
@@ -79,6 +141,7 @@ class Check:
     duplicates: int
     partial_files: list[str]
     statuses: dict[str, int]
+    duplicate_launches: int = 0
 
 
 def check(results: Path, reference: pd.DataFrame) -> Check:
@@ -93,6 +156,7 @@ def check(results: Path, reference: pd.DataFrame) -> Check:
         lost=len(want - set(got)),
         duplicates=(len(got) - len(set(got))) + int(df.trial_number.duplicated().sum()),
         partial_files=visible, statuses=df.status.value_counts().to_dict(),
+        duplicate_launches=duplicate_launches(results, results.name),
     )
 
 
@@ -115,16 +179,27 @@ def main() -> int:
                                 cycles=args.cycles, seed=args.seed, max_delay_s=2.5 * per_trial)
         killed_s = time.perf_counter() - t0
         c = check(folder / "results" / "killed", reference)
-    print(f"{'run':<16} {'wall s':>8} {'rows':>5}  statuses")
-    print(f"{'uninterrupted':<16} {clean_s:>8.1f} {len(reference):>5}  {reference.status.value_counts().to_dict()}")
-    print(f"{f'{args.cycles} kills':<16} {killed_s:>8.1f} {c.finished:>5}  {c.statuses}")
+        t0 = time.perf_counter()
+        hits, concurrent = run_with_start_kills(demo_spec(folder, "startkill", steps=args.steps, trials=args.trials),
+                                                folder / "results" / "startkill", cycles=args.cycles)
+        start_s = time.perf_counter() - t0
+        s = check(folder / "results" / "startkill", reference)
+    print(f"{'run':<22} {'wall s':>8} {'rows':>5}  statuses")
+    print(f"{'uninterrupted':<22} {clean_s:>8.1f} {len(reference):>5}  {reference.status.value_counts().to_dict()}")
+    print(f"{f'{args.cycles} random kills':<22} {killed_s:>8.1f} {c.finished:>5}  {c.statuses}")
+    print(f"{f'{hits} kills at trial start':<22} {start_s:>8.1f} {s.finished:>5}  {s.statuses}")
     print(f"kill moments (s after start): {', '.join(f'{d:.1f}' for d in delays)} (seed {args.seed})")
-    print(f"partial files visible to readers: {len(c.partial_files)}")
-    print(f"trials finished: {c.finished} of {c.expected}")
-    print(f"extra time for restarts: {killed_s - clean_s:+.1f} s ({100 * (killed_s / clean_s - 1):+.0f} %)")
-    print(f"rows lost: {c.lost}")
-    print(f"duplicate rows: {c.duplicates}")
-    ok = c.lost == 0 and c.duplicates == 0 and not c.partial_files and c.finished == c.expected
+    print(f"partial files visible to readers: {len(c.partial_files) + len(s.partial_files)}")
+    print(f"trials finished: {c.finished} and {s.finished} of {c.expected}")
+    print(f"extra time for restarts: {killed_s - clean_s:+.1f} s ({100 * (killed_s / clean_s - 1):+.0f} %) random, "
+          f"{start_s - clean_s:+.1f} s ({100 * (start_s / clean_s - 1):+.0f} %) at trial start")
+    print(f"rows lost: {c.lost + s.lost}")
+    print(f"duplicate rows: {c.duplicates + s.duplicates}")
+    launches = c.duplicate_launches + s.duplicate_launches + concurrent
+    print(f"duplicate launches: {launches} (a folder started twice: {c.duplicate_launches + s.duplicate_launches}; "
+          f"trial processes at once beyond parallel=1: {concurrent})")
+    ok = (c.lost == s.lost == 0 and c.duplicates == s.duplicates == 0 and launches == 0
+          and not c.partial_files and not s.partial_files and c.finished == s.finished == c.expected)
     return 0 if ok else 1
 
 

@@ -23,6 +23,7 @@ def atomic_write(path: Path, write: Callable[[Path], object], *, tmp_dir: Path |
         if tmp_dir is not None:
             tmp_dir.mkdir(exist_ok=True)
         write(tmp)
+        os.chmod(tmp, 0o600)  # a results folder is its owner's alone (trusted like code)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -18,8 +18,10 @@ class SweepLock:
         self._fd: int | None = None
 
     def __enter__(self) -> SweepLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        from sweeper.folder import make_private
+
+        make_private(self.path.parent)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

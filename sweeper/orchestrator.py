@@ -7,14 +7,17 @@ is still running, retries once what vanished, and never reruns what finished.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from sweeper.errors import SweepError
 from sweeper.files import atomic_write_bytes
+from sweeper.folder import check_creatable, check_private, discard_own, make_private
+from sweeper.identity import sweep_identity
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure
 from sweeper.layout import Layout
 from sweeper.plan import Plan, make_plan
@@ -22,6 +25,16 @@ from sweeper.results import InFlight, ResultsStore, now_utc, row_from
 from sweeper.search import LayoutSearch, build_search, trial_attrs
 from sweeper.spec import Sweep, parse_sweep
 from sweeper.statuses import TrialStatus
+from sweeper.study_guard import (
+    check_storage,
+    corrupt_message,
+    default_storage,
+    is_sqlite,
+    rebuild,
+    set_aside,
+    sqlite_path,
+    storage_errors,
+)
 
 FROZEN_SPEC = "sweep.yaml"
 MAX_ATTEMPTS = 2  # an infrastructure failure (killed job, lost node, vanished process) is retried once
@@ -55,6 +68,8 @@ class SweepRun:
     running: dict[int, Running] = field(default_factory=dict)
     rows: list[dict[str, Any]] = field(default_factory=list)
     stop_requested: bool = False
+    identity: str = ""  # sweeper.identity.sweep_identity, written into every row
+    notes: list[str] = field(default_factory=list)  # what the run did that the user should know
 
     @property
     def budget(self) -> int:
@@ -87,30 +102,85 @@ def _identity(s: Sweep) -> tuple:
     return (s.name, s.model, s.seq_len, s.global_batch_size, s.cluster, s.space, s.trial, s.memory, s.workload)
 
 
-def prepare(sweep: Sweep, launcher: Launcher) -> SweepRun:
+def preflight(sweep: Sweep) -> str:
+    """Before anything is created: the results folder can be made (or is ours and private) and
+    the storage URL is one, over an existing folder and a readable database. Returns the storage."""
+    root = sweep.results_path
+    check_creatable(root)
+    if root.exists():
+        check_private(root)
+    if sweep.search.storage:
+        check_storage(sweep.search.storage)
+        return sweep.search.storage
+    db = root / "optuna.db"  # the default: made with the folder; refused only when it is not a database
+    if db.exists() and not is_sqlite(db):
+        raise SweepError(corrupt_message(db))
+    return default_storage(root)
+
+
+def check_rows_identity(store: ResultsStore) -> None:
+    """Refuse rows of another sweep (another identity than the store's)."""
+    store.rows()
+    if store.foreign:
+        names = ", ".join(p.name for p in store.foreign[:3])
+        raise SweepError(
+            f"{store.trials_dir} holds {len(store.foreign)} row file(s) of another sweep ({names}): a different "
+            "model, seq_len, batch, cluster, space or trial settings. Move them away, give this sweep a new name, "
+            "or start over with --fresh"
+        )
+
+
+def prepare(sweep: Sweep, launcher: Launcher, *, storage: str | None = None) -> SweepRun:
     """Plan the sweep, open its study and results, and pick up what an earlier run left."""
-    store = ResultsStore(sweep.results_path)
+    storage = storage or preflight(sweep)
+    identity = sweep_identity(sweep)
+    store = ResultsStore(sweep.results_path, identity=identity)
+    frozen_existed = (store.root / FROZEN_SPEC).exists()
+    make_private(store.root)
     store.ensure()
-    spec_path = freeze_spec(sweep, store)
+    store.identity = None  # first the rows without an identity, then the foreign ones
+    unlabelled = [r for r in store.rows() if not r.get("sweep_id")]
+    store.identity = identity
+    if unlabelled and not frozen_existed:
+        raise SweepError(
+            f"{store.trials_dir} holds {len(unlabelled)} row(s) with no sweep identity and {FROZEN_SPEC} is gone, "
+            "so nothing says which experiment they measured; move them away, or give this sweep a new name"
+        )
+    if frozen_existed:  # its own message first: the sweep file changed since (with --fresh advice)
+        spec_path = freeze_spec(sweep, store)
+    check_rows_identity(store)
+    if not frozen_existed:  # written only once the rows are known to be this sweep's
+        spec_path = freeze_spec(sweep, store)
     plan = make_plan(sweep)
     if not plan.candidate_mask.any():
         raise SweepError(f"{sweep.name}: no candidate layout is left after the plan (see `sweep run --dry-run`)")
-    storage = sweep.search.storage or f"sqlite:///{(store.root / 'optuna.db').resolve()}"
-    search = build_search(plan, storage=storage)
-    run = SweepRun(sweep, plan, store, search, launcher, spec_path)
-    _load_finished(run)
-    _resume_inflight(run)
+    with storage_errors(storage):
+        search = build_search(plan, storage=storage)
+        study = search.study
+        run = SweepRun(sweep, plan, store, search, launcher, spec_path, identity=identity)
+        _load_finished(run)
+        if run.rows and not study.trials:  # the study was deleted or set aside: tell it every row
+            n = rebuild(study, sweep.space, search.searched, run.rows, lambda r: search.done.get(_plan_row(run, r), 0.0))
+            run.notes.append(f"the Optuna study had no trials but trials/ holds {len(run.rows)} rows: "
+                             f"rebuilt it from them ({n} told); new trials continue the numbering after them")
+        _resume_inflight(run)
     return run
+
+
+def _plan_row(run: SweepRun, r: dict[str, Any]) -> int:
+    """The plan row a result row ran (a candidate, or a pruned layout the trials re-admitted), -1 if none."""
+    layout = Layout.from_mapping({k: r[k] for k in Layout.__dataclass_fields__ if r.get(k) is not None})
+    row = run.plan.row_of(layout)
+    if row is None:
+        row = run.plan.row_of(layout, pruned=True)
+    return -1 if row is None else row
 
 
 def _load_finished(run: SweepRun) -> None:
     for r in run.store.rows():
         run.rows.append(r)
-        layout = Layout.from_mapping({k: r[k] for k in Layout.__dataclass_fields__ if r.get(k) is not None})
-        row = run.plan.row_of(layout)
-        if row is None:  # a pruned layout the trials had re-admitted (a probe, or proven to fit)
-            row = run.plan.row_of(layout, pruned=True)
-        if row is not None:
+        row = _plan_row(run, r)
+        if row >= 0:
             run.search.observe(row, **_measured(r))
 
 
@@ -118,8 +188,13 @@ def _resume_inflight(run: SweepRun) -> None:
     """Re-attach to trials an earlier run left in flight; retry once those that vanished."""
     finished = {r["trial_number"] for r in run.rows}
     keep: set[int] = set()
-    for data in run.store.inflight():
-        rec = InFlight.from_json(data)
+    records = [InFlight.from_json(data) for data in run.store.inflight()]
+    named = {_job(run, r.trial_number, Layout.from_mapping(r.layout), attempt=r.attempt).workdir
+             for r in records if r.trial_number not in finished}
+    ended = run.launcher.end_strays(run.store.jobs_dir, named)
+    if ended:
+        run.notes.append(f"ended {len(ended)} trial process(es) of this sweep that no record names: {', '.join(ended)}")
+    for rec in records:
         number = rec.trial_number
         if number in finished:  # written but not told or cleared before a crash: finish both
             row = next(r for r in run.rows if r["trial_number"] == number)
@@ -127,9 +202,17 @@ def _resume_inflight(run: SweepRun) -> None:
             run.store.clear_inflight(number)
             continue
         job = _job(run, number, Layout.from_mapping(rec.layout), attempt=rec.attempt)
-        handle = run.launcher.reattach(rec.job_id, job)
         keep.add(rec.optuna_trial)
         run.search.running.add(rec.row)
+        if rec.job_id is None:  # killed between saving the record and starting the job
+            found = run.launcher.find(job)
+            if found is None:  # it never started: start it now, same attempt, same folder
+                _submit(run, number, job.layout, optuna_trial=rec.optuna_trial, row=rec.row, attempt=rec.attempt,
+                        started_at=rec.started_at, previous_error=rec.previous_error)
+                continue
+            rec = replace(rec, job_id=found)
+            run.store.record_inflight(number, rec.to_json())
+        handle = run.launcher.reattach(rec.job_id, job)
         if handle is not None:
             run.running[number] = Running(handle, rec)
         elif job.attempt < MAX_ATTEMPTS:
@@ -151,11 +234,15 @@ def _job(run: SweepRun, number: int, layout: Layout, *, attempt: int) -> TrialJo
 def _submit(run: SweepRun, number: int, layout: Layout, *, optuna_trial: int, row: int, attempt: int = 1,
             started_at: str | None = None, previous_error: str | None = None) -> None:
     job = _job(run, number, layout, attempt=attempt)
-    handle = run.launcher.submit(job)
     submitted = now_utc().isoformat()
-    rec = InFlight(trial_number=number, optuna_trial=optuna_trial, row=row, attempt=attempt, job_id=handle.job_id,
+    rec = InFlight(trial_number=number, optuna_trial=optuna_trial, row=row, attempt=attempt, job_id=None,
                    layout=layout.as_dict(), submitted_at=submitted, started_at=started_at or submitted,
                    previous_error=previous_error)
+    # saved before the job starts: a `sweep run` killed in between leaves a record, and the
+    # restart finds the job by its folder instead of starting the same trial a second time
+    run.store.record_inflight(number, rec.to_json())
+    handle = run.launcher.submit(job)
+    rec = replace(rec, job_id=handle.job_id)
     run.store.record_inflight(number, rec.to_json())  # before anything waits on the job
     run.running[number] = Running(handle, rec)
 
@@ -177,7 +264,7 @@ def _record(run: SweepRun, rec: InFlight, outcome: JobOutcome) -> dict[str, Any]
         grad_accum=int(run.plan.cols["grad_accum"][plan_row]),
         pred_mem_gib=float(run.plan.memory.total[plan_row] / 1024**3),
         job_id=outcome.job_id, nodelist=outcome.nodelist, log_path=outcome.log_path,
-        launcher=run.launcher.kind, attempt=rec.attempt, optuna_trial=rec.optuna_trial,
+        launcher=run.launcher.kind, attempt=rec.attempt, optuna_trial=rec.optuna_trial, sweep_id=run.identity,
         started_at=_ts(rec.started_at), finished_at=now_utc(),
     )
     if rec.previous_error and values.get("error"):
@@ -244,16 +331,19 @@ def run_loop(run: SweepRun, *, progress: Progress | None = None, poll_s: float |
     (then trials in flight are left running for the next `sweep run` to re-attach)."""
     if progress:
         progress.started(run)
-    while step(run, progress) and not run.stop_requested:
-        time.sleep(run.launcher.poll_s if poll_s is None else poll_s)
+    storage = run.sweep.search.storage or default_storage(run.store.root)
+    with storage_errors(storage):  # a full disk or lost database at any tell: one line, rows kept
+        while step(run, progress) and not run.stop_requested:
+            time.sleep(run.launcher.poll_s if poll_s is None else poll_s)
 
 
 def run_sweep(
-    sweep: Sweep, *, launcher: Launcher | None = None, fresh: bool = False,
+    sweep: Sweep, *, launcher: Launcher | None = None, fresh: bool = False, rebuild_study: bool = False,
     confirm: Callable[[str], bool] = lambda question: False, progress: Progress | None = None,
     on_interrupt: Callable[[], None] | None = None,
 ) -> SweepRun:
-    """The whole `sweep run`: hold the sweep's lock, start over when asked (and confirmed), plan, loop.
+    """The whole `sweep run`: check folder and storage before creating anything, hold the sweep's
+    lock, start over when asked (and confirmed), set an unreadable study aside when asked, plan, loop.
 
     The first Ctrl-C (SIGINT) stops new submissions and returns with the trials in flight left
     running for the next `sweep run` to re-attach; `on_interrupt` is told. A second one quits at once.
@@ -263,13 +353,23 @@ def run_sweep(
     from sweeper.launchers import make_launcher
     from sweeper.lock import SweepLock
 
+    from sweeper.folder import foreign_entries
+
     root = sweep.results_path
+    os.umask(0o077)  # a results folder is trusted like code: everything in it is its owner's alone
+    storage = None if (fresh or rebuild_study) else preflight(sweep)  # those two repair what it refuses
+    launcher = launcher or make_launcher(sweep)  # a launcher that cannot run the sweep: refused before the lock
     with SweepLock(root):
         if fresh and any(p.name != "run.lock" for p in root.iterdir()):
-            if not confirm(f"delete every result of {sweep.name} under {root}?"):
+            # a folder holding others' files is refused below before anything is asked or deleted
+            if not foreign_entries(root) and not confirm(f"delete every result of {sweep.name} under {root}?"):
                 raise SweepError("--fresh: not confirmed; nothing deleted")
             discard_results(sweep)
-        run = prepare(sweep, launcher or make_launcher(sweep))
+        db = sqlite_path(sweep.search.storage or default_storage(root))
+        aside = set_aside(db) if (rebuild_study and not fresh and db is not None and db.exists()) else None
+        run = prepare(sweep, launcher, storage=storage)
+        if aside is not None:
+            run.notes.insert(0, f"--rebuild-study: {db} set aside as {aside.name}")
         previous = signal.getsignal(signal.SIGINT)
 
         def stop(signum: int, frame: Any) -> None:
@@ -288,13 +388,9 @@ def run_sweep(
 
 
 def discard_results(sweep: Sweep) -> None:
-    """Remove everything of the sweep but its lock (held by the caller), and its study in external storage."""
-    import shutil
-
-    for p in sweep.results_path.iterdir():
-        if p.name == "run.lock":
-            continue
-        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    """Remove what the sweep created but its lock (held by the caller), and its study in external storage;
+    refuse, deleting nothing, when the folder holds anything else."""
+    discard_own(sweep.results_path)
     if sweep.search.storage:
         import optuna
 

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 import sweeper
 from sweeper.errors import SweepError
+from sweeper.folder import INFLIGHT_FILE, PRIVATE_DIR, trial_number_of
 from sweeper.files import atomic_write, atomic_write_text
 from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
@@ -43,6 +44,7 @@ class TrialRecord:
     started_at: datetime | None = None
     finished_at: datetime | None = None
     sweep_version: str | None = None
+    sweep_id: str | None = None  # sweeper.identity.sweep_identity of the sweep that ran it
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ class InFlight:
     optuna_trial: int
     row: int  # the plan row it runs
     attempt: int
-    job_id: str
+    job_id: str | None  # None between saving the record and the launcher starting the job
     layout: dict[str, Any]
     submitted_at: str  # ISO 8601, UTC
     started_at: str  # of the first attempt
@@ -119,6 +121,12 @@ class ResultsStore:
 
     root: Path
     warnings: list[str] = field(default_factory=list)
+    identity: str | None = None  # when set, rows of another sweep are skipped (and listed in `foreign`)
+    foreign: list[Path] = field(default_factory=list)
+
+    def _warn(self, message: str) -> None:
+        if message not in self.warnings:  # rows() may be read more than once per run
+            self.warnings.append(message)
 
     @property
     def trials_dir(self) -> Path:
@@ -134,7 +142,10 @@ class ResultsStore:
 
     def ensure(self) -> None:
         for d in (self.trials_dir, self.inflight_dir, self.jobs_dir):
-            d.mkdir(parents=True, exist_ok=True)
+            try:
+                d.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
+            except OSError as e:
+                raise SweepError(f"results_dir: cannot create {d}: {e.strerror or e}") from None
 
     # ---- finished trials -------------------------------------------------------------
     def trial_path(self, number: int) -> Path:
@@ -155,20 +166,34 @@ class ResultsStore:
         return path
 
     def rows(self) -> list[dict[str, Any]]:
-        """Every finished trial, in trial order; unreadable or foreign files are reported and skipped."""
+        """Every finished trial, in trial order; unreadable or foreign files are reported and skipped:
+        only the tool's own names (`trial-NNNNN.parquet`) are read, and with an `identity`, only
+        rows of that sweep."""
         out: list[dict[str, Any]] = []
+        self.foreign = []
         if not self.trials_dir.is_dir():
             return out
-        for path in sorted(self.trials_dir.glob("*.parquet")):
+        for path in sorted(self.trials_dir.iterdir()):
+            if path.name.startswith("."):
+                continue  # an atomic write's temp file
+            if trial_number_of(path.name) is None:
+                self._warn(f"skipped {path}: not a result file of the sweep (trial-NNNNN.parquet)")
+                continue
             try:
                 table = pq.read_table(path)
                 missing = {"trial_number", "status"} - set(table.column_names)
                 if missing:
                     raise ValueError(f"missing columns {sorted(missing)}")
             except Exception as e:  # noqa: BLE001 - any unreadable file is skipped, by name
-                self.warnings.append(f"skipped {path}: {' '.join(str(e).split())[:200]}")
+                self._warn(f"skipped {path}: {' '.join(str(e).split())[:200]}")
                 continue
-            out.extend(table.to_pylist())
+            rows = table.to_pylist()
+            if self.identity is not None and any(r.get("sweep_id") not in (None, self.identity) for r in rows):
+                self.foreign.append(path)
+                found = rows[0].get("sweep_id") if rows else None
+                self._warn(f"skipped {path}: a row of another sweep (sweep_id {found}, this sweep {self.identity})")
+                continue
+            out.extend(rows)
         out.sort(key=lambda r: r["trial_number"])
         return out
 
@@ -187,21 +212,49 @@ class ResultsStore:
             raise _write_error(f"the in-flight record of trial {number} (job {record.get('job_id')})", path, e) from None
 
     def inflight(self) -> list[dict[str, Any]]:
-        out = []
-        for path in sorted(self.inflight_dir.glob("trial-*.json")):
+        """The in-flight records; a file that is not one (bad name, not JSON, `{}`) is skipped by name."""
+        out: list[dict[str, Any]] = []
+        if not self.inflight_dir.is_dir():
+            return out
+        for path in sorted(self.inflight_dir.iterdir()):
+            if path.name.startswith("."):
+                continue
+            m = INFLIGHT_FILE.match(path.name)
             try:
-                out.append(json.loads(path.read_text()))
-            except (OSError, ValueError) as e:
-                self.warnings.append(f"skipped {path}: {e}")
+                if m is None:
+                    raise ValueError("not an in-flight record of the sweep (trial-NNNNN.json)")
+                rec = json.loads(path.read_text())
+                _check_record(rec, int(m.group(1)))
+            except (OSError, ValueError, TypeError) as e:
+                self._warn(f"skipped {path}: {' '.join(str(e).split())[:200]}")
+                continue
+            out.append(rec)
         return out
 
     def clear_inflight(self, number: int) -> None:
         (self.inflight_dir / f"trial-{number:05d}.json").unlink(missing_ok=True)
 
     def next_trial_number(self) -> int:
-        numbers = [int(p.stem.split("-")[1]) for p in self.trials_dir.glob("trial-*.parquet")]
-        numbers += [int(r["trial_number"]) for r in self.inflight()]
+        numbers = [n for p in self.trials_dir.glob("trial-*.parquet") if (n := trial_number_of(p.name)) is not None]
+        # by file name, so that even an unreadable record's number is never given out again
+        numbers += [int(m.group(1)) for p in self.inflight_dir.glob("trial-*.json") if (m := INFLIGHT_FILE.match(p.name))]
         return max(numbers, default=-1) + 1
+
+
+_RECORD_FIELDS = {"trial_number": int, "optuna_trial": int, "row": int, "attempt": int, "layout": dict}
+
+
+def _check_record(rec: Any, number: int) -> None:
+    """An in-flight record as `orchestrator._submit` writes it, for the trial its name says."""
+    if not isinstance(rec, dict):
+        raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
+    for key, kind in _RECORD_FIELDS.items():
+        if not isinstance(rec.get(key), kind) or isinstance(rec.get(key), bool):
+            raise ValueError(f"field {key!r} missing or not {kind.__name__}")
+    if rec.get("job_id") is not None and not isinstance(rec["job_id"], str):
+        raise ValueError("field 'job_id' is not a string")
+    if rec["trial_number"] != number:
+        raise ValueError(f"names trial {rec['trial_number']}, its file name trial {number}")
 
 
 def _write_error(what: str, path: Path, e: OSError) -> SweepError:
@@ -221,10 +274,16 @@ def open_results(spec: str, results: Path | None) -> tuple[Path, ResultsStore]:
     """The results folder (given, or the sweep's) and its store; a user error when it has none."""
     from sweeper.spec import load_sweep
 
-    root = results or load_sweep(spec).results_path
+    from sweeper.identity import sweep_identity
+
+    sweep = load_sweep(spec) if results is None else None
+    root = results or sweep.results_path  # type: ignore[union-attr]
     if not (root / "trials").is_dir():
         raise SweepError(f"no results under {root} (run `sweep run {spec}` first)")
-    return root, ResultsStore(root)
+    if sweep is None and (root / "sweep.yaml").is_file():
+        sweep = load_sweep(root / "sweep.yaml")
+    # rows of another sweep (a copied file) are skipped with a warning, never ranked
+    return root, ResultsStore(root, identity=sweep_identity(sweep) if sweep is not None else None)
 
 
 def sweep_as_run(root: Path, spec: str) -> Sweep:

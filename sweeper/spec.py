@@ -19,8 +19,13 @@ MAX_SPEC_BYTES = 1 << 20  # a sweep file is a few dozen lines; anything bigger i
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
+MAX_LAYOUTS = 1 << 20  # the plan holds every layout in memory (about 1.5 kB each): cap it before it is made
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: "64" and 64.0 are not integers, 1 is not a bool; a typo should not change a sweep quietly
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class ModelSpec(_Strict):
@@ -222,6 +227,9 @@ class WorkloadSpec(_Strict):
     def _command_needed(self) -> WorkloadSpec:
         if self.kind != "builtin" and not self.command.strip():
             raise ValueError(f"workload.command is required for kind {self.kind!r} (e.g. 'torchrun ... {{flags}}')")
+        from sweeper.spec_checks import check_workload
+
+        check_workload(self.command, self.env, self.cwd)  # at load, not in every trial
         return self
 
 
@@ -365,9 +373,13 @@ def build_sweep(raw: SweepFile, *, source: Path | None = None) -> Sweep:
     if memory.recipe is None:
         memory = memory.model_copy(update={"recipe": RECIPE_OF_WORKLOAD[raw.workload.kind]})
     cluster = Cluster(raw.cluster.nodes, raw.cluster.gpus_per_node, raw.cluster.resolved_gpu())
+    space = raw.space.values()
+    from sweeper.spec_checks import check_layout_count
+
+    check_layout_count(space, MAX_LAYOUTS)  # before anything allocates the cross product
     sweep = Sweep(
         name=raw.name, model=shape, seq_len=raw.seq_len, global_batch_size=raw.global_batch_size,
-        cluster=cluster, space=raw.space.values(), trial=raw.trial, search=raw.search, memory=memory,
+        cluster=cluster, space=space, trial=raw.trial, search=raw.search, memory=memory,
         launcher=raw.launcher, results_dir=Path(raw.results_dir), source=source, workload=raw.workload,
     )
     _check_usable(sweep)
@@ -424,6 +436,19 @@ class _NoAliasLoader(yaml.SafeLoader):
             event = self.peek_event()
             raise yaml.MarkedYAMLError("while reading the sweep file", None, "aliases (*name) are not supported", event.start_mark)
         return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:  # type: ignore[override]
+        # a key given twice would silently keep the last value: `seq_len: 64` ... `seq_len: 128`
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = key_node.value
+            if key in seen:
+                raise yaml.MarkedYAMLError(
+                    "while reading the sweep file", None,
+                    f"duplicate key {key!r} (line {key_node.start_mark.line + 1}; first on line {seen[key] + 1})",
+                    key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
 
 
 def _load_yaml(text: str, source: str) -> Any:

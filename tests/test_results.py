@@ -62,7 +62,8 @@ def test_inflight_records_and_next_number(tmp_path):
     store = ResultsStore(tmp_path)
     store.ensure()
     store.write_row(_row(0))
-    store.record_inflight(1, {"trial_number": 1, "job_id": "123"})
+    store.record_inflight(1, {"trial_number": 1, "job_id": "123", "optuna_trial": 1, "row": 0, "attempt": 1,
+                              "layout": {"tp": 1}})
     assert store.next_trial_number() == 2
     assert store.inflight()[0]["job_id"] == "123"
     store.clear_inflight(1)

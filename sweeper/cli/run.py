@@ -21,6 +21,8 @@ def run(
     fresh: Annotated[bool, typer.Option("--fresh", metavar="", help="discard this sweep's results and study, and start over")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", metavar="", help="do not ask before --fresh deletes results")] = False,
     top: Annotated[int, typer.Option("--top", min=1, help="layouts to show at the end (at least 1)")] = 5,
+    rebuild_study: Annotated[bool, typer.Option(
+        "--rebuild-study", help="set an unreadable optuna.db aside and rebuild the study from trials/")] = False,
 ) -> None:
     from sweeper.launchers import resolve_profile
     from sweeper.plan import make_plan
@@ -32,7 +34,7 @@ def run(
     if out is not None:
         write_plan(plan, out)
     if not dry_run:
-        run_live(sweep, fresh=fresh, yes=yes, top=top)
+        run_live(sweep, fresh=fresh, yes=yes, top=top, rebuild_study=rebuild_study)
         return
     if as_json:
         typer.echo(json.dumps(plan_summary(plan), indent=2))
@@ -76,7 +78,7 @@ def plan_summary(plan) -> dict:  # noqa: ANN001
     }
 
 
-def run_live(sweep, *, fresh: bool, yes: bool, top: int) -> None:  # noqa: ANN001 - Sweep
+def run_live(sweep, *, fresh: bool, yes: bool, top: int, rebuild_study: bool = False) -> None:  # noqa: ANN001 - Sweep
     """The real run with a live display on stderr, then the best layouts."""
     from rich.console import Console
 
@@ -84,18 +86,20 @@ def run_live(sweep, *, fresh: bool, yes: bool, top: int) -> None:  # noqa: ANN00
     from sweeper.cli.render import print_best
     from sweeper.orchestrator import run_sweep
     from sweeper.errors import NoSuccessError
-    from sweeper.results import ResultsStore, best_rows
+    from sweeper.results import best_rows
 
     err = Console(stderr=True)
     progress = LiveProgress(err)
     try:
         run = run_sweep(
-            sweep, fresh=fresh, progress=progress,
+            sweep, fresh=fresh, rebuild_study=rebuild_study, progress=progress,
             confirm=lambda question: yes or typer.confirm(question, err=True),
             on_interrupt=lambda: err.print("[yellow]interrupted: no new trials; press Ctrl-C again to quit at once[/]"),
         )
     finally:
         progress.stop()
+    for note in run.notes:
+        err.print(f"[yellow]note:[/] {note}")
     for w in run.store.warnings:
         err.print(f"[yellow]warning:[/] {w}")
     if run.running:
@@ -104,7 +108,7 @@ def run_live(sweep, *, fresh: bool, yes: bool, top: int) -> None:  # noqa: ANN00
             f"({', '.join(i.handle.job_id for i in run.running.values())}); "
             f"`sweep run` again re-attaches to them[/]"
         )
-    rows = ResultsStore(sweep.results_path).rows()
+    rows = run.rows  # this sweep's rows, earlier runs' included
     print_best(rows, top=top, title=f"{sweep.name}: best layouts")
     if not best_rows(rows, 1):  # scripts must not take a sweep of failures for a result
         raise NoSuccessError(f"no trial succeeded ({len(rows)} finished)")

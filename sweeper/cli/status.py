@@ -23,8 +23,10 @@ def status(
     from sweeper.results import ResultsStore
     from sweeper.spec import load_sweep
 
+    from sweeper.identity import sweep_identity
+
     sweep = load_sweep(spec)
-    store = ResultsStore(sweep.results_path)
+    store = ResultsStore(sweep.results_path, identity=sweep_identity(sweep))
     rows = store.rows()
     inflight = store.inflight()
     now = datetime.now(UTC)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from sweeper.launchers.profiles import MAX_LOCAL_PROCESSES
 from sweeper.errors import SweepError
 from sweeper.statuses import TrialStatus
 
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
 
 # One process per device of the sweep's cluster; more than this on one machine is a mistake
 # (a cluster-sized sweep belongs to `sweep run` with the slurm launcher).
-MAX_LOCAL_PROCESSES = 64
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 

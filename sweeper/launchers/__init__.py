@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob
-from sweeper.launchers.profiles import LocalProfile, ReplayProfile, SlurmProfile, resolve_profile
+from sweeper.launchers.profiles import LocalProfile, ReplayProfile, SlurmProfile, check_local_capacity, resolve_profile
 from sweeper.spec import Sweep
 
 __all__ = ["Handle", "Launcher", "JobOutcome", "TrialJob", "make_launcher", "resolve_profile"]
@@ -17,6 +17,7 @@ def make_launcher(sweep: Sweep) -> Launcher:
     if isinstance(profile, LocalProfile):
         from sweeper.launchers.local import LocalLauncher
 
+        check_local_capacity(sweep)
         return LocalLauncher()
     if isinstance(profile, ReplayProfile):
         from sweeper.launchers.replay import ReplayLauncher

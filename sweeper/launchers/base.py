@@ -70,6 +70,15 @@ class Launcher(ABC):
     def reattach(self, job_id: str, job: TrialJob) -> Handle | None:
         """Find a trial submitted by an earlier `sweep run`; None when it is gone."""
 
+    def find(self, job: TrialJob) -> str | None:
+        """The job id of `job` when it was started but its id never recorded (a `sweep run` killed
+        between the two); None when it cannot be found. Default: cannot look."""
+        return None
+
+    def end_strays(self, jobs_dir: Path, known: set[Path]) -> list[str]:
+        """End trial processes under `jobs_dir` that no in-flight record names; their job ids."""
+        return []
+
 
 def failure(status: TrialStatus, error: str, job: TrialJob) -> TrialResult:
     """The result of a trial that produced no result of its own."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure, tail
 from sweeper.launchers.process import kill_group, read_result
 from sweeper.statuses import TrialStatus
+from sweeper.trainer.evidence import INFRASTRUCTURE_FAILURE
 from sweeper.trial import TrialResult
 
 # The trial enforces its own time limit; this grace covers its start-up and teardown before the
@@ -67,8 +68,9 @@ class LocalLauncher(Launcher):
         job = handle.job
         result = read_result(job.workdir / "result.json")
         node = os.uname().nodename
-        if result is not None:
-            return JobOutcome(TrialResult.from_dict(result), handle.job_id, node, _log(handle))
+        if result is not None:  # a rank killed from outside without a sign of OOM: retried once
+            infra = str(result.get("error") or "").startswith(INFRASTRUCTURE_FAILURE)
+            return JobOutcome(TrialResult.from_dict(result), handle.job_id, node, _log(handle), infrastructure_failure=infra)
         rc = handle.native.returncode if handle.native is not None else None
         how = f"exit code {rc}" if rc is not None and rc >= 0 else (
             f"killed by {signal.Signals(-rc).name}" if rc is not None else "its process is gone")
@@ -85,10 +87,57 @@ class LocalLauncher(Launcher):
     def reattach(self, job_id: str, job: TrialJob) -> Handle | None:
         """A local trial survives its `sweep run` (own session): find it by pid and command line."""
         pid = int(job_id.removeprefix("local-"))
-        if _alive(pid) and str(job.workdir / "ranks") in _cmdline(pid):
+        if pid > 0 and _alive(pid) and str(job.workdir / "ranks") in _cmdline(pid):
             return Handle(job_id, job, None, {"started": time.time(), "pid": pid})
         if read_result(job.workdir / "result.json") is not None:  # it finished while no `sweep run` watched: collect, do not rerun
             return Handle(job_id, job, None, {"started": time.time(), "pid": pid, "ended": True})
+        return None
+
+    def find(self, job: TrialJob) -> str | None:
+        """A trial started by a `sweep run` killed before it saved the pid: found by its folder."""
+        pid = trial_processes(job.workdir.parent).get(job.workdir)
+        if pid is not None:
+            return f"local-{pid}"
+        if read_result(job.workdir / "result.json") is not None:
+            return "local-0"  # it ran and finished: reattach collects the result
+        return None
+
+    def end_strays(self, jobs_dir: Path, known: set[Path]) -> list[str]:
+        """Kill trial processes of this sweep that no record names: they would measure on the
+        same cores as the trials we run, and nobody would collect them."""
+        ended = []
+        for workdir, pid in trial_processes(jobs_dir.resolve()).items():
+            if workdir not in known:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    continue
+                ended.append(f"local-{pid} ({workdir.name})")
+        return ended
+
+
+def trial_processes(jobs_dir: Path) -> dict[Path, int]:
+    """Live trial processes (`sweep trial`, not their ranks) started for folders under `jobs_dir`."""
+    found: dict[Path, int] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        pid = int(d.name)
+        cmd = _cmdline(pid)
+        if "sweeper.cli" not in cmd or "trial" not in cmd or "--workdir" not in cmd:
+            continue
+        ranks = Path(cmd[cmd.index("--workdir") + 1]) if cmd.index("--workdir") + 1 < len(cmd) else None
+        # trial_command passes <job folder>/ranks: the job folder is its parent
+        if ranks is not None and ranks.parent.parent == jobs_dir and _alive(pid):
+            found[ranks.parent] = pid
+    # a rank between fork and exec still looks like its parent `sweep trial`: keep the parent
+    return {w: pid for w, pid in found.items() if _ppid(pid) != pid and _ppid(pid) not in found.values()}
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
         return None
 
 

@@ -13,13 +13,18 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sweeper.launchers.process import free_port, kill_group, read_result
 from sweeper.layout import Layout
 from sweeper.spec import Sweep
+from sweeper.trainer.evidence import (
+    INFRASTRUCTURE_FAILURE,
+    oom_evidence,
+    oom_kill_count,
+)
 from sweeper.trial import FAILED, OOM, TIMEOUT, TrialResult, without_run
 
 # After rank 0 wrote its result (or a rank died), how long the others get to finish on their own.
@@ -40,10 +45,28 @@ class Launched:
     def out_dir(self) -> Path:
         return self.workdir / "out"
 
+    pids: list[int] = field(default_factory=list)
+    oom_kills_before: int | None = None  # the cgroup's oom_kill counter at the start
+
     @property
-    def oom_killed(self) -> list[int]:
-        """Ranks that died of a SIGKILL we did not send: on Linux, the (kernel's or SLURM's) OOM killer."""
+    def sigkilled(self) -> list[int]:
+        """Ranks that died of a SIGKILL we did not send (the OOM killer, or anyone else)."""
         return [r for r, rc in enumerate(self.returncodes) if rc == -signal.SIGKILL and r not in self.killed_by_us]
+
+    @property
+    def died(self) -> list[int]:
+        """Ranks that ended by a signal we did not send, first the SIGKILLed ones."""
+        other = [r for r, rc in enumerate(self.returncodes)
+                 if rc is not None and rc < 0 and rc != -signal.SIGKILL and r not in self.killed_by_us]
+        return self.sigkilled + other
+
+    def oom(self) -> tuple[int, str] | None:
+        """(rank, evidence) of a rank SIGKILLed for memory; None without evidence (see trainer.evidence)."""
+        for rank in self.sigkilled:
+            why = oom_evidence(self.pids[rank], self.log_tail(rank, 200), self.oom_kills_before)
+            if why:
+                return rank, why
+        return None
 
     def log(self, rank: int) -> Path:
         return self.workdir / "logs" / f"rank{rank}.log"
@@ -71,6 +94,7 @@ def launch(task: dict[str, Any], *, nprocs: int, timeout_s: float, workdir: Path
         **(extra_env or {}),
     }
     base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
+    oom_kills_before = oom_kill_count()
     start = time.monotonic()
     procs = []
     for rank in range(nprocs):
@@ -82,7 +106,8 @@ def launch(task: dict[str, Any], *, nprocs: int, timeout_s: float, workdir: Path
                 preexec_fn=_die_with_parent,
             ))
     timed_out, killed = _wait(procs, deadline=start + timeout_s, result=workdir / "out" / "result.json")
-    return Launched(workdir, [p.returncode for p in procs], timed_out, killed, time.monotonic() - start)
+    return Launched(workdir, [p.returncode for p in procs], timed_out, killed, time.monotonic() - start,
+                    [p.pid for p in procs], oom_kills_before)
 
 
 def _die_with_parent() -> None:
@@ -104,7 +129,9 @@ def _wait(procs: list[subprocess.Popen[bytes]], *, deadline: float, result: Path
     Returns (timed out, ranks we killed).
     """
     ending_at: float | None = None
-    while any(p.poll() is None for p in procs):
+    # poll() every rank each round (not any(), which stops at the first live one): a rank that
+    # died while rank 0 waits in a collective must be seen now, not at the time limit
+    while [p.poll() for p in procs].count(None):
         now = time.monotonic()
         if now >= deadline:
             return True, _kill(procs)
@@ -144,18 +171,29 @@ def launch_trial(sweep: Sweep, layout: Layout, *, workdir: Path, timeout_s: floa
         # the free port was taken between choosing it and rank 0 listening on it: once more
         if not (path.exists() and "EADDRINUSE" in path.read_text()):
             break
-    oom_killed = done.oom_killed
+    oom = done.oom()
     written = read_result(path)
     if written is not None:
         result = TrialResult.from_dict(written)
-        if result.status == FAILED and oom_killed:
+        if result.status == FAILED and oom:
             result.status = OOM
-            result.error = f"rank {oom_killed[0]} was killed by SIGKILL (the out-of-memory killer); then: {result.error}"
+            result.error = f"rank {oom[0]} was killed by SIGKILL for memory ({oom[1]}); then: {result.error}"
+        elif result.status == FAILED and done.died:
+            result.error = f"{_unexplained(done)}; then: {result.error}"
         return result
     if done.timed_out:
         return without_run(sweep, layout, status=TIMEOUT, error=f"no result within the wall-clock limit of {limit:.0f} s; all ranks killed")
-    if oom_killed:
-        return without_run(sweep, layout, status=OOM, error=f"rank {oom_killed[0]} was killed by SIGKILL (the out-of-memory killer)")
+    if oom:
+        return without_run(sweep, layout, status=OOM, error=f"rank {oom[0]} was killed by SIGKILL for memory ({oom[1]})")
+    if done.died:  # killed from outside, no sign of memory: the sweep retries it once
+        return without_run(sweep, layout, status=FAILED, error=_unexplained(done))
     bad = next((r for r, rc in enumerate(done.returncodes) if rc != 0), 0)
     tail = done.log_tail(bad, 5).strip().replace("\n", " | ")
     return without_run(sweep, layout, status=FAILED, error=f"rank {bad} exited with code {done.returncodes[bad]} and no result: {tail}")
+
+
+def _unexplained(done: Launched) -> str:
+    rank = done.died[0]
+    sig = signal.Signals(-done.returncodes[rank]).name  # type: ignore[operator]
+    return (f"{INFRASTRUCTURE_FAILURE}: rank {rank} was killed by {sig} with no sign of running out of memory "
+            "(cgroup oom_kill counter, kernel log, CUDA message)")

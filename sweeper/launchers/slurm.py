@@ -10,6 +10,8 @@ from typing import Any
 import submitit
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
+from sweeper.errors import SweepError
+from sweeper.folder import check_trusted_file
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure, tail
 from sweeper.launchers.process import read_result
 from sweeper.launchers.profiles import SlurmProfile
@@ -102,6 +104,13 @@ class SlurmLauncher(Launcher):
         if not state.startswith("COMPLETED") and not rank0.paths.result_pickle.exists():
             # killed around the trial: do not let submitit wait for a result that cannot come
             return self._uncompleted(handle, state, node, log)
+        try:  # unpickled next: only private files of ours, of the recorded job id
+            for task in range(sj.num_tasks):
+                pkl = (sj.task(task) if sj.num_tasks > 1 else sj).paths.result_pickle
+                if pkl.exists() or pkl.is_symlink():
+                    check_trusted_file(pkl)
+        except SweepError as e:
+            return JobOutcome(failure(TrialStatus.FAILED, str(e), job), handle.job_id, node, log)
         try:
             result = sj.results()[0]  # every task returns its rank's result; rank 0 speaks for the trial
         except FailedJobError as e:

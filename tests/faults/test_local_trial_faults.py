@@ -70,7 +70,7 @@ def test_trial_process_killed_is_retried_once_then_failed_with_the_cause(tmp_pat
     proc = start("run", str(spec), cwd=tmp_path)
     try:
         for attempt in (1, 2):  # kill the trial's own process (not a rank) on both attempts
-            rec = wait_for(lambda: (r := inflight_record(root)) and r["attempt"] == attempt and r, timeout=60,
+            rec = wait_for(lambda: (r := inflight_record(root)) and r["attempt"] == attempt and r.get("job_id") and r, timeout=60,
                            what=f"attempt {attempt} in flight")
             trial_dir = root / "jobs" / f"trial-00000-a{attempt}"
             ranks = wait_for(lambda: (p := rank_pids(trial_dir)) and len(p) == 2 and p, timeout=60, what="two ranks")

@@ -1,0 +1,134 @@
+"""The results folder as the tool owns it: which names are its own, who may write it, what
+`--fresh` may delete, and the checks made before anything is created in it.
+
+A results folder is trusted like code: trials re-read its `sweep.yaml` (a command line among
+it) and the SLURM launcher unpickles its job results. So it is private to its owner (folders
+0700, files 0600) and the tool refuses to act on one that others can write.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+from pathlib import Path
+
+from sweeper.errors import SweepError
+
+TRIAL_FILE = re.compile(r"^trial-(\d{5,})\.parquet$")  # what ResultsStore.write_row names a row
+INFLIGHT_FILE = re.compile(r"^trial-(\d{5,})\.json$")
+JOB_DIR = re.compile(r"^trial-\d{5,}-a\d+$")
+TEMP_FILE = re.compile(r"^\..+\.\d+\.tmp$")  # an atomic write's temp file, left by a kill
+# top-level names the tool creates; the study's SQLite file brings its journal files along
+OWN_FILES = {"sweep.yaml", ".sweep.yaml.tmp", "run.lock", "optuna.db", "optuna.db-journal", "optuna.db-wal",
+             "optuna.db-shm"}
+OWN_DIRS = {"trials": (TRIAL_FILE, TEMP_FILE), "inflight": (INFLIGHT_FILE, TEMP_FILE), "jobs": (JOB_DIR,),
+            ".tmp": (TEMP_FILE,)}  # .tmp/: a result being written, renamed into trials/ when complete
+# what `sweep report` writes beside the results (sweeper.report)
+REPORT_FILE = re.compile(r"^(report\.html|(heatmap_.+|mfu_vs_mbs|memory_pred_vs_measured|mfu_pred_vs_measured|progress"
+                         r"|status|step_breakdown)\.png)$")
+CORRUPT_STUDY = re.compile(r"^optuna\.db\.corrupt-\d+$")  # set aside by --rebuild-study
+PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
+
+
+def trial_number_of(name: str) -> int | None:
+    """The trial number of one of the tool's row files, None for any other name."""
+    m = TRIAL_FILE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def foreign_entries(root: Path) -> list[Path]:
+    """Everything under `root` that the tool did not create (by name)."""
+    out = []
+    for p in sorted(root.iterdir()):
+        if p.name in OWN_DIRS and p.is_dir() and not p.is_symlink():
+            allowed = OWN_DIRS[p.name]
+            out += [q for q in sorted(p.iterdir()) if not any(rx.match(q.name) for rx in allowed)]
+        elif not ((p.name in OWN_FILES or CORRUPT_STUDY.match(p.name) or REPORT_FILE.match(p.name))
+                  and p.is_file() and not p.is_symlink()):
+            out.append(p)
+    return out
+
+
+def discard_own(root: Path, *, keep: str = "run.lock") -> int:
+    """`--fresh`: delete what the tool created under `root`, after checking nothing else is
+    there (then nothing is deleted at all). Returns the number of entries removed."""
+    foreign = foreign_entries(root)
+    if foreign:
+        names = ", ".join(str(p.relative_to(root)) for p in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+        raise SweepError(
+            f"--fresh: {root} holds {len(foreign)} file(s) the sweep did not create ({names}); nothing deleted. "
+            "Move them away, or point results_dir elsewhere"
+        )
+    removed = 0
+    for p in sorted(root.iterdir()):
+        if p.name == keep:
+            continue
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+        removed += 1
+    return removed
+
+
+def check_private(root: Path) -> None:
+    """Refuse a results folder (or its parts) that another user owns or that others can write:
+    whoever can write it can run code as the next `sweep run`."""
+    me = os.geteuid()
+    for p in [root, *(root / n for n in (*OWN_DIRS, "sweep.yaml", "optuna.db"))]:
+        try:
+            st = p.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            raise SweepError(f"{p} is a symbolic link; a results folder must hold the sweep's own files")
+        if st.st_mode & (stat.S_IWOTH | stat.S_IWGRP):
+            raise SweepError(
+                f"{p} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); a results folder is trusted like code. "
+                f"Check its contents, then `chmod -R go-w {root}`"
+            )
+        if st.st_uid != me:
+            raise SweepError(f"{p} belongs to user id {st.st_uid}, not to you ({me}); a results folder is trusted like code")
+
+
+def make_private(root: Path) -> None:
+    """Create the results folder (and missing parents) 0700; one-line error when that fails."""
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
+        os.chmod(root, stat.S_IMODE(root.stat().st_mode) & ~0o077)
+    except OSError as e:
+        raise SweepError(f"results_dir: cannot create {root}: {e.strerror or e}") from None
+
+
+def check_creatable(root: Path) -> None:
+    """Before anything is created: the results folder exists as a folder we may write, or can be made."""
+    p = root
+    while not p.exists():
+        if p.is_symlink() or p.parent == p:
+            break
+        p = p.parent
+    if not p.is_dir():
+        raise SweepError(f"results_dir: {p} is not a folder, so {root} cannot be created")
+    if not os.access(p, os.W_OK | os.X_OK) or _read_only_mount(p):
+        raise SweepError(f"results_dir: {p} is not writable, so {root} cannot be created or updated")
+
+
+def _read_only_mount(p: Path) -> bool:
+    """root ignores file modes, not a read-only file system: ask the file system."""
+    try:
+        return bool(os.statvfs(p).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def check_trusted_file(path: Path) -> None:
+    """Before unpickling a file from the results folder (a SLURM job's result): it is a plain file
+    of ours that nobody else could have written. Anything else is refused, not read."""
+    try:
+        st = path.lstat()
+    except OSError as e:
+        raise SweepError(f"{path}: cannot check it before reading: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SweepError(f"{path}: not a plain file; refusing to unpickle it")
+    if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWOTH | stat.S_IWGRP):
+        raise SweepError(f"{path}: owned by user id {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}, not a private "
+                         "file of yours; refusing to unpickle it (a results folder is trusted like code)")

@@ -1,0 +1,115 @@
+"""The Optuna study's storage, checked before anything is created, its errors made one line,
+and a study rebuilt from the result rows when it is gone or unreadable.
+
+The Parquet rows are the record of a sweep; the study is the search's memory of them. Losing
+the study must not force `--fresh` (which would throw the rows away too): every finished row is
+told to a new study, so the sampler knows them and nothing reruns.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sweeper.errors import SweepError
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+_URL_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
+
+
+def default_storage(root: Path) -> str:
+    return f"sqlite:///{(root / 'optuna.db').resolve()}"
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a `sqlite:///PATH` URL (None for other storages, or in-memory SQLite)."""
+    if not url.startswith("sqlite:///") or url in ("sqlite:///", "sqlite:///:memory:"):
+        return None
+    return Path(url.removeprefix("sqlite:///").split("?", 1)[0])
+
+
+def check_storage(url: str, *, field: str = "search.storage") -> None:
+    """A storage URL that is one, whose file (if any) is in an existing folder and is a database."""
+    if url.endswith(".journal") or url.startswith("journal:"):
+        path = Path(url.removeprefix("journal:"))
+        if not path.parent.is_dir():
+            raise SweepError(f"{field} {url!r}: folder {path.parent} does not exist")
+        return
+    scheme = url.split(":", 1)[0].split("+", 1)[0]
+    if "://" not in url or scheme not in _URL_SCHEMES:
+        raise SweepError(
+            f"{field} {url!r} is not an Optuna storage URL; use sqlite:///PATH, postgresql://..., "
+            "mysql://..., or a PATH.journal file"
+        )
+    db = sqlite_path(url)
+    if db is None:
+        return
+    if not db.parent.is_dir():
+        raise SweepError(f"{field} {url!r}: folder {db.parent} does not exist")
+    if db.exists() and not is_sqlite(db):
+        raise SweepError(corrupt_message(db))
+
+
+def is_sqlite(path: Path) -> bool:
+    """An empty file (SQLite creates it so) or one that starts with SQLite's header."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(SQLITE_MAGIC))
+    except OSError:
+        return False
+    return head in (b"", SQLITE_MAGIC)
+
+
+def corrupt_message(path: Path) -> str:
+    return (f"the Optuna study {path} is not a readable SQLite database; the results in trials/ are intact. "
+            "Run `sweep run ... --rebuild-study` to set it aside and rebuild the study from trials/")
+
+
+def set_aside(path: Path) -> Path:
+    """`--rebuild-study`: move an unreadable study file away (kept for inspection), never delete it."""
+    aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+    path.replace(aside)
+    for extra in ("-journal", "-wal", "-shm"):
+        path.with_name(path.name + extra).unlink(missing_ok=True)
+    return aside
+
+
+@contextmanager
+def storage_errors(storage: str) -> Iterator[None]:
+    """A database or file-system error of the study (full disk, corrupt file, lost server) as one SweepError."""
+    import sqlalchemy.exc
+    from optuna.exceptions import StorageInternalError
+
+    try:
+        yield
+    except (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, StorageInternalError) as e:
+        cause = e.__cause__ if isinstance(e, StorageInternalError) and e.__cause__ else e
+        detail = " ".join(str(getattr(cause, "orig", None) or cause).split())[:200]
+        path = sqlite_path(storage)
+        hint = (corrupt_message(path) if path is not None and "not a database" in detail
+                else "the results already written are intact; fix the storage and run `sweep run` again")
+        raise SweepError(f"the Optuna study ({storage}) failed: {detail}; {hint}") from None
+
+
+def rebuild(study: Any, space: Mapping[str, Sequence[Any]], searched: Sequence[str],
+            rows: Sequence[Mapping[str, Any]], objective: Any) -> int:
+    """Tell a study that has no trials every finished row (as COMPLETE trials with their objective);
+    returns how many were added. `objective(row)` is what the search told for that row."""
+    import optuna
+    from optuna.distributions import BaseDistribution, CategoricalDistribution
+
+    dists: dict[str, BaseDistribution] = {k: CategoricalDistribution(list(space[k])) for k in searched}
+    trials = []
+    for r in rows:
+        if any(r.get(k) not in space[k] for k in searched):
+            continue  # a row outside the current space cannot be told; it stays in the dataset
+        trials.append(optuna.trial.create_trial(
+            params={k: r[k] for k in searched}, distributions=dists, value=float(objective(r)),
+            user_attrs={"kind": "rebuilt", "trial_number": int(r["trial_number"])},
+        ))
+    study.add_trials(trials)
+    return len(trials)
