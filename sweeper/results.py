@@ -45,6 +45,7 @@ SCHEMA = pa.schema(
         pa.field("pred_mem_gib", pa.float64()),
         pa.field("peak_mem_gib", pa.float64()),
         pa.field("peak_mem_reserved_gib", pa.float64()),
+        pa.field("peak_mem_steady_gib", pa.float64()),
         pa.field("error", pa.string()),
         pa.field("job_id", pa.string()),
         pa.field("nodelist", pa.string()),
@@ -56,6 +57,9 @@ SCHEMA = pa.schema(
         pa.field("started_at", pa.timestamp("us", tz="UTC")),
         pa.field("finished_at", pa.timestamp("us", tz="UTC")),
         pa.field("torch_version", pa.string()),
+        pa.field("cuda_version", pa.string()),
+        pa.field("nccl_version", pa.string()),
+        pa.field("gpu_name", pa.string()),
         pa.field("python_version", pa.string()),
         pa.field("sweep_version", pa.string()),
     ]

@@ -121,7 +121,7 @@ def run_sweep(sweep, *, fresh: bool, yes: bool, top: int) -> None:  # noqa: ANN0
         finally:
             signal.signal(signal.SIGINT, previous)
             progress.stop()
-        for w in run.store.warnings:
+        for w in [*run.store.warnings, *run.warnings]:
             err.print(f"[yellow]warning:[/] {w}")
         if run.running:
             err.print(
@@ -129,6 +129,8 @@ def run_sweep(sweep, *, fresh: bool, yes: bool, top: int) -> None:  # noqa: ANN0
                 f"({', '.join(i.handle.job_id for i in run.running.values())}); "
                 f"`sweep run` again re-attaches to them[/]"
             )
+    if run.fatal:
+        raise SweepError(f"{sweep.name}: stopped after one trial, this machine cannot run the sweep: {run.fatal}")
     print_best(ResultsStore(root).rows(), top=top, title=f"{sweep.name}: best layouts")
 
 
