@@ -42,6 +42,7 @@ def _register() -> None:
     app.command("report", help=report_cmd.__doc__)(report_cmd.report)
     app.command("compare", help=compare_cmd.__doc__)(compare_cmd.compare)
     app.command("compare", help=compare_cmd.__doc__)(compare_cmd.compare)
+    from sweeper.cli import selftest as selftest_cmd; app.command("selftest", help=selftest_cmd.__doc__)(selftest_cmd.selftest)  # noqa: E702
 
 
 _register()
