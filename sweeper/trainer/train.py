@@ -212,7 +212,7 @@ def build_trainer(
             raise kernels.KernelUnavailable("float8 with tensor parallelism needs torchao's float8 TP plans, which the built-in trainer does not wire")
     attend = kernels.attention_kernel(
         layout.attention, heads=shape.heads // tp, kv_heads=shape.kv_heads // tp, head_dim=shape.head_dim,
-        seq_len=seq_len, dtype=dtype, device=device,
+        seq_len=seq_len, dtype=dtype, device=device, batch=layout.micro_batch_size,
     )
     model = build_model(shape, seq_len, attend=attend, norm_fn=kernels.rmsnorm_kernel(layout.rmsnorm))
     grad_accum = global_batch_size // (layout.micro_batch_size * dp)
