@@ -165,6 +165,11 @@ else
 SlurmdPidFile=$RUN/slurmd-%n.pid
 SlurmdLogFile=$LOG/slurmd-%n.log"
   NODE_SET="$H[1-$NODES]"
+  # the node names must resolve (submitit's MASTER_ADDR is the job's first node name); marked
+  # so that stop.sh --purge removes exactly these lines
+  for n in "${NODE_NAMES[@]}"; do
+    getent hosts "$n" >/dev/null || { echo "127.0.0.1 $n # sweep-slurm-node" >>/etc/hosts; say "added '127.0.0.1 $n' to /etc/hosts"; }
+  done
 fi
 
 # ------------------------------------------------------------------ 2. munge (authentication)

@@ -115,6 +115,11 @@ if [ "$PURGE" = 1 ]; then
     # put back what SLURM_FORCE=1 replaced
     [ -f "$f.before-sweep" ] && [ ! -e "$f" ] && mv "$f.before-sweep" "$f" && say "restored $f"
   done
+  # the node names start.sh added for a multi-node cluster
+  if grep -q ' # sweep-slurm-node$' /etc/hosts 2>/dev/null; then
+    grep -v ' # sweep-slurm-node$' /etc/hosts >/etc/hosts.sweep-tmp && cat /etc/hosts.sweep-tmp >/etc/hosts
+    rm -f /etc/hosts.sweep-tmp
+  fi
   say "purged $BASE (state, accounting database, logs) and the generated /etc/slurm configs"
 fi
 exit 0
