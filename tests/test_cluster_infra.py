@@ -198,3 +198,21 @@ def test_selftest_on_cpu_reports_what_a_cpu_lacks(tmp_path: Path) -> None:
     for layout in ("TP on 2", "PP on 2", "FSDP on 2", "DDP on 2"):  # run for real over gloo
         line = next(ln for ln in out.splitlines() if layout in ln)
         assert "pass" in line and "tokens/s" in line and "estimate" in line, line
+
+
+@pytest.mark.parametrize(("detected", "warned"), [("NVIDIA A100-SXM4-40GB", True), ("NVIDIA H100 80GB HBM3", False)])
+def test_sweep_run_warns_when_the_gpu_found_is_not_the_sweep_files(tmp_path: Path, detected: str, warned: bool) -> None:
+    # a replayed sweep whose rows were measured on `detected`; the sweep file says h100-sxm
+    table = tmp_path / "rows.csv"
+    pd.DataFrame([{"tp": t, "status": "ok", "mfu": 0.3 + 0.1 * t, "gpu_name": detected} for t in (1, 2)]).to_csv(table, index=False)
+    spec = {"name": "gpuname", "model": "llama-7b", "seq_len": 2048, "global_batch_size": 512,
+            "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "h100-sxm"}, "space": {"tp": [1, 2]},
+            "search": {"max_trials": 2, "parallel": 1}, "launcher": {"kind": "replay", "table": str(table)},
+            "results_dir": str(tmp_path / "results")}
+    path = tmp_path / "gpuname.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    r = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path)], capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path, env={**__import__("os").environ, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert ("is not the sweep file's 'h100-sxm'" in r.stderr) is warned, r.stderr[-2000:]
+    assert (pd.read_parquet(tmp_path / "results" / "gpuname" / "trials").gpu_name == detected).all()

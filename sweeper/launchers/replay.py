@@ -18,7 +18,7 @@ from sweeper.knobs import KNOBS
 from sweeper.launchers.base import Handle, Launcher, Outcome, TrialJob, failure
 from sweeper.spec import Sweep
 
-VALUE_COLUMNS = ("mfu", "step_time_mean_s", "step_times_s", "peak_mem_gib", "tflops_per_gpu", "tokens_per_s", "error")
+VALUE_COLUMNS = ("mfu", "step_time_mean_s", "step_times_s", "peak_mem_gib", "tflops_per_gpu", "tokens_per_s", "error", "gpu_name")
 
 
 def load_table(path: Path) -> list[dict[str, Any]]:
