@@ -119,3 +119,22 @@ def test_oom_on_slurm_is_an_oom_row(slurm_cluster, tmp_path):
     row = df.iloc[0]
     assert row.status == "oom" and "rank 1" in row.error and "out of memory" in row.error, row.error
     assert row.launcher == "slurm" and row.nodelist in slurm_cluster.nodes and row.attempt == 1
+
+
+def test_job_still_running_after_its_result_is_cancelled(slurm_cluster, tmp_path):
+    # rank 1 hangs after the outcome is written (as a task stuck in NCCL teardown would):
+    # the job is cancelled RESULT_GRACE_S after the result, long before its 5-minute limit
+    from sweeper.launchers.slurm import RESULT_GRACE_S
+
+    spec = spec_file(tmp_path, "linger")
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(spec)], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=400, env={**os.environ, "SWEEP_FAULT": "linger:1:0"})
+    elapsed = time.monotonic() - start
+    assert r.returncode == 0, r.stderr[-3000:]
+    row = rows(tmp_path / "results" / "linger").iloc[0]
+    assert row.status == "ok", row.error
+    assert RESULT_GRACE_S <= elapsed < 240, elapsed
+    state = subprocess.run(["sacct", "-n", "-X", "-P", "-j", row.job_id, "-o", "State"], capture_output=True,
+                           text=True, check=True).stdout.split()
+    assert state and state[0].startswith("CANCELLED"), state

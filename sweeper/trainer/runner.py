@@ -32,8 +32,9 @@ from sweeper.trainer.outcome import Agreement, Failure, Watcher, classify
 from sweeper.trainer.train import Trainer, build_trainer, reduce_losses
 from sweeper.trial import FAILED, NO_ACCELERATOR, TrialResult, summarize, without_run
 
-FAULT_ENV = "SWEEP_FAULT"  # "KIND:RANK:STEP[,...]" (oom, error, hang, exit): make ranks fail, for tests
-FAULT_KINDS = ("oom", "error", "hang", "exit")
+FAULT_ENV = "SWEEP_FAULT"  # "KIND:RANK:STEP[,...]" (oom, error, hang, exit, linger): make ranks fail, for tests
+# linger: the rank hangs after the trial's outcome is written (like a task stuck in NCCL teardown)
+FAULT_KINDS = ("oom", "error", "hang", "exit", "linger")
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class Fault:
         return faults
 
     def fire(self, rank: int, step: int) -> None:
-        if (rank, step) != (self.rank, self.step):
+        if (rank, step) != (self.rank, self.step) or self.kind == "linger":
             return
         if self.kind == "oom":
             raise torch.OutOfMemoryError(f"injected by {FAULT_ENV}: out of memory at step {step}")
@@ -207,6 +208,8 @@ def run_trial(sweep: Sweep, layout: Layout, *, out_dir: Path | None = None) -> T
     finally:
         watcher.stop()
     outputs.write(result)
+    if any(f.kind == "linger" and f.rank == env.rank for f in Fault.from_env()):
+        time.sleep(10**6)
     # Leave the process group (bounded in time), then tell rank 0 this rank has its outcome.
     _teardown()
     try:
