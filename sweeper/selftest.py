@@ -85,7 +85,11 @@ def environment_checks() -> tuple[list[Check], Any, GPU | None]:
     """CUDA, the GPU and NCCL; returns the rows, the device to probe on, and the card's table entry."""
     import torch
 
-    from sweeper.trainer.env import cuda_unusable_reason, prepare_process_environment, runtime_versions
+    from sweeper.trainer.env import (
+        cuda_unusable_reason,
+        prepare_process_environment,
+        runtime_versions,
+    )
 
     prepare_process_environment()
     rows = [Check("environment", "torch", Verdict.PASS, f"torch {torch.__version__}", relied=False)]
@@ -194,12 +198,12 @@ launcher: local
 
 def layout_checks(gpu: GPU | None, gpus: int, *, cuda: bool, workdir: Path) -> list[Check]:
     """Each of TP, PP, FSDP, DDP for real on `gpus` local processes; estimate against measured peak."""
+    import torch
+
     from sweeper.layout import Layout
     from sweeper.plan import make_plan
     from sweeper.spec import parse_sweep
     from sweeper.trainer.launch import launch_trial
-
-    import torch
 
     memory = torch.cuda.get_device_properties(0).total_memory / 1024**3 if cuda else 4.0
     sweep = parse_sweep(selftest_sweep_text(gpu, gpus, cuda=cuda, memory_gib=memory), source="<selftest>")

@@ -68,7 +68,7 @@ def test_node_failure_is_retried_without_the_failed_node(slurm_cluster, tmp_path
     node = first["node"]
     try:
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=sweep-test"], check=True)
-        out, err = proc.communicate(timeout=400)
+        _, err = proc.communicate(timeout=400)
     finally:
         # ReturnToService=2 brings it back when its slurmd registers; make sure of it
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -125,7 +126,7 @@ def set_matmul_precision(precision: str) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
-def runtime_versions(device: torch.device) -> dict[str, str | None]:
+def runtime_versions(device: torch.device) -> dict[str, Any]:
     """torch, CUDA and NCCL versions and the GPU's name, for the result row."""
     nccl = None
     if device.type == "cuda":

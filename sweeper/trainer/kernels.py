@@ -170,7 +170,7 @@ def attention_kernel(
         try:
             _probe(fn, **shape)
             return fn
-        except Exception as e:  # noqa: BLE001 - any failure of the probe is the kernel's, except memory
+        except Exception as e:  # any failure of the probe is the kernel's, except memory
             if _is_oom(e):
                 raise torch.OutOfMemoryError(
                     f"attention={name} probe at micro-batch {batch}, {heads} heads, seq {seq_len}: {' '.join(str(e).split())[:300]}"
