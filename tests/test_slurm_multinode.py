@@ -89,6 +89,7 @@ def test_node_failure_is_retried_without_the_failed_node(slurm_cluster, tmp_path
 def test_reattach_after_sweep_run_is_killed_while_the_job_runs(slurm_cluster, tmp_path):
     spec = spec_file(tmp_path, "reattach", steps=30)
     results = tmp_path / "results" / "reattach"
+    since = time.strftime("%Y-%m-%dT%H:%M:%S")  # sacct keeps jobs of earlier sessions of a kept cluster
     proc = start_run(spec, tmp_path)
     first = running_job(results, proc)
     proc.send_signal(signal.SIGKILL)  # no cleanup at all: the job keeps running under SLURM
@@ -102,7 +103,7 @@ def test_reattach_after_sweep_run_is_killed_while_the_job_runs(slurm_cluster, tm
     assert len(df) == 1 and df.status.iloc[0] == "ok", df[["status", "error"]].to_string()
     assert df.job_id.iloc[0] == first["job_id"] and df.attempt.iloc[0] == 1  # the same job, not a rerun
     assert not list((results / "inflight").iterdir())
-    jobs = subprocess.run(["sacct", "-n", "-X", "-P", "--name", "sweep-reattach-0", "-o", "JobID"],
+    jobs = subprocess.run(["sacct", "-n", "-X", "-P", "-S", since, "--name", "sweep-reattach-0", "-o", "JobID"],
                           capture_output=True, text=True, check=True).stdout.split()
     assert jobs == [first["job_id"]], jobs
 
