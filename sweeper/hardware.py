@@ -67,3 +67,26 @@ def lookup_gpu(name: str) -> GPU | None:
     """The table entry for a GPU name (case-insensitive, a few common aliases), or None."""
     key = name.strip().lower().replace("_", "-")
     return GPUS.get(GPU_ALIASES.get(key, key))
+
+
+def gpu_matches(gpu: GPU, detected: str) -> bool:
+    """Whether the driver's name of a card (e.g. "NVIDIA A100-SXM4-80GB") is the table's `gpu`.
+
+    The family (a100, h100, mi300x...) must appear, and the memory size or the PCIe form where the
+    table's name states one: an A100 40GB or an H100 PCIe has another MFU denominator.
+    """
+    words = "".join(c if c.isalnum() else " " for c in detected.lower()).split()
+    text = " ".join(words)
+    family, *rest = gpu.name.split("-")
+    if gpu.name == "cpu":
+        return not detected or detected == "cpu"
+    if family not in words and family not in text.replace(" ", ""):
+        return False
+    for part in rest:
+        if part.endswith("gb") and any(w.endswith("gb") for w in words) and part not in words:
+            return False
+        if part == "pcie" and "pcie" not in words:
+            return False
+        if part == "sxm" and "pcie" in words:
+            return False
+    return True

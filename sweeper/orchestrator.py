@@ -70,6 +70,8 @@ class SweepRun:
     stop_requested: bool = False
     identity: str = ""  # sweeper.identity.sweep_identity, written into every row
     notes: list[str] = field(default_factory=list)  # what the run did that the user should know
+    fatal: str | None = None  # why the sweep stopped on its own (this machine cannot run any trial)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def budget(self) -> int:
@@ -316,6 +318,7 @@ def step(run: SweepRun, progress: Progress | None = None) -> bool:
             _resubmit(run, item.record, err[0] if err else "infrastructure failure")
             continue
         row = _record(run, item.record, outcome)
+        _check_environment(run, row)
         if progress:
             progress.finished(run, row)
     if progress:
@@ -324,6 +327,20 @@ def step(run: SweepRun, progress: Progress | None = None) -> bool:
         not run.stop_requested and run.launched < run.budget and run.search.remaining() > 0
         and not run.search.should_stop()
     )
+
+
+def _check_environment(run: SweepRun, row: dict[str, Any]) -> None:
+    """Stop on a trial that found no usable GPU; warn once when the GPU found is not the sweep file's."""
+    from sweeper.hardware import gpu_matches
+    from sweeper.trial import stops_sweep
+
+    if stops_sweep(row):
+        run.stop_requested = True
+        run.fatal = f"trial {row['trial_number']}: {row['error']}"
+    name, gpu = row.get("gpu_name"), run.sweep.cluster.gpu
+    if name and not gpu_matches(gpu, name) and not any("detected GPU" in w for w in run.warnings):
+        run.warnings.append(f"detected GPU {name!r} is not the sweep file's {gpu.name!r}: MFU is computed "
+                            f"against {gpu.name}'s peak; fix cluster.gpu if that is wrong")
 
 
 def run_loop(run: SweepRun, *, progress: Progress | None = None, poll_s: float | None = None) -> None:

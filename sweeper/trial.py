@@ -23,6 +23,14 @@ OK, OOM, KERNEL_UNAVAILABLE, TIMEOUT, FAILED = (
     TrialStatus.OK, TrialStatus.OOM, TrialStatus.KERNEL_UNAVAILABLE, TrialStatus.TIMEOUT, TrialStatus.FAILED,
 )
 STATUSES: tuple[str, ...] = tuple(TrialStatus)
+# The error of a trial of a GPU sweep that found no usable GPU: every later trial would fail
+# the same way, so the sweep stops after it (see `stops_sweep`).
+NO_ACCELERATOR = "no usable GPU"
+
+
+def stops_sweep(row: dict[str, Any]) -> bool:
+    """A result that says the machine, not the layout, is broken: running more trials is pointless."""
+    return row.get("status") == FAILED and str(row.get("error") or "").startswith(NO_ACCELERATOR)
 
 
 @dataclass
@@ -61,9 +69,13 @@ class TrialResult:
     startup_s: float | None = None  # process start to the first step, slowest rank
     peak_mem_gib: float | None = None  # max over ranks; CUDA: max allocated; CPU: peak RSS growth
     peak_mem_reserved_gib: float | None = None  # CUDA max reserved; None on CPU
+    peak_mem_steady_gib: float | None = None  # like peak_mem_gib, from the end of the warm-up steps on
     error: str | None = None
     device: str | None = None
     torch_version: str | None = None
+    cuda_version: str | None = None  # torch's CUDA build (None: a CPU build)
+    nccl_version: str | None = None
+    gpu_name: str | None = None  # as the driver names it, e.g. "NVIDIA H100 80GB HBM3"
     python_version: str = field(default_factory=platform.python_version)
 
     def __post_init__(self) -> None:

@@ -1,4 +1,7 @@
-"""A real single-node SLURM cluster for end-to-end tests: the session fixture `slurm_cluster`.
+"""A real local SLURM cluster for end-to-end tests: the session fixture `slurm_cluster`.
+
+Three nodes by default (SWEEP_TEST_SLURM_NODES): three `slurmd -N NAME` daemons on this host,
+so that tests can spread trials over nodes and set one DOWN under a running job.
 
 Registered for the whole test suite by `pytest_plugins = ["tests.slurm_cluster"]` in
 tests/conftest.py. A test that asks for `slurm_cluster` (and should be marked
@@ -14,6 +17,7 @@ must run them), in which case they fail. A start that fails as root always fails
 
 Environment:
     SWEEP_TEST_SLURM_BASE   the cluster's SLURM_BASE (default /tmp/sweep-test-slurm)
+    SWEEP_TEST_SLURM_NODES  slurmd daemons / node names (default 3; 1: one node named after the host)
     SWEEP_TEST_SLURM_KEEP   1: leave the cluster running after the session (the next session
                             reuses it at once; stop it with SLURM_BASE=... scripts/slurm/stop.sh)
     SLURM_CPUS, ...         the knobs of scripts/slurm/start.sh are passed through
@@ -42,8 +46,9 @@ class SlurmCluster:
     """The running cluster, as SLURM itself reports it (`sinfo`), not as configured."""
 
     partition: str  # the partition's name (also the default partition): e.g. "debug"
-    node: str  # the one node's name (the short hostname)
-    cpus: int  # CPUs the node advertises (SLURM_CPUS, 4 by default)
+    nodes: tuple[str, ...]  # the node names, e.g. ("vm1", "vm2", "vm3"); ("vm",) for one node
+    host: str  # the machine they all run on (the short hostname)
+    cpus: int  # CPUs each node advertises (SLURM_CPUS, 4 by default)
     cluster_name: str  # ClusterName, as sacct knows it
     base: Path  # SLURM_BASE: state, logs, pid files, accounting database
     log_dir: Path  # slurmctld.log, slurmd.log, slurmdbd.log, mariadb.log
@@ -51,8 +56,7 @@ class SlurmCluster:
     def logs(self, lines: int = 30) -> str:
         """The last `lines` of each daemon's log, to put in a failing test's message."""
         out = []
-        for name in ("slurmctld.log", "slurmd.log", "slurmdbd.log"):
-            path = self.log_dir / name
+        for path in [self.log_dir / "slurmctld.log", *sorted(self.log_dir.glob("slurmd*.log"))]:
             if path.exists():
                 tail = path.read_text(errors="replace").splitlines()[-lines:]
                 out.append(f"==> {path} <==\n" + "\n".join(tail))
@@ -72,12 +76,13 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.Comp
 def _describe(env: dict[str, str]) -> SlurmCluster:
     base = Path(env["SLURM_BASE"])
     # one line per (node, partition): name|partition|CPUs
-    nodes = subprocess.run(
+    lines = subprocess.run(
         ["sinfo", "-h", "-N", "-o", "%N|%R|%c"], capture_output=True, text=True, check=True, timeout=30
     ).stdout.split()
-    if len(nodes) != 1:
-        raise RuntimeError(f"expected one node in one partition, sinfo says {nodes}")
-    node, partition, cpus = nodes[0].split("|")
+    rows = [line.split("|") for line in lines]
+    if not rows or len({(p, c) for _, p, c in rows}) != 1:
+        raise RuntimeError(f"expected nodes alike in one partition, sinfo says {lines}")
+    _, partition, cpus = rows[0]
     config = subprocess.run(
         ["scontrol", "show", "config"], capture_output=True, text=True, check=True, timeout=30
     ).stdout
@@ -88,7 +93,8 @@ def _describe(env: dict[str, str]) -> SlurmCluster:
     )
     return SlurmCluster(
         partition=partition,
-        node=node,
+        nodes=tuple(sorted(n for n, _, _ in rows)),
+        host=os.uname().nodename.split(".")[0],
         cpus=int(cpus),
         cluster_name=name,
         base=base,
@@ -114,6 +120,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     # A test machine may carry a slurm.conf from another local recipe: start.sh keeps it as
     # *.before-sweep and `stop.sh --purge` puts it back, so the tests may replace it.
     env.setdefault("SLURM_FORCE", "1")
+    env["SLURM_NODES"] = os.environ.get("SWEEP_TEST_SLURM_NODES", "3")
     keep = os.environ.get("SWEEP_TEST_SLURM_KEEP", "") == "1"
 
     try:

@@ -102,7 +102,7 @@ def test_two_task_job_round_trip(slurm_cluster: SlurmCluster, tmp_path: Path) ->
     assert [r["local_rank"] for r in results] == [0, 1]
     for r in results:
         assert (r["num_tasks"], r["num_nodes"], r["job_id"]) == (2, 1, job.job_id)
-        assert r["hostname"].split(".")[0] == slurm_cluster.node
+        assert r["hostname"].split(".")[0] == slurm_cluster.host  # every node's slurmd runs here
     assert results[0]["pid"] != results[1]["pid"]  # two processes, not one called twice
 
     # the accounting record (what submitit reads) ends COMPLETED, with 2 CPUs on our partition.
@@ -110,10 +110,11 @@ def test_two_task_job_round_trip(slurm_cluster: SlurmCluster, tmp_path: Path) ->
     # its Partition is filled in, so wait for the whole record.
     expected = {
         "State": "COMPLETED", "AllocCPUS": "2", "NNodes": "1",
-        "Partition": slurm_cluster.partition, "NodeList": slurm_cluster.node,
+        "Partition": slurm_cluster.partition,
     }
     fields = tuple(expected)
     _wait_until(f"{expected} in sacct", lambda: _sacct(job.job_id, *fields) == expected, 30, job)
+    assert _sacct(job.job_id, "NodeList")["NodeList"] in slurm_cluster.nodes
     assert job.watcher.get_state(job.job_id, mode="force") == "COMPLETED"
 
 

@@ -30,6 +30,10 @@
 #   SLURM_ACCOUNTING      1: slurmdbd + MariaDB so `sacct` works (default 1). submitit learns
 #                         that a job was cancelled, killed or timed out only from sacct:
 #                         without it such a job stays UNKNOWN and job.result() waits forever.
+#   SLURM_NODES           slurmd daemons, each a node of its own  (default 1). 1: one node
+#                         named after the host. N > 1: nodes HOST1..HOSTN, each `slurmd -N`
+#                         on its own port (6830+i), all on this host: a multi-node cluster
+#                         for tests (set a node DOWN under a job, spread a job over nodes).
 #   SLURM_CLUSTER         ClusterName                              (default sweep)
 #   SLURM_PARTITION_NAME  the (default) partition's name           (default debug). Not
 #                         SLURM_PARTITION: srun reads that one as its --partition.
@@ -46,6 +50,7 @@ starts daemons as root); run it with sudo, or skip the SLURM tests with: pytest 
 
 BASE=${SLURM_BASE:-/tmp/sweep-slurm}
 CPUS=${SLURM_CPUS:-4}
+NODES=${SLURM_NODES:-1}
 ACCT=${SLURM_ACCOUNTING:-1}
 CLUSTER=${SLURM_CLUSTER:-sweep}
 PARTITION=${SLURM_PARTITION_NAME:-debug}
@@ -55,6 +60,7 @@ FORCE=${SLURM_FORCE:-0}
 case "$BASE" in /*) ;; *) die "SLURM_BASE must be an absolute path, not '$BASE'" ;; esac
 BASE=${BASE%/}
 [[ "$CPUS" =~ ^[1-9][0-9]*$ ]] || die "SLURM_CPUS must be a positive integer, not '$CPUS'"
+[[ "$NODES" =~ ^[1-9][0-9]?$ ]] || die "SLURM_NODES must be 1 to 99, not '$NODES'"
 [[ "$DB_PORT" =~ ^[1-9][0-9]*$ ]] || die "SLURM_DB_PORT must be a port number, not '$DB_PORT'"
 [[ "$CLUSTER" =~ ^[a-z][a-z0-9_]*$ ]] || die "SLURM_CLUSTER must be lower-case letters, digits, _ (a DB table prefix)"
 RUN=$BASE/run LOG=$BASE/log STATE=$BASE/state DB=$BASE/db
@@ -89,7 +95,7 @@ for f in /etc/slurm/slurm.conf /etc/slurm/slurmdbd.conf; do
   [ -f "$f" ] || continue
   if head -1 "$f" | grep -qxF "$MARK"; then
     other=$(sed -n 's/^# SLURM_BASE=//p' "$f" | head -1)
-    if [ -n "$other" ] && [ "$other" != "$BASE" ] && { alive "$other/run/slurmctld.pid" slurmctld || alive "$other/run/slurmd.pid" slurmd; }; then
+    if [ -n "$other" ] && [ "$other" != "$BASE" ] && { alive "$other/run/slurmctld.pid" slurmctld || alive "$other/run/slurmd.pid" slurmd || compgen -G "$other/run/slurmd-*.pid" >/dev/null; }; then
       die "a cluster started with SLURM_BASE=$other is running; stop it first:
   SLURM_BASE=$other $(dirname "$0")/stop.sh"
     fi
@@ -137,6 +143,34 @@ fi
 # srun tells slurmd where to connect back by the short hostname: it must resolve
 H=$(hostname -s)
 getent hosts "$H" >/dev/null || { echo "127.0.0.1 $H" >>/etc/hosts; say "added '127.0.0.1 $H' to /etc/hosts"; }
+# The nodes: NAME PORT PIDFILE per node. One node keeps the plain layout (slurmd.pid, port 6818).
+if [ "$NODES" = 1 ]; then
+  NODE_NAMES=("$H"); NODE_PORTS=(6818); NODE_PIDS=("$RUN/slurmd.pid")
+  NODE_CONF="NodeName=$H NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=\$MEM State=UNKNOWN"
+  SLURMD_FILES="SlurmdSpoolDir=$STATE/d
+SlurmdPidFile=$RUN/slurmd.pid
+SlurmdLogFile=$LOG/slurmd.log"
+  NODE_SET=$H
+else
+  NODE_NAMES=() NODE_PORTS=() NODE_PIDS=() NODE_CONF=""
+  for i in $(seq "$NODES"); do
+    NODE_NAMES+=("$H$i"); NODE_PORTS+=($((6830 + i))); NODE_PIDS+=("$RUN/slurmd-$H$i.pid")
+    NODE_CONF+="NodeName=$H$i NodeHostname=$H NodeAddr=127.0.0.1 Port=$((6830 + i)) CPUs=$CPUS RealMemory=\$MEM State=UNKNOWN
+"
+    mkdir -p "$STATE/d/$H$i"
+  done
+  NODE_CONF=${NODE_CONF%$'\n'}
+  # %n: each slurmd (-N name) has its own spool, pid file and log
+  SLURMD_FILES="SlurmdSpoolDir=$STATE/d/%n
+SlurmdPidFile=$RUN/slurmd-%n.pid
+SlurmdLogFile=$LOG/slurmd-%n.log"
+  NODE_SET="$H[1-$NODES]"
+  # the node names must resolve (submitit's MASTER_ADDR is the job's first node name); marked
+  # so that stop.sh --purge removes exactly these lines
+  for n in "${NODE_NAMES[@]}"; do
+    getent hosts "$n" >/dev/null || { echo "127.0.0.1 $n # sweep-slurm-node" >>/etc/hosts; say "added '127.0.0.1 $n' to /etc/hosts"; }
+  done
+fi
 
 # ------------------------------------------------------------------ 2. munge (authentication)
 if [ ! -s /etc/munge/munge.key ]; then   # the Debian package makes one; keep it if present
@@ -195,15 +229,13 @@ MailProg=/bin/true
 # trust the CPUs below over the hardware, to advertise more CPUs than there are cores
 SlurmdParameters=config_overrides
 StateSaveLocation=$STATE/ctld
-SlurmdSpoolDir=$STATE/d
 SlurmctldPidFile=$RUN/slurmctld.pid
-SlurmdPidFile=$RUN/slurmd.pid
 SlurmctldLogFile=$LOG/slurmctld.log
-SlurmdLogFile=$LOG/slurmd.log
+$SLURMD_FILES
 SlurmctldDebug=info
 SlurmdDebug=info
-NodeName=$H NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM State=UNKNOWN
-PartitionName=$PARTITION Nodes=$H Default=YES MaxTime=INFINITE State=UP
+${NODE_CONF//\$MEM/$MEM}
+PartitionName=$PARTITION Nodes=$NODE_SET Default=YES MaxTime=INFINITE State=UP
 EOF
 mkdir -p /etc/slurm
 CONF_CHANGED=0 STARTED=0
@@ -289,8 +321,9 @@ fi
 
 # ------------------------------------------------------------------ 5. slurmctld + slurmd
 if [ "$CONF_CHANGED" = 1 ]; then   # restart running daemons so they read the new config
-  for d in slurmd slurmctld; do
-    alive "$RUN/$d.pid" "$d" && { stop_pid "$RUN/$d.pid" "$d"; say "stopped $d (config changed)"; }
+  for f in "$RUN/slurmd.pid" "$RUN"/slurmd-*.pid "$RUN/slurmctld.pid"; do
+    d=$(basename "$f" .pid)
+    alive "$f" "${d%%-*}" && { stop_pid "$f" "${d%%-*}"; say "stopped $d (config changed)"; }
   done
 fi
 if alive "$RUN/slurmctld.pid" slurmctld; then say "slurmctld already running"; else
@@ -300,27 +333,33 @@ if alive "$RUN/slurmctld.pid" slurmctld; then say "slurmctld already running"; e
   wait_for "slurmctld on port 6817" port_open 6817
   say "slurmctld started (pid $(cat "$RUN/slurmctld.pid"))"
 fi
-if alive "$RUN/slurmd.pid" slurmd; then say "slurmd already running"; else
-  port_open 6818 && die "port 6818 (slurmd) is taken by a process this script did not start"
-  /usr/sbin/slurmd
+for i in "${!NODE_NAMES[@]}"; do
+  n=${NODE_NAMES[$i]} port=${NODE_PORTS[$i]} pid=${NODE_PIDS[$i]}
+  if alive "$pid" slurmd; then say "slurmd $n already running"; continue; fi
+  port_open "$port" && die "port $port (slurmd $n) is taken by a process this script did not start"
+  if [ "$NODES" = 1 ]; then /usr/sbin/slurmd; else /usr/sbin/slurmd -N "$n"; fi
   STARTED=1
-  wait_for "slurmd on port 6818" port_open 6818
-  say "slurmd started (pid $(cat "$RUN/slurmd.pid"))"
-fi
+  wait_for "slurmd $n on port $port" port_open "$port"
+  wait_for "slurmd $n pid file" alive "$pid" slurmd
+  say "slurmd $n started (pid $(cat "$pid"), port $port)"
+done
 
 # ------------------------------------------------------------------ 6. wait for an idle node
 node_ready() {
-  local s; s=$(sinfo -h -n "$H" -o '%T' 2>/dev/null || true)
-  case "$s" in
-    idle|mixed|allocated|completing) return 0 ;;
-    drain*|down*|fail*) scontrol update NodeName="$H" State=RESUME >/dev/null 2>&1 || true ;;  # left from an earlier run
-  esac
-  return 1
+  local n s
+  for n in "${NODE_NAMES[@]}"; do
+    s=$(sinfo -h -n "$n" -o '%T' 2>/dev/null || true)
+    case "$s" in
+      idle|mixed|allocated|completing) ;;
+      drain*|down*|fail*) scontrol update NodeName="$n" State=RESUME >/dev/null 2>&1 || true; return 1 ;;  # left from an earlier run
+      *) return 1 ;;
+    esac
+  done
 }
 if ! node_ready; then
   for _ in $(seq $(( WAIT_S * 5 ))); do node_ready && break; sleep 0.2; done
-  node_ready || { scontrol show node "$H" >&2 || true; tail -n 20 "$LOG/slurmctld.log" "$LOG/slurmd.log" >&2 || true
-                  die "node $H did not become idle in ${WAIT_S}s"; }
+  node_ready || { scontrol show node >&2 || true; tail -n 20 "$LOG/slurmctld.log" "$LOG"/slurmd*.log >&2 || true
+                  die "nodes ${NODE_NAMES[*]} did not become idle in ${WAIT_S}s"; }
 fi
 # A daemon was (re)started: prove that the cluster runs a job end to end (sbatch, a step with
 # srun, munge, and with accounting: the job's final record in sacct) before saying ready.
@@ -343,13 +382,13 @@ if [ "$STARTED" = 1 ]; then
     case "$st" in
       "$done_ok") break ;;
       FAILED*|CANCELLED*|TIMEOUT*|NODE_FAIL*|OUT_OF_ME*|BOOT_FAIL*|DEADLINE*)
-        tail -n 20 "$LOG/slurmctld.log" "$LOG/slurmd.log" >&2
+        tail -n 20 "$LOG/slurmctld.log" "$LOG"/slurmd*.log >&2
         die "the trivial job $probe (sbatch --wrap 'srun true') ended $st" ;;
     esac
     sleep 0.1
   done
-  [ "$st" = "$done_ok" ] || { tail -n 20 "$LOG/slurmctld.log" "$LOG/slurmd.log" >&2
+  [ "$st" = "$done_ok" ] || { tail -n 20 "$LOG/slurmctld.log" "$LOG"/slurmd*.log >&2
                              die "the trivial job $probe did not complete in ${WAIT_S}s (state '$st')"; }
   say "job $probe (sbatch + srun) ran"
 fi
-say "ready: cluster $CLUSTER, partition $PARTITION, node $H, $CPUS CPUs ($(sinfo -h -n "$H" -o '%T'))"
+say "ready: cluster $CLUSTER, partition $PARTITION, nodes $NODE_SET, $CPUS CPUs each ($(sinfo -h -n "$NODE_SET" -o '%T' | sort -u | tr '\n' ' '))"

@@ -39,7 +39,7 @@ alive() { local p; p=$(cat "$1" 2>/dev/null) || return 1; [ -n "$p" ] && [ -r "/
 stop() {
   local name p pids=() names=()
   for name in "$@"; do
-    if alive "$RUN/$name.pid" "$name"; then
+    if alive "$RUN/$name.pid" "${name%%-*}"; then
       p=$(cat "$RUN/$name.pid"); kill -TERM "$p" 2>/dev/null; pids+=("$p"); names+=("$name")
     fi
     rm -f "$RUN/$name.pid"
@@ -94,10 +94,12 @@ fi
 # 2. the daemons. Each takes ~2 s to exit on SIGTERM. In dependency order (slurmctld flushes
 #    job records to slurmdbd, which writes them to MariaDB; all of them need munged), except
 #    with --purge, where nothing is kept and all go at once.
+# every slurmd: one (slurmd.pid), or one per node name of a multi-node cluster (slurmd-NAME.pid)
+SLURMDS=(slurmd); for f in "$RUN"/slurmd-*.pid; do [ -e "$f" ] && SLURMDS+=("$(basename "$f" .pid)"); done
 if [ "$PURGE" = 1 ]; then
-  stop slurmd slurmctld slurmdbd mariadbd munged
+  stop "${SLURMDS[@]}" slurmctld slurmdbd mariadbd munged
 else
-  stop slurmd slurmctld
+  stop "${SLURMDS[@]}" slurmctld
 fi
 kill_leftover_steps
 stop slurmdbd
@@ -113,6 +115,11 @@ if [ "$PURGE" = 1 ]; then
     # put back what SLURM_FORCE=1 replaced
     [ -f "$f.before-sweep" ] && [ ! -e "$f" ] && mv "$f.before-sweep" "$f" && say "restored $f"
   done
+  # the node names start.sh added for a multi-node cluster
+  if grep -q ' # sweep-slurm-node$' /etc/hosts 2>/dev/null; then
+    grep -v ' # sweep-slurm-node$' /etc/hosts >/etc/hosts.sweep-tmp && cat /etc/hosts.sweep-tmp >/etc/hosts
+    rm -f /etc/hosts.sweep-tmp
+  fi
   say "purged $BASE (state, accounting database, logs) and the generated /etc/slurm configs"
 fi
 exit 0

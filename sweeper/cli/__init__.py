@@ -49,6 +49,7 @@ def _register() -> None:
     from sweeper.cli import compare as compare_cmd
     from sweeper.cli import report as report_cmd
     from sweeper.cli import run as run_cmd
+    from sweeper.cli import selftest as selftest_cmd
     from sweeper.cli import status as status_cmd
     from sweeper.cli import trial as trial_cmd
 
@@ -58,6 +59,7 @@ def _register() -> None:
     app.command("trial", help=trial_cmd.__doc__)(trial_cmd.trial)
     app.command("report", help=report_cmd.__doc__)(report_cmd.report)
     app.command("compare", help=compare_cmd.__doc__)(compare_cmd.compare)
+    app.command("selftest", help=selftest_cmd.__doc__)(selftest_cmd.selftest)
 
 
 _register()

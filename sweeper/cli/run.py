@@ -100,7 +100,7 @@ def run_live(sweep, *, fresh: bool, yes: bool, top: int, rebuild_study: bool = F
         progress.stop()
     for note in run.notes:
         err.print(f"[yellow]note:[/] {note}")
-    for w in run.store.warnings:
+    for w in [*run.store.warnings, *run.warnings]:
         err.print(f"[yellow]warning:[/] {w}")
     if run.running:
         err.print(
@@ -108,6 +108,8 @@ def run_live(sweep, *, fresh: bool, yes: bool, top: int, rebuild_study: bool = F
             f"({', '.join(i.handle.job_id for i in run.running.values())}); "
             f"`sweep run` again re-attaches to them[/]"
         )
+    if run.fatal:
+        raise SweepError(f"{sweep.name}: stopped after one trial, this machine cannot run the sweep: {run.fatal}")
     rows = run.rows  # this sweep's rows, earlier runs' included
     print_best(rows, top=top, title=f"{sweep.name}: best layouts")
     if not best_rows(rows, 1):  # scripts must not take a sweep of failures for a result

@@ -46,7 +46,8 @@ class SlurmProfile(_Profile):
     qos: SafeToken | None = None
     constraint: SafeToken | None = None
     exclusive: bool = False
-    cpus_per_task: int | None = Field(default=None, ge=1, le=1024)
+    cpus_per_task: int | None = Field(default=None, ge=1, le=1024, description=(
+        "default: the node's CPUs (sinfo) shared among its tasks, one per GPU; OMP_NUM_THREADS follows it"))
     mem_gb: float | None = Field(default=None, gt=0)
     setup: list[Annotated[str, StringConstraints(max_length=1000)]] = Field(
         default_factory=list, description="shell lines run before the trial (module loads, env)")

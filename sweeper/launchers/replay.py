@@ -20,7 +20,7 @@ from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
 from sweeper.trial import TrialResult
 
-VALUE_COLUMNS = ("mfu", "step_time_mean_s", "step_times_s", "peak_mem_gib", "tflops_per_gpu", "tokens_per_s", "error")
+VALUE_COLUMNS = ("mfu", "step_time_mean_s", "step_times_s", "peak_mem_gib", "tflops_per_gpu", "tokens_per_s", "error", "gpu_name")
 
 
 def load_table(path: Path) -> list[dict[str, Any]]:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,50 @@ from sweeper.trial import TrialResult
 
 # SLURM job states that say the job died around the trial, not because of it: retried once.
 INFRASTRUCTURE_STATES = ("NODE_FAIL", "BOOT_FAIL", "PREEMPTED", "REQUEUED", "LAUNCH_FAILED")
+# After rank 0 wrote the result, how long the job may take to end by itself (a task hung in NCCL
+# teardown) before it is cancelled: it must not hold the nodes until its time limit.
+RESULT_GRACE_S = 60.0
+# Variables of a distributed launch in the submitting shell (a login shell inside torchrun, an
+# salloc with a framework's exports) that sbatch would pass into the job, where they would
+# override what submitit derives from SLURM: every task would think it is that one rank.
+# CUDA_VISIBLE_DEVICES of the login node says nothing about the compute node's GPUs.
+INHERITED_LAUNCH_VARS = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+    "ROLE_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
+)
+INHERITED_LAUNCH_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_")
+
+
+@contextlib.contextmanager
+def clean_submit_environment(environ: dict[str, str] | None = None) -> Iterator[list[str]]:
+    """Hide inherited launch variables from sbatch (submitit runs it with this process's
+    environment) for the time of one submission; yields the names hidden."""
+    env = os.environ if environ is None else environ
+    hidden = {k: env[k] for k in list(env) if k in INHERITED_LAUNCH_VARS or k.startswith(INHERITED_LAUNCH_PREFIXES)}
+    for k in hidden:
+        del env[k]
+    try:
+        yield sorted(hidden)
+    finally:
+        env.update(hidden)
+
+
+def cpus_per_task_for(node_cpus: int | None, tasks_per_node: int) -> int | None:
+    """The node's cores shared evenly among its tasks (one task per GPU): the default cpus_per_task."""
+    if not node_cpus:
+        return None
+    return max(1, node_cpus // max(1, tasks_per_node))
+
+
+def node_cpus(partition: str | None) -> int | None:
+    """The fewest CPUs of a node in the partition (the default one when None), from sinfo."""
+    cmd = ["sinfo", "-h", "-o", "%c"] + (["-p", partition] if partition else [])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    counts = [int(v.rstrip("+")) for v in out.split() if v.rstrip("+").isdigit()]
+    return min(counts) if counts else None
 
 
 def slurm_trial(spec_path: str, layout: dict[str, Any], out_dir: str) -> dict[str, Any]:
@@ -53,18 +101,24 @@ class SlurmLauncher(Launcher):
         self.profile = profile
         self.sweep = sweep
         self.poll_s = profile.poll_s
+        # trial number -> the nodes (a SLURM host list, as sacct names them) of its attempt that
+        # died around it: the retry is submitted excluding them
+        self.failed_nodes: dict[int, str] = {}
+        self.result_grace_s = RESULT_GRACE_S
 
     def _executor(self, job: TrialJob) -> submitit.AutoExecutor:
         p, cluster = self.profile, self.sweep.cluster
         ex = submitit.AutoExecutor(folder=job.workdir / "slurm", cluster="slurm")
+        # one rank per GPU; an external trainer's command runs once per node and starts its ranks
+        tasks = cluster.gpus_per_node if self.sweep.workload.kind == "builtin" else 1
         params: dict[str, Any] = dict(
             nodes=cluster.nodes,
-            # one rank per GPU; an external trainer's command runs once per node and starts its ranks
-            tasks_per_node=cluster.gpus_per_node if self.sweep.workload.kind == "builtin" else 1,
+            tasks_per_node=tasks,
             timeout_min=max(1, math.ceil(self.sweep.trial.timeout_min)),  # the trial's limit is the job's
             name=f"sweep-{self.sweep.name}-{job.number}",
             slurm_signal_delay_s=0,  # no checkpoint/requeue: a time limit is a TIMEOUT, predictably
-            slurm_setup=list(p.setup),
+            # OpenMP threads: the task's own cores, not every core of the node per rank
+            slurm_setup=["export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}", *p.setup],
             slurm_srun_args=list(p.srun_args),
             # SLURM would requeue a job whose node fails under the same id, unseen; the sweep keeps
             # its own count instead (NODE_FAIL -> one retry), so the job must not requeue itself
@@ -72,8 +126,11 @@ class SlurmLauncher(Launcher):
         )
         if cluster.gpu.name != "cpu":
             params["gpus_per_node"] = cluster.gpus_per_node
-        if p.cpus_per_task:
-            params["cpus_per_task"] = p.cpus_per_task
+        cpus = p.cpus_per_task or cpus_per_task_for(node_cpus(p.partition), tasks)
+        if cpus:
+            params["cpus_per_task"] = cpus
+        if job.attempt > 1 and job.number in self.failed_nodes:
+            params["slurm_exclude"] = self.failed_nodes[job.number]
         if p.mem_gb:
             params["mem_gb"] = p.mem_gb
         for key in ("partition", "account", "qos", "constraint"):
@@ -86,17 +143,25 @@ class SlurmLauncher(Launcher):
 
     def submit(self, job: TrialJob) -> Handle:
         job.workdir.mkdir(parents=True, exist_ok=True)
-        sj = self._executor(job).submit(slurm_trial, str(job.spec_path), job.layout.as_dict(), str(job.workdir))
+        executor = self._executor(job)
+        with clean_submit_environment():
+            sj = executor.submit(slurm_trial, str(job.spec_path), job.layout.as_dict(), str(job.workdir))
         return Handle(str(sj.job_id), job, sj)
 
     def poll(self, handle: Handle) -> JobOutcome | None:
         sj: submitit.Job = handle.native
+        job = handle.job
+        written = read_result(job.workdir / "result.json")
         # submitit's own sacct polling backs off to minutes; the loop already paces itself
         if not sj.done(force_check=True):
-            return None
-        job, node = handle.job, _nodelist(sj)
+            if written is None:
+                return None
+            seen = handle.info.setdefault("result_seen", time.monotonic())
+            if time.monotonic() - seen < self.result_grace_s:
+                return None
+            sj.cancel(check=False)  # the result is in; a task is stuck (e.g. in NCCL teardown)
+        node = _nodelist(sj)
         log = str(sj.paths.stderr) if sj.paths else None
-        written = read_result(job.workdir / "result.json")
         if written is not None:  # rank 0 writes it even when a stuck peer made a task exit early
             return JobOutcome(TrialResult.from_dict(written), handle.job_id, node, log)
         state = (sj.state or "UNKNOWN").upper()
@@ -127,9 +192,13 @@ class SlurmLauncher(Launcher):
         reason = f"SLURM job {handle.job_id} ended {state} without a result"
         if state.startswith("CANCELLED"):
             reason = f"SLURM job {handle.job_id} was cancelled ({state})"
+        infrastructure = state.startswith(INFRASTRUCTURE_STATES)
+        if infrastructure and node:
+            self.failed_nodes[handle.job.number] = node
+            reason += f" on {node}; a retry excludes {node}"
         err = tail(Path(log), 5) if log else ""
         return JobOutcome(failure(status, f"{reason}\n{err}".strip(), handle.job), handle.job_id, node, log,
-                       infrastructure_failure=state.startswith(INFRASTRUCTURE_STATES))
+                       infrastructure_failure=infrastructure)
 
     def cancel(self, handle: Handle) -> None:
         handle.native.cancel(check=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -45,13 +46,101 @@ class DistEnv:
         return cls(0, 1, 0, "127.0.0.1", free_port())
 
 
-def pick_device(env: DistEnv) -> torch.device:
-    """One GPU per local rank when CUDA is there, else the CPU."""
+def device_index(local_rank: int, local_world_size: int, visible: int, node_gpus: int | None = None) -> int:
+    """Which of the `visible` CUDA devices this rank drives.
+
+    Without binding every task sees all the node's GPUs and takes the one of its local rank.
+    With `--gpus-per-task=1` or `--gpu-bind` each task sees only its own (one, or its socket's
+    share), so fewer devices than local ranks is normal there: the rank takes `local_rank mod
+    visible`. What is refused is two ranks on one GPU: a node with fewer GPUs than ranks
+    (`node_gpus`, SLURM's SLURM_GPUS_ON_NODE where known, else what this task sees), or
+    shares that do not divide the ranks evenly.
+    """
+    if visible < 1:
+        raise RuntimeError("no CUDA device is visible to this task (CUDA_VISIBLE_DEVICES is empty?)")
+    if visible >= local_world_size:
+        return local_rank
+    node = node_gpus if node_gpus is not None else visible
+    if node < local_world_size:
+        raise RuntimeError(f"{local_world_size} ranks on this node but only {node} GPUs: one GPU per rank is needed")
+    if local_world_size % visible:
+        raise RuntimeError(
+            f"each task sees {visible} GPUs and {local_world_size} ranks share this node: "
+            "a binding that does not divide the ranks evenly would put two ranks on one GPU"
+        )
+    return local_rank % visible
+
+
+def local_world_size(env: DistEnv) -> int:
+    """Ranks on this node: torchrun's LOCAL_WORLD_SIZE, else SLURM's tasks on this node."""
+    raw = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE") or "1"
+    try:
+        return int(raw.split("(")[0].split(",")[0])  # SLURM may write "8(x2)"
+    except ValueError:
+        return 1
+
+
+def node_gpus() -> int | None:
+    """GPUs allocated to this job on this node, as SLURM states it (None outside SLURM)."""
+    raw = os.environ.get("SLURM_GPUS_ON_NODE")
+    return int(raw) if raw and raw.isdigit() else None
+
+
+def cuda_unusable_reason() -> str | None:
+    """Why CUDA cannot run here (a CPU build of torch, no driver, no device), or None when it can."""
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return f"this torch ({torch.__version__}) is a CPU-only build: install a CUDA build of torch"
     if torch.cuda.is_available():
-        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        return None
+    try:
+        torch.cuda.init()  # raises with the driver's own message
+    except Exception as e:  # noqa: BLE001 - any reason is the answer
+        return f"CUDA cannot initialise: {' '.join(str(e).split())[:300]}"
+    return "torch.cuda.is_available() is False (no visible GPU, or the driver is missing)"
+
+
+def pick_device(env: DistEnv, *, want_cuda: bool = True) -> torch.device:
+    """This rank's GPU when CUDA is usable (see `device_index`), else the CPU."""
+    if want_cuda and torch.cuda.is_available():
+        index = device_index(env.local_rank, local_world_size(env), torch.cuda.device_count(), node_gpus())
+        device = torch.device("cuda", index)
         torch.cuda.set_device(device)
         return device
     return torch.device("cpu")
+
+
+def prepare_process_environment(environ: dict[str, str] | None = None) -> None:
+    """What torchtitan's launcher sets, before CUDA initialises in this process.
+
+    expandable_segments: the caching allocator grows segments instead of fragmenting into
+    fixed blocks, which otherwise turns varying activation sizes into spurious OOMs.
+    """
+    env = os.environ if environ is None else environ
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+
+def set_matmul_precision(precision: str) -> None:
+    """fp32 runs use TF32 tensor cores (MFU divides by the card's TF32 peak); bf16 runs are unaffected."""
+    if precision == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def runtime_versions(device: torch.device) -> dict[str, Any]:
+    """torch, CUDA and NCCL versions and the GPU's name, for the result row."""
+    nccl = None
+    if device.type == "cuda":
+        try:
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        except Exception:  # noqa: BLE001 - a build without NCCL: nothing to record
+            nccl = None
+    return {
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "nccl_version": nccl,
+        "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+    }
 
 
 def connect_store(env: DistEnv, *, timeout_s: float, server: bool) -> dist.Store:
@@ -95,14 +184,22 @@ class PeakMemory:
 
     On CPU the kernel's high-water mark (VmHWM) is reset through /proc/self/clear_refs, and the
     growth over the resident set at `start()` is reported (the interpreter, torch and the
-    process group are not the trial's).
+    process group are not the trial's). `mark_warm()` after the warm-up steps starts a second,
+    steady-state peak: the kernel probes and the first step's one-off work (compilation, lazy
+    allocations) inflate the overall one.
     """
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.base_bytes = 0
+        self.before_warm: tuple[float, float | None] | None = None
 
     def start(self) -> None:
+        self._reset()
+        if self.device.type != "cuda":
+            self.base_bytes = _proc_status_kib("VmRSS") * 1024
+
+    def _reset(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
             return
@@ -111,13 +208,29 @@ class PeakMemory:
                 f.write("5")
         except OSError:
             pass
-        self.base_bytes = _proc_status_kib("VmRSS") * 1024
 
-    def peak_bytes(self) -> tuple[float, float | None]:
-        """(peak allocated or RSS growth, peak reserved or None)."""
+    def mark_warm(self) -> None:
+        """Keep the peak so far, and measure the steady-state peak from here on."""
+        self.before_warm = self._current_peaks()
+        self._reset()
+
+    def _current_peaks(self) -> tuple[float, float | None]:
         if self.device.type == "cuda":
             return float(torch.cuda.max_memory_allocated(self.device)), float(torch.cuda.max_memory_reserved(self.device))
         return float(max(0, _proc_status_kib("VmHWM") * 1024 - self.base_bytes)), None
+
+    def peak_bytes(self) -> tuple[float, float | None]:
+        """(peak allocated or RSS growth, peak reserved or None), over the whole run."""
+        now = self._current_peaks()
+        if self.before_warm is None:
+            return now
+        alloc = max(now[0], self.before_warm[0])
+        reserved = None if now[1] is None else max(now[1], self.before_warm[1] or 0.0)
+        return alloc, reserved
+
+    def steady_bytes(self) -> float:
+        """Peak allocated (CPU: RSS growth) since `mark_warm()`; the whole run's without a mark."""
+        return self._current_peaks()[0]
 
 
 def _proc_status_kib(field: str) -> int:

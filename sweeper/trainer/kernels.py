@@ -24,11 +24,16 @@ SDPA_BACKENDS: dict[str, SDPBackend] = {
     "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
     "cudnn": SDPBackend.CUDNN_ATTENTION,
 }
-# The paper's Megatron-LM kernels: the PyTorch-native trainer has no implementation of them.
-MEGATRON_ONLY: dict[str, str] = {
-    "flash1": "FlashAttention 1 is a Megatron-LM kernel of the paper; the built-in PyTorch trainer runs flash2 instead",
-    "fused_softmax": "the fused scale-mask-softmax is a Megatron-LM kernel of the paper; the built-in PyTorch trainer runs eager or sdpa_math instead",
-}
+
+
+def flash_attn_major() -> int | None:
+    """The major version of the installed flash-attn package, or None when it is not installed."""
+    import importlib.metadata
+
+    try:
+        return int(importlib.metadata.version("flash-attn").split(".")[0])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
 
 
 class KernelUnavailable(RuntimeError):
@@ -78,38 +83,102 @@ def flash_attn_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> t
     return out.transpose(1, 2)
 
 
-def _probe(fn: AttentionFn, *, heads: int, kv_heads: int, head_dim: int, seq_len: int, dtype: torch.dtype, device: torch.device) -> None:
-    """One forward and backward at the trial's real head shape, batch 1."""
-    q = torch.randn(1, heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
-    k = torch.randn(1, kv_heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
-    v = torch.randn(1, kv_heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
-    fn(q, k, v).sum().backward()
+def flash1_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """flash-attn 1.x (the paper's FlashAttention 1): packed (tokens, heads, dim) with cumulative
+    sequence offsets, no grouped-query attention (K/V repeated to every head first)."""
+    from flash_attn.flash_attn_interface import flash_attn_unpadded_func
+
+    b, h, s, d = q.shape
+    k, v = _repeat_kv(k, h), _repeat_kv(v, h)
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        return t.transpose(1, 2).reshape(b * s, h, d)
+
+    offsets = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device=q.device)
+    out = flash_attn_unpadded_func(pack(q), pack(k), pack(v), offsets, offsets, s, s, 0.0, causal=True)
+    return out.view(b, s, h, d).transpose(1, 2)
+
+
+def _scale_mask_softmax(scores: torch.Tensor, scale: float) -> torch.Tensor:
+    """Megatron's FusedScaleMaskSoftmax: scale, causal mask and softmax (in fp32) as one kernel
+    once compiled; the mask is an index comparison inside the kernel, never a tensor."""
+    s = scores.shape[-1]
+    rows = torch.arange(s, device=scores.device).unsqueeze(-1)
+    masked = (scores.float() * scale).masked_fill(torch.arange(s, device=scores.device) > rows, float("-inf"))
+    return torch.softmax(masked, dim=-1).to(scores.dtype)
+
+
+# Compiled once per process on first use (per shape); the graph is the three ops above.
+_fused_scale_mask_softmax = torch.compile(_scale_mask_softmax, fullgraph=True, dynamic=False)
+
+
+def fused_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Attention with explicit s x s scores (like eager) whose scale-mask-softmax is one fused kernel."""
+    k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
+    scores = q @ k.transpose(-2, -1)
+    return _fused_scale_mask_softmax(scores, 1.0 / math.sqrt(q.shape[-1])) @ v
+
+
+def _probe(fn: AttentionFn, *, batch: int, heads: int, kv_heads: int, head_dim: int, seq_len: int, dtype: torch.dtype,
+           device: torch.device) -> None:
+    """One forward and backward at the trial's real shape and memory layout: a micro-batch, made as
+    the model makes it ((batch, seq, heads, dim) projections seen through a transpose)."""
+    def make(h: int) -> torch.Tensor:
+        t = torch.randn(batch, seq_len, h, head_dim, device=device, dtype=dtype, requires_grad=True)
+        return t.transpose(1, 2)
+
+    fn(make(heads), make(kv_heads), make(kv_heads)).sum().backward()
+
+
+def _is_oom(e: BaseException) -> bool:
+    text = str(e).lower()
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
 
 
 def attention_kernel(
-    name: str, *, heads: int, kv_heads: int, head_dim: int, seq_len: int, dtype: torch.dtype, device: torch.device
+    name: str, *, heads: int, kv_heads: int, head_dim: int, seq_len: int, dtype: torch.dtype, device: torch.device,
+    batch: int = 1,
 ) -> AttentionFn:
-    """The attention function for `name`, after checking that it runs here (heads are per TP rank)."""
-    if name in MEGATRON_ONLY:
-        raise KernelUnavailable(f"attention={name}: {MEGATRON_ONLY[name]}")
-    shape = dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, seq_len=seq_len, dtype=dtype, device=device)
+    """The attention function for `name`, after checking that it runs here (heads are per TP rank,
+    `batch` the micro-batch size). A probe that runs out of memory raises torch.OutOfMemoryError:
+    the layout does not fit, which says nothing about the kernel."""
+    shape = dict(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim, seq_len=seq_len, dtype=dtype, device=device)
     if name == "eager":
         return eager_attention
-    if name == "flash2" and device.type == "cuda" and dtype != torch.float32 and importlib.util.find_spec("flash_attn"):
-        candidates: list[AttentionFn] = [flash_attn_attention]
+    major = flash_attn_major()
+    if name == "flash1":
+        if major != 1:
+            have = "not installed" if major is None else f"version {major}.x is installed"
+            raise KernelUnavailable(f"attention=flash1 needs the flash-attn 1.x package (FlashAttention 1); flash-attn is {have}")
+        if device.type != "cuda" or dtype == torch.float32:
+            raise KernelUnavailable(f"attention=flash1 needs a CUDA GPU and fp16/bf16; this trial runs on {device.type} with {dtype}")
+        candidates: list[AttentionFn] = [flash1_attention]
+    elif name == "fused_softmax":
+        candidates = [fused_softmax_attention]
+    elif name == "flash2" and device.type == "cuda" and dtype != torch.float32 and major is not None and major >= 2:
+        candidates = [flash_attn_attention]
     elif name in SDPA_BACKENDS:
         # GQA inside the kernel where it allows it, else K/V repeated to all heads first
         backend = SDPA_BACKENDS[name]
         candidates = [partial(sdpa_attention, backend=backend, gqa=g) for g in ((True, False) if heads != kv_heads else (False,))]
     else:
-        raise KernelUnavailable(f"attention={name}: unknown kernel; known: eager, sdpa_math, flash2, sdpa_efficient, cudnn")
+        raise KernelUnavailable(
+            f"attention={name}: unknown kernel; known: eager, fused_softmax, sdpa_math, flash1, flash2, sdpa_efficient, cudnn"
+        )
     errors = []
     for fn in candidates:
         try:
             _probe(fn, **shape)
             return fn
-        except (RuntimeError, ImportError) as e:
+        except Exception as e:  # any failure of the probe is the kernel's, except memory
+            if _is_oom(e):
+                raise torch.OutOfMemoryError(
+                    f"attention={name} probe at micro-batch {batch}, {heads} heads, seq {seq_len}: {' '.join(str(e).split())[:300]}"
+                ) from e
             errors.append(" ".join(str(e).split())[:300])
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()  # the probe's blocks are not the trial's
     where = f"{device.type}" + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
     raise KernelUnavailable(
         f"attention={name} cannot run on {where} with {str(dtype).removeprefix('torch.')}, head_dim={head_dim}: {errors[-1]}"
@@ -124,8 +193,10 @@ def eager_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
 
 
 def fused_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """torch's RMSNorm operator (one fused kernel where the backend has one)."""
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    """torch's RMSNorm operator: one fused CUDA kernel, which torch takes only when input and weight
+    have one dtype (else it falls back to the composite ops with a warning). Under autocast the
+    weight is fp32 and the input may be bf16: the weight is cast to the input's dtype."""
+    return F.rms_norm(x, (x.shape[-1],), weight if weight.dtype == x.dtype else weight.to(x.dtype), eps)
 
 
 def rmsnorm_kernel(name: str) -> NormFn:

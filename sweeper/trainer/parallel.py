@@ -35,17 +35,46 @@ from sweeper.trainer.model import Transformer, materialize
 
 aten = torch.ops.aten
 # Selective checkpointing keeps the outputs of matmuls (with or without a bias) and attention kernels (expensive to
-# recompute) and of reduce-scatters (a collective), and recomputes the cheap elementwise ops.
+# recompute), of reduce-scatters (a collective) and of aten.max (float8's scaling amax), and
+# recomputes the cheap elementwise ops: torchtitan's `_op_sac_save_list`
+# (torchtitan/models/llama3/infra/parallelize.py), plus the flash-attn package's own op and
+# compiled regions (our fused_softmax) where this torch and that package have them.
 SAC_SAVE_OPS = {
     aten.mm.default,
     aten.addmm.default,  # a linear layer with a bias (GPT blocks)
     aten.bmm.default,
+    aten.max.default,
     aten._scaled_dot_product_flash_attention.default,
     aten._scaled_dot_product_flash_attention_for_cpu.default,
     aten._scaled_dot_product_efficient_attention.default,
     aten._scaled_dot_product_cudnn_attention.default,
+    aten._scaled_dot_product_attention_math.default,
     torch.ops._c10d_functional.reduce_scatter_tensor.default,
 }
+
+
+def _optional_sac_ops() -> set[Any]:
+    """Save-list ops that exist only with some torch builds or packages."""
+    found: set[Any] = set()
+    for owner, name in ((aten, "_scaled_dot_product_fused_attention_overrideable"),):
+        if hasattr(owner, name):
+            found.add(getattr(owner, name).default)
+    for name in ("flex_attention", "inductor_compiled_code"):
+        if hasattr(torch._higher_order_ops, name):
+            found.add(getattr(torch._higher_order_ops, name))
+    try:  # flash-attn >= 2.6 registers its kernels as torch ops once imported
+        import flash_attn  # noqa: F401
+
+        for name in ("_flash_attn_forward", "_flash_attn_varlen_forward"):
+            op = getattr(torch.ops.flash_attn, name, None)
+            if op is not None:
+                found.add(op.default)
+    except (ImportError, RuntimeError, AttributeError):
+        pass
+    return found
+
+
+SAC_SAVE_OPS |= _optional_sac_ops()
 # Instrumentation for the memory check: when a list, each selective-checkpoint region appends
 # its cache (the tensors SAC keeps, which saved-tensor hooks do not see).
 SAC_CACHES: list[dict[Any, Any]] | None = None
@@ -143,7 +172,8 @@ def apply_ac(model: Transformer, *, mode: str) -> None:
 def apply_compile(model: Transformer) -> None:
     """torch.compile each block (repeated blocks share one compiled graph)."""
     for key, block in model.layers.items():
-        model.layers[key] = torch.compile(block)
+        # fullgraph: a graph break inside a block would silently split it and run the rest eagerly
+        model.layers[key] = torch.compile(block, fullgraph=True)
     if model.tok_embeddings is not None:
         # Under TP the embedding returns an AsyncCollectiveTensor, which compiled blocks fail on
         # in backward; clone() waits for it and, unlike wait(), stays on the autograd graph.

@@ -26,21 +26,16 @@ from sweeper.hardware import GIB
 from sweeper.layout import Layout
 from sweeper.spec import Sweep
 from sweeper.trainer.env import (
-    DistEnv,
-    PeakMemory,
-    build_mesh,
-    connect_store,
-    init_distributed,
-    pick_device,
-    process_start_unix,
-    synchronize,
+    DistEnv, PeakMemory, build_mesh, connect_store, cuda_unusable_reason, init_distributed, pick_device,
+    prepare_process_environment, process_start_unix, runtime_versions, set_matmul_precision, synchronize,
 )
 from sweeper.trainer.outcome import Agreement, Failure, Watcher, classify
 from sweeper.trainer.train import Trainer, build_trainer, reduce_losses
-from sweeper.trial import FAILED, TrialResult, summarize, without_run
+from sweeper.trial import FAILED, NO_ACCELERATOR, TrialResult, summarize, without_run
 
-FAULT_ENV = "SWEEP_FAULT"  # "KIND:RANK:STEP[,...]" (oom, error, hang, exit): make ranks fail, for tests
-FAULT_KINDS = ("oom", "error", "hang", "exit")
+FAULT_ENV = "SWEEP_FAULT"  # "KIND:RANK:STEP[,...]" (oom, error, hang, exit, linger): make ranks fail, for tests
+# linger: the rank hangs after the trial's outcome is written (like a task stuck in NCCL teardown)
+FAULT_KINDS = ("oom", "error", "hang", "exit", "linger")
 
 
 @dataclass(frozen=True)
@@ -62,7 +57,7 @@ class Fault:
         return faults
 
     def fire(self, rank: int, step: int) -> None:
-        if (rank, step) != (self.rank, self.step):
+        if (rank, step) != (self.rank, self.step) or self.kind == "linger":
             return
         if self.kind == "oom":
             raise torch.OutOfMemoryError(f"injected by {FAULT_ENV}: out of memory at step {step}")
@@ -77,8 +72,12 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
-def run_steps(trainer: Trainer, *, steps: int, rank: int, faults: list[Fault]) -> tuple[list[float], list[torch.Tensor], float]:
-    """The protocol's loop: synchronise and take the wall time at the end of every step."""
+def run_steps(trainer: Trainer, *, steps: int, rank: int, faults: list[Fault], warmup: int = 0,
+              peak: PeakMemory | None = None) -> tuple[list[float], list[torch.Tensor], float]:
+    """The protocol's loop: synchronise and take the wall time at the end of every step.
+
+    After the `warmup` steps, `peak` starts its steady-state figure.
+    """
     times: list[float] = []
     losses: list[torch.Tensor] = []
     first_step_unix = time.time()
@@ -90,6 +89,9 @@ def run_steps(trainer: Trainer, *, steps: int, rank: int, faults: list[Fault]) -
         synchronize(trainer.device)
         now = time.perf_counter()
         times.append(now - last)
+        if peak is not None and step + 1 == warmup:
+            peak.mark_warm()
+            now = time.perf_counter()  # the reset is not the next step's time
         last = now
     return times, losses, first_step_unix
 
@@ -98,28 +100,31 @@ def _measure(sweep: Sweep, layout: Layout, env: DistEnv, device: torch.device, s
     world = sweep.cluster.world
     if env.world_size != world:
         raise RuntimeError(f"the layout needs tp*pp*dp = {world} processes (the sweep's cluster), but {env.world_size} were started")
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    if device.type == "cuda" and local > torch.cuda.device_count():
-        raise RuntimeError(f"{local} ranks on this node but only {torch.cuda.device_count()} GPUs: one GPU per rank is needed")
+    # (one GPU per rank is checked by pick_device: a task bound to its own GPU sees fewer devices than ranks)
     mesh = build_mesh(device, pp=layout.pp, dp=layout.dp(world), tp=layout.tp)
     peak = PeakMemory(device)
     peak.start()
     settings = sweep.trial
+    set_matmul_precision(settings.precision)
     trainer = build_trainer(
         sweep.model, layout, mesh=mesh, device=device, seq_len=sweep.seq_len, global_batch_size=sweep.global_batch_size,
         precision=settings.precision, seed=settings.seed, lr=settings.lr,
     )
-    times, losses, first_step_unix = run_steps(trainer, steps=settings.steps, rank=env.rank, faults=Fault.from_env())
+    times, losses, first_step_unix = run_steps(trainer, steps=settings.steps, rank=env.rank, faults=Fault.from_env(),
+                                               warmup=settings.warmup_steps, peak=peak)
     peak_bytes, reserved = peak.peak_bytes()
+    steady = peak.steady_bytes()
     startup = first_step_unix - started if started is not None else float("nan")
     # one MAX reduction for every per-rank figure: the slowest rank sets the step time
-    maxed = torch.tensor([*times, startup, peak_bytes, reserved if reserved is not None else -1.0], dtype=torch.float64, device=device)
+    maxed = torch.tensor([*times, startup, peak_bytes, reserved if reserved is not None else -1.0, steady],
+                         dtype=torch.float64, device=device)
     dist.all_reduce(maxed, op=dist.ReduceOp.MAX)
     m = maxed.tolist()
     n = len(times)
     return {
         "step_times_s": m[:n], "losses": reduce_losses(trainer, losses), "startup_s": None if math.isnan(m[n]) else m[n],
         "peak_mem_gib": m[n + 1] / GIB, "peak_mem_reserved_gib": m[n + 2] / GIB if m[n + 2] >= 0 else None,
+        "peak_mem_steady_gib": m[n + 3] / GIB,
     }
 
 
@@ -160,10 +165,26 @@ def _teardown(timeout_s: float = 10.0) -> None:
 def run_trial(sweep: Sweep, layout: Layout, *, out_dir: Path | None = None) -> TrialResult:
     """Run `layout` on this job's ranks; every rank ends with the same status (see module docstring)."""
     started = process_start_unix()
+    prepare_process_environment()  # before anything initialises CUDA in this process
     env = DistEnv.from_environ()
-    device = pick_device(env)
-    base = {"device": device_name(device), "torch_version": torch.__version__}
+    wants_gpu = sweep.cluster.gpu.name != "cpu"
     outputs = _Outputs(out_dir, env.rank)
+    unusable = cuda_unusable_reason() if wants_gpu else None
+    if unusable is not None:
+        # Falling back to CPU + gloo would run a GPU-sized layout on the host until it times out
+        # or is killed for memory, and be recorded as an oom: fail at once, and say why.
+        result = without_run(sweep, layout, status=FAILED, error=f"{NO_ACCELERATOR}: the sweep's GPU is "
+                             f"{sweep.cluster.gpu.name}, but {unusable}", device="cpu", **runtime_versions(torch.device("cpu")))
+        outputs.write(result)
+        return result
+    try:
+        device = pick_device(env, want_cuda=wants_gpu)
+    except RuntimeError as e:  # two ranks on one GPU: a launch or binding problem, not the layout's
+        result = without_run(sweep, layout, status=FAILED, error=f"rank {env.rank}: {e}", device="cuda",
+                             **runtime_versions(torch.device("cpu")))
+        outputs.write(result)
+        return result
+    base = {"device": device_name(device), **runtime_versions(device)}
     timeout_s = max(60.0, sweep.trial.timeout_min * 60)
     try:
         store = init_distributed(env, device, timeout_s=timeout_s)
@@ -186,6 +207,8 @@ def run_trial(sweep: Sweep, layout: Layout, *, out_dir: Path | None = None) -> T
     finally:
         watcher.stop()
     outputs.write(result)
+    if any(f.kind == "linger" and f.rank == env.rank for f in Fault.from_env()):
+        time.sleep(10**6)
     # Leave the process group (bounded in time), then tell rank 0 this rank has its outcome.
     _teardown()
     try:

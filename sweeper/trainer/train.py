@@ -105,14 +105,22 @@ class Trainer:
         return stack
 
     def forward_backward(self) -> torch.Tensor:
-        """Gradients of one global batch; returns this rank's mean micro-batch loss (0 without the last stage)."""
-        if self.par.schedule is not None:
-            return self._pipeline_forward_backward()
+        """Gradients of one global batch; returns this rank's mean micro-batch loss (0 without the last stage).
+
+        The contexts are entered once for all micro-batches (autocast once per step, as torchtitan
+        does), not once per micro-batch.
+        """
+        with self.contexts():
+            if self.par.schedule is not None:
+                return self._pipeline_forward_backward()
+            return self._accumulate()
+
+    def _accumulate(self) -> torch.Tensor:
         model, total = self.par.parts[0], torch.zeros((), device=self.device)
         mbs = len(self.inputs) // self.grad_accum
         for i in range(self.grad_accum):
             x, y = self.inputs[i * mbs:(i + 1) * mbs], self.labels[i * mbs:(i + 1) * mbs]
-            with _grad_sync(model, i == self.grad_accum - 1), self.contexts():
+            with _grad_sync(model, i == self.grad_accum - 1):
                 loss = loss_fn(model(x), y) / self.grad_accum
                 loss.backward()
             total += _local(loss.detach())
@@ -122,8 +130,7 @@ class Trainer:
         losses: list[torch.Tensor] = []
         args = (self.inputs,) if 0 in self.par.stage_ids else ()
         kwargs = {"target": self.labels, "losses": losses} if self.has_last_stage else {}
-        with self.contexts():
-            self.par.schedule.step(*args, **kwargs)
+        self.par.schedule.step(*args, **kwargs)
         if not losses:
             return torch.zeros((), device=self.device)
         return torch.stack([_local(x.detach()) for x in losses]).mean()
@@ -205,7 +212,7 @@ def build_trainer(
             raise kernels.KernelUnavailable("float8 with tensor parallelism needs torchao's float8 TP plans, which the built-in trainer does not wire")
     attend = kernels.attention_kernel(
         layout.attention, heads=shape.heads // tp, kv_heads=shape.kv_heads // tp, head_dim=shape.head_dim,
-        seq_len=seq_len, dtype=dtype, device=device,
+        seq_len=seq_len, dtype=dtype, device=device, batch=layout.micro_batch_size,
     )
     model = build_model(shape, seq_len, attend=attend, norm_fn=norm_kernel(shape, layout.rmsnorm))
     grad_accum = global_batch_size // (layout.micro_batch_size * dp)

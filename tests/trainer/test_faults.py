@@ -86,15 +86,15 @@ def test_hung_trial_is_killed_at_its_wall_clock_limit(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_every_kernel_missing_here_ends_kernel_unavailable_in_the_trainer(tmp_path: Path) -> None:
-    """CPU has no memory-efficient, cuDNN or fp8 kernels; flash1 and fused_softmax are Megatron's."""
-    layouts = [{"attention": a} for a in ("sdpa_efficient", "cudnn", "flash1", "fused_softmax")] + [{"float8": True}]
+    """CPU has no memory-efficient, cuDNN or fp8 kernels; flash1 needs the flash-attn 1.x package."""
+    layouts = [{"attention": a} for a in ("sdpa_efficient", "cudnn", "flash1")] + [{"float8": True}]
     done = run_workers("unavailable", nprocs=1, workdir=tmp_path, sweep=tiny_sweep(1), layouts=layouts)
     outcomes = [json.loads((done.out_dir / f"{i}_rank0.json").read_text()) for i in range(len(layouts))]
     assert [o["status"] for o in outcomes] == [KERNEL_UNAVAILABLE] * len(layouts), outcomes
     reasons = [o["error"] for o in outcomes]
     assert "cannot run on cpu" in reasons[0] and "cannot run on cpu" in reasons[1]
-    assert "Megatron-LM kernel" in reasons[2] and "Megatron-LM kernel" in reasons[3]
-    assert "float8 needs a CUDA GPU" in reasons[4]
+    assert "flash-attn 1.x" in reasons[2]
+    assert "float8 needs a CUDA GPU" in reasons[3]
 
 
 @pytest.mark.slow
