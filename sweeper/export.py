@@ -29,8 +29,15 @@ from sweeper.stages import split_layers
 
 TORCHTITAN_SCHEDULE = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 # our attention kernels -> Megatron-LM's --attention-backend (flash, fused = cuDNN via TE, unfused)
-MEGATRON_ATTENTION = {"flash1": "flash", "flash2": "flash", "cudnn": "fused", "sdpa_efficient": "fused",
-                      "fused_softmax": "unfused", "eager": "unfused", "sdpa_math": "unfused"}
+MEGATRON_ATTENTION = {
+    "flash1": "flash",
+    "flash2": "flash",
+    "cudnn": "fused",
+    "sdpa_efficient": "fused",
+    "fused_softmax": "unfused",
+    "eager": "unfused",
+    "sdpa_math": "unfused",
+}
 TORCHTITAN_TOML_VERSION = "0.2.2"  # the last release configured by TOML
 TORCHTITAN_CLI_VERSION = "0.3.0"
 MEGATRON_COMMIT = "c1e938b03902ab688cf4ac1ce1eaebe7a5a17dcf"
@@ -84,15 +91,39 @@ def _torchtitan_dp(rec: Mapping[str, Any], version: str) -> tuple[int, int, list
     if version == TORCHTITAN_CLI_VERSION:
         # models/llama3/parallelize.py (0.3.0) has no DDP path: it always applies fully_shard over the
         # dp_replicate x fsdp mesh, so shard degree 1 keeps whole weights and all-reduces gradients
-        return dp, 1, [(f"sharding={sharding}: torchtitan 0.3 has no DDP; data_parallel_replicate_degree = dp "
-                        "with shard degree 1 replicates the weights the same way")]
+        return (
+            dp,
+            1,
+            [
+                (
+                    f"sharding={sharding}: torchtitan 0.3 has no DDP; data_parallel_replicate_degree = dp "
+                    "with shard degree 1 replicates the weights the same way"
+                )
+            ],
+        )
     if tp > 1 or pp > 1:
         # models/llama3/infra/parallelize.py (0.2.2): DDP only when the dp_replicate mesh is the
         # whole world, else RuntimeError("DDP has not supported > 1D parallelism")
-        return 1, dp, [(f"sharding={sharding} with tp/pp > 1: torchtitan raises \"DDP has not supported > 1D "
-                        "parallelism\"; written as FSDP over dp (data_parallel_shard_degree)")]
-    notes = [("sharding=zero1: torchtitan has no optimizer-only sharding; written as DDP "
-              "(data_parallel_replicate_degree), FSDP is data_parallel_shard_degree")] if sharding == "zero1" else []
+        return (
+            1,
+            dp,
+            [
+                (
+                    f'sharding={sharding} with tp/pp > 1: torchtitan raises "DDP has not supported > 1D '
+                    'parallelism"; written as FSDP over dp (data_parallel_shard_degree)'
+                )
+            ],
+        )
+    notes = (
+        [
+            (
+                "sharding=zero1: torchtitan has no optimizer-only sharding; written as DDP "
+                "(data_parallel_replicate_degree), FSDP is data_parallel_shard_degree"
+            )
+        ]
+        if sharding == "zero1"
+        else []
+    )
     return dp, 1, notes
 
 
@@ -135,15 +166,22 @@ def _torchtitan_common(rec: Mapping[str, Any], version: str) -> tuple[dict[str, 
         par["module_fqns_per_model_part"] = _torchtitan_parts(rec, version)
         counts = pipeline_stages(rec)
         if len(set(counts)) > 1:
-            notes.append(f"uneven pipeline split {'/'.join(map(str, counts))} layers per stage, "
-                         "written as module_fqns_per_model_part")
+            notes.append(
+                f"uneven pipeline split {'/'.join(map(str, counts))} layers per stage, "
+                "written as module_fqns_per_model_part"
+            )
     # with pipelining torchtitan splits local_batch_size into micro-batches; without, it accumulates
     local = mbs * rec["grad_accum"] if pp > 1 else mbs
-    training = {"local_batch_size": local, "global_batch_size": rec["global_batch_size"], "seq_len": rec["seq_len"],
-                "mixed_precision_param": "float32" if rec["precision"] == "fp32" else "bfloat16"}
+    training = {
+        "local_batch_size": local,
+        "global_batch_size": rec["global_batch_size"],
+        "seq_len": rec["seq_len"],
+        "mixed_precision_param": "float32" if rec["precision"] == "fp32" else "bfloat16",
+    }
     if rec["activation_checkpointing"] == "ffn":
-        notes.append("activation_checkpointing=ffn (recompute the MLP only): no torchtitan mode; "
-                     "selective is the nearest")
+        notes.append(
+            "activation_checkpointing=ffn (recompute the MLP only): no torchtitan mode; selective is the nearest"
+        )
     notes.append(f"attention={rec['attention']}: torchtitan picks its attention kernel (SDPA/flex) itself")
     notes.append(f"rmsnorm={rec['rmsnorm']}: no torchtitan option for the RMSNorm kernel")
     return par, training, notes
@@ -160,8 +198,12 @@ def torchtitan_sections(rec: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any
     ac: dict[str, Any] = {"mode": {"ffn": "selective"}.get(mode, mode)}
     if mode in ("selective", "ffn"):
         ac["selective_ac_option"] = "op"
-    sections: dict[str, dict[str, Any]] = {"parallelism": par, "training": training, "activation_checkpoint": ac,
-                                           "compile": {"enable": bool(rec["compile"])}}
+    sections: dict[str, dict[str, Any]] = {
+        "parallelism": par,
+        "training": training,
+        "activation_checkpoint": ac,
+        "compile": {"enable": bool(rec["compile"])},
+    }
     if rec["compile"]:
         sections["compile"]["components"] = ["model", "loss"]
     if rec["float8"]:
@@ -174,10 +216,14 @@ def to_torchtitan(row: Mapping[str, Any], sweep: Sweep) -> str:
     """A TOML fragment to merge into a torchtitan 0.2.x train config (`--job.config_file`)."""
     rec = layout_record(row, sweep)
     sections, notes = torchtitan_sections(rec)
-    lines = [f"# torchtitan {TORCHTITAN_TOML_VERSION} config fragment: sweep {sweep.name}, trial {rec['trial_number']}"
-             + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else ""),
-             (f"# names from pytorch/torchtitan {TORCHTITAN_TOML_VERSION} torchtitan/config/job_config.py; "
-              f"torchtitan {TORCHTITAN_CLI_VERSION} and later take no TOML: see --format torchtitan-cli")]
+    lines = [
+        f"# torchtitan {TORCHTITAN_TOML_VERSION} config fragment: sweep {sweep.name}, trial {rec['trial_number']}"
+        + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else ""),
+        (
+            f"# names from pytorch/torchtitan {TORCHTITAN_TOML_VERSION} torchtitan/config/job_config.py; "
+            f"torchtitan {TORCHTITAN_CLI_VERSION} and later take no TOML: see --format torchtitan-cli"
+        ),
+    ]
     lines += [f"# no torchtitan option: {n}" for n in notes]
     if not rec["float8"]:
         lines.append('# float8=false (to enable: [model] converters = ["quantize.linear.float8"])')
@@ -209,8 +255,10 @@ def torchtitan_cli_args(rec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     if rec["compile"]:
         args += ["--compile.components", "model,loss"]
     if rec["float8"]:
-        notes.append("float8=true: torchtitan 0.3 has no command-line switch; pick a --config function whose "
-                     "model_spec has converters=[Float8LinearConverter.Config()] (e.g. llama3_debugmodel_float8)")
+        notes.append(
+            "float8=true: torchtitan 0.3 has no command-line switch; pick a --config function whose "
+            "model_spec has converters=[Float8LinearConverter.Config()] (e.g. llama3_debugmodel_float8)"
+        )
     mode = rec["activation_checkpointing"]
     args.append(f"activation-checkpoint:{ {'ffn': 'selective'}.get(mode, mode) }")
     return args, notes
@@ -220,10 +268,12 @@ def to_torchtitan_cli(row: Mapping[str, Any], sweep: Sweep) -> str:
     """torchtitan 0.3.x overrides as a shell fragment: comments, then one override per line."""
     rec = layout_record(row, sweep)
     args, notes = torchtitan_cli_args(rec)
-    lines = [f"# torchtitan {TORCHTITAN_CLI_VERSION} overrides: sweep {sweep.name}, trial {rec['trial_number']}"
-             + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else ""),
-             "# append to: torchrun ... -m torchtitan.train --module llama3 --config <your config function>",
-             f"# names from pytorch/torchtitan {TORCHTITAN_CLI_VERSION} torchtitan/config/configs.py and trainer.py"]
+    lines = [
+        f"# torchtitan {TORCHTITAN_CLI_VERSION} overrides: sweep {sweep.name}, trial {rec['trial_number']}"
+        + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else ""),
+        "# append to: torchrun ... -m torchtitan.train --module llama3 --config <your config function>",
+        f"# names from pytorch/torchtitan {TORCHTITAN_CLI_VERSION} torchtitan/config/configs.py and trainer.py",
+    ]
     lines += [f"# no torchtitan option: {n}" for n in notes]
     return "\n".join(lines + _shell_lines(args)) + "\n"
 
@@ -250,9 +300,18 @@ def _toml(v: Any) -> str:
 def megatron_args(rec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     """Megatron-LM command-line arguments for a layout, and the knob values it has no flag for."""
     tp, pp, mode = rec["tp"], rec["pp"], rec["activation_checkpointing"]
-    args = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
-            "--micro-batch-size", str(rec["micro_batch_size"]), "--global-batch-size", str(rec["global_batch_size"]),
-            "--seq-length", str(rec["seq_len"])]
+    args = [
+        "--tensor-model-parallel-size",
+        str(tp),
+        "--pipeline-model-parallel-size",
+        str(pp),
+        "--micro-batch-size",
+        str(rec["micro_batch_size"]),
+        "--global-batch-size",
+        str(rec["global_batch_size"]),
+        "--seq-length",
+        str(rec["seq_len"]),
+    ]
     notes: list[str] = []
     pipe, notes_pp = _megatron_pipeline(rec)
     args += pipe
@@ -269,15 +328,22 @@ def megatron_args(rec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     if rec["attention"] == "eager":
         args.append("--no-masked-softmax-fusion")
     if rec["attention"] in ("sdpa_efficient", "sdpa_math", "flash1"):
-        notes.append(f"attention={rec['attention']}: mapped to --attention-backend {MEGATRON_ATTENTION[rec['attention']]}")
+        notes.append(
+            f"attention={rec['attention']}: mapped to --attention-backend {MEGATRON_ATTENTION[rec['attention']]}"
+        )
     args += ["--normalization", "RMSNorm"]
     notes.append(f"rmsnorm={rec['rmsnorm']}: no flag; Transformer Engine fuses RMSNorm itself")
     if rec["sharding"] == "zero1":
         args.append("--use-distributed-optimizer")
     elif rec["sharding"] == "fsdp":
         # validate_args: "Megatron-FSDP requires the `fsdp_dtensor` checkpointing format."
-        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
-                 "--ckpt-format", "fsdp_dtensor"]
+        args += [
+            "--use-megatron-fsdp",
+            "--data-parallel-sharding-strategy",
+            "optim_grads_params",
+            "--ckpt-format",
+            "fsdp_dtensor",
+        ]
     if rec["precision"] == "bf16":
         args.append("--bf16")
     elif rec["precision"] == "fp32":
@@ -303,10 +369,14 @@ def _megatron_pipeline(rec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     args: list[str] = []
     notes: list[str] = []
     if len(set(counts)) > 1:
-        stages = [("E" if i == 0 else "") + f"t*{n}" + (",L" if i == len(counts) - 1 else "") for i, n in enumerate(counts)]
+        stages = [
+            ("E" if i == 0 else "") + f"t*{n}" + (",L" if i == len(counts) - 1 else "") for i, n in enumerate(counts)
+        ]
         args += ["--pipeline-model-parallel-layout", "|".join(stages)]
-        notes.append(f"uneven pipeline split {'/'.join(map(str, counts))} layers per stage, "
-                     "written as --pipeline-model-parallel-layout")
+        notes.append(
+            f"uneven pipeline split {'/'.join(map(str, counts))} layers per stage, "
+            "written as --pipeline-model-parallel-layout"
+        )
     elif interleaved:
         args += ["--num-layers-per-virtual-pipeline-stage", str(counts[0])]
     if rec["pp_schedule"] == "gpipe":
@@ -322,10 +392,12 @@ def megatron_env(rec: Mapping[str, Any]) -> tuple[dict[str, str | None], list[st
     """
     if rec["sharding"] == "fsdp":
         return {"CUDA_DEVICE_MAX_CONNECTIONS": None}, [
-            "CUDA_DEVICE_MAX_CONNECTIONS must not be 1: Megatron-FSDP refuses it"]
+            "CUDA_DEVICE_MAX_CONNECTIONS must not be 1: Megatron-FSDP refuses it"
+        ]
     if rec["tp"] > 1:
         return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, [
-            "CUDA_DEVICE_MAX_CONNECTIONS=1: tensor parallelism needs it on GPUs before Blackwell"]
+            "CUDA_DEVICE_MAX_CONNECTIONS=1: tensor parallelism needs it on GPUs before Blackwell"
+        ]
     return {}, []
 
 
@@ -334,9 +406,11 @@ def to_megatron(row: Mapping[str, Any], sweep: Sweep) -> str:
     rec = layout_record(row, sweep)
     args, notes = megatron_args(rec)
     _, env_notes = megatron_env(rec)
-    lines = [f"# Megatron-LM flags: sweep {sweep.name}, trial {rec['trial_number']}"
-             + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else ""),
-             f"# names from NVIDIA/Megatron-LM megatron/training/arguments.py at {MEGATRON_COMMIT[:7]}"]
+    lines = [
+        f"# Megatron-LM flags: sweep {sweep.name}, trial {rec['trial_number']}"
+        + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else ""),
+        f"# names from NVIDIA/Megatron-LM megatron/training/arguments.py at {MEGATRON_COMMIT[:7]}",
+    ]
     lines += [f"# environment: {n}" for n in env_notes]
     lines += [f"# no Megatron-LM flag: {n}" for n in notes]
     return "\n".join(lines + _shell_lines(args)) + "\n"
@@ -364,5 +438,10 @@ def _plain(v: Any) -> Any:
     return v.item() if hasattr(v, "item") else v
 
 
-EXPORTERS = {"torchtitan": to_torchtitan, "torchtitan-cli": to_torchtitan_cli, "megatron": to_megatron,
-             "json": to_json, "yaml": to_yaml}
+EXPORTERS = {
+    "torchtitan": to_torchtitan,
+    "torchtitan-cli": to_torchtitan_cli,
+    "megatron": to_megatron,
+    "json": to_json,
+    "yaml": to_yaml,
+}

@@ -21,13 +21,26 @@ INFLIGHT_FILE = re.compile(r"^trial-(\d{5,})\.json$")
 JOB_DIR = re.compile(r"^trial-\d{5,}-a\d+$")
 TEMP_FILE = re.compile(r"^\..+\.\d+\.tmp$")  # an atomic write's temp file, left by a kill
 # top-level names the tool creates; the study's SQLite file brings its journal files along
-OWN_FILES = {"sweep.yaml", ".sweep.yaml.tmp", "run.lock", "optuna.db", "optuna.db-journal", "optuna.db-wal",
-             "optuna.db-shm"}
-OWN_DIRS = {"trials": (TRIAL_FILE, TEMP_FILE), "inflight": (INFLIGHT_FILE, TEMP_FILE), "jobs": (JOB_DIR,),
-            ".tmp": (TEMP_FILE,)}  # .tmp/: a result being written, renamed into trials/ when complete
+OWN_FILES = {
+    "sweep.yaml",
+    ".sweep.yaml.tmp",
+    "run.lock",
+    "optuna.db",
+    "optuna.db-journal",
+    "optuna.db-wal",
+    "optuna.db-shm",
+}
+OWN_DIRS = {
+    "trials": (TRIAL_FILE, TEMP_FILE),
+    "inflight": (INFLIGHT_FILE, TEMP_FILE),
+    "jobs": (JOB_DIR,),
+    ".tmp": (TEMP_FILE,),
+}  # .tmp/: a result being written, renamed into trials/ when complete
 # what `sweep report` writes beside the results (sweeper.report)
-REPORT_FILE = re.compile(r"^(report\.html|(heatmap_.+|mfu_vs_mbs|memory_pred_vs_measured|mfu_pred_vs_measured|progress"
-                         r"|status|step_breakdown)\.png)$")
+REPORT_FILE = re.compile(
+    r"^(report\.html|(heatmap_.+|mfu_vs_mbs|memory_pred_vs_measured|mfu_pred_vs_measured|progress"
+    r"|status|step_breakdown)\.png)$"
+)
 CORRUPT_STUDY = re.compile(r"^optuna\.db\.corrupt-\d+$")  # set aside by --rebuild-study
 PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
 
@@ -45,8 +58,11 @@ def foreign_entries(root: Path) -> list[Path]:
         if p.name in OWN_DIRS and p.is_dir() and not p.is_symlink():
             allowed = OWN_DIRS[p.name]
             out += [q for q in sorted(p.iterdir()) if not any(rx.match(q.name) for rx in allowed)]
-        elif not ((p.name in OWN_FILES or CORRUPT_STUDY.match(p.name) or REPORT_FILE.match(p.name))
-                  and p.is_file() and not p.is_symlink()):
+        elif not (
+            (p.name in OWN_FILES or CORRUPT_STUDY.match(p.name) or REPORT_FILE.match(p.name))
+            and p.is_file()
+            and not p.is_symlink()
+        ):
             out.append(p)
     return out
 
@@ -87,7 +103,9 @@ def check_private(root: Path) -> None:
                 f"Check its contents, then `chmod -R go-w {root}`"
             )
         if st.st_uid != me:
-            raise SweepError(f"{p} belongs to user id {st.st_uid}, not to you ({me}); a results folder is trusted like code")
+            raise SweepError(
+                f"{p} belongs to user id {st.st_uid}, not to you ({me}); a results folder is trusted like code"
+            )
 
 
 def make_private(root: Path) -> None:
@@ -130,5 +148,7 @@ def check_trusted_file(path: Path) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise SweepError(f"{path}: not a plain file; refusing to unpickle it")
     if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWOTH | stat.S_IWGRP):
-        raise SweepError(f"{path}: owned by user id {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}, not a private "
-                         "file of yours; refusing to unpickle it (a results folder is trusted like code)")
+        raise SweepError(
+            f"{path}: owned by user id {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}, not a private "
+            "file of yours; refusing to unpickle it (a results folder is trusted like code)"
+        )

@@ -32,9 +32,15 @@ def sweep_identity(sweep: Sweep) -> str:
     """16 hex digits over name, model, seq_len, batch, cluster, space, trial, memory and workload
     settings: not the budget, sampler, launcher or paths, which change how, not what, is measured."""
     what = {
-        "name": sweep.name, "model": sweep.model, "seq_len": sweep.seq_len,
-        "global_batch_size": sweep.global_batch_size, "cluster": sweep.cluster, "space": sweep.space,
-        "trial": sweep.trial, "memory": sweep.memory, "workload": sweep.workload,
+        "name": sweep.name,
+        "model": sweep.model,
+        "seq_len": sweep.seq_len,
+        "global_batch_size": sweep.global_batch_size,
+        "cluster": sweep.cluster,
+        "space": sweep.space,
+        "trial": sweep.trial,
+        "memory": sweep.memory,
+        "workload": sweep.workload,
     }
     text = json.dumps(_plain(what), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -52,8 +52,12 @@ class Layout:
         """This layout with its derived sizes in `sweep` (world, global batch)."""
         cols = self.columns(sweep)
         return ResolvedLayout(
-            self, dp=int(cols["dp"][0]), grad_accum=int(cols["grad_accum"][0]), chunks=int(cols["chunks"][0]),
-            sequence_parallel=bool(cols["effective_sp"][0]), world=sweep.cluster.world,
+            self,
+            dp=int(cols["dp"][0]),
+            grad_accum=int(cols["grad_accum"][0]),
+            chunks=int(cols["chunks"][0]),
+            sequence_parallel=bool(cols["effective_sp"][0]),
+            world=sweep.cluster.world,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -166,81 +170,94 @@ def _microbatch_rounds_ok(cols: Columns) -> np.ndarray:
 
 RULES: tuple[Rule, ...] = (
     Rule(
-        PlanReason.WORLD_NOT_DIVISIBLE, "tp*pp does not divide the number of GPUs",
+        PlanReason.WORLD_NOT_DIVISIBLE,
+        "tp*pp does not divide the number of GPUs",
         lambda c, s: s.cluster.world % (c["tp"] * c["pp"]) != 0,
-        lambda c, s, i: f"tp*pp = {_i(c,'tp',i)}*{_i(c,'pp',i)} does not divide world = {s.cluster.world} GPUs",
+        lambda c, s, i: f"tp*pp = {_i(c, 'tp', i)}*{_i(c, 'pp', i)} does not divide world = {s.cluster.world} GPUs",
     ),
     Rule(
-        PlanReason.TP_EXCEEDS_NODE, "tp larger than the GPUs of one node",
+        PlanReason.TP_EXCEEDS_NODE,
+        "tp larger than the GPUs of one node",
         lambda c, s: c["tp"] > s.cluster.gpus_per_node,
-        lambda c, s, i: f"tp = {_i(c,'tp',i)} exceeds gpus_per_node = {s.cluster.gpus_per_node}",
+        lambda c, s, i: f"tp = {_i(c, 'tp', i)} exceeds gpus_per_node = {s.cluster.gpus_per_node}",
     ),
     Rule(
-        PlanReason.HEADS_NOT_DIVISIBLE, "tp does not divide the attention heads",
+        PlanReason.HEADS_NOT_DIVISIBLE,
+        "tp does not divide the attention heads",
         lambda c, s: s.model.heads % c["tp"] != 0,
-        lambda c, s, i: f"tp = {_i(c,'tp',i)} does not divide heads = {s.model.heads}",
+        lambda c, s, i: f"tp = {_i(c, 'tp', i)} does not divide heads = {s.model.heads}",
     ),
     Rule(
-        PlanReason.KV_HEADS_NOT_DIVISIBLE, "tp does not divide the key/value heads",
+        PlanReason.KV_HEADS_NOT_DIVISIBLE,
+        "tp does not divide the key/value heads",
         lambda c, s: s.model.kv_heads % c["tp"] != 0,
-        lambda c, s, i: f"tp = {_i(c,'tp',i)} does not divide kv_heads = {s.model.kv_heads}",
+        lambda c, s, i: f"tp = {_i(c, 'tp', i)} does not divide kv_heads = {s.model.kv_heads}",
     ),
     Rule(
-        PlanReason.FFN_NOT_DIVISIBLE, "tp does not divide the MLP width",
+        PlanReason.FFN_NOT_DIVISIBLE,
+        "tp does not divide the MLP width",
         lambda c, s: s.model.ffn % c["tp"] != 0,
-        lambda c, s, i: f"tp = {_i(c,'tp',i)} does not divide ffn = {s.model.ffn}",
+        lambda c, s, i: f"tp = {_i(c, 'tp', i)} does not divide ffn = {s.model.ffn}",
     ),
     # pp need not divide the layers: stages get ceil/floor layer counts (sweeper.stages), as
     # Megatron-LM and torchtitan run them; each stage needs at least one layer
     Rule(
-        PlanReason.PP_EXCEEDS_LAYERS, "more pipeline stages than layers",
+        PlanReason.PP_EXCEEDS_LAYERS,
+        "more pipeline stages than layers",
         lambda c, s: c["pp"] > s.model.layers,
-        lambda c, s, i: f"pp = {_i(c,'pp',i)} exceeds layers = {s.model.layers} (each stage needs a layer)",
+        lambda c, s, i: f"pp = {_i(c, 'pp', i)} exceeds layers = {s.model.layers} (each stage needs a layer)",
     ),
     Rule(
-        PlanReason.BATCH_NOT_DIVISIBLE, "micro_batch_size*dp does not divide the global batch",
+        PlanReason.BATCH_NOT_DIVISIBLE,
+        "micro_batch_size*dp does not divide the global batch",
         lambda c, s: (c["dp"] == 0) | (s.global_batch_size % np.maximum(c["micro_batch_size"] * c["dp"], 1) != 0),
         lambda c, s, i: (
-            f"micro_batch_size*dp = {_i(c,'micro_batch_size',i)}*{_i(c,'dp',i)} does not divide "
+            f"micro_batch_size*dp = {_i(c, 'micro_batch_size', i)}*{_i(c, 'dp', i)} does not divide "
             f"global_batch_size = {s.global_batch_size}"
         ),
     ),
     Rule(
-        PlanReason.SEQ_NOT_DIVISIBLE, "sequence parallel needs tp to divide seq_len",
+        PlanReason.SEQ_NOT_DIVISIBLE,
+        "sequence parallel needs tp to divide seq_len",
         lambda c, s: c["sequence_parallel"].astype(bool) & (s.seq_len % c["tp"] != 0),
-        lambda c, s, i: f"sequence_parallel with tp = {_i(c,'tp',i)} needs it to divide seq_len = {s.seq_len}",
+        lambda c, s, i: f"sequence_parallel with tp = {_i(c, 'tp', i)} needs it to divide seq_len = {s.seq_len}",
     ),
     Rule(
-        PlanReason.TOO_FEW_MICROBATCHES, "1F1B needs at least pp micro-batches",
+        PlanReason.TOO_FEW_MICROBATCHES,
+        "1F1B needs at least pp micro-batches",
         lambda c, s: (c["pp"] > 1) & (c["pp_schedule"] != "gpipe") & (c["grad_accum"] < c["pp"]),
         lambda c, s, i: (
-            f"grad_accum = {_i(c,'grad_accum',i)} micro-batches is fewer than pp = {_i(c,'pp',i)} stages "
-            f"({_i(c,'pp_schedule',i)} needs at least one per stage)"
+            f"grad_accum = {_i(c, 'grad_accum', i)} micro-batches is fewer than pp = {_i(c, 'pp', i)} stages "
+            f"({_i(c, 'pp_schedule', i)} needs at least one per stage)"
         ),
     ),
     Rule(
-        PlanReason.INTERLEAVED_VIRTUAL_STAGES, "interleaved schedule needs virtual_stages >= 2",
+        PlanReason.INTERLEAVED_VIRTUAL_STAGES,
+        "interleaved schedule needs virtual_stages >= 2",
         lambda c, s: (c["pp"] > 1) & (c["pp_schedule"] == "interleaved") & (c["virtual_stages"] < 2),
-        lambda c, s, i: f"pp_schedule = interleaved needs virtual_stages >= 2, got {_i(c,'virtual_stages',i)}",
+        lambda c, s, i: f"pp_schedule = interleaved needs virtual_stages >= 2, got {_i(c, 'virtual_stages', i)}",
     ),
     Rule(
-        PlanReason.INTERLEAVED_LAYERS, "pp*virtual_stages exceeds the layers",
+        PlanReason.INTERLEAVED_LAYERS,
+        "pp*virtual_stages exceeds the layers",
         lambda c, s: (c["chunks"] > 1) & (c["pp"] * c["chunks"] > s.model.layers),
         lambda c, s, i: (
-            f"interleaved: pp*virtual_stages = {_i(c,'pp',i)}*{_i(c,'virtual_stages',i)} "
+            f"interleaved: pp*virtual_stages = {_i(c, 'pp', i)}*{_i(c, 'virtual_stages', i)} "
             f"exceeds layers = {s.model.layers} (each model chunk needs a layer)"
         ),
     ),
     Rule(
-        PlanReason.INTERLEAVED_MICROBATCHES, "interleaved 1F1B needs micro-batches in whole rounds",
+        PlanReason.INTERLEAVED_MICROBATCHES,
+        "interleaved 1F1B needs micro-batches in whole rounds",
         lambda c, s: (c["chunks"] > 1) & ~_microbatch_rounds_ok(c),
         lambda c, s, i: (
-            f"interleaved: grad_accum = {_i(c,'grad_accum',i)} is not a multiple of its "
-            f"{max(1, _i(c,'grad_accum',i) // _i(c,'pp',i))} rounds of pp = {_i(c,'pp',i)}"
+            f"interleaved: grad_accum = {_i(c, 'grad_accum', i)} is not a multiple of its "
+            f"{max(1, _i(c, 'grad_accum', i) // _i(c, 'pp', i))} rounds of pp = {_i(c, 'pp', i)}"
         ),
     ),
     Rule(
-        PlanReason.KERNEL_NOT_IN_WORKLOAD, "an attention kernel the workload's trainer does not have",
+        PlanReason.KERNEL_NOT_IN_WORKLOAD,
+        "an attention kernel the workload's trainer does not have",
         lambda c, s: ~np.isin(c["attention"], sorted(WORKLOAD_ATTENTION[s.workload.kind])),
         lambda c, s, i: (
             f"the {s.workload.kind} trainer has no attention kernel "
@@ -248,7 +265,8 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
-        PlanReason.FLOAT8_UNSUPPORTED, "float8 on a GPU without fp8",
+        PlanReason.FLOAT8_UNSUPPORTED,
+        "float8 on a GPU without fp8",
         lambda c, s: c["float8"].astype(bool) & (not s.cluster.gpu.supports_fp8),
         lambda c, s, i: f"float8 needs fp8 matmuls; {s.cluster.gpu.name} has none",
     ),
@@ -257,8 +275,12 @@ RULES: tuple[Rule, ...] = (
 # The rules one value of tp or pp breaks on its own, whatever the other knobs hold: a searched value
 # that breaks one can never be used, and the sweep file is refused (see `unusable`).
 DECIDED_ALONE: dict[str, tuple[PlanReason, ...]] = {
-    "tp": (PlanReason.WORLD_NOT_DIVISIBLE, PlanReason.TP_EXCEEDS_NODE, PlanReason.HEADS_NOT_DIVISIBLE,
-           PlanReason.KV_HEADS_NOT_DIVISIBLE),
+    "tp": (
+        PlanReason.WORLD_NOT_DIVISIBLE,
+        PlanReason.TP_EXCEEDS_NODE,
+        PlanReason.HEADS_NOT_DIVISIBLE,
+        PlanReason.KV_HEADS_NOT_DIVISIBLE,
+    ),
     "pp": (PlanReason.WORLD_NOT_DIVISIBLE,),
 }
 
@@ -266,14 +288,15 @@ DECIDED_ALONE: dict[str, tuple[PlanReason, ...]] = {
 def unusable(knob: str, value: Any, sweep: Sweep) -> list[str]:
     """Why no layout of `sweep` can use `knob=value` (the rules it breaks alone); empty when some can."""
     cols = Layout.from_mapping({knob: value}).columns(sweep)
-    return [r.explain(cols, sweep, 0) for r in RULES if r.code in DECIDED_ALONE[knob] and bool(r.broken(cols, sweep)[0])]
+    return [
+        r.explain(cols, sweep, 0) for r in RULES if r.code in DECIDED_ALONE[knob] and bool(r.broken(cols, sweep)[0])
+    ]
 
 
 RULE_SUMMARIES: dict[str, str] = {r.code.value: r.summary for r in RULES} | {
     PlanReason.DUPLICATE.value: "same as another layout (a knob that has no effect here)",
     PlanReason.MEMORY.value: "predicted peak memory exceeds the card",
 }
-
 
 
 def ineffective(cols: Columns) -> dict[str, np.ndarray]:

@@ -20,6 +20,7 @@ from sweeper.statuses import PlanStatus
 
 __all__ = ["Learning", "needs_at_least"]
 
+
 @dataclass
 class Learning:
     """What the finished trials of a sweep taught about the untried layouts of its plan.
@@ -63,11 +64,18 @@ class Learning:
         model = self.model
         self.calibration = calibrate(model, rows, [self.measured[r] for r in rows])
         scale = model.total / np.maximum(
-            self.calibration.compute_scale * model.compute + self.calibration.comm_scale * model.comm, 1e-12)
+            self.calibration.compute_scale * model.compute + self.calibration.comm_scale * model.comm, 1e-12
+        )
         self.pred_mfu = model.mfu * scale
 
-    def learn_peak(self, row: int, peak_gib: float | None, reserved_gib: float | None,
-                   untried: Sequence[int], busy: Collection[int]) -> None:
+    def learn_peak(
+        self,
+        row: int,
+        peak_gib: float | None,
+        reserved_gib: float | None,
+        untried: Sequence[int],
+        busy: Collection[int],
+    ) -> None:
         """The memory-learning hook: refit the estimate to every measured peak; judge the untried layouts
         again, both ways (pruned ones that now fit are re-admitted, untried ones that do not are excluded)."""
         self.peaks[row] = peak_gib or 0.0
@@ -99,23 +107,34 @@ class Learning:
         mem = self.plan.memory
         self.proven.add(ok_row)
         pruned = self.plan.status == PlanStatus.PRUNED
-        pool = [int(r) for r in np.flatnonzero(pruned)
-                if r not in done and (r not in self.readmitted or r in self.mem_excluded)]
+        pool = [
+            int(r)
+            for r in np.flatnonzero(pruned)
+            if r not in done and (r not in self.readmitted or r in self.mem_excluded)
+        ]
         pool += [r for r in self.mem_excluded if self.plan.candidate_mask[r]]
         m = mirror(self.plan.cols, mem.total, mem.capacity_bytes, ok_row, np.asarray(pool, dtype=int))
         for found in m.readmit:
             r = int(found)
             self.proven.add(r)
-            self.readmit(r, f"needs no more memory than plan row {ok_row}, which ran; the estimate was at least "
-                            f"{m.too_high_bytes / GIB:.1f} GiB ({100 * m.too_high_share:.0f}%) too high there")
+            self.readmit(
+                r,
+                f"needs no more memory than plan row {ok_row}, which ran; the estimate was at least "
+                f"{m.too_high_bytes / GIB:.1f} GiB ({100 * m.too_high_share:.0f}%) too high there",
+            )
 
     def add_probes(self) -> None:
         """A pruned layout just over the card whose predicted MFU clearly beats every candidate gets one trial."""
         mem, margin = self.plan.memory, self.plan.sweep.memory.probe_margin
         pruned = self.plan.status == PlanStatus.PRUNED
-        for r in probe_rows(mem.total, mem.capacity_bytes, margin, pruned, self.plan.candidate_mask, self.plan.pred_mfu):
-            self.readmit(int(r), f"probe: predicted {mem.total[r] / GIB:.1f} GiB, within {100 * margin:.0f}% "
-                                 "of the card, and clearly the fastest predicted layout")
+        for r in probe_rows(
+            mem.total, mem.capacity_bytes, margin, pruned, self.plan.candidate_mask, self.plan.pred_mfu
+        ):
+            self.readmit(
+                int(r),
+                f"probe: predicted {mem.total[r] / GIB:.1f} GiB, within {100 * margin:.0f}% "
+                "of the card, and clearly the fastest predicted layout",
+            )
 
     def readmit(self, row: int, why: str) -> None:
         self.readmitted[row] = why

@@ -63,7 +63,6 @@ def needs_at_least(cols: Columns, rows: np.ndarray, ref: int) -> np.ndarray:
     return mask
 
 
-
 SCALE_BOUNDS = (0.3, 3.0)  # a refit that wants more than this is a wrong model, not a scale
 PROBE_CLEAR = 0.03  # a probe must beat the best candidate's predicted MFU by this share
 MAX_PROBES = 1
@@ -80,12 +79,15 @@ class MemoryFit:
 
     def describe(self) -> str:
         rf = f", reserved {self.reserved_factor:.2f}x allocated" if self.reserved_factor else ""
-        return (f"activations x{self.act_scale:.2f}, {self.offset_bytes / GIB:+.2f} GiB fixed{rf} "
-                f"(from {self.points} measured peak{'s' if self.points != 1 else ''})")
+        return (
+            f"activations x{self.act_scale:.2f}, {self.offset_bytes / GIB:+.2f} GiB fixed{rf} "
+            f"(from {self.points} measured peak{'s' if self.points != 1 else ''})"
+        )
 
 
-def refit(est: Estimate, rows: Sequence[int], allocated_gib: Sequence[float | None],
-          reserved_gib: Sequence[float | None]) -> MemoryFit:
+def refit(
+    est: Estimate, rows: Sequence[int], allocated_gib: Sequence[float | None], reserved_gib: Sequence[float | None]
+) -> MemoryFit:
     """Fit the activation scale and the fixed offset to measured peaks of finished layouts.
 
     Where only reserved is measured, allocated is taken as reserved / the estimate's gap.
@@ -170,8 +172,17 @@ def near_card(total: np.ndarray, capacity: float, margin: float, pruned: np.ndar
     return pruned & (total <= capacity * (1 + margin))
 
 
-def probe_rows(total: np.ndarray, capacity: float, margin: float, pruned: np.ndarray, candidates: np.ndarray,
-               pred_mfu: np.ndarray, *, clear: float = PROBE_CLEAR, limit: int = MAX_PROBES) -> list[int]:
+def probe_rows(
+    total: np.ndarray,
+    capacity: float,
+    margin: float,
+    pruned: np.ndarray,
+    candidates: np.ndarray,
+    pred_mfu: np.ndarray,
+    *,
+    clear: float = PROBE_CLEAR,
+    limit: int = MAX_PROBES,
+) -> list[int]:
     """Pruned layouts near the card whose predicted MFU beats every candidate by `clear`, best first."""
     near = np.flatnonzero(near_card(total, capacity, margin, pruned))
     best = float(np.nanmax(pred_mfu[candidates])) if np.any(candidates) else 0.0

@@ -127,8 +127,9 @@ def pipeline_shapes(cols: Columns) -> list[tuple[int, int]]:
     return [(int(k) >> 20, int(k) & ((1 << 20) - 1)) for k in np.unique(key)]
 
 
-def stage_params_at(cols: Columns, sweep: Sweep, layers: np.ndarray | float, *, first: np.ndarray | bool,
-                    last: np.ndarray | bool) -> np.ndarray:
+def stage_params_at(
+    cols: Columns, sweep: Sweep, layers: np.ndarray | float, *, first: np.ndarray | bool, last: np.ndarray | bool
+) -> np.ndarray:
     """Parameters on a rank of a stage holding `layers` blocks (tp-split).
 
     The first stage holds the embedding (vocab-parallel under tp) and a learned position table
@@ -138,9 +139,11 @@ def stage_params_at(cols: Columns, sweep: Sweep, layers: np.ndarray | float, *, 
     m = sweep.model
     embed = m.vocab * m.hidden / cols["tp"]
     head = np.where(first, 0.0, embed) if m.tied_embeddings else embed
-    return (layers * layer_params_per_rank(cols, sweep)
-            + np.where(first, embed + m.position_params, 0.0)
-            + np.where(last, head + m.norm_params, 0.0))
+    return (
+        layers * layer_params_per_rank(cols, sweep)
+        + np.where(first, embed + m.position_params, 0.0)
+        + np.where(last, head + m.norm_params, 0.0)
+    )
 
 
 def stage_params(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.ndarray]:
@@ -369,14 +372,22 @@ def recipe_bytes(sweep: Sweep, sharding: str) -> StateBytes:
         if sharding == "fsdp":
             sharded = ["params", "grads", "master", "optimizer"]
         return StateBytes.model_validate(
-            {"params": params, "grads": grads, "master": master, "optimizer": 8.0, "sharded": sharded})
+            {"params": params, "grads": grads, "master": master, "optimizer": 8.0, "sharded": sharded}
+        )
     if m.recipe == "deepspeed":
         grads = 4.0 if (m.grad_accum_dtype == "fp32" or e == 4) else 2.0  # default: the parameters' dtype
-        stage = {"none": 0, "zero1": 1, "fsdp": 3}[sharding] if (m.zero_stage is None or sharding == "none") else m.zero_stage
+        stage = (
+            {"none": 0, "zero1": 1, "fsdp": 3}[sharding]
+            if (m.zero_stage is None or sharding == "none")
+            else m.zero_stage
+        )
         sharded = ["master", "optimizer", "grads", "params"][: {0: 0, 1: 2, 2: 3, 3: 4}[stage]]
         return StateBytes.model_validate(
-            {"params": params, "grads": grads, "master": master, "optimizer": 8.0, "sharded": sharded})
-    raise ValueError(f"memory.recipe {m.recipe!r} has no byte table here (builtin and torchtitan use builtin_state_bytes)")
+            {"params": params, "grads": grads, "master": master, "optimizer": 8.0, "sharded": sharded}
+        )
+    raise ValueError(
+        f"memory.recipe {m.recipe!r} has no byte table here (builtin and torchtitan use builtin_state_bytes)"
+    )
 
 
 def recipe_state_bytes(cols: Columns, sweep: Sweep, params: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -484,19 +495,27 @@ def estimate(cols: Columns, sweep: Sweep, *, rank: int | None = None) -> Estimat
         rows = np.flatnonzero((cols["pp"] == pp_value) & (cols["chunks"] == chunks))
         sub = {k: v[rows] for k, v in cols.items()}
         layers = stage_layers(sweep.model.layers, pp_value, chunks) if pp_value <= sweep.model.layers else ()
-        for r in (_ranks_to_check(pp_value, chunks) if rank is None else [rank % pp_value]):
+        for r in _ranks_to_check(pp_value, chunks) if rank is None else [rank % pp_value]:
             count = layers[r]
             first, last = r == 0, r == pp_value - 1
             params = stage_params_at(sub, sweep, float(count), first=first, last=last)
             weights, grads, optimizer, buffers = _state_and_buffers(sub, sweep, params)
             inflight = microbatches_in_flight_at(sub, r)
             terms = {
-                "weights": weights, "grads": grads, "optimizer": optimizer,
+                "weights": weights,
+                "grads": grads,
+                "optimizer": optimizer,
                 "activations": inflight * count * kept[rows] + transient[rows],
                 # the head runs in the last model chunk only: one micro-batch's logits kept under
                 # the 1F1B schedules (interleaved included), every micro-batch's under GPipe
-                "logits": (np.where(sub["pp_schedule"] == "gpipe", np.maximum(sub["grad_accum"], 1), 1.0) * logit_kept[rows]
-                           if pp_value > 1 else logit_kept[rows]) + logit_transient[rows] if last else np.zeros(len(rows)),
+                "logits": (
+                    np.where(sub["pp_schedule"] == "gpipe", np.maximum(sub["grad_accum"], 1), 1.0) * logit_kept[rows]
+                    if pp_value > 1
+                    else logit_kept[rows]
+                )
+                + logit_transient[rows]
+                if last
+                else np.zeros(len(rows)),
                 "buffers": buffers + p2p[rows],
             }
             total = sum(terms.values())
@@ -509,7 +528,15 @@ def estimate(cols: Columns, sweep: Sweep, *, rank: int | None = None) -> Estimat
     allocated = sum(best.values())
     capacity = sweep.cluster.gpu.memory_gib * GIB * (1 - sweep.memory.headroom)
     return Estimate(
-        best["weights"], best["grads"], best["optimizer"], best["activations"], best["logits"], best["buffers"],
-        np.asarray(allocated * (reserved_factor(sweep) - 1.0)), overhead_bytes(cols, sweep), capacity,
-        recipe=sweep.memory.recipe or "builtin", stage=stage,
+        best["weights"],
+        best["grads"],
+        best["optimizer"],
+        best["activations"],
+        best["logits"],
+        best["buffers"],
+        np.asarray(allocated * (reserved_factor(sweep) - 1.0)),
+        overhead_bytes(cols, sweep),
+        capacity,
+        recipe=sweep.memory.recipe or "builtin",
+        stage=stage,
     )

@@ -112,16 +112,30 @@ def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: 
 
 def _qwen3(name: str, layers: int, hidden: int, heads: int, ffn: int, tied: bool) -> ModelShape:
     # every Qwen3 dense model: 8 kv heads, head_dim 128, vocab 151936, q/k RMSNorm
-    return ModelShape(layers, hidden, heads, 8, ffn, 151936, tied_embeddings=tied, name=name, head_dim=128, qk_norm=True)
+    return ModelShape(
+        layers, hidden, heads, 8, ffn, 151936, tied_embeddings=tied, name=name, head_dim=128, qk_norm=True
+    )
 
 
 def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelShape:
     # Brown et al. 2020, Table 2.1: d_ff = 4 d_model, d_head = 128 except 2.7B (80), n_ctx 2048,
     # 13B's d_model 5140 with 40 heads of 128 (so head_dim is explicit there),
     # GPT-2's BPE vocabulary of 50257, output head tied to the token embedding
-    return ModelShape(layers, hidden, heads, heads, 4 * hidden, 50257, tied_embeddings=True, name=name,
-                      head_dim=0 if hidden % heads == 0 else 128, mlp="gelu", norm="layernorm",
-                      position="learned", max_positions=2048)
+    return ModelShape(
+        layers,
+        hidden,
+        heads,
+        heads,
+        4 * hidden,
+        50257,
+        tied_embeddings=True,
+        name=name,
+        head_dim=0 if hidden % heads == 0 else 128,
+        mlp="gelu",
+        norm="layernorm",
+        position="learned",
+        max_positions=2048,
+    )
 
 
 # Shapes from the published configs (params.json / config.json of each release; GPT-3 from

@@ -162,9 +162,13 @@ def prepare(sweep: Sweep, launcher: Launcher, *, storage: str | None = None) -> 
         run = SweepRun(sweep, plan, store, search, launcher, spec_path, identity=identity)
         _load_finished(run)
         if run.rows and not study.trials:  # the study was deleted or set aside: tell it every row
-            n = rebuild(study, sweep.space, search.searched, run.rows, lambda r: search.done.get(_plan_row(run, r), 0.0))
-            run.notes.append(f"the Optuna study had no trials but trials/ holds {len(run.rows)} rows: "
-                             f"rebuilt it from them ({n} told); new trials continue the numbering after them")
+            n = rebuild(
+                study, sweep.space, search.searched, run.rows, lambda r: search.done.get(_plan_row(run, r), 0.0)
+            )
+            run.notes.append(
+                f"the Optuna study had no trials but trials/ holds {len(run.rows)} rows: "
+                f"rebuilt it from them ({n} told); new trials continue the numbering after them"
+            )
         _resume_inflight(run)
     return run
 
@@ -191,8 +195,11 @@ def _resume_inflight(run: SweepRun) -> None:
     finished = {r["trial_number"] for r in run.rows}
     keep: set[int] = set()
     records = [InFlight.from_json(data) for data in run.store.inflight()]
-    named = {_job(run, r.trial_number, Layout.from_mapping(r.layout), attempt=r.attempt).workdir
-             for r in records if r.trial_number not in finished}
+    named = {
+        _job(run, r.trial_number, Layout.from_mapping(r.layout), attempt=r.attempt).workdir
+        for r in records
+        if r.trial_number not in finished
+    }
     ended = run.launcher.end_strays(run.store.jobs_dir, named)
     if ended:
         run.notes.append(f"ended {len(ended)} trial process(es) of this sweep that no record names: {', '.join(ended)}")
@@ -209,37 +216,66 @@ def _resume_inflight(run: SweepRun) -> None:
         if rec.job_id is None:  # killed between saving the record and starting the job
             found = run.launcher.find(job)
             if found is None:  # it never started: start it now, same attempt, same folder
-                _submit(run, number, job.layout, optuna_trial=rec.optuna_trial, row=rec.row, attempt=rec.attempt,
-                        started_at=rec.started_at, previous_error=rec.previous_error)
+                _submit(
+                    run,
+                    number,
+                    job.layout,
+                    optuna_trial=rec.optuna_trial,
+                    row=rec.row,
+                    attempt=rec.attempt,
+                    started_at=rec.started_at,
+                    previous_error=rec.previous_error,
+                )
                 continue
             rec = replace(rec, job_id=found)
             run.store.record_inflight(number, rec.to_json())
-        handle = run.launcher.reattach(rec.job_id, job)
+        job_id = str(rec.job_id)
+        handle = run.launcher.reattach(job_id, job)
         if handle is not None:
             run.running[number] = Running(handle, rec)
         elif job.attempt < MAX_ATTEMPTS:
             _resubmit(run, rec, f"job {rec.job_id} vanished")
         else:
-            outcome = JobOutcome(failure(TrialStatus.FAILED, f"job {rec.job_id} vanished twice", job), rec.job_id)
+            outcome = JobOutcome(failure(TrialStatus.FAILED, f"job {job_id} vanished twice", job), job_id)
             _record(run, rec, outcome)
     run.search.fail_stale_running(keep)
 
 
 def _job(run: SweepRun, number: int, layout: Layout, *, attempt: int) -> TrialJob:
     return TrialJob(
-        number=number, layout=layout, spec_path=run.spec_path.resolve(),
+        number=number,
+        layout=layout,
+        spec_path=run.spec_path.resolve(),
         workdir=(run.store.jobs_dir / f"trial-{number:05d}-a{attempt}").resolve(),
-        timeout_s=run.sweep.trial.timeout_min * 60, attempt=attempt,
+        timeout_s=run.sweep.trial.timeout_min * 60,
+        attempt=attempt,
     )
 
 
-def _submit(run: SweepRun, number: int, layout: Layout, *, optuna_trial: int, row: int, attempt: int = 1,
-            started_at: str | None = None, previous_error: str | None = None) -> None:
+def _submit(
+    run: SweepRun,
+    number: int,
+    layout: Layout,
+    *,
+    optuna_trial: int,
+    row: int,
+    attempt: int = 1,
+    started_at: str | None = None,
+    previous_error: str | None = None,
+) -> None:
     job = _job(run, number, layout, attempt=attempt)
     submitted = now_utc().isoformat()
-    rec = InFlight(trial_number=number, optuna_trial=optuna_trial, row=row, attempt=attempt, job_id=None,
-                   layout=layout.as_dict(), submitted_at=submitted, started_at=started_at or submitted,
-                   previous_error=previous_error)
+    rec = InFlight(
+        trial_number=number,
+        optuna_trial=optuna_trial,
+        row=row,
+        attempt=attempt,
+        job_id=None,
+        layout=layout.as_dict(),
+        submitted_at=submitted,
+        started_at=started_at or submitted,
+        previous_error=previous_error,
+    )
     # saved before the job starts: a `sweep run` killed in between leaves a record, and the
     # restart finds the job by its folder instead of starting the same trial a second time
     run.store.record_inflight(number, rec.to_json())
@@ -251,8 +287,16 @@ def _submit(run: SweepRun, number: int, layout: Layout, *, optuna_trial: int, ro
 
 def _resubmit(run: SweepRun, rec: InFlight, error: str) -> None:
     """The second and last attempt of a trial whose first one died around it."""
-    _submit(run, rec.trial_number, Layout.from_mapping(rec.layout), optuna_trial=rec.optuna_trial, row=rec.row,
-            attempt=rec.attempt + 1, started_at=rec.started_at, previous_error=error)
+    _submit(
+        run,
+        rec.trial_number,
+        Layout.from_mapping(rec.layout),
+        optuna_trial=rec.optuna_trial,
+        row=rec.row,
+        attempt=rec.attempt + 1,
+        started_at=rec.started_at,
+        previous_error=error,
+    )
 
 
 def _record(run: SweepRun, rec: InFlight, outcome: JobOutcome) -> dict[str, Any]:
@@ -265,9 +309,15 @@ def _record(run: SweepRun, rec: InFlight, outcome: JobOutcome) -> dict[str, Any]
         dp=int(run.plan.cols["dp"][plan_row]),
         grad_accum=int(run.plan.cols["grad_accum"][plan_row]),
         pred_mem_gib=float(run.plan.memory.total[plan_row] / 1024**3),
-        job_id=outcome.job_id, nodelist=outcome.nodelist, log_path=outcome.log_path,
-        launcher=run.launcher.kind, attempt=rec.attempt, optuna_trial=rec.optuna_trial, sweep_id=run.identity,
-        started_at=_ts(rec.started_at), finished_at=now_utc(),
+        job_id=outcome.job_id,
+        nodelist=outcome.nodelist,
+        log_path=outcome.log_path,
+        launcher=run.launcher.kind,
+        attempt=rec.attempt,
+        optuna_trial=rec.optuna_trial,
+        sweep_id=run.identity,
+        started_at=_ts(rec.started_at),
+        finished_at=now_utc(),
     )
     if rec.previous_error and values.get("error"):
         values["error"] = f"{values['error']} (attempt 1: {rec.previous_error})"
@@ -281,9 +331,14 @@ def _record(run: SweepRun, rec: InFlight, outcome: JobOutcome) -> dict[str, Any]
 
 def _measured(row: dict[str, Any]) -> dict[str, Any]:
     """What the search learns from a result row."""
-    return {"status": row["status"], "mfu": row.get("mfu"), "step_time_s": row.get("step_time_mean_s"),
-            "peak_mem_gib": row.get("peak_mem_gib"), "device": row.get("device"),
-            "peak_mem_reserved_gib": row.get("peak_mem_reserved_gib")}
+    return {
+        "status": row["status"],
+        "mfu": row.get("mfu"),
+        "step_time_s": row.get("step_time_mean_s"),
+        "peak_mem_gib": row.get("peak_mem_gib"),
+        "device": row.get("device"),
+        "peak_mem_reserved_gib": row.get("peak_mem_reserved_gib"),
+    }
 
 
 def _attrs(row: dict[str, Any]) -> dict[str, Any]:
@@ -299,8 +354,12 @@ def _ts(value: Any) -> Any:
 
 def step(run: SweepRun, progress: Progress | None = None) -> bool:
     """Submit into free slots, collect what finished. False when nothing is left to do."""
-    while (not run.stop_requested and len(run.running) < run.sweep.search.parallel
-           and run.launched < run.budget and not run.search.should_stop()):
+    while (
+        not run.stop_requested
+        and len(run.running) < run.sweep.search.parallel
+        and run.launched < run.budget
+        and not run.search.should_stop()
+    ):
         proposal = run.search.ask()
         if proposal is None:
             break
@@ -324,7 +383,9 @@ def step(run: SweepRun, progress: Progress | None = None) -> bool:
     if progress:
         progress.tick(run)
     return bool(run.running) or (
-        not run.stop_requested and run.launched < run.budget and run.search.remaining() > 0
+        not run.stop_requested
+        and run.launched < run.budget
+        and run.search.remaining() > 0
         and not run.search.should_stop()
     )
 
@@ -339,8 +400,10 @@ def _check_environment(run: SweepRun, row: dict[str, Any]) -> None:
         run.fatal = f"trial {row['trial_number']}: {row['error']}"
     name, gpu = row.get("gpu_name"), run.sweep.cluster.gpu
     if name and not gpu_matches(gpu, name) and not any("detected GPU" in w for w in run.warnings):
-        run.warnings.append(f"detected GPU {name!r} is not the sweep file's {gpu.name!r}: MFU is computed "
-                            f"against {gpu.name}'s peak; fix cluster.gpu if that is wrong")
+        run.warnings.append(
+            f"detected GPU {name!r} is not the sweep file's {gpu.name!r}: MFU is computed "
+            f"against {gpu.name}'s peak; fix cluster.gpu if that is wrong"
+        )
 
 
 def run_loop(run: SweepRun, *, progress: Progress | None = None, poll_s: float | None = None) -> None:
@@ -355,8 +418,13 @@ def run_loop(run: SweepRun, *, progress: Progress | None = None, poll_s: float |
 
 
 def run_sweep(
-    sweep: Sweep, *, launcher: Launcher | None = None, fresh: bool = False, rebuild_study: bool = False,
-    confirm: Callable[[str], bool] = lambda question: False, progress: Progress | None = None,
+    sweep: Sweep,
+    *,
+    launcher: Launcher | None = None,
+    fresh: bool = False,
+    rebuild_study: bool = False,
+    confirm: Callable[[str], bool] = lambda question: False,
+    progress: Progress | None = None,
     on_interrupt: Callable[[], None] | None = None,
 ) -> SweepRun:
     """The whole `sweep run`: check folder and storage before creating anything, hold the sweep's
@@ -367,10 +435,9 @@ def run_sweep(
     """
     import signal
 
+    from sweeper.folder import foreign_entries
     from sweeper.launchers import make_launcher
     from sweeper.lock import SweepLock
-
-    from sweeper.folder import foreign_entries
 
     root = sweep.results_path
     os.umask(0o077)  # a results folder is trusted like code: everything in it is its owner's alone

@@ -86,8 +86,9 @@ def predict(cols: Columns, sweep: Sweep, calibration: Calibration = Calibration(
     imbalance = busiest * pp / L
 
     # --- compute: weight matmuls (fwd 2N, bwd 4N, + recomputed forwards) -----------------
-    w_flops = 6.0 * m.num_params + np.select([mode == "full", mode == "ffn"],
-                                             [2.0 * L * m.layer_params, 2.0 * L * m.mlp_params], 0.0)
+    w_flops = 6.0 * m.num_params + np.select(
+        [mode == "full", mode == "ffn"], [2.0 * L * m.layer_params, 2.0 * L * m.mlp_params], 0.0
+    )
     gemm = (mbs * s) * (h / tp) / 2**20
     eff = MATMUL_EFFICIENCY * gemm / (gemm + GEMM_HALF_SIZE)
     eff = eff * np.where(cols["compile"].astype(bool), 1.03, 1.0)
@@ -100,7 +101,9 @@ def predict(cols: Columns, sweep: Sweep, calibration: Calibration = Calibration(
     scores = np.isin(cols["attention"], SCORE_KERNELS)
     flash_eff = np.select([cols["attention"] == k for k in FLASH_EFFICIENCY], list(FLASH_EFFICIENCY.values()), 0.5)
     attn_eff = np.where(scores, eff, flash_eff)
-    score_bytes = np.select([cols["attention"] == k for k in SCORE_KERNELS], [SCORE_BYTES[k] for k in SCORE_KERNELS], 0.0)
+    score_bytes = np.select(
+        [cols["attention"] == k for k in SCORE_KERNELS], [SCORE_BYTES[k] for k in SCORE_KERNELS], 0.0
+    )
     attention = a_flops * tokens_gpu / (peak * attn_eff) + L * a * s * score_bytes * tokens_gpu / (gpu.hbm_gbps * GIGA)
 
     # --- elementwise: norms (replicated over tp without sequence parallel), RoPE, SwiGLU --
@@ -139,8 +142,11 @@ def predict(cols: Columns, sweep: Sweep, calibration: Calibration = Calibration(
     fsdp = cols["sharding"] == "fsdp"
     fsdp_volume = np.where(pp > 1, 1.0, accum) * (2 * params * e) + params * 4.0  # gathers (+per micro-batch) + RS
     fsdp_comm = np.where(dp > 1, (dp - 1) / np.maximum(dp, 1) * fsdp_volume / (dp_gbps * GIGA), 0.0)
-    dp_comm = np.where(fsdp, np.maximum(fsdp_comm - FSDP_OVERLAP * work, 0.1 * fsdp_comm),
-                       np.maximum(grad_reduce - DDP_OVERLAP * last_backward, 0.0))
+    dp_comm = np.where(
+        fsdp,
+        np.maximum(fsdp_comm - FSDP_OVERLAP * work, 0.1 * fsdp_comm),
+        np.maximum(grad_reduce - DDP_OVERLAP * last_backward, 0.0),
+    )
 
     comm = tp_comm + pp_comm + dp_comm
     step = calibration.compute_scale * compute + calibration.comm_scale * comm
@@ -178,12 +184,30 @@ def calibrate(pred: StepTime, rows: Sequence[int], measured_step_s: Sequence[flo
 
 
 # ---- the step explained (for `sweep report`) -----------------------------------------------
-PARTS = ("matmul", "attention", "memory_bound", "framework", "recompute", "bubble",
-         "tp_comm", "pp_comm", "dp_comm", "dp_hidden")
-PART_LABELS = {"matmul": "matmul compute", "attention": "attention", "memory_bound": "memory-bound (norms, elementwise)",
-               "framework": "launch / framework", "recompute": "recomputation", "bubble": "pipeline bubble",
-               "tp_comm": "tensor-parallel comm", "pp_comm": "pipeline comm", "dp_comm": "data-parallel comm (exposed)",
-               "dp_hidden": "data-parallel comm (hidden)"}
+PARTS = (
+    "matmul",
+    "attention",
+    "memory_bound",
+    "framework",
+    "recompute",
+    "bubble",
+    "tp_comm",
+    "pp_comm",
+    "dp_comm",
+    "dp_hidden",
+)
+PART_LABELS = {
+    "matmul": "matmul compute",
+    "attention": "attention",
+    "memory_bound": "memory-bound (norms, elementwise)",
+    "framework": "launch / framework",
+    "recompute": "recomputation",
+    "bubble": "pipeline bubble",
+    "tp_comm": "tensor-parallel comm",
+    "pp_comm": "pipeline comm",
+    "dp_comm": "data-parallel comm (exposed)",
+    "dp_hidden": "data-parallel comm (hidden)",
+}
 
 
 def breakdown(cols: Columns, sweep: Sweep, calibration: Calibration = Calibration()) -> dict[str, np.ndarray]:
@@ -210,28 +234,45 @@ def breakdown(cols: Columns, sweep: Sweep, calibration: Calibration = Calibratio
     eff = eff * np.where(cols["float8"].astype(bool) & gpu.supports_fp8, FLOAT8_SPEEDUP, 1.0)
     per_flop = tokens_gpu / (peak * eff)
     matmul = 6.0 * m.num_params * per_flop
-    re_matmul = np.select([mode == "full", mode == "ffn"], [2.0 * L * m.layer_params, 2.0 * L * m.mlp_params], 0.0) * per_flop
+    re_matmul = (
+        np.select([mode == "full", mode == "ffn"], [2.0 * L * m.layer_params, 2.0 * L * m.mlp_params], 0.0) * per_flop
+    )
     scores = np.isin(cols["attention"], SCORE_KERNELS)
     flash_eff = np.select([cols["attention"] == k for k in FLASH_EFFICIENCY], list(FLASH_EFFICIENCY.values()), 0.5)
     attn_per_flop = tokens_gpu / (peak * np.where(scores, eff, flash_eff))
-    score_bytes = np.select([cols["attention"] == k for k in SCORE_KERNELS], [SCORE_BYTES[k] for k in SCORE_KERNELS], 0.0)
+    score_bytes = np.select(
+        [cols["attention"] == k for k in SCORE_KERNELS], [SCORE_BYTES[k] for k in SCORE_KERNELS], 0.0
+    )
     attention = 12.0 * L * h * s * attn_per_flop + L * a * s * score_bytes * tokens_gpu / (gpu.hbm_gbps * GIGA)
     re_attention = np.where(mode == "full", 4.0 * L * h * s, 0.0) * attn_per_flop
     sp = cols["sequence_parallel"].astype(bool) & (tp > 1)
     norm_passes = np.where(cols["rmsnorm"] == "fused", NORM_PASSES["fused"], NORM_PASSES["eager"])
     other_bytes = (12 * (h + 2 * m.kv_dim) + 18 * m.ffn + 12 * h) * e
-    memory_bound = L * (2 * norm_passes * h * e * np.where(sp, 1.0, tp) + other_bytes) * tokens_gpu / (gpu.hbm_gbps * GIGA)
+    memory_bound = (
+        L * (2 * norm_passes * h * e * np.where(sp, 1.0, tp) + other_bytes) * tokens_gpu / (gpu.hbm_gbps * GIGA)
+    )
     memory_bound = memory_bound * np.where(cols["compile"].astype(bool), COMPILE_ELEMENTWISE, 1.0)
     framework = LAYER_OVERHEAD_S * (L / pp) * accum
     re_framework = np.where(mode == "full", 0.5 * framework, 0.0)
     work = matmul + re_matmul + attention + re_attention + memory_bound + framework + re_framework
     bubble = work * np.where(pp > 1, (pp - 1) / cols["chunks"].astype(float) / accum, 0.0)
-    compute = {"matmul": matmul, "attention": attention, "memory_bound": memory_bound, "framework": framework,
-               "recompute": re_matmul + re_attention + re_framework, "bubble": bubble}
+    compute = {
+        "matmul": matmul,
+        "attention": attention,
+        "memory_bound": memory_bound,
+        "framework": framework,
+        "recompute": re_matmul + re_attention + re_framework,
+        "bubble": bubble,
+    }
     # communication: the exposed parts from predict's own arithmetic, split by kind
     full = predict(cols, sweep, calibration)
-    tp_comm = _allreduce_s(mbs * s * h * e, tp, gpu.intra_gbps) * np.where(mode == "full", 6, 4) * (L / pp) * accum * (
-        1 + bubble / np.maximum(work, 1e-30))
+    tp_comm = (
+        _allreduce_s(mbs * s * h * e, tp, gpu.intra_gbps)
+        * np.where(mode == "full", 6, 4)
+        * (L / pp)
+        * accum
+        * (1 + bubble / np.maximum(work, 1e-30))
+    )
     act_bytes = mbs * s * h * e
     pp_gbps = np.where(tp * dp >= cl.gpus_per_node, gpu.inter_gbps, gpu.intra_gbps)
     pp_comm = np.where(pp > 1, 2 * act_bytes / np.where(sp, tp, 1.0) * accum * cols["chunks"] / (pp_gbps * GIGA), 0.0)
@@ -240,15 +281,21 @@ def breakdown(cols: Columns, sweep: Sweep, calibration: Calibration = Calibratio
     params = np.maximum(first, last)
     dp_gbps = np.where(tp * dp > cl.gpus_per_node, gpu.inter_gbps, gpu.intra_gbps)
     fsdp_volume = np.where(pp > 1, 1.0, accum) * (2 * params * e) + params * 4.0
-    dp_raw = np.where(cols["sharding"] == "fsdp",
-                      np.where(dp > 1, (dp - 1) / np.maximum(dp, 1) * fsdp_volume / (dp_gbps * GIGA), 0.0),
-                      _allreduce_s(params * 4.0, dp, dp_gbps))
+    dp_raw = np.where(
+        cols["sharding"] == "fsdp",
+        np.where(dp > 1, (dp - 1) / np.maximum(dp, 1) * fsdp_volume / (dp_gbps * GIGA), 0.0),
+        _allreduce_s(params * 4.0, dp, dp_gbps),
+    )
     comm = {"tp_comm": tp_comm, "pp_comm": pp_comm, "dp_comm": dp_exposed}
     out = _rescaled(compute, full.compute * calibration.compute_scale)
     out |= _rescaled(comm, full.comm * calibration.comm_scale)
     out["dp_hidden"] = np.maximum(dp_raw - dp_exposed, 0.0) * calibration.comm_scale
-    out["forward"] = (matmul + attention) / 3.0 * calibration.compute_scale * (
-        full.compute / np.maximum(sum(compute.values()), 1e-30))  # first forward pass: a third of fwd + bwd
+    out["forward"] = (
+        (matmul + attention)
+        / 3.0
+        * calibration.compute_scale
+        * (full.compute / np.maximum(sum(compute.values()), 1e-30))
+    )  # first forward pass: a third of fwd + bwd
     return out
 
 

@@ -157,8 +157,12 @@ def make_plan(sweep: Sweep) -> Plan:
     gib, cap = mem.total / 1024**3, mem.capacity_bytes / 1024**3
     reason[over] = [f"needs {gib[i]:.1f} GiB > {cap:.1f} GiB usable on {sweep.cluster.gpu.name}" for i in over]
     sub_time = predict(sub, sweep)
-    throughput = StepTime(_widen(sub_time.compute, valid, n), _widen(sub_time.comm, valid, n),
-                          sub_time.calibration, _widen(sub_time.mfu, valid, n))
+    throughput = StepTime(
+        _widen(sub_time.compute, valid, n),
+        _widen(sub_time.comm, valid, n),
+        sub_time.calibration,
+        _widen(sub_time.mfu, valid, n),
+    )
     return Plan(sweep, cols, status.astype(str), code.astype(str), reason.astype(str), mem, throughput)
 
 
@@ -172,10 +176,16 @@ def _widen(a: np.ndarray | None, rows: np.ndarray, n: int, fill: float = np.nan)
 
 def _spread_estimate(sub: Estimate, rows: np.ndarray, n: int) -> Estimate:
     """An estimate over a subset of rows, widened to all n rows (NaN where not estimated)."""
-    fields = {f: _widen(getattr(sub, f), rows, n) for f in ("weights", "grads", "optimizer", "activations", "logits",
-                                                   "buffers", "allocator", "overhead")}
-    return Estimate(**fields, capacity_bytes=sub.capacity_bytes, recipe=sub.recipe,
-                    stage=_widen(sub.stage, rows, n, -1).astype(np.int64))
+    fields = {
+        f: _widen(getattr(sub, f), rows, n)
+        for f in ("weights", "grads", "optimizer", "activations", "logits", "buffers", "allocator", "overhead")
+    }
+    return Estimate(
+        **fields,
+        capacity_bytes=sub.capacity_bytes,
+        recipe=sub.recipe,
+        stage=_widen(sub.stage, rows, n, -1).astype(np.int64),
+    )
 
 
 _MESSAGE_KNOBS = ("tp", "pp", "micro_batch_size", "pp_schedule", "virtual_stages")
@@ -197,8 +207,12 @@ def _per_distinct(key: np.ndarray, explain: Any, rows: np.ndarray) -> np.ndarray
 
 
 def _mark_duplicates(
-    cols: dict[str, np.ndarray], codes: dict[str, np.ndarray], radix: dict[str, int],
-    status: np.ndarray, code: np.ndarray, reason: np.ndarray,
+    cols: dict[str, np.ndarray],
+    codes: dict[str, np.ndarray],
+    radix: dict[str, int],
+    status: np.ndarray,
+    code: np.ndarray,
+    reason: np.ndarray,
 ) -> None:
     """Among valid layouts, keep one of each group that runs identically and mark the others.
 

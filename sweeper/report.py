@@ -27,8 +27,13 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-STATUS_COLORS = {TrialStatus.OK: "tab:green", TrialStatus.OOM: "tab:red", TrialStatus.TIMEOUT: "tab:orange", TrialStatus.FAILED: "black",
-                 TrialStatus.KERNEL_UNAVAILABLE: "tab:purple"}
+STATUS_COLORS: dict[str, str] = {
+    TrialStatus.OK: "tab:green",
+    TrialStatus.OOM: "tab:red",
+    TrialStatus.TIMEOUT: "tab:orange",
+    TrialStatus.FAILED: "black",
+    TrialStatus.KERNEL_UNAVAILABLE: "tab:purple",
+}
 
 
 @dataclass(frozen=True)
@@ -42,8 +47,13 @@ class Plot:
 
 def layout_text(row: Any) -> str:
     """A layout in one line: tp, pp, dp, mbs, grad_accum, then every other knob (`knob=value`)."""
-    base = [f"tp={row['tp']}", f"pp={row['pp']}", f"dp={row['dp']}", f"mbs={row['micro_batch_size']}",
-            f"grad_accum={row['grad_accum']}"]
+    base = [
+        f"tp={row['tp']}",
+        f"pp={row['pp']}",
+        f"dp={row['dp']}",
+        f"mbs={row['micro_batch_size']}",
+        f"grad_accum={row['grad_accum']}",
+    ]
     rest = [f"{label(k)}={_fmt(row[k])}" for k in KNOBS if k not in ("tp", "pp", "micro_batch_size")]
     return " ".join(base + rest)
 
@@ -69,16 +79,20 @@ def gpu_hours(df: pd.DataFrame) -> np.ndarray:
 
 def summary_lines(sweep: Sweep, plan: Plan, df: pd.DataFrame) -> list[str]:
     """The page's opening text: winner and layout, margin over the runner-up, coverage, pruned and why."""
-    ok = df[(df["status"] == TrialStatus.OK) & df["mfu"].notna()].sort_values(["mfu", "trial_number"], ascending=[False, True])
+    ok = df[(df["status"] == TrialStatus.OK) & df["mfu"].notna()].sort_values(
+        ["mfu", "trial_number"], ascending=[False, True]
+    )
     lines = []
     if len(ok):
         w = ok.iloc[0]
         lines.append(f"Winner: trial {w['trial_number']} at {100 * w['mfu']:.2f}% MFU — {layout_text(w)}")
         if len(ok) > 1:
             r = ok.iloc[1]
-            lines.append(f"Margin over the runner-up (trial {r['trial_number']}, {100 * r['mfu']:.2f}% MFU): "
-                         f"{100 * (w['mfu'] - r['mfu']):.2f} points, {100 * (w['mfu'] / r['mfu'] - 1):.1f}% faster; "
-                         f"runner-up: {layout_text(r)}")
+            lines.append(
+                f"Margin over the runner-up (trial {r['trial_number']}, {100 * r['mfu']:.2f}% MFU): "
+                f"{100 * (w['mfu'] - r['mfu']):.2f} points, {100 * (w['mfu'] / r['mfu'] - 1):.1f}% faster; "
+                f"runner-up: {layout_text(r)}"
+            )
         else:
             lines.append("No runner-up: only one trial succeeded.")
     else:
@@ -87,12 +101,20 @@ def summary_lines(sweep: Sweep, plan: Plan, df: pd.DataFrame) -> list[str]:
     cands = counts.get(CANDIDATE, 0)
     share = f" ({100 * len(df) / cands:.0f}%)" if cands else ""
     statuses = ", ".join(f"{k} {v}" for k, v in Counter(df["status"]).most_common())
-    lines.append(f"Grid run: {len(df)} trials of {cands} candidate layouts{share}; "
-                 f"{len(plan)} layouts in the cross product. Trials: {statuses or 'none'}.")
+    lines.append(
+        f"Grid run: {len(df)} trials of {cands} candidate layouts{share}; "
+        f"{len(plan)} layouts in the cross product. Trials: {statuses or 'none'}."
+    )
     reasons = plan.reason_counts()
     pruned = counts.get(PlanStatus.PRUNED, 0)
-    lines.append(f"Pruned by the memory estimate: {pruned}" + (
-        f" (over {100 * (1 - sweep.memory.headroom):.0f}% of {sweep.cluster.gpu.memory_gib:g} GiB)." if pruned else "."))
+    lines.append(
+        f"Pruned by the memory estimate: {pruned}"
+        + (
+            f" (over {100 * (1 - sweep.memory.headroom):.0f}% of {sweep.cluster.gpu.memory_gib:g} GiB)."
+            if pruned
+            else "."
+        )
+    )
     invalid = [f"{RULE_SUMMARIES.get(code, code)}: {n}" for code, n in reasons.items() if code != PlanReason.MEMORY]
     lines.append("Invalid: " + ("; ".join(invalid) if invalid else "none") + ".")
     return lines
@@ -133,6 +155,7 @@ def cell_kinds(df: pd.DataFrame, plan: Plan, attn: str, ckpt: str) -> pd.DataFra
             trials = here[(here["tp"] == tp) & (here["pp"] == pp)]
             ok = trials[(trials["status"] == TrialStatus.OK) & trials["mfu"].notna()]
             statuses = set(plan.status[in_combo & (plan.cols["tp"] == tp) & (plan.cols["pp"] == pp)])
+            kind: str
             if len(ok):
                 kind, mfu = TrialStatus.OK, float(ok["mfu"].max())
             elif len(trials):
@@ -148,8 +171,15 @@ def cell_kinds(df: pd.DataFrame, plan: Plan, attn: str, ckpt: str) -> pd.DataFra
 
 
 # fills of cells without a measured MFU; text colour then follows the fill's luminance
-EMPTY_FILLS = {"not run": "#f2f2f2", PlanStatus.PRUNED: "#f6dcb4", PlanStatus.INVALID: "#bdbdbd", TrialStatus.OOM: "#f4b6b6",
-               TrialStatus.FAILED: "#d9a0a0", TrialStatus.TIMEOUT: "#f8cf9c", TrialStatus.KERNEL_UNAVAILABLE: "#d7c4ea"}
+EMPTY_FILLS = {
+    "not run": "#f2f2f2",
+    PlanStatus.PRUNED: "#f6dcb4",
+    PlanStatus.INVALID: "#bdbdbd",
+    TrialStatus.OOM: "#f4b6b6",
+    TrialStatus.FAILED: "#d9a0a0",
+    TrialStatus.TIMEOUT: "#f8cf9c",
+    TrialStatus.KERNEL_UNAVAILABLE: "#d7c4ea",
+}
 
 
 def text_color(rgb: Any) -> str:
@@ -182,11 +212,30 @@ def plot_heatmaps(df: pd.DataFrame, plan: Plan, out_dir: Path) -> list[Plot]:
             if kind == TrialStatus.OK:
                 rgb, text = im.cmap(im.norm(v))[:3], f"{v:.1f}"
             else:
-                rgb, text = to_rgb(EMPTY_FILLS.get(kind, "#ffffff")), kind.replace(TrialStatus.KERNEL_UNAVAILABLE, "no kernel")
-                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=rgb, edgecolor="white",
-                                       hatch="//" if kind == PlanStatus.INVALID else None))
-            ax.text(j, i, text, ha="center", va="center", fontsize=9 if kind == TrialStatus.OK else 8, color=text_color(rgb),
-                    fontweight="bold" if kind == TrialStatus.OK else "normal")
+                rgb, text = (
+                    to_rgb(EMPTY_FILLS.get(kind, "#ffffff")),
+                    kind.replace(TrialStatus.KERNEL_UNAVAILABLE, "no kernel"),
+                )
+                ax.add_patch(
+                    Rectangle(
+                        (j - 0.5, i - 0.5),
+                        1,
+                        1,
+                        facecolor=rgb,
+                        edgecolor="white",
+                        hatch="//" if kind == PlanStatus.INVALID else None,
+                    )
+                )
+            ax.text(
+                j,
+                i,
+                text,
+                ha="center",
+                va="center",
+                fontsize=9 if kind == TrialStatus.OK else 8,
+                color=text_color(rgb),
+                fontweight="bold" if kind == TrialStatus.OK else "normal",
+            )
         ax.set_xticks(range(len(pps)), [str(c) for c in pps])
         ax.set_yticks(range(len(tps)), [str(t) for t in tps])
         ax.set_xlabel("pp")
@@ -194,10 +243,15 @@ def plot_heatmaps(df: pd.DataFrame, plan: Plan, out_dir: Path) -> list[Plot]:
         fig.colorbar(im, ax=ax, label="best MFU %")
         ax.set_title(f"attention={attn}, checkpointing={ckpt}", fontsize=10)
         name = _save(fig, out_dir, f"heatmap_{attn}_{ckpt}.png")
-        plots.append(Plot(name, f"MFU by tp × pp — attention {attn}, checkpointing {ckpt}",
-                          "best MFU (%) over the other knobs in each cell, one colour scale for all; a cell without one says why: "
-                          "not run (a candidate the search left), pruned (predicted over memory), invalid "
-                          "(hatched: no valid layout), or the status every trial there ended with"))
+        plots.append(
+            Plot(
+                name,
+                f"MFU by tp × pp — attention {attn}, checkpointing {ckpt}",
+                "best MFU (%) over the other knobs in each cell, one colour scale for all; a cell without one says why: "
+                "not run (a candidate the search left), pruned (predicted over memory), invalid "
+                "(hatched: no valid layout), or the status every trial there ended with",
+            )
+        )
     return plots
 
 
@@ -224,8 +278,11 @@ def plot_mfu_vs_mbs(df: pd.DataFrame, out_dir: Path) -> Plot | None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, title="attention", title_fontsize=8)
     axes[0][0].set_ylabel("best MFU %")
-    return Plot(_save(fig, out_dir, "mfu_vs_mbs.png"), "MFU against micro-batch size, per attention kernel",
-                "best MFU over the other knobs (tp, pp, ...) at each micro-batch size; one panel per checkpointing mode")
+    return Plot(
+        _save(fig, out_dir, "mfu_vs_mbs.png"),
+        "MFU against micro-batch size, per attention kernel",
+        "best MFU over the other knobs (tp, pp, ...) at each micro-batch size; one panel per checkpointing mode",
+    )
 
 
 def plot_memory(df: pd.DataFrame, plan: Plan, sweep: Sweep, out_dir: Path) -> Plot:
@@ -235,12 +292,21 @@ def plot_memory(df: pd.DataFrame, plan: Plan, sweep: Sweep, out_dir: Path) -> Pl
     ran = df[df["peak_mem_gib"].notna()]
     cpu = ran["device"].fillna("").astype(str).str.startswith("cpu").any() or sweep.cluster.gpu.name == "cpu"
     if cpu:
-        return Plot("", title, "Not plotted: on CPU the measured number is the growth of the process's resident "
-                    "set (RSS) above a baseline, not an allocator peak, so it cannot be compared with the estimate.")
+        return Plot(
+            "",
+            title,
+            "Not plotted: on CPU the measured number is the growth of the process's resident "
+            "set (RSS) above a baseline, not an allocator peak, so it cannot be compared with the estimate.",
+        )
     idx = match_plan_rows(plan, ran) if len(ran) else None
     if idx is None:
-        return Plot("", title, "skipped: no trial measured its peak" if ran.empty else
-                    "skipped: results could not be matched to the plan's layouts by knob values")
+        return Plot(
+            "",
+            title,
+            "skipped: no trial measured its peak"
+            if ran.empty
+            else "skipped: results could not be matched to the plan's layouts by knob values",
+        )
     mem = plan.memory
     tensors = (mem.total - mem.overhead)[idx] / GIB
     plt = _pyplot()
@@ -259,9 +325,12 @@ def plot_memory(df: pd.DataFrame, plan: Plan, sweep: Sweep, out_dir: Path) -> Pl
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     ratio = measured / np.maximum(tensors, 1e-9)
-    return Plot(_save(fig, out_dir, "memory_pred_vs_measured.png"), title,
-                f"labels are trial numbers; measured / estimate: median {np.median(ratio):.2f}, "
-                f"range {ratio.min():.2f}–{ratio.max():.2f}")
+    return Plot(
+        _save(fig, out_dir, "memory_pred_vs_measured.png"),
+        title,
+        f"labels are trial numbers; measured / estimate: median {np.median(ratio):.2f}, "
+        f"range {ratio.min():.2f}–{ratio.max():.2f}",
+    )
 
 
 def plot_mfu_pred(df: pd.DataFrame, plan: Plan, sweep: Sweep, out_dir: Path) -> Plot:
@@ -272,8 +341,14 @@ def plot_mfu_pred(df: pd.DataFrame, plan: Plan, sweep: Sweep, out_dir: Path) -> 
     idx = match_plan_rows(plan, ok) if len(ok) else None
     title = "Predicted against measured MFU"
     if idx is None:
-        return Plot("", title, "skipped: results could not be matched to the plan's layouts by knob values "
-                    "(the sweep file changed since the run?)" if len(ok) else "skipped: no successful trial")
+        return Plot(
+            "",
+            title,
+            "skipped: results could not be matched to the plan's layouts by knob values "
+            "(the sweep file changed since the run?)"
+            if len(ok)
+            else "skipped: no successful trial",
+        )
     predicted = predict(plan.cols, sweep).mfu[idx]
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.0, 5.0))
@@ -307,7 +382,9 @@ def plot_progress(df: pd.DataFrame, out_dir: Path) -> Plot | None:
         return None
     plt = _pyplot()
     ordered = df.sort_values("trial_number")
-    best = np.maximum.accumulate(100 * ordered["mfu"].where(ordered["status"] == TrialStatus.OK).fillna(0.0).to_numpy(float))
+    best = np.maximum.accumulate(
+        100 * ordered["mfu"].where(ordered["status"] == TrialStatus.OK).fillna(0.0).to_numpy(float)
+    )
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     a1.step(ordered["trial_number"], best, where="post", marker="o")
     a1.set_xlabel("trial number")
@@ -325,17 +402,34 @@ def plot_status(df: pd.DataFrame, plan: Plan, out_dir: Path) -> Plot:
     trials = Counter(df["status"])
     counts = plan.counts()
     cands = counts.get(CANDIDATE, 0)
-    layouts = {"candidate, run": min(len(df), cands), "candidate, not run": max(cands - len(df), 0),
-               "pruned (memory)": counts.get(PlanStatus.PRUNED, 0), PlanStatus.INVALID: counts.get(PlanStatus.INVALID, 0)}
+    layouts = {
+        "candidate, run": min(len(df), cands),
+        "candidate, not run": max(cands - len(df), 0),
+        "pruned (memory)": counts.get(PlanStatus.PRUNED, 0),
+        PlanStatus.INVALID: counts.get(PlanStatus.INVALID, 0),
+    }
     from matplotlib.ticker import MaxNLocator
 
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 0.9 + 0.45 * max(len(trials), len(layouts), 2)),
-                                 gridspec_kw={"wspace": 0.55})  # room for the right panel's labels
+    fig, (a1, a2) = plt.subplots(
+        1, 2, figsize=(11, 0.9 + 0.45 * max(len(trials), len(layouts), 2)), gridspec_kw={"wspace": 0.55}
+    )  # room for the right panel's labels
     names = [str(n) for n, _ in trials.most_common()] or ["none"]
-    bars = [("trials by status", a1, names, [trials.get(n, 0) for n in names],
-             [STATUS_COLORS.get(n, "gray") for n in names]),
-            ("layouts of the plan", a2, list(layouts), list(layouts.values()),
-             ["tab:green", "#b8b8b8", "tab:orange", "dimgray"])]
+    bars = [
+        (
+            "trials by status",
+            a1,
+            names,
+            [trials.get(n, 0) for n in names],
+            [STATUS_COLORS.get(n, "gray") for n in names],
+        ),
+        (
+            "layouts of the plan",
+            a2,
+            list(layouts),
+            list(layouts.values()),
+            ["tab:green", "#b8b8b8", "tab:orange", "dimgray"],
+        ),
+    ]
     for title, ax, labels, values, colors in bars:
         ax.barh(labels, values, color=colors, height=0.6)
         ax.invert_yaxis()
@@ -374,16 +468,16 @@ def short_layout(row: Any, knobs: list[str]) -> str:
 
 def explain_top(df: pd.DataFrame, plan: Plan, sweep: Sweep, top: int = TOP_EXPLAINED) -> Explained | None:
     """Breakdown of the top ok trials with measured step times; None when they cannot be matched to the plan."""
-    from sweeper.perfmodel import PARTS, breakdown, calibrate, predict
-
     from sweeper.flops import model_flops_per_token
+    from sweeper.perfmodel import PARTS, breakdown, calibrate, predict
 
     ok = df[(df["status"] == TrialStatus.OK) & df["mfu"].notna() & (df["mfu"] > 0)].copy()
     ok = ok.sort_values(["mfu", "trial_number"], ascending=[False, True])
     # a row with MFU but no step times (a replayed table): its step time follows from MFU's definition
     step_flops = model_flops_per_token(sweep.model, sweep.seq_len) * sweep.global_batch_size * sweep.seq_len
-    ok["step_time_mean_s"] = ok["step_time_mean_s"].fillna(step_flops / (
-        ok["mfu"] * sweep.cluster.world * sweep.cluster.gpu.peak_flops(sweep.trial.precision)))
+    ok["step_time_mean_s"] = ok["step_time_mean_s"].fillna(
+        step_flops / (ok["mfu"] * sweep.cluster.world * sweep.cluster.gpu.peak_flops(sweep.trial.precision))
+    )
     idx = match_plan_rows(plan, ok) if len(ok) else None
     if idx is None:
         return None
@@ -405,8 +499,23 @@ def plot_breakdown(ex: Explained, knobs: list[str], out_dir: Path) -> Plot:
     plt = _pyplot()
     n = len(ex.trials)
     fig, ax = plt.subplots(figsize=(10.5, 1.2 + 1.05 * n))
-    colors = dict(zip(PARTS, ["#4c72b0", "#55a868", "#8172b2", "#cccc66", "#c44e52", "#dd8452",
-                              "#64b5cd", "#937860", "#da8bc3", "#f2c6e4"]))
+    colors = dict(
+        zip(
+            PARTS,
+            [
+                "#4c72b0",
+                "#55a868",
+                "#8172b2",
+                "#cccc66",
+                "#c44e52",
+                "#dd8452",
+                "#64b5cd",
+                "#937860",
+                "#da8bc3",
+                "#f2c6e4",
+            ],
+        )
+    )
     labels = []
     for i, (_, r) in enumerate(ex.trials.iterrows()):
         y = 2.6 * i
@@ -415,29 +524,52 @@ def plot_breakdown(ex: Explained, knobs: list[str], out_dir: Path) -> Plot:
             w = float(ex.parts[k][i])
             if w <= 0:
                 continue
-            ax.barh(y, w, left=left, color=colors[k], edgecolor="white", linewidth=0.5,
-                    hatch="//" if k == "dp_hidden" else None, label=PART_LABELS[k])
+            ax.barh(
+                y,
+                w,
+                left=left,
+                color=colors[k],
+                edgecolor="white",
+                linewidth=0.5,
+                hatch="//" if k == "dp_hidden" else None,
+                label=PART_LABELS[k],
+            )
             left += w
         ax.barh(y + 1, float(r["step_time_mean_s"]), color="#333333", height=0.8)
-        ax.text(float(r["step_time_mean_s"]), y + 1, f"  measured {r['step_time_mean_s']:.3g} s", va="center", fontsize=8)
+        ax.text(
+            float(r["step_time_mean_s"]), y + 1, f"  measured {r['step_time_mean_s']:.3g} s", va="center", fontsize=8
+        )
         ax.text(float(ex.predicted_s[i]), y, f"  model {ex.predicted_s[i]:.3g} s", va="center", fontsize=8)
-        labels.append((y + 0.5, f"#{i + 1} trial {r['trial_number']} ({100 * r['mfu']:.1f}% MFU)\n{short_layout(r, knobs)}"))
+        labels.append(
+            (y + 0.5, f"#{i + 1} trial {r['trial_number']} ({100 * r['mfu']:.1f}% MFU)\n{short_layout(r, knobs)}")
+        )
     ax.set_yticks([y for y, _ in labels], [t for _, t in labels], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds per optimizer step")
     from matplotlib.patches import Patch
 
     used = [k for k in PARTS if float(ex.parts[k].max()) > 0]  # the legend in the bars' order
-    ax.legend([Patch(facecolor=colors[k], hatch="//" if k == "dp_hidden" else None) for k in used],
-              [PART_LABELS[k] for k in used], fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_xlim(0, max(float(ex.predicted_s.max() + ex.parts["dp_hidden"].max()),
-                       float(ex.trials["step_time_mean_s"].max())) * 1.25)
+    ax.legend(
+        [Patch(facecolor=colors[k], hatch="//" if k == "dp_hidden" else None) for k in used],
+        [PART_LABELS[k] for k in used],
+        fontsize=8,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+    )
+    ax.set_xlim(
+        0,
+        max(float(ex.predicted_s.max() + ex.parts["dp_hidden"].max()), float(ex.trials["step_time_mean_s"].max()))
+        * 1.25,
+    )
     ax.grid(axis="x", alpha=0.3)
-    return Plot(_save(fig, out_dir, "step_breakdown.png"), "Why the winner wins: step-time breakdown",
-                "upper bar of each pair: the throughput model (sweeper/perfmodel.py) split into its parts, "
-                "calibrated to the measured step times of every successful trial; hatched: data-parallel traffic "
-                "hidden behind backward (not on the step's path). Lower, dark bar: the measured mean step time "
-                "(for a row with only an MFU, the step time that MFU implies).")
+    return Plot(
+        _save(fig, out_dir, "step_breakdown.png"),
+        "Why the winner wins: step-time breakdown",
+        "upper bar of each pair: the throughput model (sweeper/perfmodel.py) split into its parts, "
+        "calibrated to the measured step times of every successful trial; hatched: data-parallel traffic "
+        "hidden behind backward (not on the step's path). Lower, dark bar: the measured mean step time "
+        "(for a row with only an MFU, the step time that MFU implies).",
+    )
 
 
 def runner_up_sentences(ex: Explained, knobs: list[str], sweep: Sweep) -> list[str]:
@@ -449,19 +581,25 @@ def runner_up_sentences(ex: Explained, knobs: list[str], sweep: Sweep) -> list[s
     for i in range(1, len(ex.trials)):
         r = ex.trials.iloc[i]
         slower = 100 * (r["step_time_mean_s"] / w["step_time_mean_s"] - 1)
-        head = (f"#{i + 1} trial {r['trial_number']} ({short_layout(r, knobs)}): {100 * r['mfu']:.1f}% MFU, "
-                f"step {r['step_time_mean_s']:.3g} s against the winner's {w['step_time_mean_s']:.3g} s "
-                f"({slower:+.1f}% measured)")
+        head = (
+            f"#{i + 1} trial {r['trial_number']} ({short_layout(r, knobs)}): {100 * r['mfu']:.1f}% MFU, "
+            f"step {r['step_time_mean_s']:.3g} s against the winner's {w['step_time_mean_s']:.3g} s "
+            f"({slower:+.1f}% measured)"
+        )
         gaps = {k: float(ex.parts[k][i] - ex.parts[k][0]) for k in PARTS if k != "dp_hidden"}
         part = max(gaps, key=lambda k: gaps[k])
         if gaps[part] <= 0:
-            out.append(head + "; the model predicts it no slower than the winner "
-                       f"({ex.predicted_s[i]:.3g} s against {ex.predicted_s[0]:.3g} s): the gap is measured, not modelled.")
+            out.append(
+                head + "; the model predicts it no slower than the winner "
+                f"({ex.predicted_s[i]:.3g} s against {ex.predicted_s[0]:.3g} s): the gap is measured, not modelled."
+            )
             continue
         share = 100 * ex.parts[part][i] / ex.predicted_s[i]
         share_w = 100 * ex.parts[part][0] / ex.predicted_s[0]
-        out.append(f"{head}; what costs it most: {_why(part, r, share, ex.parts, i)} "
-                   f"(winner: {share_w:.0f}% {PART_LABELS[part]}).")
+        out.append(
+            f"{head}; what costs it most: {_why(part, r, share, ex.parts, i)} "
+            f"(winner: {share_w:.0f}% {PART_LABELS[part]})."
+        )
     return out
 
 
@@ -471,8 +609,10 @@ def _why(part: str, r: Any, share: float, parts: dict[str, np.ndarray], i: int) 
         return f"pp={r['pp']} with {r['grad_accum']} micro-batches adds a {share:.0f}% bubble"
     if part == "recompute":
         of_forward = 100 * parts["recompute"][i] / max(float(parts["forward"][i]), 1e-30)
-        return (f"{r['activation_checkpointing']} checkpointing recomputes {of_forward:.0f}% of the forward, "
-                f"{share:.0f}% of the step")
+        return (
+            f"{r['activation_checkpointing']} checkpointing recomputes {of_forward:.0f}% of the forward, "
+            f"{share:.0f}% of the step"
+        )
     if part == "tp_comm":
         return f"tp={r['tp']} spends {share:.0f}% of the step in tensor-parallel all-reduces"
     if part == "pp_comm":
@@ -480,13 +620,17 @@ def _why(part: str, r: Any, share: float, parts: dict[str, np.ndarray], i: int) 
     if part == "dp_comm":
         return f"dp={r['dp']} (sharding {r['sharding']}) leaves {share:.0f}% of the step in exposed gradient traffic"
     if part == "matmul":
-        return (f"smaller GEMMs (mbs={r['micro_batch_size']}, tp={r['tp']}) run below peak: matmuls take "
-                f"{share:.0f}% of the step")
+        return (
+            f"smaller GEMMs (mbs={r['micro_batch_size']}, tp={r['tp']}) run below peak: matmuls take "
+            f"{share:.0f}% of the step"
+        )
     if part == "attention":
         return f"attention={r['attention']} takes {share:.0f}% of the step"
     if part == "memory_bound":
-        return (f"memory-bound norms and elementwise work (rmsnorm={r['rmsnorm']}, sp={_fmt(r['sequence_parallel'])}) "
-                f"take {share:.0f}% of the step")
+        return (
+            f"memory-bound norms and elementwise work (rmsnorm={r['rmsnorm']}, sp={_fmt(r['sequence_parallel'])}) "
+            f"take {share:.0f}% of the step"
+        )
     return f"launch overhead of {r['grad_accum']} micro-batches takes {share:.0f}% of the step"
 
 
@@ -503,10 +647,20 @@ def write_report(sweep: Sweep, df: pd.DataFrame, out_dir: Path, *, plan: Plan | 
     if ex is not None:
         why = [plot_breakdown(ex, knobs, out_dir), *runner_up_sentences(ex, knobs, sweep)]
     elif len(df[df["status"] == TrialStatus.OK]):
-        why = [("No step-time breakdown: the results could not be matched to the plan's layouts by knob values "
-                "(the sweep file changed since the run?) or no successful trial measured its step time.")]
-    plots = [*plot_heatmaps(df, plan, out_dir), plot_mfu_vs_mbs(df, out_dir), plot_memory(df, plan, sweep, out_dir),
-             plot_mfu_pred(df, plan, sweep, out_dir), plot_progress(df, out_dir), plot_status(df, plan, out_dir)]
+        why = [
+            (
+                "No step-time breakdown: the results could not be matched to the plan's layouts by knob values "
+                "(the sweep file changed since the run?) or no successful trial measured its step time."
+            )
+        ]
+    plots = [
+        *plot_heatmaps(df, plan, out_dir),
+        plot_mfu_vs_mbs(df, out_dir),
+        plot_memory(df, plan, sweep, out_dir),
+        plot_mfu_pred(df, plan, sweep, out_dir),
+        plot_progress(df, out_dir),
+        plot_status(df, plan, out_dir),
+    ]
     shown = [p for p in plots if p is not None]
     page = render_html(sweep, summary_lines(sweep, plan, df), shown, df, out_dir, why=why, plan=plan, knobs=knobs)
     path = out_dir / "report.html"
@@ -517,13 +671,25 @@ def write_report(sweep: Sweep, df: pd.DataFrame, out_dir: Path, *, plan: Plan | 
     return path, files
 
 
-def render_html(sweep: Sweep, summary: list[str], plots: list[Plot], df: pd.DataFrame, out_dir: Path, *,
-                why: list[Plot | str] | None = None, plan: Plan | None = None, knobs: list[str] | None = None) -> str:
+def render_html(
+    sweep: Sweep,
+    summary: list[str],
+    plots: list[Plot],
+    df: pd.DataFrame,
+    out_dir: Path,
+    *,
+    why: list[Plot | str] | None = None,
+    plan: Plan | None = None,
+    knobs: list[str] | None = None,
+) -> str:
     """The page: summary, why the winner wins, top layouts, failures, then each plot (or its note when skipped)."""
     esc = html.escape
     knobs = varying_knobs(df) if knobs is None else knobs
-    parts = [f"<h1>sweep report: {esc(sweep.name)}</h1>",
-             f"<p class=meta>{esc(_describe(sweep))}</p>", "<ul class=summary>"]
+    parts = [
+        f"<h1>sweep report: {esc(sweep.name)}</h1>",
+        f"<p class=meta>{esc(_describe(sweep))}</p>",
+        "<ul class=summary>",
+    ]
     parts += [f"<li>{esc(line)}</li>" for line in summary]
     parts.append("</ul>")
     if why:
@@ -562,14 +728,19 @@ def _plot_html(p: Plot, out_dir: Path) -> list[str]:
 def _describe(sweep: Sweep) -> str:
     m, cl = sweep.model, sweep.cluster
     size = f"{m.num_params / 1e9:.3g}B" if m.num_params >= 1e9 else f"{m.num_params / 1e6:.3g}M"
-    return (f"{m.name}: {size} parameters, seq {sweep.seq_len}, global batch "
-            f"{sweep.global_batch_size}, {cl.nodes}×{cl.gpus_per_node} {cl.gpu.name}, precision {sweep.trial.precision}")
+    return (
+        f"{m.name}: {size} parameters, seq {sweep.seq_len}, global batch "
+        f"{sweep.global_batch_size}, {cl.nodes}×{cl.gpus_per_node} {cl.gpu.name}, precision {sweep.trial.precision}"
+    )
 
 
 def _top_table(df: pd.DataFrame, knobs: list[str], plan: Plan | None, top: int = 10) -> str:
     """The best trials: the knobs that vary, step time, tokens/s, TFLOP/s per GPU, measured and predicted memory."""
-    ok = df[(df["status"] == TrialStatus.OK) & df["mfu"].notna()].sort_values(["mfu", "trial_number"],
-                                                                              ascending=[False, True]).head(top)
+    ok = (
+        df[(df["status"] == TrialStatus.OK) & df["mfu"].notna()]
+        .sort_values(["mfu", "trial_number"], ascending=[False, True])
+        .head(top)
+    )
     if ok.empty:
         return ""
     tensors = None
@@ -577,21 +748,47 @@ def _top_table(df: pd.DataFrame, knobs: list[str], plan: Plan | None, top: int =
     if plan is not None and idx is not None:
         tensors = (plan.memory.total - plan.memory.overhead)[idx] / GIB
     cpu = ok["device"].fillna("").astype(str).str.startswith("cpu").any()
-    head = ["#", "trial", "MFU", *(label(k) for k in knobs), "step s", "tokens/s", "TFLOP/s/GPU",
-            "measured GiB" + (" (RSS growth)" if cpu else " (allocated)"), "predicted GiB (tensors)", "predicted GiB (total)"]
+    head = [
+        "#",
+        "trial",
+        "MFU",
+        *(label(k) for k in knobs),
+        "step s",
+        "tokens/s",
+        "TFLOP/s/GPU",
+        "measured GiB" + (" (RSS growth)" if cpu else " (allocated)"),
+        "predicted GiB (tensors)",
+        "predicted GiB (total)",
+    ]
     body = []
     for i, (_, r) in enumerate(ok.iterrows()):
-        cells = [str(i + 1), str(r["trial_number"]), f"{100 * r['mfu']:.2f}%", *(_fmt(r[k]) for k in knobs),
-                 _num(r["step_time_mean_s"], 3), _num(r["tokens_per_s"], 4), _num(r["tflops_per_gpu"], 4),
-                 _num(r["peak_mem_gib"], 3), _num(None if tensors is None else float(tensors[i]), 3),
-                 _num(r["pred_mem_gib"], 3)]
+        cells = [
+            str(i + 1),
+            str(r["trial_number"]),
+            f"{100 * r['mfu']:.2f}%",
+            *(_fmt(r[k]) for k in knobs),
+            _num(r["step_time_mean_s"], 3),
+            _num(r["tokens_per_s"], 4),
+            _num(r["tflops_per_gpu"], 4),
+            _num(r["peak_mem_gib"], 3),
+            _num(None if tensors is None else float(tensors[i]), 3),
+            _num(r["pred_mem_gib"], 3),
+        ]
         body.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
-    note = ("<p class=caption>Only the knobs that vary among the trials are shown. Predicted tensors: the "
-            "estimate without its fixed per-process overhead, the number an allocator's peak compares with"
-            + ("; on CPU the measured number is RSS growth above a baseline, not an allocator peak." if cpu else ".")
-            + "</p>")
-    return ("<h2>Top layouts</h2><table class=top><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
-            + "</tr>" + "".join(body) + "</table>" + note)
+    note = (
+        "<p class=caption>Only the knobs that vary among the trials are shown. Predicted tensors: the "
+        "estimate without its fixed per-process overhead, the number an allocator's peak compares with"
+        + ("; on CPU the measured number is RSS growth above a baseline, not an allocator peak." if cpu else ".")
+        + "</p>"
+    )
+    return (
+        "<h2>Top layouts</h2><table class=top><tr>"
+        + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+        + "</tr>"
+        + "".join(body)
+        + "</table>"
+        + note
+    )
 
 
 def _failures_table(df: pd.DataFrame, knobs: list[str]) -> str:
@@ -602,12 +799,16 @@ def _failures_table(df: pd.DataFrame, knobs: list[str]) -> str:
     rows = []
     for _, r in bad.iterrows():
         lines = r["error"].strip().splitlines() if isinstance(r["error"], str) else []  # null reads as NaN
-        rows.append(f"<tr><td>{r['trial_number']}</td><td class=status-{html.escape(str(r['status']))}>"
-                    f"{html.escape(str(r['status']))}</td><td>{html.escape(short_layout(r, knobs))}</td>"
-                    f"<td><code>{html.escape(lines[0][:300] if lines else '(no error recorded)')}</code></td></tr>")
+        rows.append(
+            f"<tr><td>{r['trial_number']}</td><td class=status-{html.escape(str(r['status']))}>"
+            f"{html.escape(str(r['status']))}</td><td>{html.escape(short_layout(r, knobs))}</td>"
+            f"<td><code>{html.escape(lines[0][:300] if lines else '(no error recorded)')}</code></td></tr>"
+        )
     counts = ", ".join(f"{k} {v}" for k, v in Counter(bad["status"]).most_common())
-    return (f"<h2>Failures ({len(bad)}: {html.escape(counts)})</h2><table class=failures><tr><th>trial</th>"
-            "<th>status</th><th>layout</th><th>first error line</th></tr>" + "".join(rows) + "</table>")
+    return (
+        f"<h2>Failures ({len(bad)}: {html.escape(counts)})</h2><table class=failures><tr><th>trial</th>"
+        "<th>status</th><th>layout</th><th>first error line</th></tr>" + "".join(rows) + "</table>"
+    )
 
 
 def _num(v: Any, digits: int) -> str:

@@ -22,8 +22,8 @@ import pyarrow.parquet as pq
 
 import sweeper
 from sweeper.errors import SweepError
-from sweeper.folder import INFLIGHT_FILE, PRIVATE_DIR, trial_number_of
 from sweeper.files import atomic_write, atomic_write_text
+from sweeper.folder import INFLIGHT_FILE, PRIVATE_DIR, trial_number_of
 from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
 from sweeper.trial import TrialResult
@@ -74,8 +74,13 @@ class InFlight:
 
 
 _ARROW: dict[Any, pa.DataType] = {
-    int: pa.int64(), float: pa.float64(), bool: pa.bool_(), str: pa.string(), TrialStatus: pa.string(),
-    list[float]: pa.list_(pa.float64()), datetime: pa.timestamp("us", tz="UTC"),
+    int: pa.int64(),
+    float: pa.float64(),
+    bool: pa.bool_(),
+    str: pa.string(),
+    TrialStatus: pa.string(),
+    list[float]: pa.list_(pa.float64()),
+    datetime: pa.timestamp("us", tz="UTC"),
 }
 
 
@@ -209,7 +214,9 @@ class ResultsStore:
         try:
             atomic_write_text(path, json.dumps(dict(record), default=str))
         except OSError as e:
-            raise _write_error(f"the in-flight record of trial {number} (job {record.get('job_id')})", path, e) from None
+            raise _write_error(
+                f"the in-flight record of trial {number} (job {record.get('job_id')})", path, e
+            ) from None
 
     def inflight(self) -> list[dict[str, Any]]:
         """The in-flight records; a file that is not one (bad name, not JSON, `{}`) is skipped by name."""
@@ -237,7 +244,9 @@ class ResultsStore:
     def next_trial_number(self) -> int:
         numbers = [n for p in self.trials_dir.glob("trial-*.parquet") if (n := trial_number_of(p.name)) is not None]
         # by file name, so that even an unreadable record's number is never given out again
-        numbers += [int(m.group(1)) for p in self.inflight_dir.glob("trial-*.json") if (m := INFLIGHT_FILE.match(p.name))]
+        numbers += [
+            int(m.group(1)) for p in self.inflight_dir.glob("trial-*.json") if (m := INFLIGHT_FILE.match(p.name))
+        ]
         return max(numbers, default=-1) + 1
 
 
@@ -272,9 +281,8 @@ def best_rows(rows: Iterable[Mapping[str, Any]], top: int) -> list[Mapping[str, 
 
 def open_results(spec: str, results: Path | None) -> tuple[Path, ResultsStore]:
     """The results folder (given, or the sweep's) and its store; a user error when it has none."""
-    from sweeper.spec import load_sweep
-
     from sweeper.identity import sweep_identity
+    from sweeper.spec import load_sweep
 
     sweep = load_sweep(spec) if results is None else None
     root = results or sweep.results_path  # type: ignore[union-attr]

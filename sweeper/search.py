@@ -69,8 +69,13 @@ def is_exhaustive(sampler: str, n_candidates: int, max_trials: int) -> bool:
 
 
 def build_search(
-    plan: Plan, *, storage: str | None = None, study_name: str | None = None, sampler: str | None = None,
-    max_trials: int | None = None, seed: int | None = None,
+    plan: Plan,
+    *,
+    storage: str | None = None,
+    study_name: str | None = None,
+    sampler: str | None = None,
+    max_trials: int | None = None,
+    seed: int | None = None,
 ) -> LayoutSearch:
     """The search of a plan: its sampler, its study (in `storage`, or in memory when None), its policy.
 
@@ -89,12 +94,20 @@ def build_search(
         study = optuna.create_study(study_name=name, direction="maximize", sampler=optuna_sampler)
     else:
         study = open_study(storage, name, sampler=optuna_sampler)
-    return LayoutSearch(plan, study, sampler=sampler, max_trials=max_trials, seed=seed,
-                        seed_trials=settings.seed_trials, stop_margin=settings.stop_margin)
+    return LayoutSearch(
+        plan,
+        study,
+        sampler=sampler,
+        max_trials=max_trials,
+        seed=seed,
+        seed_trials=settings.seed_trials,
+        stop_margin=settings.stop_margin,
+    )
 
 
-def tell_study(study: optuna.Study, trial: optuna.trial.Trial | int, *, status: str, value: float | None,
-               attrs: dict[str, Any]) -> None:
+def tell_study(
+    study: optuna.Study, trial: optuna.trial.Trial | int, *, status: str, value: float | None, attrs: dict[str, Any]
+) -> None:
     """Tell Optuna one outcome with its user attributes (status, error line, layout, job id, ...).
 
     A trial that ran and failed is stored as FAIL, so optuna-dashboard shows it as failed with its
@@ -120,8 +133,9 @@ def tell_study(study: optuna.Study, trial: optuna.trial.Trial | int, *, status: 
         study.tell(trial, FAILED_OBJECTIVE)
 
 
-def trial_attrs(layout: Layout | None, *, error: str | None = None, job_id: str | None = None,
-                **extra: Any) -> dict[str, Any]:
+def trial_attrs(
+    layout: Layout | None, *, error: str | None = None, job_id: str | None = None, **extra: Any
+) -> dict[str, Any]:
     """The user attributes of a told trial: the layout's knobs, the error's first line, the job id."""
     attrs: dict[str, Any] = dict(extra)
     if layout is not None:
@@ -186,8 +200,17 @@ class LayoutSearch:
     probe trial (`sweeper.memfit`).
     """
 
-    def __init__(self, plan: Plan, study: optuna.Study, *, sampler: str, max_trials: int, seed: int = 0,
-                 seed_trials: int | None = None, stop_margin: float | None = None) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        study: optuna.Study,
+        *,
+        sampler: str,
+        max_trials: int,
+        seed: int = 0,
+        seed_trials: int | None = None,
+        stop_margin: float | None = None,
+    ) -> None:
         self.plan = plan
         self.study = study
         self.sweep = plan.sweep
@@ -259,11 +282,25 @@ class LayoutSearch:
                 why = layout.rejection(self.sweep)
                 reason = self.excluded.get(row) if row is not None else None
                 status = PlanStatus.INVALID if why else PlanStatus.PRUNED
-                tell_study(self.study, trial, status=status, value=None, attrs=trial_attrs(
-                    layout, kind="rejected", reason=reason or (why.message if why else "pruned: predicted memory over the card")))
+                tell_study(
+                    self.study,
+                    trial,
+                    status=status,
+                    value=None,
+                    attrs=trial_attrs(
+                        layout,
+                        kind="rejected",
+                        reason=reason or (why.message if why else "pruned: predicted memory over the card"),
+                    ),
+                )
             elif row in self.done:
-                tell_study(self.study, trial, status=self.outcome.get(row, TrialStatus.OK), value=self.done[row],
-                           attrs=trial_attrs(layout, kind="repeat"))
+                tell_study(
+                    self.study,
+                    trial,
+                    status=self.outcome.get(row, TrialStatus.OK),
+                    value=self.done[row],
+                    attrs=trial_attrs(layout, kind="repeat"),
+                )
             elif row in self.running:
                 trial.set_user_attr("kind", "repeat")
                 self.study.tell(trial, state=TrialState.FAIL)
@@ -282,9 +319,17 @@ class LayoutSearch:
         self.running.add(row)
         return Proposal(trial.number, row, self.plan.layout(row))
 
-    def observe(self, row: int, *, status: str, mfu: float | None, step_time_s: float | None = None,
-                peak_mem_gib: float | None = None, device: str | None = None,
-                peak_mem_reserved_gib: float | None = None) -> float:
+    def observe(
+        self,
+        row: int,
+        *,
+        status: str,
+        mfu: float | None,
+        step_time_s: float | None = None,
+        peak_mem_gib: float | None = None,
+        device: str | None = None,
+        peak_mem_reserved_gib: float | None = None,
+    ) -> float:
         """Learn from a finished trial (also from an earlier run's rows); returns its objective."""
         status = TrialStatus(status)
         value = mfu if (status.succeeded() and mfu is not None) else FAILED_OBJECTIVE
@@ -298,18 +343,32 @@ class LayoutSearch:
             self.learning.learn_step_time(row, step_time_s)
         device_peak = bool(device) and not str(device).startswith("cpu")  # CPU RSS growth is no allocator peak
         if status.succeeded() and device_peak and (peak_mem_gib or peak_mem_reserved_gib):
-            self.learning.learn_peak(row, peak_mem_gib, peak_mem_reserved_gib, self.untried(),
-                                     busy=self.done.keys() | self.running)
+            self.learning.learn_peak(
+                row, peak_mem_gib, peak_mem_reserved_gib, self.untried(), busy=self.done.keys() | self.running
+            )
         if status.succeeded():
             self.learning.learn_ran(row, done=self.done.keys())
         return value
 
-    def tell(self, optuna_trial: int, row: int, *, status: str, mfu: float | None,
-             attrs: dict[str, Any] | None = None, **measured: object) -> None:
+    def tell(
+        self,
+        optuna_trial: int,
+        row: int,
+        *,
+        status: str,
+        mfu: float | None,
+        attrs: dict[str, Any] | None = None,
+        **measured: object,
+    ) -> None:
         """Record a finished trial: MFU when it ran, FAIL otherwise; `attrs` (error, job id) as user attributes."""
         value = self.observe(row, status=status, mfu=mfu, **measured)  # type: ignore[arg-type]
-        tell_study(self.study, optuna_trial, status=status, value=value,
-                   attrs=trial_attrs(self.plan.layout(row)) | (attrs or {}))
+        tell_study(
+            self.study,
+            optuna_trial,
+            status=status,
+            value=value,
+            attrs=trial_attrs(self.plan.layout(row)) | (attrs or {}),
+        )
 
     def should_stop(self) -> bool:
         """With a stop margin: no untried layout can beat the best by more than it (calibrated model)."""
@@ -325,8 +384,11 @@ class LayoutSearch:
 
     def fail_stale_running(self, keep: set[int]) -> int:
         """Optuna trials left RUNNING by an earlier process and not re-attached: mark them failed."""
-        stale = [t.number for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                 if t.number not in keep]
+        stale = [
+            t.number
+            for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if t.number not in keep
+        ]
         for n in stale:
             self.abandon(n)
         return len(stale)

@@ -103,15 +103,35 @@ def environment_checks() -> tuple[list[Check], Any, GPU | None]:
     name = versions["gpu_name"] or "?"
     count = torch.cuda.device_count()
     cap = torch.cuda.get_device_capability(device)
-    rows.append(Check("environment", "CUDA", Verdict.PASS,
-                      f"CUDA {versions['cuda_version']}, {count} x {name} (compute capability {cap[0]}.{cap[1]})"))
+    rows.append(
+        Check(
+            "environment",
+            "CUDA",
+            Verdict.PASS,
+            f"CUDA {versions['cuda_version']}, {count} x {name} (compute capability {cap[0]}.{cap[1]})",
+        )
+    )
     gpu = table_gpu(name)
-    rows.append(Check("environment", "GPU table", Verdict.PASS if gpu else Verdict.WARN,
-                      f"{name} is {gpu.name} in the GPU table" if gpu else
-                      f"{name} matches no GPU table entry: give cluster.gpu as {{memory_gib, peak_tflops}}", relied=False))
+    rows.append(
+        Check(
+            "environment",
+            "GPU table",
+            Verdict.PASS if gpu else Verdict.WARN,
+            f"{name} is {gpu.name} in the GPU table"
+            if gpu
+            else f"{name} matches no GPU table entry: give cluster.gpu as {{memory_gib, peak_tflops}}",
+            relied=False,
+        )
+    )
     nccl = versions["nccl_version"]
-    rows.append(Check("environment", "NCCL", Verdict.PASS if nccl else Verdict.FAIL,
-                      f"NCCL {nccl}" if nccl else "this torch has no NCCL: multi-GPU trials cannot run"))
+    rows.append(
+        Check(
+            "environment",
+            "NCCL",
+            Verdict.PASS if nccl else Verdict.FAIL,
+            f"NCCL {nccl}" if nccl else "this torch has no NCCL: multi-GPU trials cannot run",
+        )
+    )
     return rows, device, gpu
 
 
@@ -129,12 +149,20 @@ def kernel_checks(device: Any, *, seq_len: int = 1024, heads: int = 16, head_dim
     rows = []
     for name in KNOBS["attention"].choices:
         try:
-            kernels.attention_kernel(name, heads=heads, kv_heads=heads, head_dim=head_dim, seq_len=seq_len,
-                                     dtype=dtype, device=device)
+            kernels.attention_kernel(
+                name, heads=heads, kv_heads=heads, head_dim=head_dim, seq_len=seq_len, dtype=dtype, device=device
+            )
             rows.append(Check("kernels", f"attention={name}", Verdict.PASS, "runs", relied=name == "eager"))
         except kernels.KernelUnavailable as e:
-            rows.append(Check("kernels", f"attention={name}", Verdict.FAIL if name == "eager" else Verdict.SKIP,
-                              f"unavailable: {' '.join(str(e).split())[:200]}", relied=name == "eager"))
+            rows.append(
+                Check(
+                    "kernels",
+                    f"attention={name}",
+                    Verdict.FAIL if name == "eager" else Verdict.SKIP,
+                    f"unavailable: {' '.join(str(e).split())[:200]}",
+                    relied=name == "eager",
+                )
+            )
     for name in KNOBS["rmsnorm"].choices:
         try:
             fn = kernels.rmsnorm_kernel(name)
@@ -171,27 +199,44 @@ def matmul_check(device: Any, gpu: GPU | None) -> list[Check]:
         torch.cuda.synchronize(device)
     tflops = 2 * n**3 * reps / (time.perf_counter() - start) / 1e12
     if gpu is None:
-        return [Check("throughput", f"matmul {precision}", Verdict.WARN, f"{tflops:.1f} TFLOP/s; no table peak to compare with")]
+        return [
+            Check(
+                "throughput",
+                f"matmul {precision}",
+                Verdict.WARN,
+                f"{tflops:.1f} TFLOP/s; no table peak to compare with",
+            )
+        ]
     peak = gpu.peak_flops(precision) / 1e12
     share = tflops / peak
     verdict = Verdict.PASS if share >= MATMUL_WARN_SHARE or not cuda else Verdict.WARN
     note = "" if cuda else " (a CPU's table peak is nominal)"
-    return [Check("throughput", f"matmul {precision} {n}^3", verdict,
-                  f"{tflops:.2f} TFLOP/s = {share:.0%} of {gpu.name}'s {peak:g} TFLOP/s peak{note}", relied=False)]
+    return [
+        Check(
+            "throughput",
+            f"matmul {precision} {n}^3",
+            verdict,
+            f"{tflops:.2f} TFLOP/s = {share:.0%} of {gpu.name}'s {peak:g} TFLOP/s peak{note}",
+            relied=False,
+        )
+    ]
 
 
 def selftest_sweep_text(gpu: GPU | None, gpus: int, *, cuda: bool, memory_gib: float = 80.0) -> str:
     """A small model over `gpus` processes of one node, every layout of SELFTEST_LAYOUTS in its space."""
-    model = "{layers: 4, hidden: 1024, heads: 16, kv_heads: 8, ffn: 2816, vocab: 32000}" if cuda else \
-        "{layers: 4, hidden: 64, heads: 4, kv_heads: 2, ffn: 176, vocab: 256}"
+    model = (
+        "{layers: 4, hidden: 1024, heads: 16, kv_heads: 8, ffn: 2816, vocab: 32000}"
+        if cuda
+        else "{layers: 4, hidden: 64, heads: 4, kv_heads: 2, ffn: 176, vocab: 256}"
+    )
     card = gpu.name if gpu is not None else f"{{name: this-gpu, memory_gib: {memory_gib:.1f}, peak_tflops: 1000}}"
     return f"""name: selftest
 model: {model}
 seq_len: {1024 if cuda else 64}
 global_batch_size: {2 * gpus}
 cluster: {{nodes: 1, gpus_per_node: {gpus}, gpu: {card}}}
-space: {{tp: [1, 2], pp: [1, 2], micro_batch_size: [1], sharding: [none, fsdp], attention: [{'flash2' if cuda else 'sdpa_math'}]}}
-trial: {{steps: 4, warmup_steps: 1, timeout_min: 5, precision: {'bf16' if cuda else 'fp32'}}}
+space: {{tp: [1, 2], pp: [1, 2], micro_batch_size: [1], sharding: [none, fsdp], attention: [{"flash2" if cuda else "sdpa_math"}]}}
+trial: {{steps: 4, warmup_steps: 1, timeout_min: 5, precision: {"bf16" if cuda else "fp32"}}}
 launcher: local
 """
 
@@ -220,8 +265,14 @@ def layout_checks(gpu: GPU | None, gpus: int, *, cuda: bool, workdir: Path) -> l
         measured = result.peak_mem_gib or 0.0
         what = "peak allocated" if cuda else "peak RSS growth"
         mem = f"; estimate {predicted:.3f} GiB vs {what} {measured:.3f} GiB" if predicted is not None else ""
-        rows.append(Check("layouts", f"{label} on {gpus}", Verdict.PASS,
-                          f"{result.tokens_per_s:.0f} tokens/s, MFU {result.mfu:.1%}{mem}"))
+        rows.append(
+            Check(
+                "layouts",
+                f"{label} on {gpus}",
+                Verdict.PASS,
+                f"{result.tokens_per_s:.0f} tokens/s, MFU {result.mfu:.1%}{mem}",
+            )
+        )
     return rows
 
 
@@ -258,20 +309,32 @@ def allreduce_worker(*, out_dir: Path, megabytes: int = 256, reps: int = 10) -> 
 def bandwidth_check(gpu: GPU | None, gpus: int, *, workdir: Path) -> list[Check]:
     from sweeper.trainer.launch import launch
 
-    done = launch({"kind": "call", "target": "sweeper.selftest:allreduce_worker", "kwargs": {}},
-                  nprocs=gpus, timeout_s=300, workdir=workdir)
+    done = launch(
+        {"kind": "call", "target": "sweeper.selftest:allreduce_worker", "kwargs": {}},
+        nprocs=gpus,
+        timeout_s=300,
+        workdir=workdir,
+    )
     path = done.out_dir / "allreduce.json"
     if not path.exists():
         return [Check("network", f"all-reduce on {gpus}", Verdict.FAIL, f"no result: {done.log_tail(0, 3)}")]
     data = json.loads(path.read_text())
     bw = data["busbw_gbps"]
     if gpu is None:
-        return [Check("network", f"all-reduce on {gpus}", Verdict.WARN, f"{bw:.1f} GB/s bus bandwidth; no table figure")]
+        return [
+            Check("network", f"all-reduce on {gpus}", Verdict.WARN, f"{bw:.1f} GB/s bus bandwidth; no table figure")
+        ]
     share = bw / gpu.intra_gbps
     verdict = Verdict.PASS if share >= BANDWIDTH_WARN_SHARE else Verdict.WARN
-    return [Check("network", f"all-reduce on {gpus} ({data['backend']})", verdict,
-                  f"{bw:.1f} GB/s bus bandwidth = {share:.0%} of cluster.intra_node_gbps default {gpu.intra_gbps:g} GB/s",
-                  relied=False)]
+    return [
+        Check(
+            "network",
+            f"all-reduce on {gpus} ({data['backend']})",
+            verdict,
+            f"{bw:.1f} GB/s bus bandwidth = {share:.0%} of cluster.intra_node_gbps default {gpu.intra_gbps:g} GB/s",
+            relied=False,
+        )
+    ]
 
 
 def run_selftest(*, gpus: int | None = None, workdir: Path | None = None) -> Report:
@@ -279,7 +342,9 @@ def run_selftest(*, gpus: int | None = None, workdir: Path | None = None) -> Rep
     try:
         checks, device, gpu = environment_checks()
     except Exception as e:  # noqa: BLE001 - torch itself is broken: that is the report
-        return Report([Check("environment", "torch", Verdict.FAIL, f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")])
+        return Report(
+            [Check("environment", "torch", Verdict.FAIL, f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")]
+        )
     cuda = device.type == "cuda"
     checks += _guard("kernels", "probes", lambda: kernel_checks(device))
     checks += _guard("throughput", "matmul", lambda: matmul_check(device, gpu))
@@ -287,17 +352,28 @@ def run_selftest(*, gpus: int | None = None, workdir: Path | None = None) -> Rep
 
     n = gpus if gpus is not None else 2
     if n < 2:
-        checks.append(Check("layouts", "TP/PP/FSDP/DDP", Verdict.SKIP, "--gpus 1: parallel layouts need 2 or more", relied=False))
+        checks.append(
+            Check("layouts", "TP/PP/FSDP/DDP", Verdict.SKIP, "--gpus 1: parallel layouts need 2 or more", relied=False)
+        )
         return Report(checks)
     if cuda and torch.cuda.device_count() < n:
         checks.append(Check("layouts", f"on {n} GPUs", Verdict.FAIL, f"only {torch.cuda.device_count()} GPUs visible"))
         return Report(checks)
     with tempfile.TemporaryDirectory(prefix="sweep-selftest-") as tmp:
         root = Path(workdir) if workdir is not None else Path(tmp)
-        checks += _guard("layouts", "TP/PP/FSDP/DDP", lambda: layout_checks(gpu, n, cuda=cuda, workdir=root / "layouts"))
+        checks += _guard(
+            "layouts", "TP/PP/FSDP/DDP", lambda: layout_checks(gpu, n, cuda=cuda, workdir=root / "layouts")
+        )
         if cuda:
             checks += _guard("network", "all-reduce", lambda: bandwidth_check(gpu, n, workdir=root / "allreduce"))
         else:
-            checks.append(Check("network", "all-reduce (NCCL)", Verdict.SKIP, "no GPUs: NCCL bandwidth not measurable on a CPU",
-                                relied=False))
+            checks.append(
+                Check(
+                    "network",
+                    "all-reduce (NCCL)",
+                    Verdict.SKIP,
+                    "no GPUs: NCCL bandwidth not measurable on a CPU",
+                    relied=False,
+                )
+            )
     return Report(checks)

@@ -38,14 +38,24 @@ class ModelSpec(_Strict):
     ffn: int = Field(ge=1, le=10_000_000)
     vocab: int = Field(ge=1, le=100_000_000)
     tied_embeddings: bool = False
-    head_dim: int | None = Field(default=None, ge=1, le=100_000,
-                                 description="width of one attention head; default hidden/heads (Qwen3, Gemma set it)")
+    head_dim: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="width of one attention head; default hidden/heads (Qwen3, Gemma set it)",
+    )
     mlp: Literal["swiglu", "gelu"] = Field(default="swiglu", description="swiglu (3 matrices) or gelu (2, with biases)")
-    norm: Literal["rmsnorm", "layernorm"] = Field(default="rmsnorm", description="rmsnorm (weight) or layernorm (weight, bias)")
+    norm: Literal["rmsnorm", "layernorm"] = Field(
+        default="rmsnorm", description="rmsnorm (weight) or layernorm (weight, bias)"
+    )
     position: Literal["rope", "learned"] = Field(default="rope", description="rope, or a learned position table")
     qk_norm: bool = Field(default=False, description="an RMSNorm on queries and keys per head (Qwen3)")
-    max_positions: int | None = Field(default=None, ge=1, le=100_000_000,
-                                      description="rows of a learned position table; default (and at least) seq_len")
+    max_positions: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000_000,
+        description="rows of a learned position table; default (and at least) seq_len",
+    )
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelSpec:
@@ -72,9 +82,20 @@ class ModelSpec(_Strict):
 
     def shape(self, name: str = "custom") -> ModelShape:
         return ModelShape(
-            self.layers, self.hidden, self.heads, self.kv_heads or self.heads, self.ffn, self.vocab,
-            self.tied_embeddings, name, head_dim=self.head_dim or 0, mlp=self.mlp, norm=self.norm,
-            position=self.position, qk_norm=self.qk_norm, max_positions=self.max_positions or 0,
+            self.layers,
+            self.hidden,
+            self.heads,
+            self.kv_heads or self.heads,
+            self.ffn,
+            self.vocab,
+            self.tied_embeddings,
+            name,
+            head_dim=self.head_dim or 0,
+            mlp=self.mlp,
+            norm=self.norm,
+            position=self.position,
+            qk_norm=self.qk_norm,
+            max_positions=self.max_positions or 0,
         )
 
 
@@ -102,8 +123,7 @@ class ClusterSpec(_Strict):
     def _known_gpu(cls, v: str | GPUSpec) -> str | GPUSpec:
         if isinstance(v, str) and lookup_gpu(v) is None:
             raise ValueError(
-                f"unknown GPU {v!r}; known: {', '.join(GPUS)} "
-                "(or give a mapping {memory_gib, peak_tflops})"
+                f"unknown GPU {v!r}; known: {', '.join(GPUS)} (or give a mapping {{memory_gib, peak_tflops}})"
             )
         return v
 
@@ -149,10 +169,18 @@ class SearchSettings(_Strict):
     sampler: Literal["auto", "grid", "random", "tpe", "gp"] = "auto"
     seed: int = Field(default=0, ge=0)
     storage: str | None = Field(default=None, description="an Optuna storage URL; default SQLite beside the results")
-    seed_trials: int | None = Field(default=None, ge=0, le=10_000,
-                                    description="auto: first trials spent on the best-predicted layouts (default: budget/5, 3 to 8)")
-    stop_margin: float | None = Field(default=None, ge=0, le=10,
-                                      description="stop early when no untried layout is predicted to beat the best by this share")
+    seed_trials: int | None = Field(
+        default=None,
+        ge=0,
+        le=10_000,
+        description="auto: first trials spent on the best-predicted layouts (default: budget/5, 3 to 8)",
+    )
+    stop_margin: float | None = Field(
+        default=None,
+        ge=0,
+        le=10,
+        description="stop early when no untried layout is predicted to beat the best by this share",
+    )
 
 
 RECIPES = ("builtin", "megatron", "torchtitan", "deepspeed", "explicit")
@@ -170,7 +198,8 @@ class StateBytes(_Strict):
     master: float = Field(default=0, ge=0, le=64, description="fp32 master weights held by the optimizer")
     optimizer: float = Field(ge=0, le=64, description="optimizer states (AdamW: 8 in fp32)")
     sharded: list[Literal["params", "grads", "master", "optimizer"]] = Field(
-        default_factory=list, description="states divided over data parallel")
+        default_factory=list, description="states divided over data parallel"
+    )
 
 
 class MemorySettings(_Strict):
@@ -178,18 +207,27 @@ class MemorySettings(_Strict):
     overhead_gib: float | None = Field(
         default=None, ge=0, le=1000, description="fixed per-process overhead; default by device type"
     )
-    recipe: str | None = Field(default=None, description=f"how the trainer holds memory: {', '.join(RECIPES)}; "
-                                                          "default from workload.kind")
+    recipe: str | None = Field(
+        default=None, description=f"how the trainer holds memory: {', '.join(RECIPES)}; default from workload.kind"
+    )
     distributed_optimizer: bool | None = Field(
-        default=None, description="megatron: --use-distributed-optimizer always (true), never (false), or as sharding says")
+        default=None,
+        description="megatron: --use-distributed-optimizer always (true), never (false), or as sharding says",
+    )
     grad_accum_dtype: Literal["fp32", "bf16"] | None = Field(
-        default=None, description="megatron/deepspeed: dtype of the accumulated gradients (megatron fp32, deepspeed bf16)")
-    zero_stage: int | None = Field(default=None, ge=0, le=3, description="deepspeed: ZeRO stage; default as sharding says")
+        default=None,
+        description="megatron/deepspeed: dtype of the accumulated gradients (megatron fp32, deepspeed bf16)",
+    )
+    zero_stage: int | None = Field(
+        default=None, ge=0, le=3, description="deepspeed: ZeRO stage; default as sharding says"
+    )
     bytes: StateBytes | None = Field(default=None, description="explicit recipe: bytes per parameter")
-    reserved_factor: float | None = Field(default=None, ge=1, le=3,
-                                          description="reserved / allocated of the caching allocator; default by recipe")
-    probe_margin: float = Field(default=0.05, ge=0, le=1,
-                                description="a pruned layout within this share of the card may get one probe trial")
+    reserved_factor: float | None = Field(
+        default=None, ge=1, le=3, description="reserved / allocated of the caching allocator; default by recipe"
+    )
+    probe_margin: float = Field(
+        default=0.05, ge=0, le=1, description="a pruned layout within this share of the card may get one probe trial"
+    )
 
     @field_validator("recipe")
     @classmethod
@@ -206,7 +244,9 @@ class MemorySettings(_Strict):
         if self.zero_stage is not None and r not in (None, "deepspeed"):
             raise ValueError(f"memory.zero_stage applies to recipe deepspeed only, not {r!r}")
         if r == "explicit" and self.bytes is None:
-            raise ValueError("memory.bytes is required for recipe explicit: {params, grads, master, optimizer, sharded}")
+            raise ValueError(
+                "memory.bytes is required for recipe explicit: {params, grads, master, optimizer, sharded}"
+            )
         if self.grad_accum_dtype is not None and r not in (None, "megatron", "deepspeed"):
             raise ValueError(f"memory.grad_accum_dtype applies to recipes megatron and deepspeed only, not {r!r}")
         if self.bytes is not None and r != "explicit":
@@ -218,8 +258,11 @@ class WorkloadSpec(_Strict):
     """What a trial runs: the built-in trainer, or an external trainer's command."""
 
     kind: Literal["builtin", "megatron", "torchtitan", "command"] = "builtin"
-    command: str = Field(default="", max_length=10_000,
-                         description="argv template; {flags} = the layout as the trainer's flags, {tp} ... = values")
+    command: str = Field(
+        default="",
+        max_length=10_000,
+        description="argv template; {flags} = the layout as the trainer's flags, {tp} ... = values",
+    )
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
     cwd: str | None = None
 
@@ -378,9 +421,19 @@ def build_sweep(raw: SweepFile, *, source: Path | None = None) -> Sweep:
 
     check_layout_count(space, MAX_LAYOUTS)  # before anything allocates the cross product
     sweep = Sweep(
-        name=raw.name, model=shape, seq_len=raw.seq_len, global_batch_size=raw.global_batch_size,
-        cluster=cluster, space=space, trial=raw.trial, search=raw.search, memory=memory,
-        launcher=raw.launcher, results_dir=Path(raw.results_dir), source=source, workload=raw.workload,
+        name=raw.name,
+        model=shape,
+        seq_len=raw.seq_len,
+        global_batch_size=raw.global_batch_size,
+        cluster=cluster,
+        space=space,
+        trial=raw.trial,
+        search=raw.search,
+        memory=memory,
+        launcher=raw.launcher,
+        results_dir=Path(raw.results_dir),
+        source=source,
+        workload=raw.workload,
     )
     _check_usable(sweep)
     return sweep
@@ -434,19 +487,23 @@ class _NoAliasLoader(yaml.SafeLoader):
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
-            raise yaml.MarkedYAMLError("while reading the sweep file", None, "aliases (*name) are not supported", event.start_mark)
+            raise yaml.MarkedYAMLError(
+                "while reading the sweep file", None, "aliases (*name) are not supported", event.start_mark
+            )
         return super().compose_node(parent, index)
 
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:  # type: ignore[override]
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         # a key given twice would silently keep the last value: `seq_len: 64` ... `seq_len: 128`
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
             key = key_node.value
             if key in seen:
                 raise yaml.MarkedYAMLError(
-                    "while reading the sweep file", None,
+                    "while reading the sweep file",
+                    None,
                     f"duplicate key {key!r} (line {key_node.start_mark.line + 1}; first on line {seen[key] + 1})",
-                    key_node.start_mark)
+                    key_node.start_mark,
+                )
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
 
@@ -487,7 +544,9 @@ def format_validation_error(e: ValidationError) -> str:
 
 
 def _is_union_tag(part: Any) -> bool:
-    return isinstance(part, str) and (part in {"str", "int", "bool", "float"} or "[" in part or part in {"ModelSpec", "GPUSpec"})
+    return isinstance(part, str) and (
+        part in {"str", "int", "bool", "float"} or "[" in part or part in {"ModelSpec", "GPUSpec"}
+    )
 
 
 def _allowed_fields(loc: tuple[Any, ...]) -> list[str]:

@@ -14,8 +14,23 @@ from sweeper.errors import SpecError
 from sweeper.knobs import KNOBS
 
 # what sweeper.workloads.placeholders fills in, besides every knob; {flags} is a word of its own
-PLACEHOLDERS = frozenset({"dp", "grad_accum", "global_batch_size", "seq_len", "steps", "nproc", "nnodes", "world",
-                          "node_rank", "master_addr", "master_port", "flags", *KNOBS})
+PLACEHOLDERS = frozenset(
+    {
+        "dp",
+        "grad_accum",
+        "global_batch_size",
+        "seq_len",
+        "steps",
+        "nproc",
+        "nnodes",
+        "world",
+        "node_rank",
+        "master_addr",
+        "master_port",
+        "flags",
+        *KNOBS,
+    }
+)
 ENV_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "_")
 
 
@@ -26,8 +41,10 @@ def check_layout_count(space: Mapping[str, tuple[Any, ...]], cap: int) -> None:
         return
     widest = sorted(((len(v), k) for k, v in space.items() if len(v) > 1), reverse=True)[:3]
     names = ", ".join(f"{k} ({c} values)" for c, k in widest)
-    raise SpecError(f"space: {n:,} layouts (the product of every knob's values), more than the {cap:,} a plan "
-                    f"may hold; narrow the knobs with the most values: {names}")
+    raise SpecError(
+        f"space: {n:,} layouts (the product of every knob's values), more than the {cap:,} a plan "
+        f"may hold; narrow the knobs with the most values: {names}"
+    )
 
 
 def check_workload(command: str, env: Mapping[str, str], cwd: str | None) -> None:
@@ -45,8 +62,10 @@ def check_workload(command: str, env: Mapping[str, str], cwd: str | None) -> Non
             for f in fields:
                 name = f.split(".")[0].split("[")[0].split("!")[0]
                 if name not in PLACEHOLDERS:
-                    raise ValueError(f"workload.command: unknown placeholder {{{f}}} in {word!r}; "
-                                     f"allowed: {', '.join(sorted(PLACEHOLDERS))}")
+                    raise ValueError(
+                        f"workload.command: unknown placeholder {{{f}}} in {word!r}; "
+                        f"allowed: {', '.join(sorted(PLACEHOLDERS))}"
+                    )
     for name in env:
         if not name or name[0].isdigit() or not set(name) <= ENV_NAME_CHARS:
             raise ValueError(f"workload.env: {name!r} is not an environment variable name (letters, digits, '_')")

@@ -65,8 +65,10 @@ def is_sqlite(path: Path) -> bool:
 
 
 def corrupt_message(path: Path) -> str:
-    return (f"the Optuna study {path} is not a readable SQLite database; the results in trials/ are intact. "
-            "Run `sweep run ... --rebuild-study` to set it aside and rebuild the study from trials/")
+    return (
+        f"the Optuna study {path} is not a readable SQLite database; the results in trials/ are intact. "
+        "Run `sweep run ... --rebuild-study` to set it aside and rebuild the study from trials/"
+    )
 
 
 def set_aside(path: Path) -> Path:
@@ -90,13 +92,21 @@ def storage_errors(storage: str) -> Iterator[None]:
         cause = e.__cause__ if isinstance(e, StorageInternalError) and e.__cause__ else e
         detail = " ".join(str(getattr(cause, "orig", None) or cause).split())[:200]
         path = sqlite_path(storage)
-        hint = (corrupt_message(path) if path is not None and "not a database" in detail
-                else "the results already written are intact; fix the storage and run `sweep run` again")
+        hint = (
+            corrupt_message(path)
+            if path is not None and "not a database" in detail
+            else "the results already written are intact; fix the storage and run `sweep run` again"
+        )
         raise SweepError(f"the Optuna study ({storage}) failed: {detail}; {hint}") from None
 
 
-def rebuild(study: Any, space: Mapping[str, Sequence[Any]], searched: Sequence[str],
-            rows: Sequence[Mapping[str, Any]], objective: Any) -> int:
+def rebuild(
+    study: Any,
+    space: Mapping[str, Sequence[Any]],
+    searched: Sequence[str],
+    rows: Sequence[Mapping[str, Any]],
+    objective: Any,
+) -> int:
     """Tell a study that has no trials every finished row (as COMPLETE trials with their objective);
     returns how many were added. `objective(row)` is what the search told for that row."""
     import optuna
@@ -107,9 +117,13 @@ def rebuild(study: Any, space: Mapping[str, Sequence[Any]], searched: Sequence[s
     for r in rows:
         if any(r.get(k) not in space[k] for k in searched):
             continue  # a row outside the current space cannot be told; it stays in the dataset
-        trials.append(optuna.trial.create_trial(
-            params={k: r[k] for k in searched}, distributions=dists, value=float(objective(r)),
-            user_attrs={"kind": "rebuilt", "trial_number": int(r["trial_number"])},
-        ))
+        trials.append(
+            optuna.trial.create_trial(
+                params={k: r[k] for k in searched},
+                distributions=dists,
+                value=float(objective(r)),
+                user_attrs={"kind": "rebuilt", "trial_number": int(r["trial_number"])},
+            )
+        )
     study.add_trials(trials)
     return len(trials)

@@ -20,7 +20,11 @@ from sweeper.statuses import TrialStatus
 
 # Short names kept for the trainer and launchers, which set them in many places.
 OK, OOM, KERNEL_UNAVAILABLE, TIMEOUT, FAILED = (
-    TrialStatus.OK, TrialStatus.OOM, TrialStatus.KERNEL_UNAVAILABLE, TrialStatus.TIMEOUT, TrialStatus.FAILED,
+    TrialStatus.OK,
+    TrialStatus.OOM,
+    TrialStatus.KERNEL_UNAVAILABLE,
+    TrialStatus.TIMEOUT,
+    TrialStatus.FAILED,
 )
 STATUSES: tuple[str, ...] = tuple(TrialStatus)
 # The error of a trial of a GPU sweep that found no usable GPU: every later trial would fail
@@ -110,8 +114,14 @@ def _finite(values: Sequence[float]) -> bool:
 
 
 def summarize(
-    sweep: Sweep, layout: Layout, *, step_times_s: Sequence[float], losses: Sequence[float],
-    peak_mem_gib: float | None = None, peak_mem_reserved_gib: float | None = None, **extra: Any,
+    sweep: Sweep,
+    layout: Layout,
+    *,
+    step_times_s: Sequence[float],
+    losses: Sequence[float],
+    peak_mem_gib: float | None = None,
+    peak_mem_reserved_gib: float | None = None,
+    **extra: Any,
 ) -> TrialResult:
     """An `ok` result with the metrics of the protocol: drop the warm-up steps, average the rest.
 

@@ -54,7 +54,9 @@ _MEGATRON_TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([\d.]+)")
 _MEGATRON_LOSS = re.compile(r"lm loss:\s*([-+\d.Ee]+)")
 # megatron/training/utils.py, report_memory():
 #  "[Rank 0] (after 10 iterations) memory (MB) | allocated: ... | max allocated: 1234.5 | reserved: ... | max reserved: ..."
-_MEGATRON_MEM = re.compile(r"\(after \d+ iterations\) memory \(MB\).*?max allocated:\s*([\d.]+).*?max reserved:\s*([\d.]+)")
+_MEGATRON_MEM = re.compile(
+    r"\(after \d+ iterations\) memory \(MB\).*?max allocated:\s*([\d.]+).*?max reserved:\s*([\d.]+)"
+)
 
 # torchtitan/components/metrics.py, MetricsProcessor.log() (torchtitan main, 2025):
 #  "step:  2  loss:  6.1098  grad_norm:  4.6416  memory:  2.49GiB(3.14%)  tps: 177,138  tflops: 96.17  mfu: 9.72%"
@@ -104,8 +106,11 @@ def parse_torchtitan(text: str, *, tokens_per_step_per_device: float) -> ParsedL
 # Failure signatures in a trainer's log, most specific first.
 FAILURES: tuple[tuple[str, re.Pattern[str], str], ...] = (
     (OOM, re.compile(r"CUDA out of memory|OutOfMemoryError|HIP out of memory|out of memory", re.I), "out of memory"),
-    (TIMEOUT, re.compile(r"DUE TO TIME LIMIT|Watchdog caught collective operation timeout|NCCL.*[Tt]imeout"),
-     "time limit or collective timeout"),
+    (
+        TIMEOUT,
+        re.compile(r"DUE TO TIME LIMIT|Watchdog caught collective operation timeout|NCCL.*[Tt]imeout"),
+        "time limit or collective timeout",
+    ),
     (FAILED, re.compile(r"NCCL (WARN|error)|ncclInternalError|ncclSystemError|ncclUnhandledCudaError"), "NCCL error"),
 )
 
@@ -127,11 +132,17 @@ def placeholders(sweep: Sweep, layout: Layout) -> dict[str, str]:
     resolved = layout.resolve(sweep)
     values: dict[str, Any] = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in layout.as_dict().items()}
     values.update(
-        dp=resolved.dp, grad_accum=resolved.grad_accum,
-        global_batch_size=sweep.global_batch_size, seq_len=sweep.seq_len, steps=sweep.trial.steps,
-        nproc=sweep.cluster.gpus_per_node, nnodes=sweep.cluster.nodes, world=world,
+        dp=resolved.dp,
+        grad_accum=resolved.grad_accum,
+        global_batch_size=sweep.global_batch_size,
+        seq_len=sweep.seq_len,
+        steps=sweep.trial.steps,
+        nproc=sweep.cluster.gpus_per_node,
+        nnodes=sweep.cluster.nodes,
+        world=world,
         # on SLURM one task per node runs the command: its node's rank and the first node's address
-        node_rank=os.environ.get("SLURM_NODEID", "0"), master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+        node_rank=os.environ.get("SLURM_NODEID", "0"),
+        master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
         master_port=os.environ.get("MASTER_PORT") or free_port(),
     )
     return {k: str(v) for k, v in values.items()}
@@ -181,8 +192,10 @@ def workload_env(sweep: Sweep, layout: Layout) -> tuple[dict[str, str], list[str
     if sweep.workload.kind != "megatron":
         return env, []
     world = sweep.cluster.world
-    rec = layout_record(layout.as_dict() | {"dp": layout.dp(world),
-                                            "grad_accum": layout.grad_accum(world, sweep.global_batch_size)}, sweep)
+    rec = layout_record(
+        layout.as_dict() | {"dp": layout.dp(world), "grad_accum": layout.grad_accum(world, sweep.global_batch_size)},
+        sweep,
+    )
     needed, reasons = megatron_env(rec)
     notes: list[str] = []
     for (name, value), why in zip(needed.items(), reasons):
@@ -214,8 +227,15 @@ def run_external(sweep: Sweep, layout: Layout, *, workdir: Path, timeout_s: floa
         log.write("".join(f"sweep: {n}\n" for n in env_notes).encode())
         log.flush()
         try:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    cwd=wl.cwd or None, env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=wl.cwd or None,
+                env=env,
+                start_new_session=True,
+            )
         except OSError as e:
             return without_run(sweep, layout, status=FAILED, error=f"cannot start {argv[0]!r}: {e.strerror}")
         try:
@@ -227,30 +247,39 @@ def run_external(sweep: Sweep, layout: Layout, *, workdir: Path, timeout_s: floa
     text = log_path.read_text(errors="replace")
     parsed = _parse(wl.kind, text, sweep, layout)
     if rc is None:
-        return without_run(sweep, layout, status=TIMEOUT,
-                           error=f"the workload ran past {limit:.0f} s ({len(parsed.step_times_s)} steps logged)")
+        return without_run(
+            sweep,
+            layout,
+            status=TIMEOUT,
+            error=f"the workload ran past {limit:.0f} s ({len(parsed.step_times_s)} steps logged)",
+        )
     if len(parsed.step_times_s) <= sweep.trial.warmup_steps:
         status, error = classify_failure(text)
         if rc == 0 and status == FAILED:
             error = f"exit code 0 but {error}"
         return without_run(sweep, layout, status=status, error=f"{error} (exit code {rc}, log {log_path})")
     steps = parsed.step_times_s[: sweep.trial.steps]
-    return summarize(sweep, layout, step_times_s=steps, losses=parsed.losses[: len(steps)],
-                     peak_mem_gib=parsed.peak_mem_gib, peak_mem_reserved_gib=parsed.peak_mem_reserved_gib,
-                     device=f"{wl.kind} workload", startup_s=time.monotonic() - start - sum(steps))
+    return summarize(
+        sweep,
+        layout,
+        step_times_s=steps,
+        losses=parsed.losses[: len(steps)],
+        peak_mem_gib=parsed.peak_mem_gib,
+        peak_mem_reserved_gib=parsed.peak_mem_reserved_gib,
+        device=f"{wl.kind} workload",
+        startup_s=time.monotonic() - start - sum(steps),
+    )
 
 
 def _parse(kind: str, text: str, sweep: Sweep, layout: Layout) -> ParsedLog:
     parsers: dict[str, Callable[[], ParsedLog]] = {
         "megatron": lambda: parse_megatron(text),
         "torchtitan": lambda: parse_torchtitan(
-            text, tokens_per_step_per_device=sweep.global_batch_size * sweep.seq_len / sweep.cluster.world),
+            text, tokens_per_step_per_device=sweep.global_batch_size * sweep.seq_len / sweep.cluster.world
+        ),
     }
     if kind in parsers:
         return parsers[kind]()
     # a plain command may print either format
     parsed = parse_megatron(text)
     return parsed if parsed.step_times_s else parsers["torchtitan"]()
-
-
-

@@ -25,8 +25,17 @@ class Format(StrEnum):
 def best(
     spec: Annotated[str, typer.Argument(help="sweep file (path or bare name)")],
     top: Annotated[int, typer.Option("--top", "-n", min=1, help="how many layouts (at least 1)")] = 5,
-    fmt: Annotated[Format, typer.Option("--format", "-f", help="table, json, yaml (the winner's layout), torchtitan (0.2.x TOML), torchtitan-cli (0.3.x overrides) or megatron (flags)")] = Format.table,
-    results: Annotated[Path | None, typer.Option("--results", help="a results folder (default: results_dir/<name> of the sweep)")] = None,
+    fmt: Annotated[
+        Format,
+        typer.Option(
+            "--format",
+            "-f",
+            help="table, json, yaml (the winner's layout), torchtitan (0.2.x TOML), torchtitan-cli (0.3.x overrides) or megatron (flags)",
+        ),
+    ] = Format.table,
+    results: Annotated[
+        Path | None, typer.Option("--results", help="a results folder (default: results_dir/<name> of the sweep)")
+    ] = None,
 ) -> None:
     from rich.console import Console
     from rich.markup import escape
@@ -42,8 +51,14 @@ def best(
         from collections import Counter
 
         chosen = [_jsonable(r) for r in best_rows(rows, top)]
-        doc = {"name": root.name, "trials": len(rows), "statuses": dict(Counter(r["status"] for r in rows)),
-               "best": chosen[0] if chosen else None, "top": chosen, "layout": _winner_layout(rows, root, spec)}
+        doc = {
+            "name": root.name,
+            "trials": len(rows),
+            "statuses": dict(Counter(r["status"] for r in rows)),
+            "best": chosen[0] if chosen else None,
+            "top": chosen,
+            "layout": _winner_layout(rows, root, spec),
+        }
         typer.echo(json.dumps(doc, indent=2))
     elif fmt in (Format.yaml, Format.torchtitan, Format.torchtitan_cli, Format.megatron):
         typer.echo(_export_winner(rows, root, spec, fmt.value), nl=False)

@@ -33,7 +33,12 @@ def compare(
     shared = shared_layouts(frame_a, frame_b)
     summary = summarize(shared)
     if fmt is Format.json:
-        doc = {"a": name_a, "b": name_b, **summary, "layouts": shared.astype(object).where(shared.notna(), None).to_dict(orient="records")}
+        doc = {
+            "a": name_a,
+            "b": name_b,
+            **summary,
+            "layouts": shared.astype(object).where(shared.notna(), None).to_dict(orient="records"),
+        }
         typer.echo(json.dumps(doc, indent=2, default=_jsonable))
         return
     _print_table(shared, summary, name_a, name_b)
@@ -89,14 +94,21 @@ def _print_table(shared: pd.DataFrame, summary: dict[str, Any], name_a: str, nam
     for col in (*(label(k) for k in varying), "MFU A", "MFU B", "B / A", "status A", "status B"):
         table.add_column(col, justify="right" if not col.startswith("status") else "left")
     for _, r in shared.iterrows():
-        table.add_row(*(str(r[k]) for k in varying), _pct(r["mfu_a"]), _pct(r["mfu_b"]),
-                      "-" if r["ratio"] is None or math.isnan(r["ratio"]) else f"{r['ratio']:.3f}",
-                      str(r["status_a"]), str(r["status_b"]))
+        table.add_row(
+            *(str(r[k]) for k in varying),
+            _pct(r["mfu_a"]),
+            _pct(r["mfu_b"]),
+            "-" if r["ratio"] is None or math.isnan(r["ratio"]) else f"{r['ratio']:.3f}",
+            str(r["status_a"]),
+            str(r["status_b"]),
+        )
     if len(shared):
         console.print(table)
     g = summary["geomean_ratio"]
-    console.print(f"{summary['shared']} layouts shared, {summary['with_ratio']} with an MFU on both sides; "
-                  f"geometric mean B / A: {'-' if g is None else f'{g:.3f}'}")
+    console.print(
+        f"{summary['shared']} layouts shared, {summary['with_ratio']} with an MFU on both sides; "
+        f"geometric mean B / A: {'-' if g is None else f'{g:.3f}'}"
+    )
 
 
 def _pct(v: Any) -> str:

@@ -36,8 +36,13 @@ class LiveProgress:
         from sweeper.cli.render import make_console
 
         self.console = console or make_console(stderr=True)
-        self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=self.console)
+        self.bar = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+        )
         self.task: TaskID | None = None
         self.live: Live | None = None
         self.t0 = time.time()
@@ -63,7 +68,9 @@ class LiveProgress:
         detail = mfu or (err[0][:100] if err else "")
         colour = "green" if row["status"] == TrialStatus.OK else "red"
         knobs = tuple(k for k in SHOWN_KNOBS if len(run.sweep.space.get(k, ())) > 1) or SHOWN_KNOBS[:3]
-        self.console.print(f"trial {row['trial_number']:>3} [{colour}]{row['status']:<18}[/] {describe(row, knobs)}  {detail}")
+        self.console.print(
+            f"trial {row['trial_number']:>3} [{colour}]{row['status']:<18}[/] {describe(row, knobs)}  {detail}"
+        )
         self._refresh(run)
 
     def tick(self, run: SweepRun) -> None:

@@ -57,12 +57,20 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
         r = row._asdict()
         cells = [_fmt(r[k]) for k in varying[:3]] + [str(r["dp"]), str(r["grad_accum"])]
         cells += [_fmt(r[k]) for k in varying[3:]]
-        cells += [_gib(r["mem_allocated_gib"]), _gib(r["mem_reserved_gib"]), _gib(r["mem_total_gib"]), f"{100 * r['mem_share']:.0f}%", f"{100 * r['pred_mfu']:.1f}%"]
+        cells += [
+            _gib(r["mem_allocated_gib"]),
+            _gib(r["mem_reserved_gib"]),
+            _gib(r["mem_total_gib"]),
+            f"{100 * r['mem_share']:.0f}%",
+            f"{100 * r['pred_mfu']:.1f}%",
+        ]
         table.add_row(*cells)
     if len(cands):
         console.print(table)
     if len(shown) < len(cands):
-        console.print(f"[dim]… {len(cands) - len(shown)} more candidates (--limit 0 shows all; --out writes the plan)[/]")
+        console.print(
+            f"[dim]… {len(cands) - len(shown)} more candidates (--limit 0 shows all; --out writes the plan)[/]"
+        )
 
     counts = plan.counts()
     m = sweep.model
@@ -70,8 +78,10 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
         f"\n[bold]{sweep.name}[/]: {m.name} ({_params(m.num_params)} params), seq {sweep.seq_len}, "
         f"global batch {sweep.global_batch_size}, {sweep.cluster.nodes}×{sweep.cluster.gpus_per_node} {gpu.name}"
     )
-    console.print(f"memory recipe: [bold]{plan.memory.recipe}[/] ({recipe_summary(sweep)}); "
-                  "pruning compares the reserved peak + overhead with the card")
+    console.print(
+        f"memory recipe: [bold]{plan.memory.recipe}[/] ({recipe_summary(sweep)}); "
+        "pruning compares the reserved peak + overhead with the card"
+    )
     summary = Table(show_header=False, box=None, padding=(0, 2))
     summary.add_row("layouts in the cross product", str(len(plan)))
     for code, n in plan.reason_counts().items():
@@ -98,12 +108,16 @@ def recipe_summary(sweep) -> str:  # noqa: ANN001 - Sweep
         do = {None: "as sharding says", True: "always", False: "never"}[m.distributed_optimizer]
         parts += [f"distributed optimizer {do}", f"grads {m.grad_accum_dtype or 'fp32'}"]
     elif m.recipe == "deepspeed":
-        parts += [f"ZeRO stage {m.zero_stage if m.zero_stage is not None else 'as sharding says'}",
-                  f"grads {m.grad_accum_dtype or 'bf16'}"]
+        parts += [
+            f"ZeRO stage {m.zero_stage if m.zero_stage is not None else 'as sharding says'}",
+            f"grads {m.grad_accum_dtype or 'bf16'}",
+        ]
     elif m.recipe == "explicit" and m.bytes is not None:
         b = m.bytes
-        parts += [f"bytes/param params {b.params:g}, grads {b.grads:g}, master {b.master:g}, optimizer {b.optimizer:g}",
-                  f"sharded: {', '.join(b.sharded) or 'none'}"]
+        parts += [
+            f"bytes/param params {b.params:g}, grads {b.grads:g}, master {b.master:g}, optimizer {b.optimizer:g}",
+            f"sharded: {', '.join(b.sharded) or 'none'}",
+        ]
     from sweeper.memory import reserved_factor
 
     parts.append(f"reserved = {reserved_factor(sweep):.2f} x allocated")
@@ -129,19 +143,36 @@ def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
     chosen = best_rows(rows, top)
     counts = Counter(r["status"] for r in rows)
     if not chosen:
-        console.print(f"{title}: no successful trial yet ({', '.join(f'{k} {v}' for k, v in counts.items()) or 'no trials'})")
+        console.print(
+            f"{title}: no successful trial yet ({', '.join(f'{k} {v}' for k, v in counts.items()) or 'no trials'})"
+        )
         return
     varying = [k for k in KNOBS if k not in BASE_KNOBS and len({r.get(k) for r in rows}) > 1]
     table = Table(title=title, title_justify="left", header_style="bold")
     text_labels = {label(k) for k, knob in KNOBS.items() if knob.kind is str}
-    for col in ("#", "trial", "MFU", "TFLOP/s/GPU", "step s", *(label(k) for k in (*BASE_KNOBS, *varying)),
-                "peak GiB", "pred GiB"):
+    for col in (
+        "#",
+        "trial",
+        "MFU",
+        "TFLOP/s/GPU",
+        "step s",
+        *(label(k) for k in (*BASE_KNOBS, *varying)),
+        "peak GiB",
+        "pred GiB",
+    ):
         table.add_column(col, justify="left" if col in text_labels else "right")
     for i, r in enumerate(chosen, 1):
         knobs = [_cell(r.get(k)) for k in (*BASE_KNOBS, *varying)]
-        table.add_row(str(i), str(r["trial_number"]), f"{100 * r['mfu']:.2f}%", _num(r.get("tflops_per_gpu"), 3),
-                      _num(r.get("step_time_mean_s"), 3), *knobs, _num(r.get("peak_mem_gib"), 3),
-                      _num(r.get("pred_mem_gib"), 3))
+        table.add_row(
+            str(i),
+            str(r["trial_number"]),
+            f"{100 * r['mfu']:.2f}%",
+            _num(r.get("tflops_per_gpu"), 3),
+            _num(r.get("step_time_mean_s"), 3),
+            *knobs,
+            _num(r.get("peak_mem_gib"), 3),
+            _num(r.get("pred_mem_gib"), 3),
+        )
     console.print(table)
     console.print(f"{len(rows)} trials: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
 

@@ -12,7 +12,9 @@ from sweeper.errors import SweepError
 
 def report(
     spec: Annotated[str, typer.Argument(help="sweep file (path or bare name)")],
-    results: Annotated[Path | None, typer.Option("--results", help="a results folder (default: results_dir/<name> of the sweep)")] = None,
+    results: Annotated[
+        Path | None, typer.Option("--results", help="a results folder (default: results_dir/<name> of the sweep)")
+    ] = None,
 ) -> None:
     from rich.markup import escape
 

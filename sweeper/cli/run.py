@@ -13,16 +13,31 @@ from sweeper.statuses import PlanStatus
 
 
 def run(
-    spec: Annotated[str, typer.Argument(help="sweep file: a path, or a bare name found here or among the shipped spaces")],
-    dry_run: Annotated[bool, typer.Option("--dry-run", metavar="", help="plan only: show candidates and pruned layouts; submit nothing")] = False,
-    out: Annotated[Path | None, typer.Option("--out", help="write the whole plan, one row per layout, as .parquet or .csv")] = None,
+    spec: Annotated[
+        str, typer.Argument(help="sweep file: a path, or a bare name found here or among the shipped spaces")
+    ],
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", metavar="", help="plan only: show candidates and pruned layouts; submit nothing"),
+    ] = False,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="write the whole plan, one row per layout, as .parquet or .csv")
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", help="candidate rows to show (0: all)")] = 40,
-    as_json: Annotated[bool, typer.Option("--json", metavar="", help="print the plan summary and candidates as JSON")] = False,
-    fresh: Annotated[bool, typer.Option("--fresh", metavar="", help="discard this sweep's results and study, and start over")] = False,
-    yes: Annotated[bool, typer.Option("--yes", "-y", metavar="", help="do not ask before --fresh deletes results")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", metavar="", help="print the plan summary and candidates as JSON")
+    ] = False,
+    fresh: Annotated[
+        bool, typer.Option("--fresh", metavar="", help="discard this sweep's results and study, and start over")
+    ] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", metavar="", help="do not ask before --fresh deletes results")
+    ] = False,
     top: Annotated[int, typer.Option("--top", min=1, help="layouts to show at the end (at least 1)")] = 5,
-    rebuild_study: Annotated[bool, typer.Option(
-        "--rebuild-study", help="set an unreadable optuna.db aside and rebuild the study from trials/")] = False,
+    rebuild_study: Annotated[
+        bool,
+        typer.Option("--rebuild-study", help="set an unreadable optuna.db aside and rebuild the study from trials/"),
+    ] = False,
 ) -> None:
     from sweeper.launchers import resolve_profile
     from sweeper.plan import make_plan
@@ -84,15 +99,18 @@ def run_live(sweep, *, fresh: bool, yes: bool, top: int, rebuild_study: bool = F
 
     from sweeper.cli.progress import LiveProgress
     from sweeper.cli.render import print_best
-    from sweeper.orchestrator import run_sweep
     from sweeper.errors import NoSuccessError
+    from sweeper.orchestrator import run_sweep
     from sweeper.results import best_rows
 
     err = Console(stderr=True)
     progress = LiveProgress(err)
     try:
         run = run_sweep(
-            sweep, fresh=fresh, rebuild_study=rebuild_study, progress=progress,
+            sweep,
+            fresh=fresh,
+            rebuild_study=rebuild_study,
+            progress=progress,
             confirm=lambda question: yes or typer.confirm(question, err=True),
             on_interrupt=lambda: err.print("[yellow]interrupted: no new trials; press Ctrl-C again to quit at once[/]"),
         )
@@ -114,4 +132,3 @@ def run_live(sweep, *, fresh: bool, yes: bool, top: int, rebuild_study: bool = F
     print_best(rows, top=top, title=f"{sweep.name}: best layouts")
     if not best_rows(rows, 1):  # scripts must not take a sweep of failures for a result
         raise NoSuccessError(f"no trial succeeded ({len(rows)} finished)")
-

@@ -4,13 +4,16 @@ sweep relies on is broken."""
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 
 def selftest(
-    gpus: Annotated[Optional[int], typer.Option("--gpus", min=1, max=1024, help="processes for the layout and all-reduce checks (default 2)")] = None,
+    gpus: Annotated[
+        int | None,
+        typer.Option("--gpus", min=1, max=1024, help="processes for the layout and all-reduce checks (default 2)"),
+    ] = None,
 ) -> None:
     from rich.console import Console
     from rich.markup import escape
@@ -30,7 +33,9 @@ def selftest(
     console.print(table)
     broken = report.broken
     if broken:
-        console.print(f"[bold red]broken:[/] {escape(', '.join(c.name for c in broken))}: a sweep on this node would fail")
+        console.print(
+            f"[bold red]broken:[/] {escape(', '.join(c.name for c in broken))}: a sweep on this node would fail"
+        )
     else:
         console.print("[green]ready:[/] nothing a sweep relies on is broken")
     raise typer.Exit(report.exit_code)

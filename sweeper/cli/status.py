@@ -20,10 +20,9 @@ def status(
     from rich.table import Table
 
     from sweeper.cli.progress import describe
+    from sweeper.identity import sweep_identity
     from sweeper.results import ResultsStore
     from sweeper.spec import load_sweep
-
-    from sweeper.identity import sweep_identity
 
     sweep = load_sweep(spec)
     store = ResultsStore(sweep.results_path, identity=sweep_identity(sweep))
@@ -32,14 +31,35 @@ def status(
     now = datetime.now(UTC)
     items: list[dict[str, Any]] = []
     for r in rows:
-        elapsed = (r["finished_at"] - r["started_at"]).total_seconds() if r.get("started_at") and r.get("finished_at") else None
-        items.append({"trial_number": r["trial_number"], "status": r["status"], "job_id": r.get("job_id"),
-                      "elapsed_s": elapsed, "layout": describe(r), "mfu": r.get("mfu"), "attempt": r.get("attempt")})
+        elapsed = (
+            (r["finished_at"] - r["started_at"]).total_seconds()
+            if r.get("started_at") and r.get("finished_at")
+            else None
+        )
+        items.append(
+            {
+                "trial_number": r["trial_number"],
+                "status": r["status"],
+                "job_id": r.get("job_id"),
+                "elapsed_s": elapsed,
+                "layout": describe(r),
+                "mfu": r.get("mfu"),
+                "attempt": r.get("attempt"),
+            }
+        )
     for rec in inflight:
         started = datetime.fromisoformat(rec["started_at"]) if rec.get("started_at") else None
-        items.append({"trial_number": rec["trial_number"], "status": "running", "job_id": rec.get("job_id"),
-                      "elapsed_s": (now - started).total_seconds() if started else None,
-                      "layout": describe(rec["layout"]), "mfu": None, "attempt": rec.get("attempt")})
+        items.append(
+            {
+                "trial_number": rec["trial_number"],
+                "status": "running",
+                "job_id": rec.get("job_id"),
+                "elapsed_s": (now - started).total_seconds() if started else None,
+                "layout": describe(rec["layout"]),
+                "mfu": None,
+                "attempt": rec.get("attempt"),
+            }
+        )
     items.sort(key=lambda x: x["trial_number"])
     if as_json:
         for it in items:
@@ -50,13 +70,19 @@ def status(
     console = make_console()
     for w in store.warnings:
         Console(stderr=True).print(f"[yellow]warning:[/] {escape(w)}")
-    table = Table(title=f"{sweep.name}: {len(rows)} finished, {len(inflight)} running", title_justify="left",
-                  header_style="bold")
+    table = Table(
+        title=f"{sweep.name}: {len(rows)} finished, {len(inflight)} running", title_justify="left", header_style="bold"
+    )
     for col in ("trial", "status", "job id", "elapsed", "MFU", "layout"):
         table.add_column(col)
     for it in items:
         colour = {TrialStatus.OK: "green", "running": "cyan"}.get(it["status"], "red")
-        table.add_row(str(it["trial_number"]), f"[{colour}]{it['status']}[/]", str(it["job_id"] or "-"),
-                      f"{it['elapsed_s']:.0f} s" if it["elapsed_s"] is not None else "-",
-                      f"{100 * it['mfu']:.2f}%" if it["mfu"] is not None else "-", it["layout"])
+        table.add_row(
+            str(it["trial_number"]),
+            f"[{colour}]{it['status']}[/]",
+            str(it["job_id"] or "-"),
+            f"{it['elapsed_s']:.0f} s" if it["elapsed_s"] is not None else "-",
+            f"{100 * it['mfu']:.2f}%" if it["mfu"] is not None else "-",
+            it["layout"],
+        )
     console.print(table)

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from sweeper.launchers.profiles import MAX_LOCAL_PROCESSES
 from sweeper.errors import SweepError
+from sweeper.launchers.profiles import MAX_LOCAL_PROCESSES
 from sweeper.statuses import TrialStatus
 
 if TYPE_CHECKING:
@@ -25,11 +25,29 @@ TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
 def trial(
-    spec: Annotated[str, typer.Argument(help="sweep file: a path, or a bare name found here or among the shipped spaces")],
-    sets: Annotated[list[str] | None, typer.Option("--set", help="KNOB=VALUE, repeatable; knobs not given take the first value of their list in the space")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON object (the results columns)")] = False,
-    timeout_s: Annotated[float | None, typer.Option("--timeout-s", help="wall-clock limit in seconds (default: the sweep's trial.timeout_min)")] = None,
-    workdir: Annotated[Path | None, typer.Option("--workdir", help="folder for the ranks' logs and files, kept (default: a temporary folder, removed after an ok trial)")] = None,
+    spec: Annotated[
+        str, typer.Argument(help="sweep file: a path, or a bare name found here or among the shipped spaces")
+    ],
+    sets: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set", help="KNOB=VALUE, repeatable; knobs not given take the first value of their list in the space"
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print the result as one JSON object (the results columns)")
+    ] = False,
+    timeout_s: Annotated[
+        float | None,
+        typer.Option("--timeout-s", help="wall-clock limit in seconds (default: the sweep's trial.timeout_min)"),
+    ] = None,
+    workdir: Annotated[
+        Path | None,
+        typer.Option(
+            "--workdir",
+            help="folder for the ranks' logs and files, kept (default: a temporary folder, removed after an ok trial)",
+        ),
+    ] = None,
 ) -> None:
     from sweeper.spec import load_sweep
 
@@ -109,8 +127,10 @@ def run_local(sweep: Sweep, layout: Layout, *, timeout_s: float | None, workdir:
     if sweep.workload.kind != "builtin":  # an external trainer's command, its log parsed
         from sweeper.workloads import run_external
 
-        err.print(f"trial {sweep.name}: {sweep.workload.kind} workload, tp={layout.tp} pp={layout.pp} "
-                  f"(limit {limit:.0f} s, log in {workdir / 'workload.log'})")
+        err.print(
+            f"trial {sweep.name}: {sweep.workload.kind} workload, tp={layout.tp} pp={layout.pp} "
+            f"(limit {limit:.0f} s, log in {workdir / 'workload.log'})"
+        )
         return run_external(sweep, layout, workdir=workdir, timeout_s=limit)
     resolved = layout.resolve(sweep)
     err.print(
@@ -141,16 +161,25 @@ def print_result(result: TrialResult) -> None:
     table.add_column("value")
     rows = [
         ("status", r.status + (f": {escape(r.error)}" if r.error else "")),
-        ("layout", f"tp={r.tp} pp={r.pp} dp={r.dp} mbs={r.micro_batch_size} grad_accum={r.grad_accum} sp={r.sequence_parallel} "
-                   f"ckpt={r.activation_checkpointing} attn={r.attention} rmsnorm={r.rmsnorm} sharding={r.sharding} "
-                   f"schedule={r.pp_schedule} v={r.virtual_stages} compile={r.compile} float8={r.float8}"),
+        (
+            "layout",
+            f"tp={r.tp} pp={r.pp} dp={r.dp} mbs={r.micro_batch_size} grad_accum={r.grad_accum} sp={r.sequence_parallel} "
+            f"ckpt={r.activation_checkpointing} attn={r.attention} rmsnorm={r.rmsnorm} sharding={r.sharding} "
+            f"schedule={r.pp_schedule} v={r.virtual_stages} compile={r.compile} float8={r.float8}",
+        ),
         ("device", f"{r.num_devices} x {r.device}"),
-        ("step time", f"{num(r.step_time_mean_s, '.4f')} s ± {num(r.step_time_std_s, '.4f')} over {len(r.step_times_s)} steps"),
+        (
+            "step time",
+            f"{num(r.step_time_mean_s, '.4f')} s ± {num(r.step_time_std_s, '.4f')} over {len(r.step_times_s)} steps",
+        ),
         ("tokens/s", f"{num(r.tokens_per_s, ',.0f')} ({num(r.tokens_per_s_per_gpu, ',.0f')} per device)"),
-        ("TFLOP/s/device", num(r.tflops_per_gpu, '.4f')),
+        ("TFLOP/s/device", num(r.tflops_per_gpu, ".4f")),
         ("MFU / HFU", f"{num(r.mfu and 100 * r.mfu, '.2f')}% / {num(r.hfu and 100 * r.hfu, '.2f')}%"),
-        ("peak memory", f"{num(r.peak_mem_gib, '.3f')} GiB"
-                        + (f" (reserved {r.peak_mem_reserved_gib:.3f} GiB)" if r.peak_mem_reserved_gib is not None else "")),
+        (
+            "peak memory",
+            f"{num(r.peak_mem_gib, '.3f')} GiB"
+            + (f" (reserved {r.peak_mem_reserved_gib:.3f} GiB)" if r.peak_mem_reserved_gib is not None else ""),
+        ),
         ("loss", f"{num(r.losses[0], '.4f')} -> {num(r.losses[-1], '.4f')}" if r.losses else "-"),
         ("start-up", f"{num(r.startup_s, '.1f')} s"),
     ]

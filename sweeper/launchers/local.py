@@ -24,8 +24,17 @@ def trial_command(job: TrialJob) -> list[str]:
     """The command that runs one trial: every knob given explicitly, the result as JSON on stdout."""
     sets = [arg for k, v in job.layout.as_dict().items() for arg in ("--set", f"{k}={_cli_value(v)}")]
     return [
-        sys.executable, "-m", "sweeper.cli", "trial", str(job.spec_path), *sets,
-        "--json", "--timeout-s", f"{job.timeout_s:g}", "--workdir", str(job.workdir / "ranks"),
+        sys.executable,
+        "-m",
+        "sweeper.cli",
+        "trial",
+        str(job.spec_path),
+        *sets,
+        "--json",
+        "--timeout-s",
+        f"{job.timeout_s:g}",
+        "--workdir",
+        str(job.workdir / "ranks"),
     ]
 
 
@@ -43,7 +52,10 @@ class LocalLauncher(Launcher):
         out, log = job.workdir / "result.json", job.workdir / "log.txt"
         with open(out, "wb") as stdout, open(log, "ab") as stderr:
             proc = subprocess.Popen(
-                trial_command(job), stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+                trial_command(job),
+                stdout=stdout,
+                stderr=stderr,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: cancel kills every rank
             )
         return Handle(f"local-{proc.pid}", job, proc, {"started": time.time(), "pid": proc.pid})
@@ -62,7 +74,9 @@ class LocalLauncher(Launcher):
             return None
         self.cancel(handle)
         msg = f"no result {handle.job.timeout_s + KILL_GRACE_S:.0f} s after start; killed"
-        return JobOutcome(failure(TrialStatus.TIMEOUT, msg, handle.job), handle.job_id, os.uname().nodename, _log(handle))
+        return JobOutcome(
+            failure(TrialStatus.TIMEOUT, msg, handle.job), handle.job_id, os.uname().nodename, _log(handle)
+        )
 
     def _collect(self, handle: Handle) -> JobOutcome:
         job = handle.job
@@ -70,14 +84,24 @@ class LocalLauncher(Launcher):
         node = os.uname().nodename
         if result is not None:  # a rank killed from outside without a sign of OOM: retried once
             infra = str(result.get("error") or "").startswith(INFRASTRUCTURE_FAILURE)
-            return JobOutcome(TrialResult.from_dict(result), handle.job_id, node, _log(handle), infrastructure_failure=infra)
+            return JobOutcome(
+                TrialResult.from_dict(result), handle.job_id, node, _log(handle), infrastructure_failure=infra
+            )
         rc = handle.native.returncode if handle.native is not None else None
-        how = f"exit code {rc}" if rc is not None and rc >= 0 else (
-            f"killed by {signal.Signals(-rc).name}" if rc is not None else "its process is gone")
+        how = (
+            f"exit code {rc}"
+            if rc is not None and rc >= 0
+            else (f"killed by {signal.Signals(-rc).name}" if rc is not None else "its process is gone")
+        )
         err = f"the trial process ended without a result ({how})"
         last = tail(job.workdir / "log.txt", 8)
-        return JobOutcome(failure(TrialStatus.FAILED, f"{err}\n{last}".strip(), job), handle.job_id, node, _log(handle),
-                       infrastructure_failure=True)
+        return JobOutcome(
+            failure(TrialStatus.FAILED, f"{err}\n{last}".strip(), job),
+            handle.job_id,
+            node,
+            _log(handle),
+            infrastructure_failure=True,
+        )
 
     def cancel(self, handle: Handle) -> None:
         kill_group(handle.info["pid"])
@@ -89,7 +113,9 @@ class LocalLauncher(Launcher):
         pid = int(job_id.removeprefix("local-"))
         if pid > 0 and _alive(pid) and str(job.workdir / "ranks") in _cmdline(pid):
             return Handle(job_id, job, None, {"started": time.time(), "pid": pid})
-        if read_result(job.workdir / "result.json") is not None:  # it finished while no `sweep run` watched: collect, do not rerun
+        if (
+            read_result(job.workdir / "result.json") is not None
+        ):  # it finished while no `sweep run` watched: collect, do not rerun
             return Handle(job_id, job, None, {"started": time.time(), "pid": pid, "ended": True})
         return None
 

@@ -46,15 +46,23 @@ class SlurmProfile(_Profile):
     qos: SafeToken | None = None
     constraint: SafeToken | None = None
     exclusive: bool = False
-    cpus_per_task: int | None = Field(default=None, ge=1, le=1024, description=(
-        "default: the node's CPUs (sinfo) shared among its tasks, one per GPU; OMP_NUM_THREADS follows it"))
+    cpus_per_task: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description=(
+            "default: the node's CPUs (sinfo) shared among its tasks, one per GPU; OMP_NUM_THREADS follows it"
+        ),
+    )
     mem_gb: float | None = Field(default=None, gt=0)
     setup: list[Annotated[str, StringConstraints(max_length=1000)]] = Field(
-        default_factory=list, description="shell lines run before the trial (module loads, env)")
+        default_factory=list, description="shell lines run before the trial (module loads, env)"
+    )
     sbatch_extra: dict[OptionName, SafeToken | int | bool] = Field(default_factory=dict)
     srun_args: list[SafeToken] = Field(default_factory=list)
     allow_directives: list[Literal[DENIED_DIRECTIVES]] = Field(  # type: ignore[valid-type]
-        default_factory=list, description="denied sbatch/srun options this site profile may set anyway")
+        default_factory=list, description="denied sbatch/srun options this site profile may set anyway"
+    )
     poll_s: float = Field(default=5.0, gt=0, le=600, description="seconds between status checks")
 
 

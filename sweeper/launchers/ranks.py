@@ -56,8 +56,11 @@ class Launched:
     @property
     def died(self) -> list[int]:
         """Ranks that ended by a signal we did not send, first the SIGKILLed ones."""
-        other = [r for r, rc in enumerate(self.returncodes)
-                 if rc is not None and rc < 0 and rc != -signal.SIGKILL and r not in self.killed_by_us]
+        other = [
+            r
+            for r, rc in enumerate(self.returncodes)
+            if rc is not None and rc < 0 and rc != -signal.SIGKILL and r not in self.killed_by_us
+        ]
         return self.sigkilled + other
 
     def oom(self) -> tuple[int, str] | None:
@@ -78,7 +81,9 @@ class Launched:
             return ""
 
 
-def launch(task: dict[str, Any], *, nprocs: int, timeout_s: float, workdir: Path, extra_env: dict[str, str] | None = None) -> Launched:
+def launch(
+    task: dict[str, Any], *, nprocs: int, timeout_s: float, workdir: Path, extra_env: dict[str, str] | None = None
+) -> Launched:
     """Run `task` (see `sweeper.trainer.worker`) on `nprocs` local processes; kill them all at `timeout_s`."""
     (workdir / "logs").mkdir(parents=True, exist_ok=True)
     (workdir / "out").mkdir(exist_ok=True)
@@ -100,14 +105,27 @@ def launch(task: dict[str, Any], *, nprocs: int, timeout_s: float, workdir: Path
     for rank in range(nprocs):
         env = base | {"RANK": str(rank), "LOCAL_RANK": str(rank)}
         with open(workdir / "logs" / f"rank{rank}.log", "wb") as log:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "sweeper.trainer.worker", str(workdir)],
-                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=_die_with_parent,
-            ))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "sweeper.trainer.worker", str(workdir)],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
+            )
     timed_out, killed = _wait(procs, deadline=start + timeout_s, result=workdir / "out" / "result.json")
-    return Launched(workdir, [p.returncode for p in procs], timed_out, killed, time.monotonic() - start,
-                    [p.pid for p in procs], oom_kills_before)
+    return Launched(
+        workdir,
+        [p.returncode for p in procs],
+        timed_out,
+        killed,
+        time.monotonic() - start,
+        [p.pid for p in procs],
+        oom_kills_before,
+    )
 
 
 def _die_with_parent() -> None:
@@ -155,8 +173,14 @@ def _kill(procs: list[subprocess.Popen[bytes]]) -> set[int]:
     return killed
 
 
-def launch_trial(sweep: Sweep, layout: Layout, *, workdir: Path, timeout_s: float | None = None,
-                 extra_env: dict[str, str] | None = None) -> TrialResult:
+def launch_trial(
+    sweep: Sweep,
+    layout: Layout,
+    *,
+    workdir: Path,
+    timeout_s: float | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> TrialResult:
     """Run one trial on `sweep.cluster.world` local processes and return rank 0's result.
 
     No result from rank 0 becomes `timeout` (the wall-clock limit killed it) or `failed` with the
@@ -182,18 +206,29 @@ def launch_trial(sweep: Sweep, layout: Layout, *, workdir: Path, timeout_s: floa
             result.error = f"{_unexplained(done)}; then: {result.error}"
         return result
     if done.timed_out:
-        return without_run(sweep, layout, status=TIMEOUT, error=f"no result within the wall-clock limit of {limit:.0f} s; all ranks killed")
+        return without_run(
+            sweep,
+            layout,
+            status=TIMEOUT,
+            error=f"no result within the wall-clock limit of {limit:.0f} s; all ranks killed",
+        )
     if oom:
-        return without_run(sweep, layout, status=OOM, error=f"rank {oom[0]} was killed by SIGKILL for memory ({oom[1]})")
+        return without_run(
+            sweep, layout, status=OOM, error=f"rank {oom[0]} was killed by SIGKILL for memory ({oom[1]})"
+        )
     if done.died:  # killed from outside, no sign of memory: the sweep retries it once
         return without_run(sweep, layout, status=FAILED, error=_unexplained(done))
     bad = next((r for r, rc in enumerate(done.returncodes) if rc != 0), 0)
     tail = done.log_tail(bad, 5).strip().replace("\n", " | ")
-    return without_run(sweep, layout, status=FAILED, error=f"rank {bad} exited with code {done.returncodes[bad]} and no result: {tail}")
+    return without_run(
+        sweep, layout, status=FAILED, error=f"rank {bad} exited with code {done.returncodes[bad]} and no result: {tail}"
+    )
 
 
 def _unexplained(done: Launched) -> str:
     rank = done.died[0]
     sig = signal.Signals(-done.returncodes[rank]).name  # type: ignore[operator]
-    return (f"{INFRASTRUCTURE_FAILURE}: rank {rank} was killed by {sig} with no sign of running out of memory "
-            "(cgroup oom_kill counter, kernel log, CUDA message)")
+    return (
+        f"{INFRASTRUCTURE_FAILURE}: rank {rank} was killed by {sig} with no sign of running out of memory "
+        "(cgroup oom_kill counter, kernel log, CUDA message)"
+    )

@@ -20,7 +20,16 @@ from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
 from sweeper.trial import TrialResult
 
-VALUE_COLUMNS = ("mfu", "step_time_mean_s", "step_times_s", "peak_mem_gib", "tflops_per_gpu", "tokens_per_s", "error", "gpu_name")
+VALUE_COLUMNS = (
+    "mfu",
+    "step_time_mean_s",
+    "step_times_s",
+    "peak_mem_gib",
+    "tflops_per_gpu",
+    "tokens_per_s",
+    "error",
+    "gpu_name",
+)
 
 
 def load_table(path: Path) -> list[dict[str, Any]]:
@@ -68,14 +77,19 @@ class ReplayLauncher(Launcher):
         result = {k: _clean(row.get(k)) for k in VALUE_COLUMNS if k in row}
         status = str(row["status"])
         if status not in TrialStatus.__members__.values():
-            return JobOutcome(failure(TrialStatus.FAILED, f"replay table status {status!r} is not a trial status", job),
-                              handle.job_id)
+            return JobOutcome(
+                failure(TrialStatus.FAILED, f"replay table status {status!r} is not a trial status", job), handle.job_id
+            )
         result |= {"status": status, **job.layout.as_dict()}
         if result.get("mfu") is None and result.get("step_time_mean_s") and result["status"] == TrialStatus.OK:
             tokens_per_s = self.sweep.global_batch_size * self.sweep.seq_len / result["step_time_mean_s"]
             fpt = model_flops_per_token(self.sweep.model, self.sweep.seq_len)
-            result["mfu"] = utilization(tokens_per_s, fpt, num_devices=self.sweep.cluster.world,
-                                        peak_flops=self.sweep.cluster.gpu.peak_flops(self.sweep.trial.precision))
+            result["mfu"] = utilization(
+                tokens_per_s,
+                fpt,
+                num_devices=self.sweep.cluster.world,
+                peak_flops=self.sweep.cluster.gpu.peak_flops(self.sweep.trial.precision),
+            )
         if "step_times_s" in result and result["step_times_s"] is not None:
             result["step_times_s"] = [float(x) for x in result["step_times_s"]]
         return JobOutcome(TrialResult.from_dict(result), handle.job_id)

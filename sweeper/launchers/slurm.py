@@ -33,8 +33,18 @@ RESULT_GRACE_S = 60.0
 # override what submitit derives from SLURM: every task would think it is that one rank.
 # CUDA_VISIBLE_DEVICES of the login node says nothing about the compute node's GPUs.
 INHERITED_LAUNCH_VARS = (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
-    "ROLE_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "CUDA_VISIBLE_DEVICES",
 )
 INHERITED_LAUNCH_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_")
 
@@ -183,8 +193,12 @@ class SlurmLauncher(Launcher):
         except UncompletedJobError:
             return self._uncompleted(handle, state, node, log)
         if not isinstance(result, dict):
-            return JobOutcome(failure(TrialStatus.FAILED, f"the job returned {type(result).__name__}, not a result", job),
-                           handle.job_id, node, log)
+            return JobOutcome(
+                failure(TrialStatus.FAILED, f"the job returned {type(result).__name__}, not a result", job),
+                handle.job_id,
+                node,
+                log,
+            )
         return JobOutcome(TrialResult.from_dict(result), handle.job_id, node, log)
 
     def _uncompleted(self, handle: Handle, state: str, node: str | None, log: str | None) -> JobOutcome:
@@ -197,8 +211,13 @@ class SlurmLauncher(Launcher):
             self.failed_nodes[handle.job.number] = node
             reason += f" on {node}; a retry excludes {node}"
         err = tail(Path(log), 5) if log else ""
-        return JobOutcome(failure(status, f"{reason}\n{err}".strip(), handle.job), handle.job_id, node, log,
-                       infrastructure_failure=infrastructure)
+        return JobOutcome(
+            failure(status, f"{reason}\n{err}".strip(), handle.job),
+            handle.job_id,
+            node,
+            log,
+            infrastructure_failure=infrastructure,
+        )
 
     def cancel(self, handle: Handle) -> None:
         handle.native.cancel(check=False)

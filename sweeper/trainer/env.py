@@ -39,8 +39,11 @@ class DistEnv:
             TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         if "RANK" in env and "WORLD_SIZE" in env:
             return cls(
-                int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", env["RANK"])),
-                env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", "29500")),
+                int(env["RANK"]),
+                int(env["WORLD_SIZE"]),
+                int(env.get("LOCAL_RANK", env["RANK"])),
+                env.get("MASTER_ADDR", "127.0.0.1"),
+                int(env.get("MASTER_PORT", "29500")),
                 env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
             )
         return cls(0, 1, 0, "127.0.0.1", free_port())
@@ -146,8 +149,12 @@ def runtime_versions(device: torch.device) -> dict[str, Any]:
 def connect_store(env: DistEnv, *, timeout_s: float, server: bool) -> dist.Store:
     """A client (or, on rank 0, the server) of the rendezvous store."""
     return dist.TCPStore(
-        env.master_addr, env.master_port, env.world_size if server else None, is_master=server,
-        timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
+        env.master_addr,
+        env.master_port,
+        env.world_size if server else None,
+        is_master=server,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
     )
 
 
@@ -156,8 +163,12 @@ def init_distributed(env: DistEnv, device: torch.device, *, timeout_s: float) ->
     store = connect_store(env, timeout_s=timeout_s, server=env.rank == 0 and not env.agent_store)
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
-        backend, store=dist.PrefixStore("pg", store), rank=env.rank, world_size=env.world_size,
-        timeout=timedelta(seconds=timeout_s), device_id=device if device.type == "cuda" else None,
+        backend,
+        store=dist.PrefixStore("pg", store),
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" else None,
     )
     return store
 
@@ -216,7 +227,9 @@ class PeakMemory:
 
     def _current_peaks(self) -> tuple[float, float | None]:
         if self.device.type == "cuda":
-            return float(torch.cuda.max_memory_allocated(self.device)), float(torch.cuda.max_memory_reserved(self.device))
+            return float(torch.cuda.max_memory_allocated(self.device)), float(
+                torch.cuda.max_memory_reserved(self.device)
+            )
         return float(max(0, _proc_status_kib("VmHWM") * 1024 - self.base_bytes)), None
 
     def peak_bytes(self) -> tuple[float, float | None]:

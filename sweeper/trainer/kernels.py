@@ -67,7 +67,9 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
     return torch.softmax(scores, dim=-1).to(q.dtype) @ v
 
 
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend: SDPBackend, gqa: bool) -> torch.Tensor:
+def sdpa_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend: SDPBackend, gqa: bool
+) -> torch.Tensor:
     """scaled_dot_product_attention pinned to one backend (no silent fallback to another kernel)."""
     if not gqa:
         k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
@@ -119,10 +121,20 @@ def fused_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -
     return _fused_scale_mask_softmax(scores, 1.0 / math.sqrt(q.shape[-1])) @ v
 
 
-def _probe(fn: AttentionFn, *, batch: int, heads: int, kv_heads: int, head_dim: int, seq_len: int, dtype: torch.dtype,
-           device: torch.device) -> None:
+def _probe(
+    fn: AttentionFn,
+    *,
+    batch: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    seq_len: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> None:
     """One forward and backward at the trial's real shape and memory layout: a micro-batch, made as
     the model makes it ((batch, seq, heads, dim) projections seen through a transpose)."""
+
     def make(h: int) -> torch.Tensor:
         t = torch.randn(batch, seq_len, h, head_dim, device=device, dtype=dtype, requires_grad=True)
         return t.transpose(1, 2)
@@ -136,22 +148,35 @@ def _is_oom(e: BaseException) -> bool:
 
 
 def attention_kernel(
-    name: str, *, heads: int, kv_heads: int, head_dim: int, seq_len: int, dtype: torch.dtype, device: torch.device,
+    name: str,
+    *,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    seq_len: int,
+    dtype: torch.dtype,
+    device: torch.device,
     batch: int = 1,
 ) -> AttentionFn:
     """The attention function for `name`, after checking that it runs here (heads are per TP rank,
     `batch` the micro-batch size). A probe that runs out of memory raises torch.OutOfMemoryError:
     the layout does not fit, which says nothing about the kernel."""
-    shape = dict(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim, seq_len=seq_len, dtype=dtype, device=device)
+    shape = dict(
+        batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim, seq_len=seq_len, dtype=dtype, device=device
+    )
     if name == "eager":
         return eager_attention
     major = flash_attn_major()
     if name == "flash1":
         if major != 1:
             have = "not installed" if major is None else f"version {major}.x is installed"
-            raise KernelUnavailable(f"attention=flash1 needs the flash-attn 1.x package (FlashAttention 1); flash-attn is {have}")
+            raise KernelUnavailable(
+                f"attention=flash1 needs the flash-attn 1.x package (FlashAttention 1); flash-attn is {have}"
+            )
         if device.type != "cuda" or dtype == torch.float32:
-            raise KernelUnavailable(f"attention=flash1 needs a CUDA GPU and fp16/bf16; this trial runs on {device.type} with {dtype}")
+            raise KernelUnavailable(
+                f"attention=flash1 needs a CUDA GPU and fp16/bf16; this trial runs on {device.type} with {dtype}"
+            )
         candidates: list[AttentionFn] = [flash1_attention]
     elif name == "fused_softmax":
         candidates = [fused_softmax_attention]
@@ -160,7 +185,9 @@ def attention_kernel(
     elif name in SDPA_BACKENDS:
         # GQA inside the kernel where it allows it, else K/V repeated to all heads first
         backend = SDPA_BACKENDS[name]
-        candidates = [partial(sdpa_attention, backend=backend, gqa=g) for g in ((True, False) if heads != kv_heads else (False,))]
+        candidates = [
+            partial(sdpa_attention, backend=backend, gqa=g) for g in ((True, False) if heads != kv_heads else (False,))
+        ]
     else:
         raise KernelUnavailable(
             f"attention={name}: unknown kernel; known: eager, fused_softmax, sdpa_math, flash1, flash2, sdpa_efficient, cudnn"
@@ -205,7 +232,9 @@ def rmsnorm_kernel(name: str) -> NormFn:
         return eager_rmsnorm
     if name == "fused":
         if not hasattr(F, "rms_norm"):
-            raise KernelUnavailable(f"rmsnorm=fused needs torch.nn.functional.rms_norm (torch >= 2.4), have {torch.__version__}")
+            raise KernelUnavailable(
+                f"rmsnorm=fused needs torch.nn.functional.rms_norm (torch >= 2.4), have {torch.__version__}"
+            )
         return fused_rmsnorm
     raise KernelUnavailable(f"rmsnorm={name}: unknown kernel; known: eager, fused")
 
@@ -213,9 +242,13 @@ def rmsnorm_kernel(name: str) -> NormFn:
 def check_float8(device: torch.device) -> None:
     """float8 matmuls need a CUDA GPU with fp8 tensor cores (compute capability >= 8.9) and torchao."""
     if device.type != "cuda":
-        raise KernelUnavailable(f"float8 needs a CUDA GPU with fp8 matmuls (compute capability >= 8.9); this trial runs on {device.type}")
+        raise KernelUnavailable(
+            f"float8 needs a CUDA GPU with fp8 matmuls (compute capability >= 8.9); this trial runs on {device.type}"
+        )
     cap = torch.cuda.get_device_capability(device)
     if cap < (8, 9):
-        raise KernelUnavailable(f"float8 needs compute capability >= 8.9; {torch.cuda.get_device_name(device)} has {cap[0]}.{cap[1]}")
+        raise KernelUnavailable(
+            f"float8 needs compute capability >= 8.9; {torch.cuda.get_device_name(device)} has {cap[0]}.{cap[1]}"
+        )
     if importlib.util.find_spec("torchao") is None:
         raise KernelUnavailable("float8 needs the torchao package (pip install torchao); it is not installed")

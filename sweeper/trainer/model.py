@@ -204,12 +204,16 @@ class TransformerBlock(nn.Module):
 class Transformer(nn.Module):
     """The decoder. A pipeline stage is the same class with the parts it does not hold set to None."""
 
-    def __init__(self, shape: ModelShape, seq_len: int, *, attend: AttentionFn, norm_fn: Callable[..., torch.Tensor]) -> None:
+    def __init__(
+        self, shape: ModelShape, seq_len: int, *, attend: AttentionFn, norm_fn: Callable[..., torch.Tensor]
+    ) -> None:
         super().__init__()
         self.shape, self.seq_len = shape, seq_len
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(shape.vocab, shape.hidden)
         # learned absolute positions (GPT): one row per position, added to the token embedding
-        self.pos_embeddings: nn.Embedding | None = nn.Embedding(seq_len, shape.hidden) if shape.position == "learned" else None
+        self.pos_embeddings: nn.Embedding | None = (
+            nn.Embedding(seq_len, shape.hidden) if shape.position == "learned" else None
+        )
         # where the embedding output lives along the sequence under tensor parallelism (set by apply_tp)
         self.pos_layout: Any = None
         # keyed by the global layer index, so names stay the same in every pipeline stage
@@ -218,7 +222,11 @@ class Transformer(nn.Module):
         self.output: nn.Linear | None = nn.Linear(shape.hidden, shape.vocab, bias=False)
         if shape.tied_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        tables = rope_tables(seq_len, shape.head_dim, torch.get_default_device()) if shape.position == "rope" else (None, None)
+        tables = (
+            rope_tables(seq_len, shape.head_dim, torch.get_default_device())
+            if shape.position == "rope"
+            else (None, None)
+        )
         self.register_buffer("rope_cos", tables[0], persistent=False)
         self.register_buffer("rope_sin", tables[1], persistent=False)
 
@@ -237,10 +245,10 @@ class Transformer(nn.Module):
             return h + table[: h.shape[1]]
         seq = self.pos_layout
         full = DTensor.from_local(h, table.device_mesh, [seq], run_check=False)
-        rows: DTensor = table[: full.shape[1]]  # type: ignore[assignment]  # slicing a DTensor is one
+        rows: DTensor = table[: full.shape[1]]  # slicing a DTensor is one
         if isinstance(seq, Shard):
             rows = rows.redistribute(table.device_mesh, [Shard(0)])  # a local slice, no communication
-        out: DTensor = full + rows  # type: ignore[assignment]
+        out: DTensor = full + rows
         return out.to_local()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -257,7 +265,9 @@ class Transformer(nn.Module):
         return self.output(h) if self.output is not None else h
 
 
-def build_model(shape: ModelShape, seq_len: int, *, attend: AttentionFn, norm_fn: Callable[..., torch.Tensor]) -> Transformer:
+def build_model(
+    shape: ModelShape, seq_len: int, *, attend: AttentionFn, norm_fn: Callable[..., torch.Tensor]
+) -> Transformer:
     """The whole model on the meta device: shapes only, no memory."""
     with torch.device("meta"):
         return Transformer(shape, seq_len, attend=attend, norm_fn=norm_fn)

@@ -99,8 +99,15 @@ class Watcher:
     Losing the store (rank 0 died) is treated the same way, as a failure.
     """
 
-    def __init__(self, store: dist.Store, *, rank: int, on_stuck: Callable[[Failure], None],
-                 poll_s: float = 0.25, grace_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        store: dist.Store,
+        *,
+        rank: int,
+        on_stuck: Callable[[Failure], None],
+        poll_s: float = 0.25,
+        grace_s: float = 1.0,
+    ) -> None:
         self.agreement = Agreement(store, rank=rank)
         self.rank = rank
         self.on_stuck, self.poll_s, self.grace_s = on_stuck, poll_s, grace_s
@@ -120,7 +127,9 @@ class Watcher:
             try:
                 failure = self.agreement.first()
             except RuntimeError:  # DistStoreError included
-                failure = Failure(FAILED, f"rank {self.rank}: lost the rendezvous store (rank 0 ended without an outcome)", self.rank)
+                failure = Failure(
+                    FAILED, f"rank {self.rank}: lost the rendezvous store (rank 0 ended without an outcome)", self.rank
+                )
             if failure is None:
                 continue
             if self.done.wait(self.grace_s):

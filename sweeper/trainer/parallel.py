@@ -119,7 +119,9 @@ def apply_tp(model: Transformer, *, tp_mesh: DeviceMesh, sequence_parallel: bool
         if sequence_parallel:
             plan |= {
                 "attn.norm": SequenceParallel(),
-                "attn.attention": PrepareModuleInput(input_layouts=(seq, None, None), desired_input_layouts=(Replicate(), None, None)),
+                "attn.attention": PrepareModuleInput(
+                    input_layouts=(seq, None, None), desired_input_layouts=(Replicate(), None, None)
+                ),
                 "mlp.norm": SequenceParallel(),
                 "mlp.ffn": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
             }
@@ -190,7 +192,12 @@ def apply_float8(model: Transformer) -> None:
 
 
 def apply_fsdp(
-    model: Transformer, *, dp_mesh: DeviceMesh, param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None, pipelined: bool
+    model: Transformer,
+    *,
+    dp_mesh: DeviceMesh,
+    param_dtype: torch.dtype | None,
+    reduce_dtype: torch.dtype | None,
+    pipelined: bool,
 ) -> None:
     """FSDP2 per block, the embedding and the head as their own units, the root for the rest.
 
@@ -254,8 +261,14 @@ def split_stage(model: Transformer, *, stage: int, num_stages: int) -> Transform
 
 
 def build_pipeline(
-    stages: list[tuple[int, nn.Module]], *, pp_mesh: DeviceMesh, num_stages: int, schedule: str,
-    n_microbatches: int, loss_fn: Callable[..., torch.Tensor], device: torch.device,
+    stages: list[tuple[int, nn.Module]],
+    *,
+    pp_mesh: DeviceMesh,
+    num_stages: int,
+    schedule: str,
+    n_microbatches: int,
+    loss_fn: Callable[..., torch.Tensor],
+    device: torch.device,
 ) -> Any:
     """A torch.distributed.pipelining schedule over this rank's stages; micro-batches = grad_accum."""
     group = pp_mesh.get_group()
@@ -277,8 +290,15 @@ class Parallelized:
 
 
 def parallelize(
-    model: Transformer, *, layout: Layout, mesh: DeviceMesh, device: torch.device, precision: str, seed: int,
-    grad_accum: int, loss_fn: Callable[..., torch.Tensor],
+    model: Transformer,
+    *,
+    layout: Layout,
+    mesh: DeviceMesh,
+    device: torch.device,
+    precision: str,
+    seed: int,
+    grad_accum: int,
+    loss_fn: Callable[..., torch.Tensor],
 ) -> Parallelized:
     """Split, shard, wrap and materialise the meta model for `layout` on this rank."""
     pp, dp, tp = (mesh[d].size() for d in ("pp", "dp", "tp"))
@@ -302,8 +322,13 @@ def parallelize(
         # Data parallelism wraps last (FSDP shards what TP left), still on meta: nothing is ever
         # held unsharded. DDP, which cannot hold TP or pipeline stages, comes after materialising.
         if dp > 1 and layout.sharding == "fsdp":
-            apply_fsdp(part, dp_mesh=mesh["dp"], param_dtype=torch.bfloat16 if bf16 else None,
-                       reduce_dtype=torch.float32 if bf16 else None, pipelined=pp > 1)
+            apply_fsdp(
+                part,
+                dp_mesh=mesh["dp"],
+                param_dtype=torch.bfloat16 if bf16 else None,
+                reduce_dtype=torch.float32 if bf16 else None,
+                pipelined=pp > 1,
+            )
         elif dp > 1 and (tp > 1 or pp > 1):
             apply_replicate(part, dp_mesh=mesh["dp"])
         # Materialise shard by shard only now, when every parameter has its final placement.
@@ -316,6 +341,13 @@ def parallelize(
     # The pipeline stages wrap the final (DDP/FSDP) modules: the schedule drives their gradient sync.
     schedule = None
     if pp > 1:
-        schedule = build_pipeline(list(zip(ids, parts)), pp_mesh=mesh["pp"], num_stages=num_stages,
-                                  schedule=layout.pp_schedule, n_microbatches=grad_accum, loss_fn=loss_fn, device=device)
+        schedule = build_pipeline(
+            list(zip(ids, parts)),
+            pp_mesh=mesh["pp"],
+            num_stages=num_stages,
+            schedule=layout.pp_schedule,
+            n_microbatches=grad_accum,
+            loss_fn=loss_fn,
+            device=device,
+        )
     return Parallelized(parts, ids, num_stages, schedule)

@@ -26,8 +26,18 @@ from sweeper.hardware import GIB
 from sweeper.layout import Layout
 from sweeper.spec import Sweep
 from sweeper.trainer.env import (
-    DistEnv, PeakMemory, build_mesh, connect_store, cuda_unusable_reason, init_distributed, pick_device,
-    prepare_process_environment, process_start_unix, runtime_versions, set_matmul_precision, synchronize,
+    DistEnv,
+    PeakMemory,
+    build_mesh,
+    connect_store,
+    cuda_unusable_reason,
+    init_distributed,
+    pick_device,
+    prepare_process_environment,
+    process_start_unix,
+    runtime_versions,
+    set_matmul_precision,
+    synchronize,
 )
 from sweeper.trainer.outcome import Agreement, Failure, Watcher, classify
 from sweeper.trainer.train import Trainer, build_trainer, reduce_losses
@@ -72,8 +82,9 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
-def run_steps(trainer: Trainer, *, steps: int, rank: int, faults: list[Fault], warmup: int = 0,
-              peak: PeakMemory | None = None) -> tuple[list[float], list[torch.Tensor], float]:
+def run_steps(
+    trainer: Trainer, *, steps: int, rank: int, faults: list[Fault], warmup: int = 0, peak: PeakMemory | None = None
+) -> tuple[list[float], list[torch.Tensor], float]:
     """The protocol's loop: synchronise and take the wall time at the end of every step.
 
     After the `warmup` steps, `peak` starts its steady-state figure.
@@ -99,7 +110,9 @@ def run_steps(trainer: Trainer, *, steps: int, rank: int, faults: list[Fault], w
 def _measure(sweep: Sweep, layout: Layout, env: DistEnv, device: torch.device, started: float | None) -> dict[str, Any]:
     world = sweep.cluster.world
     if env.world_size != world:
-        raise RuntimeError(f"the layout needs tp*pp*dp = {world} processes (the sweep's cluster), but {env.world_size} were started")
+        raise RuntimeError(
+            f"the layout needs tp*pp*dp = {world} processes (the sweep's cluster), but {env.world_size} were started"
+        )
     # (one GPU per rank is checked by pick_device: a task bound to its own GPU sees fewer devices than ranks)
     mesh = build_mesh(device, pp=layout.pp, dp=layout.dp(world), tp=layout.tp)
     peak = PeakMemory(device)
@@ -107,23 +120,37 @@ def _measure(sweep: Sweep, layout: Layout, env: DistEnv, device: torch.device, s
     settings = sweep.trial
     set_matmul_precision(settings.precision)
     trainer = build_trainer(
-        sweep.model, layout, mesh=mesh, device=device, seq_len=sweep.seq_len, global_batch_size=sweep.global_batch_size,
-        precision=settings.precision, seed=settings.seed, lr=settings.lr,
+        sweep.model,
+        layout,
+        mesh=mesh,
+        device=device,
+        seq_len=sweep.seq_len,
+        global_batch_size=sweep.global_batch_size,
+        precision=settings.precision,
+        seed=settings.seed,
+        lr=settings.lr,
     )
-    times, losses, first_step_unix = run_steps(trainer, steps=settings.steps, rank=env.rank, faults=Fault.from_env(),
-                                               warmup=settings.warmup_steps, peak=peak)
+    times, losses, first_step_unix = run_steps(
+        trainer, steps=settings.steps, rank=env.rank, faults=Fault.from_env(), warmup=settings.warmup_steps, peak=peak
+    )
     peak_bytes, reserved = peak.peak_bytes()
     steady = peak.steady_bytes()
     startup = first_step_unix - started if started is not None else float("nan")
     # one MAX reduction for every per-rank figure: the slowest rank sets the step time
-    maxed = torch.tensor([*times, startup, peak_bytes, reserved if reserved is not None else -1.0, steady],
-                         dtype=torch.float64, device=device)
+    maxed = torch.tensor(
+        [*times, startup, peak_bytes, reserved if reserved is not None else -1.0, steady],
+        dtype=torch.float64,
+        device=device,
+    )
     dist.all_reduce(maxed, op=dist.ReduceOp.MAX)
     m = maxed.tolist()
     n = len(times)
     return {
-        "step_times_s": m[:n], "losses": reduce_losses(trainer, losses), "startup_s": None if math.isnan(m[n]) else m[n],
-        "peak_mem_gib": m[n + 1] / GIB, "peak_mem_reserved_gib": m[n + 2] / GIB if m[n + 2] >= 0 else None,
+        "step_times_s": m[:n],
+        "losses": reduce_losses(trainer, losses),
+        "startup_s": None if math.isnan(m[n]) else m[n],
+        "peak_mem_gib": m[n + 1] / GIB,
+        "peak_mem_reserved_gib": m[n + 2] / GIB if m[n + 2] >= 0 else None,
         "peak_mem_steady_gib": m[n + 3] / GIB,
     }
 
@@ -173,15 +200,27 @@ def run_trial(sweep: Sweep, layout: Layout, *, out_dir: Path | None = None) -> T
     if unusable is not None:
         # Falling back to CPU + gloo would run a GPU-sized layout on the host until it times out
         # or is killed for memory, and be recorded as an oom: fail at once, and say why.
-        result = without_run(sweep, layout, status=FAILED, error=f"{NO_ACCELERATOR}: the sweep's GPU is "
-                             f"{sweep.cluster.gpu.name}, but {unusable}", device="cpu", **runtime_versions(torch.device("cpu")))
+        result = without_run(
+            sweep,
+            layout,
+            status=FAILED,
+            error=f"{NO_ACCELERATOR}: the sweep's GPU is {sweep.cluster.gpu.name}, but {unusable}",
+            device="cpu",
+            **runtime_versions(torch.device("cpu")),
+        )
         outputs.write(result)
         return result
     try:
         device = pick_device(env, want_cuda=wants_gpu)
     except RuntimeError as e:  # two ranks on one GPU: a launch or binding problem, not the layout's
-        result = without_run(sweep, layout, status=FAILED, error=f"rank {env.rank}: {e}", device="cuda",
-                             **runtime_versions(torch.device("cpu")))
+        result = without_run(
+            sweep,
+            layout,
+            status=FAILED,
+            error=f"rank {env.rank}: {e}",
+            device="cuda",
+            **runtime_versions(torch.device("cpu")),
+        )
         outputs.write(result)
         return result
     base = {"device": device_name(device), **runtime_versions(device)}

@@ -55,13 +55,19 @@ class ZeroOne:
     through their local shards, whose gradients are set from the DTensor gradients before a step.
     """
 
-    def __init__(self, params: list[nn.Parameter], *, lr: float, group: dist.ProcessGroup, device: torch.device) -> None:
+    def __init__(
+        self, params: list[nn.Parameter], *, lr: float, group: dist.ProcessGroup, device: torch.device
+    ) -> None:
         with torch.no_grad():
             self.pairs = [(p, p.to_local()) for p in params if isinstance(p, DTensor)]
         plain = [p for p in params if not isinstance(p, DTensor)] + [local for _, local in self.pairs]
         self.inner = ZeroRedundancyOptimizer(
-            plain, optimizer_class=torch.optim.AdamW, process_group=group, lr=lr,
-            fused=device.type in ("cuda", "cpu"), **ADAMW,
+            plain,
+            optimizer_class=torch.optim.AdamW,
+            process_group=group,
+            lr=lr,
+            fused=device.type in ("cuda", "cpu"),
+            **ADAMW,
         )
 
     def step(self) -> None:
@@ -119,7 +125,7 @@ class Trainer:
         model, total = self.par.parts[0], torch.zeros((), device=self.device)
         mbs = len(self.inputs) // self.grad_accum
         for i in range(self.grad_accum):
-            x, y = self.inputs[i * mbs:(i + 1) * mbs], self.labels[i * mbs:(i + 1) * mbs]
+            x, y = self.inputs[i * mbs : (i + 1) * mbs], self.labels[i * mbs : (i + 1) * mbs]
             with _grad_sync(model, i == self.grad_accum - 1):
                 loss = loss_fn(model(x), y) / self.grad_accum
                 loss.backward()
@@ -200,8 +206,16 @@ def tied_group(mesh: DeviceMesh, shape: ModelShape) -> dist.ProcessGroup | None:
 
 
 def build_trainer(
-    shape: ModelShape, layout: Layout, *, mesh: DeviceMesh, device: torch.device, seq_len: int,
-    global_batch_size: int, precision: str, seed: int, lr: float,
+    shape: ModelShape,
+    layout: Layout,
+    *,
+    mesh: DeviceMesh,
+    device: torch.device,
+    seq_len: int,
+    global_batch_size: int,
+    precision: str,
+    seed: int,
+    lr: float,
 ) -> Trainer:
     """Probe the kernels, build and parallelise the model, the optimizer and this rank's batch."""
     pp, dp, tp = (mesh[d].size() for d in ("pp", "dp", "tp"))
@@ -209,15 +223,31 @@ def build_trainer(
     if layout.float8:
         kernels.check_float8(device)
         if tp > 1:
-            raise kernels.KernelUnavailable("float8 with tensor parallelism needs torchao's float8 TP plans, which the built-in trainer does not wire")
+            raise kernels.KernelUnavailable(
+                "float8 with tensor parallelism needs torchao's float8 TP plans, which the built-in trainer does not wire"
+            )
     attend = kernels.attention_kernel(
-        layout.attention, heads=shape.heads // tp, kv_heads=shape.kv_heads // tp, head_dim=shape.head_dim,
-        seq_len=seq_len, dtype=dtype, device=device, batch=layout.micro_batch_size,
+        layout.attention,
+        heads=shape.heads // tp,
+        kv_heads=shape.kv_heads // tp,
+        head_dim=shape.head_dim,
+        seq_len=seq_len,
+        dtype=dtype,
+        device=device,
+        batch=layout.micro_batch_size,
     )
     model = build_model(shape, seq_len, attend=attend, norm_fn=norm_kernel(shape, layout.rmsnorm))
     grad_accum = global_batch_size // (layout.micro_batch_size * dp)
-    par = parallelize(model, layout=layout, mesh=mesh, device=device, precision=precision, seed=seed,
-                      grad_accum=grad_accum, loss_fn=loss_fn)
+    par = parallelize(
+        model,
+        layout=layout,
+        mesh=mesh,
+        device=device,
+        precision=precision,
+        seed=seed,
+        grad_accum=grad_accum,
+        loss_fn=loss_fn,
+    )
     params = list({id(p): p for part in par.parts for p in part.parameters()}.values())
     if layout.sharding == "zero1" and dp > 1:
         optimizer: Any = ZeroOne(params, lr=lr, group=mesh["dp"].get_group(), device=device)
@@ -227,8 +257,15 @@ def build_trainer(
     rows = global_batch_size // dp
     start = mesh["dp"].get_local_rank() * rows
     return Trainer(
-        shape, layout, mesh, device, par, optimizer,
-        inputs[start:start + rows].to(device), labels[start:start + rows].to(device), grad_accum,
+        shape,
+        layout,
+        mesh,
+        device,
+        par,
+        optimizer,
+        inputs[start : start + rows].to(device),
+        labels[start : start + rows].to(device),
+        grad_accum,
         bf16_autocast=precision == "bf16" and not (layout.sharding == "fsdp" and dp > 1),
         tied_group=tied_group(mesh, shape),
     )
