@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sweeper.files import atomic_write_text
 from sweeper.hardware import GIB
 from sweeper.knobs import KNOBS, label
 from sweeper.layout import RULE_SUMMARIES
@@ -664,9 +665,7 @@ def write_report(sweep: Sweep, df: pd.DataFrame, out_dir: Path, *, plan: Plan | 
     shown = [p for p in plots if p is not None]
     page = render_html(sweep, summary_lines(sweep, plan, df), shown, df, out_dir, why=why, plan=plan, knobs=knobs)
     path = out_dir / "report.html"
-    tmp = path.with_name(".report.html.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_text(path, page)
     files = [p.file for p in [*shown, *(w for w in why if isinstance(w, Plot))] if p.file]
     return path, files
 
