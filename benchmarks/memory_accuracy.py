@@ -64,9 +64,28 @@ def model_of(row: dict[str, str]) -> str | dict[str, Any]:
     return m
 
 
+# torchtitan commits that ran with `training.compile` but an eager loss: its loss was compiled
+# with the model from e10cb94 (2024-10-22) to e8977b0 (2024-12-18, "turning off compile on loss
+# function") and again from d1f62be (2025-02-20, `build_cross_entropy_loss`) on. The 2024
+# benchmark page ran 9dec370 (2024-12-26); the docs pages 613bfd0 (2024-04) and 0809984 (2024-08)
+# predate it. Later rows (torchtitan 0.0.2 of March 2025 with torchao 890e0ac8 of 2025-02-28,
+# 2c8b594, 6fc499f, e7c0cae) compile it.
+EAGER_LOSS_COMMITS = ("9dec370", "613bfd0", "0809984")
+
+
+def compiled_loss(row: dict[str, str]) -> bool | None:
+    """False where the row's torchtitan did not compile its loss, else None (the recipe's default)."""
+    text = row["source_ref"] + " " + row["notes"]
+    if "llama3_h100_202412" in text or any(c in text for c in EAGER_LOSS_COMMITS):
+        return False
+    return None
+
+
 def memory_of(row: dict[str, str]) -> dict[str, Any]:
     recipe = row["recipe"] or "builtin"
     out: dict[str, Any] = {"recipe": recipe}
+    if recipe == "torchtitan" and compiled_loss(row) is not None:
+        out["compiled_loss"] = compiled_loss(row)
     if recipe == "megatron" and _bool(row["distributed_optimizer"]) is not None:
         out["distributed_optimizer"] = _bool(row["distributed_optimizer"])
     if recipe == "deepspeed" and row["zero_stage"]:
@@ -83,13 +102,17 @@ def layout_of(row: dict[str, str]) -> Layout:
     # torchtitan's norm (the CSV has no compile column: fid-data's notes say "compile=true");
     # otherwise torchtitan and DeepSpeed's GPT-2 examples run the framework's plain norm
     compiled = "compile=true" in row["notes"] or "torch.compile" in row["source_ref"]
+    # float8 (torchao Float8Linear, tensorwise/rowwise, and the mxfp8 converter) changes no saved
+    # tensor: matmul_with_hp_or_float8_args saves the bf16 input and weight and casts again in
+    # backward (torchao/float8/float8_linear.py @9519beb); the knob is set for the layout's sake
+    low_precision = "float8=true" in row["notes"] or "float8=mxfp8" in row["notes"]
     fused = row["recipe"] == "megatron" or compiled
     return Layout(
         tp=int(row["tp"]), pp=pp, micro_batch_size=int(row["micro_batch_size"]),
         sequence_parallel=bool(_bool(row["sequence_parallel"])) and int(row["tp"]) > 1,
         activation_checkpointing=row["activation_checkpointing"] or "none",
         attention=row["attention"] or "flash2", rmsnorm="fused" if fused else "eager",
-        sharding=row["sharding"] or "none", compile=compiled,
+        sharding=row["sharding"] or "none", compile=compiled, float8=low_precision,
         pp_schedule="interleaved" if (pp > 1 and vpp > 1) else "1f1b", virtual_stages=vpp if (pp > 1 and vpp > 1) else 1,
     )
 
@@ -103,6 +126,8 @@ def sweep_of(row: dict[str, str], layout: Layout) -> Sweep:
         row["gpu_memory_gib"] and abs(lookup_gpu(row["gpu"]).memory_gib - float(row["gpu_memory_gib"])) > 0.5  # type: ignore[union-attr]
     ):
         gpu = {"name": row["gpu"], "memory_gib": float(row["gpu_memory_gib"]), "peak_tflops": 1000.0}
+        if layout.float8:  # an H100 (96 GB) here: fp8 matmuls at twice the bf16 peak
+            gpu["fp8_tflops"] = 2000.0
     gbs = _int(row["global_batch_size"]) or int(row["micro_batch_size"]) * int(row["dp"])
     knobs = {k: [v] for k, v in layout.as_dict().items()}
     spec = {
