@@ -81,6 +81,16 @@ def compiled_loss(row: dict[str, str]) -> bool | None:
     return None
 
 
+# (torchtitan commit, model) whose train config sets norm_type = "fused_rmsnorm"; every other
+# torchtitan config the rows name sets "rmsnorm" (llama_70b.toml at 613bfd0, llama2/llama3 tomls
+# at 0809984, 877991a and 9dec370) or has no norm_type (2025 commits: compile fuses it)
+FUSED_NORM_CONFIGS = (("613bfd0", "llama2-13b"),)
+
+
+def fused_norm_config(row: dict[str, str]) -> bool:
+    return any(c in row["source_ref"] and row["model"].lower() == m for c, m in FUSED_NORM_CONFIGS)
+
+
 def memory_of(row: dict[str, str]) -> dict[str, Any]:
     recipe = row["recipe"] or "builtin"
     out: dict[str, Any] = {"recipe": recipe}
@@ -106,7 +116,9 @@ def layout_of(row: dict[str, str]) -> Layout:
     # tensor: matmul_with_hp_or_float8_args saves the bf16 input and weight and casts again in
     # backward (torchao/float8/float8_linear.py @9519beb); the knob is set for the layout's sake
     low_precision = "float8=true" in row["notes"] or "float8=mxfp8" in row["notes"]
-    fused = row["recipe"] == "megatron" or compiled
+    # torchtitan's own train config may pick its Triton fused RMSNorm (`norm_type =
+    # "fused_rmsnorm"`, which keeps the input and rstd): llama_13b.toml at 613bfd0 does
+    fused = row["recipe"] == "megatron" or compiled or fused_norm_config(row)
     return Layout(
         tp=int(row["tp"]), pp=pp, micro_batch_size=int(row["micro_batch_size"]),
         sequence_parallel=bool(_bool(row["sequence_parallel"])) and int(row["tp"]) > 1,
