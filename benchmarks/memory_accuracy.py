@@ -187,6 +187,43 @@ def p90(values: list[float]) -> float:
     return float(np.percentile(values, 90)) if values else float("nan")
 
 
+# What differs between runs of one layout that the layout cannot say (read from the sources)
+RUN_DIFFERENCES = {
+    "b200": "torchtitan 6fc499f runs cuDNN attention on compute capability 10 (models/attention.py), "
+    "which its op-SAC _save_list lacked until b39377f (2025-12): attention recomputed, not kept",
+    "mi300x": "ROCm build (torch 2.9.0.dev20250811+rocm6.4), torchtitan 2c8b594",
+    "h100-sxm": "torchtitan 0.0.2 with torch 2.7.0a0 (2025-03); H100 variant not stated",
+}
+
+
+def inconsistent(by_source: dict[str, list[dict[str, Any]]], spread: float = 0.10) -> None:
+    """Name the groups of rows that share every input of the estimate (model, sequence, GPU count,
+    layout, recipe) but ran on different cards and whose measured peaks differ by more than
+    `spread`: no estimate can be within 5 % of all of them, and the table's errors there measure
+    the runs' software, not the layout. (Rows of one card that share an estimate differ in what
+    the columns cannot say, such as Megatron's explicit uneven split: not flagged.)"""
+    groups: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
+    for source, rs in by_source.items():
+        for r in rs:
+            if "error" in r:
+                groups.setdefault((source, r["kind"], round(r["estimated"], 2)), []).append(r)
+    for (source, _kind, est), rs in groups.items():
+        lo, hi = min(r["measured"] for r in rs), max(r["measured"] for r in rs)
+        gpus = sorted({r["sweep"].cluster.gpu.name for r in rs})
+        if hi / lo - 1 <= spread or len(gpus) < 2:
+            continue
+        by_gpu = ", ".join(
+            f"{g} {min(r['measured'] for r in rs if r['sweep'].cluster.gpu.name == g):.1f}-"
+            f"{max(r['measured'] for r in rs if r['sweep'].cluster.gpu.name == g):.1f}"
+            for g in gpus
+        )
+        print(f"\ninconsistent data: {len(rs)} {source} rows share one layout (estimate {est:.2f} GiB) "
+              f"but measured {lo:.2f}-{hi:.2f} GiB ({100 * (hi / lo - 1):.0f} % apart): {by_gpu}")
+        for g in gpus:
+            if g in RUN_DIFFERENCES:
+                print(f"  {g}: {RUN_DIFFERENCES[g]}")
+
+
 def main(path: Path = DATA) -> int:
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
@@ -220,6 +257,7 @@ def main(path: Path = DATA) -> int:
         med = f"{100 * statistics.median(errs):.1f}%" if errs else "-"
         p = f"{100 * p90(errs):.1f}%" if errs else "-"
         print(f"{source:<22} {len(rs):>5} {len(errs):>8} {med:>12} {p:>9} {f'{sum(verdicts)}/{len(verdicts)}':>15}")
+    inconsistent(by_source)
     skipped = sum("skipped" in r for rs in by_source.values() for r in rs)
     print(f"\nall sources: {len(all_err)} measured peaks, median |error| {100 * statistics.median(all_err):.1f}% "
           f"(goal <= 5%), p90 {100 * p90(all_err):.1f}% (goal <= 15%); fits/OOM right {right}/{total}; "
