@@ -315,7 +315,8 @@ def torchtitan_loss_bytes(cols: Columns, sweep: Sweep, e: int) -> tuple[np.ndarr
       `shifted = x - max; sum(exp(shifted)); shifted - logsumexp` (pred, x, shifted, exp: e + 12)
       and its backward as `(zeros_like(x) scattered + exp(x)) * grad` beside the kept x: 16 bytes.
     - compiled (torchtitan compiles the loss with the model since d1f62be, Feb 2025:
-      `build_cross_entropy_loss`; from e8977b0, Dec 2024, to then it was off): Inductor fuses the
+      `build_cross_entropy_loss`; it did from e10cb94, Oct 2024, until e8977b0, Dec 2024, and
+      not in between: `memory.compiled_loss: false` says so): Inductor fuses the
       cast, log-softmax and its backward, so the graph keeps the e-byte pred (and per-token
       statistics) and writes one e-byte gradient: e + e. Only without tensor parallel: whether
       the DTensor loss-parallel handlers fuse under compile is not established, so tp > 1 keeps
