@@ -479,7 +479,13 @@ def recipe_activation_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np
     its op-level policy (torchtitan/models/llama3/infra/parallelize.py, `_apply_ac_to_transformer_block`,
     "Saves output of all compute ops, except every second mm") keeps the 1st, 3rd, 5th and 7th
     matmul of a SwiGLU block (wq, wv, w1, w2) and recomputes wk, wo and w3: e*(kv/t + h + ffn/t)
-    bytes per token fewer kept, materialised again one block at a time in backward.
+    bytes per token fewer kept, materialised again one block at a time in backward. Eager
+    (no `compile`), that recomputation runs every op of the block the policy did not save
+    (torch.utils.checkpoint's selective mode replays the block's forward in backward), so the
+    block's whole unsaved activation exists at once, as under full checkpointing: the
+    transient is the block's none-mode activation less what stays kept. Compiled, Inductor
+    fuses the replayed elementwise ops (norms, SiLU, RoPE) and only the recomputed matmul
+    outputs are materialised.
     """
     kept, transient = layer_activation_bytes(cols, sweep)
     m = sweep.model
@@ -490,7 +496,12 @@ def recipe_activation_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np
     tokens = sweep.seq_len * cols["micro_batch_size"]
     recomputed = e * (m.kv_dim / t + m.hidden + m.ffn / t) * tokens
     selective = cols["activation_checkpointing"] == "selective"
-    return np.where(selective, kept - recomputed, kept), np.where(selective, transient + recomputed, transient)
+    p = _per_token_terms(cols, sweep)
+    kept_tt = kept - recomputed
+    replay = np.where(
+        cols["compile"].astype(bool), transient + recomputed, (p["attention"] + p["mlp"]) * tokens - kept_tt
+    )
+    return np.where(selective, kept_tt, kept), np.where(selective, replay, transient)
 
 
 def _ranks_to_check(pp: int, chunks: int) -> list[int]:

@@ -228,12 +228,23 @@ def test_megatron_cross_entropy_works_in_place_on_its_fp32_copy():
 def test_torchtitan_selective_recomputes_every_second_matmul():
     # torchtitan's op policy keeps wq, wv, w1, w2 outputs and recomputes wk, wo, w3:
     # e*(kv + h + ffn) = 2*(64 + 64 + 256) = 768 bytes per token per block fewer kept,
-    # one block of them materialised again in backward
-    lay = Layout(activation_checkpointing="selective")
+    # one block of them materialised again in backward (compiled: Inductor fuses the rest)
+    lay = Layout(activation_checkpointing="selective", compile=True)
     b = estimate(lay.columns(small()), small())
     t = estimate(lay.columns(small(recipe="torchtitan")), small(recipe="torchtitan"))
     per_block = 768 * 128
     assert float(b.activations[0] - t.activations[0]) == 2 * per_block - per_block
+
+
+def test_torchtitan_eager_selective_replays_the_whole_block():
+    # eager, the backward replays every unsaved op of one block: at that moment the block holds
+    # its whole none-mode activation, so transient = none - kept (2 blocks: 2 kept + none - kept)
+    eager = Layout(activation_checkpointing="selective")
+    s = small(recipe="torchtitan")
+    kept_builtin = float(layer_activation_bytes(eager.columns(small()), small())[0][0])
+    none = float(layer_activation_bytes(Layout().columns(small()), small())[0][0])
+    kept = kept_builtin - 768 * 128
+    assert float(estimate(eager.columns(s), s).activations[0]) == 2 * kept + (none - kept)
 
 
 def test_interleaved_last_rank_keeps_one_micro_batch_of_logits():
