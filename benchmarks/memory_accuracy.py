@@ -64,9 +64,38 @@ def model_of(row: dict[str, str]) -> str | dict[str, Any]:
     return m
 
 
+# torchtitan commits that ran with `training.compile` but an eager loss: its loss was compiled
+# with the model from e10cb94 (2024-10-22) to e8977b0 (2024-12-18, "turning off compile on loss
+# function") and again from d1f62be (2025-02-20, `build_cross_entropy_loss`) on. The 2024
+# benchmark page ran 9dec370 (2024-12-26); the docs pages 613bfd0 (2024-04) and 0809984 (2024-08)
+# predate it. Later rows (torchtitan 0.0.2 of March 2025 with torchao 890e0ac8 of 2025-02-28,
+# 2c8b594, 6fc499f, e7c0cae) compile it.
+EAGER_LOSS_COMMITS = ("9dec370", "613bfd0", "0809984")
+
+
+def compiled_loss(row: dict[str, str]) -> bool | None:
+    """False where the row's torchtitan did not compile its loss, else None (the recipe's default)."""
+    text = row["source_ref"] + " " + row["notes"]
+    if "llama3_h100_202412" in text or any(c in text for c in EAGER_LOSS_COMMITS):
+        return False
+    return None
+
+
+# (torchtitan commit, model) whose train config sets norm_type = "fused_rmsnorm"; every other
+# torchtitan config the rows name sets "rmsnorm" (llama_70b.toml at 613bfd0, llama2/llama3 tomls
+# at 0809984, 877991a and 9dec370) or has no norm_type (2025 commits: compile fuses it)
+FUSED_NORM_CONFIGS = (("613bfd0", "llama2-13b"),)
+
+
+def fused_norm_config(row: dict[str, str]) -> bool:
+    return any(c in row["source_ref"] and row["model"].lower() == m for c, m in FUSED_NORM_CONFIGS)
+
+
 def memory_of(row: dict[str, str]) -> dict[str, Any]:
     recipe = row["recipe"] or "builtin"
     out: dict[str, Any] = {"recipe": recipe}
+    if recipe == "torchtitan" and compiled_loss(row) is not None:
+        out["compiled_loss"] = compiled_loss(row)
     if recipe == "megatron" and _bool(row["distributed_optimizer"]) is not None:
         out["distributed_optimizer"] = _bool(row["distributed_optimizer"])
     if recipe == "deepspeed" and row["zero_stage"]:
@@ -83,13 +112,19 @@ def layout_of(row: dict[str, str]) -> Layout:
     # torchtitan's norm (the CSV has no compile column: fid-data's notes say "compile=true");
     # otherwise torchtitan and DeepSpeed's GPT-2 examples run the framework's plain norm
     compiled = "compile=true" in row["notes"] or "torch.compile" in row["source_ref"]
-    fused = row["recipe"] == "megatron" or compiled
+    # float8 (torchao Float8Linear, tensorwise/rowwise, and the mxfp8 converter) changes no saved
+    # tensor: matmul_with_hp_or_float8_args saves the bf16 input and weight and casts again in
+    # backward (torchao/float8/float8_linear.py @9519beb); the knob is set for the layout's sake
+    low_precision = "float8=true" in row["notes"] or "float8=mxfp8" in row["notes"]
+    # torchtitan's own train config may pick its Triton fused RMSNorm (`norm_type =
+    # "fused_rmsnorm"`, which keeps the input and rstd): llama_13b.toml at 613bfd0 does
+    fused = row["recipe"] == "megatron" or compiled or fused_norm_config(row)
     return Layout(
         tp=int(row["tp"]), pp=pp, micro_batch_size=int(row["micro_batch_size"]),
         sequence_parallel=bool(_bool(row["sequence_parallel"])) and int(row["tp"]) > 1,
         activation_checkpointing=row["activation_checkpointing"] or "none",
         attention=row["attention"] or "flash2", rmsnorm="fused" if fused else "eager",
-        sharding=row["sharding"] or "none", compile=compiled,
+        sharding=row["sharding"] or "none", compile=compiled, float8=low_precision,
         pp_schedule="interleaved" if (pp > 1 and vpp > 1) else "1f1b", virtual_stages=vpp if (pp > 1 and vpp > 1) else 1,
     )
 
@@ -103,6 +138,8 @@ def sweep_of(row: dict[str, str], layout: Layout) -> Sweep:
         row["gpu_memory_gib"] and abs(lookup_gpu(row["gpu"]).memory_gib - float(row["gpu_memory_gib"])) > 0.5  # type: ignore[union-attr]
     ):
         gpu = {"name": row["gpu"], "memory_gib": float(row["gpu_memory_gib"]), "peak_tflops": 1000.0}
+        if layout.float8:  # an H100 (96 GB) here: fp8 matmuls at twice the bf16 peak
+            gpu["fp8_tflops"] = 2000.0
     gbs = _int(row["global_batch_size"]) or int(row["micro_batch_size"]) * int(row["dp"])
     knobs = {k: [v] for k, v in layout.as_dict().items()}
     spec = {
@@ -150,6 +187,43 @@ def p90(values: list[float]) -> float:
     return float(np.percentile(values, 90)) if values else float("nan")
 
 
+# What differs between runs of one layout that the layout cannot say (read from the sources)
+RUN_DIFFERENCES = {
+    "b200": "torchtitan 6fc499f runs cuDNN attention on compute capability 10 (models/attention.py), "
+    "which its op-SAC _save_list lacked until b39377f (2025-12): attention recomputed, not kept",
+    "mi300x": "ROCm build (torch 2.9.0.dev20250811+rocm6.4), torchtitan 2c8b594",
+    "h100-sxm": "torchtitan 0.0.2 with torch 2.7.0a0 (2025-03); H100 variant not stated",
+}
+
+
+def inconsistent(by_source: dict[str, list[dict[str, Any]]], spread: float = 0.10) -> None:
+    """Name the groups of rows that share every input of the estimate (model, sequence, GPU count,
+    layout, recipe) but ran on different cards and whose measured peaks differ by more than
+    `spread`: no estimate can be within 5 % of all of them, and the table's errors there measure
+    the runs' software, not the layout. (Rows of one card that share an estimate differ in what
+    the columns cannot say, such as Megatron's explicit uneven split: not flagged.)"""
+    groups: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
+    for source, rs in by_source.items():
+        for r in rs:
+            if "error" in r:
+                groups.setdefault((source, r["kind"], round(r["estimated"], 2)), []).append(r)
+    for (source, _kind, est), rs in groups.items():
+        lo, hi = min(r["measured"] for r in rs), max(r["measured"] for r in rs)
+        gpus = sorted({r["sweep"].cluster.gpu.name for r in rs})
+        if hi / lo - 1 <= spread or len(gpus) < 2:
+            continue
+        by_gpu = ", ".join(
+            f"{g} {min(r['measured'] for r in rs if r['sweep'].cluster.gpu.name == g):.1f}-"
+            f"{max(r['measured'] for r in rs if r['sweep'].cluster.gpu.name == g):.1f}"
+            for g in gpus
+        )
+        print(f"\ninconsistent data: {len(rs)} {source} rows share one layout (estimate {est:.2f} GiB) "
+              f"but measured {lo:.2f}-{hi:.2f} GiB ({100 * (hi / lo - 1):.0f} % apart): {by_gpu}")
+        for g in gpus:
+            if g in RUN_DIFFERENCES:
+                print(f"  {g}: {RUN_DIFFERENCES[g]}")
+
+
 def main(path: Path = DATA) -> int:
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
@@ -183,6 +257,7 @@ def main(path: Path = DATA) -> int:
         med = f"{100 * statistics.median(errs):.1f}%" if errs else "-"
         p = f"{100 * p90(errs):.1f}%" if errs else "-"
         print(f"{source:<22} {len(rs):>5} {len(errs):>8} {med:>12} {p:>9} {f'{sum(verdicts)}/{len(verdicts)}':>15}")
+    inconsistent(by_source)
     skipped = sum("skipped" in r for rs in by_source.values() for r in rs)
     print(f"\nall sources: {len(all_err)} measured peaks, median |error| {100 * statistics.median(all_err):.1f}% "
           f"(goal <= 5%), p90 {100 * p90(all_err):.1f}% (goal <= 15%); fits/OOM right {right}/{total}; "

@@ -27,7 +27,7 @@ import optuna
 
 from sweeper.flops import model_flops_per_token
 from sweeper.plan import Plan, make_plan
-from sweeper.search import build_search
+from sweeper.search import LayoutSearch, build_search, make_sampler
 from sweeper.spec import Sweep, load_sweep, parse_sweep
 
 SEEDS = (0, 1, 2)

@@ -292,11 +292,41 @@ def logits_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.ndarray]:
     tokens = sweep.seq_len * cols["micro_batch_size"]
     logits = tokens * sweep.model.vocab / t
     head_in = tokens * (norm_bytes(cols, sweep, r) + e * sweep.model.hidden)
+    if sweep.memory.recipe == "torchtitan":
+        loss_kept, loss_transient = torchtitan_loss_bytes(cols, sweep, e)
+        return loss_kept * logits + head_in, loss_transient * logits
     # Megatron-LM's vocab_parallel_cross_entropy (megatron/core/tensor_parallel/cross_entropy.py)
     # casts the logits to fp32 and works in place on that copy, which it keeps: at the peak only
     # the e-byte logits coexist with the kept fp32 softmax, and its gradient reuses it in place
     transient = e if sweep.memory.recipe == "megatron" else e + 4.0
     return 4.0 * logits + head_in, transient * logits
+
+
+def torchtitan_loss_bytes(cols: Columns, sweep: Sweep, e: int) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, transient) bytes per logit of torchtitan's loss, `cross_entropy(pred.float(), labels)`
+    (torchtitan/components/loss.py), with the e-byte `pred` dropped before backward (train.py:
+    `del pred`). Peaks counted tensor by tensor from the code that runs:
+
+    - eager, no tensor parallel: forward pred + its fp32 copy + the fp32 log-softmax (e + 8);
+      backward nll_loss_backward's dense fp32 gradient (zeros, then scattered) and
+      log_softmax_backward's fp32 output beside the kept log-softmax: 12 bytes.
+    - eager under loss parallel (tp > 1: torchtitan's default, `disable_loss_parallel` false;
+      logits stay vocab-sharded): torch/distributed/tensor/parallel/loss.py runs log-softmax as
+      `shifted = x - max; sum(exp(shifted)); shifted - logsumexp` (pred, x, shifted, exp: e + 12)
+      and its backward as `(zeros_like(x) scattered + exp(x)) * grad` beside the kept x: 16 bytes.
+    - compiled (torchtitan compiles the loss with the model since d1f62be, Feb 2025:
+      `build_cross_entropy_loss`; it did from e10cb94, Oct 2024, until e8977b0, Dec 2024, and
+      not in between: `memory.compiled_loss: false` says so): Inductor fuses the
+      cast, log-softmax and its backward, so the graph keeps the e-byte pred (and per-token
+      statistics) and writes one e-byte gradient: e + e. Only without tensor parallel: whether
+      the DTensor loss-parallel handlers fuse under compile is not established, so tp > 1 keeps
+      the eager count (an over-estimate at worst).
+    """
+    tp = cols["tp"] > 1
+    compiled = cols["compile"].astype(bool) & ~tp & (sweep.memory.compiled_loss is not False)
+    kept = np.where(compiled, float(e), 4.0)
+    peak = np.select([compiled, tp], [2.0 * e, 16.0], default=12.0)
+    return kept, peak - kept
 
 
 def overhead_bytes(cols: Columns, sweep: Sweep) -> np.ndarray:
@@ -449,7 +479,13 @@ def recipe_activation_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np
     its op-level policy (torchtitan/models/llama3/infra/parallelize.py, `_apply_ac_to_transformer_block`,
     "Saves output of all compute ops, except every second mm") keeps the 1st, 3rd, 5th and 7th
     matmul of a SwiGLU block (wq, wv, w1, w2) and recomputes wk, wo and w3: e*(kv/t + h + ffn/t)
-    bytes per token fewer kept, materialised again one block at a time in backward.
+    bytes per token fewer kept, materialised again one block at a time in backward. Eager
+    (no `compile`), that recomputation runs every op of the block the policy did not save
+    (torch.utils.checkpoint's selective mode replays the block's forward in backward), so the
+    block's whole unsaved activation exists at once, as under full checkpointing: the
+    transient is the block's none-mode activation less what stays kept. Compiled, Inductor
+    fuses the replayed elementwise ops (norms, SiLU, RoPE) and only the recomputed matmul
+    outputs are materialised.
     """
     kept, transient = layer_activation_bytes(cols, sweep)
     m = sweep.model
@@ -460,7 +496,12 @@ def recipe_activation_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np
     tokens = sweep.seq_len * cols["micro_batch_size"]
     recomputed = e * (m.kv_dim / t + m.hidden + m.ffn / t) * tokens
     selective = cols["activation_checkpointing"] == "selective"
-    return np.where(selective, kept - recomputed, kept), np.where(selective, transient + recomputed, transient)
+    p = _per_token_terms(cols, sweep)
+    kept_tt = kept - recomputed
+    replay = np.where(
+        cols["compile"].astype(bool), transient + recomputed, (p["attention"] + p["mlp"]) * tokens - kept_tt
+    )
+    return np.where(selective, kept_tt, kept), np.where(selective, replay, transient)
 
 
 def _ranks_to_check(pp: int, chunks: int) -> list[int]:

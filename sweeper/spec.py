@@ -222,6 +222,10 @@ class MemorySettings(_Strict):
         default=None, ge=0, le=3, description="deepspeed: ZeRO stage; default as sharding says"
     )
     bytes: StateBytes | None = Field(default=None, description="explicit recipe: bytes per parameter")
+    compiled_loss: bool | None = Field(
+        default=None,
+        description="torchtitan: whether compile also compiles the loss (torchtitan since Feb 2025); default true",
+    )
     reserved_factor: float | None = Field(
         default=None, ge=1, le=3, description="reserved / allocated of the caching allocator; default by recipe"
     )
@@ -249,6 +253,8 @@ class MemorySettings(_Strict):
             )
         if self.grad_accum_dtype is not None and r not in (None, "megatron", "deepspeed"):
             raise ValueError(f"memory.grad_accum_dtype applies to recipes megatron and deepspeed only, not {r!r}")
+        if self.compiled_loss is not None and r not in (None, "torchtitan"):
+            raise ValueError(f"memory.compiled_loss applies to recipe torchtitan only, not {r!r}")
         if self.bytes is not None and r != "explicit":
             raise ValueError(f"memory.bytes applies to recipe explicit only, not {r!r}")
         return self

@@ -228,12 +228,23 @@ def test_megatron_cross_entropy_works_in_place_on_its_fp32_copy():
 def test_torchtitan_selective_recomputes_every_second_matmul():
     # torchtitan's op policy keeps wq, wv, w1, w2 outputs and recomputes wk, wo, w3:
     # e*(kv + h + ffn) = 2*(64 + 64 + 256) = 768 bytes per token per block fewer kept,
-    # one block of them materialised again in backward
-    lay = Layout(activation_checkpointing="selective")
+    # one block of them materialised again in backward (compiled: Inductor fuses the rest)
+    lay = Layout(activation_checkpointing="selective", compile=True)
     b = estimate(lay.columns(small()), small())
     t = estimate(lay.columns(small(recipe="torchtitan")), small(recipe="torchtitan"))
     per_block = 768 * 128
     assert float(b.activations[0] - t.activations[0]) == 2 * per_block - per_block
+
+
+def test_torchtitan_eager_selective_replays_the_whole_block():
+    # eager, the backward replays every unsaved op of one block: at that moment the block holds
+    # its whole none-mode activation, so transient = none - kept (2 blocks: 2 kept + none - kept)
+    eager = Layout(activation_checkpointing="selective")
+    s = small(recipe="torchtitan")
+    kept_builtin = float(layer_activation_bytes(eager.columns(small()), small())[0][0])
+    none = float(layer_activation_bytes(Layout().columns(small()), small())[0][0])
+    kept = kept_builtin - 768 * 128
+    assert float(estimate(eager.columns(s), s).activations[0]) == 2 * kept + (none - kept)
 
 
 def test_interleaved_last_rank_keeps_one_micro_batch_of_logits():
@@ -264,3 +275,28 @@ def test_dry_run_shows_the_recipe_and_allocated_reserved(tmp_path):
     r = subprocess.run([sys.executable, "-c", "from sweeper.cli import main; main()", "run", str(f), "--dry-run"],
                        check=False, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert "memory recipe: megatron" in r.stdout and "within 5% of the card" in r.stdout
+
+
+def test_torchtitan_loss_peaks_by_how_it_runs():
+    # 128 tokens x vocab 128 logits; the built-in count is 4 kept + (2 + 4) transient = 10 bytes
+    # per logit. torchtitan eager: 12 (backward: kept fp32 log-softmax, nll_loss_backward's dense
+    # fp32 gradient, log_softmax_backward's fp32 output); compiled: the bf16 logits kept and one
+    # bf16 gradient, 4; loss parallel at tp 2 (vocab 64 per rank): 16 per logit (torch's
+    # loss-parallel log-softmax backward: kept x, zeros, exp(x), their sum)
+    logits = 128 * 128
+
+    def logit_bytes(layout: Layout, **memory) -> float:
+        s = small(**memory)
+        return float(estimate(layout.columns(s), s).logits[0])
+
+    builtin = logit_bytes(Layout(compile=True))
+    assert logit_bytes(Layout(), recipe="torchtitan") - builtin == 2 * logits
+    assert logit_bytes(Layout(compile=True), recipe="torchtitan") - builtin == -6 * logits
+    assert logit_bytes(Layout(compile=True), recipe="torchtitan", compiled_loss=False) - builtin == 2 * logits
+    tp2 = Layout(tp=2, compile=True)
+    assert logit_bytes(tp2, recipe="torchtitan") - logit_bytes(tp2) == (16 - 10) * logits / 2
+
+
+def test_compiled_loss_is_a_torchtitan_setting():
+    with pytest.raises(SpecError, match="memory.compiled_loss applies to recipe torchtitan only"):
+        small(recipe="megatron", compiled_loss=False)
