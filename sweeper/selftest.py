@@ -248,7 +248,7 @@ def layout_checks(gpu: GPU | None, gpus: int, *, cuda: bool, workdir: Path) -> l
     from sweeper.layout import Layout
     from sweeper.plan import make_plan
     from sweeper.spec import parse_sweep
-    from sweeper.trainer.launch import launch_trial
+    from sweeper.launchers.ranks import launch_trial
 
     memory = torch.cuda.get_device_properties(0).total_memory / 1024**3 if cuda else 4.0
     sweep = parse_sweep(selftest_sweep_text(gpu, gpus, cuda=cuda, memory_gib=memory), source="<selftest>")
@@ -307,7 +307,7 @@ def allreduce_worker(*, out_dir: Path, megabytes: int = 256, reps: int = 10) -> 
 
 
 def bandwidth_check(gpu: GPU | None, gpus: int, *, workdir: Path) -> list[Check]:
-    from sweeper.trainer.launch import launch
+    from sweeper.launchers.ranks import launch
 
     done = launch(
         {"kind": "call", "target": "sweeper.selftest:allreduce_worker", "kwargs": {}},

@@ -114,7 +114,7 @@ def test_oom_on_slurm_is_an_oom_row(slurm_cluster, tmp_path):
     spec = spec_file(tmp_path, "oomslurm")
     r = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(spec)], cwd=tmp_path, capture_output=True,
                        text=True, timeout=400, env={**os.environ, "SWEEP_FAULT": "oom:1:1"})
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 1, r.stderr[-3000:]  # no trial succeeded: the sweep says so with exit 1
     df = rows(tmp_path / "results" / "oomslurm")
     assert len(df) == 1, df.to_string()
     row = df.iloc[0]
