@@ -245,10 +245,10 @@ def layout_checks(gpu: GPU | None, gpus: int, *, cuda: bool, workdir: Path) -> l
     """Each of TP, PP, FSDP, DDP for real on `gpus` local processes; estimate against measured peak."""
     import torch
 
+    from sweeper.launchers.ranks import launch_trial
     from sweeper.layout import Layout
     from sweeper.plan import make_plan
     from sweeper.spec import parse_sweep
-    from sweeper.launchers.ranks import launch_trial
 
     memory = torch.cuda.get_device_properties(0).total_memory / 1024**3 if cuda else 4.0
     sweep = parse_sweep(selftest_sweep_text(gpu, gpus, cuda=cuda, memory_gib=memory), source="<selftest>")
