@@ -73,13 +73,6 @@ def _state(job: submitit.Job[Any]) -> str:
     return job.watcher.get_state(job.job_id, mode="force")
 
 
-def _seconds(elapsed: str) -> int:
-    """sacct's [D-]HH:MM:SS as seconds."""
-    days, _, hms = elapsed.rpartition("-")
-    h, m, s = (int(x) for x in hms.split(":"))
-    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
-
-
 def test_two_task_job_round_trip(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     def report() -> dict[str, Any]:
         import os
