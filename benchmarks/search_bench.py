@@ -27,7 +27,7 @@ import optuna
 
 from sweeper.flops import model_flops_per_token
 from sweeper.plan import Plan, make_plan
-from sweeper.search import LayoutSearch, build_search, make_sampler
+from sweeper.search import build_search
 from sweeper.spec import Sweep, load_sweep, parse_sweep
 
 SEEDS = (0, 1, 2)
@@ -206,9 +206,7 @@ def run_memory_case(plan: Plan, seed: int, direction: str) -> dict:
     sw = plan.sweep
     runnable = (plan.status != "invalid") & ~oom
     best_row = int(np.nanargmax(np.where(runnable, mfu, np.nan)))
-    sampler = make_sampler("auto", seed=seed, exhaustive=False, budget=sw.search.max_trials)
-    search = LayoutSearch(plan, optuna.create_study(direction="maximize", sampler=sampler), sampler="auto",
-                          max_trials=sw.search.max_trials, seed=seed)
+    search = build_search(plan, sampler="auto", seed=seed)
     fpt = model_flops_per_token(sw.model, sw.seq_len)
     peak = sw.cluster.gpu.peak_flops(sw.trial.precision)
     tokens = sw.global_batch_size * sw.seq_len

@@ -16,15 +16,14 @@ from sweeper.memfit import (
     refitted_total,
 )
 from sweeper.plan import make_plan
-from sweeper.search import LayoutSearch, make_sampler, open_study
+from sweeper.search import build_search
 from sweeper.workloads import parse_megatron
 from tests.conftest import make_sweep
 
 
 def _search(tmp_path, plan, sampler="tpe", max_trials=8):
-    study = open_study(f"sqlite:///{tmp_path}/o.db", "t",
-                       sampler=make_sampler(sampler, seed=0, exhaustive=False, budget=max_trials))
-    return LayoutSearch(plan, study, sampler=sampler, max_trials=max_trials, seed=0)
+    return build_search(plan, storage=f"sqlite:///{tmp_path}/o.db", study_name="t", sampler=sampler,
+                        max_trials=max_trials, seed=0)
 
 
 def megatron_plan():
