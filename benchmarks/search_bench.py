@@ -38,6 +38,12 @@ ATTENTION = {"flash2": 1.0, "cudnn": 1.01, "flash1": 0.91, "sdpa_efficient": 0.9
 CKPT = {"none": 1.0, "selective": 0.965, "ffn": 0.9, "full": 0.755}
 
 
+
+def step_time_s(sw: Sweep, mfu: float) -> float:
+    """The optimizer step time a layout of this MFU takes: the simulated trials' measured step time."""
+    flops = sw.global_batch_size * sw.seq_len * model_flops_per_token(sw.model, sw.seq_len)
+    return flops / (mfu * sw.cluster.world * sw.cluster.gpu.peak_flops(sw.trial.precision))
+
 def simulate(plan: Plan, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(true MFU, true OOM, true peak GiB) for every layout of the plan; invalid layouts get NaN."""
     sw, c = plan.sweep, plan.cols
@@ -80,9 +86,6 @@ def run_strategy(plan: Plan, truth: tuple[np.ndarray, np.ndarray, np.ndarray], s
     best_row = int(np.nanargmax(np.where(ok_cand, mfu, np.nan)))
     best = mfu[best_row]
     search = build_search(plan, sampler="auto" if strategy == "default" else strategy, seed=seed)
-    fpt = model_flops_per_token(sw.model, sw.seq_len)
-    peak = sw.cluster.gpu.peak_flops(sw.trial.precision)
-    tokens = sw.global_batch_size * sw.seq_len
     gpu_h, found, within, gpu_h_best = 0.0, None, None, None
     for trial in range(1, CAP + 1):
         p = search.ask()
@@ -93,7 +96,7 @@ def run_strategy(plan: Plan, truth: tuple[np.ndarray, np.ndarray, np.ndarray], s
             gpu_h += sw.cluster.world * STARTUP_S / 3600
             search.tell(p.optuna_trial, r, status="oom", mfu=None)
         else:
-            step = tokens * fpt / (mfu[r] * sw.cluster.world * peak)
+            step = step_time_s(sw, float(mfu[r]))
             gpu_h += sw.cluster.world * (STARTUP_S + sw.trial.steps * step) / 3600
             # a GPU trial reports its peak (max allocated), as the built-in trainer and Megatron-LM do
             search.tell(p.optuna_trial, r, status="ok", mfu=float(mfu[r]), step_time_s=step,
@@ -207,9 +210,6 @@ def run_memory_case(plan: Plan, seed: int, direction: str) -> dict:
     runnable = (plan.status != "invalid") & ~oom
     best_row = int(np.nanargmax(np.where(runnable, mfu, np.nan)))
     search = build_search(plan, sampler="auto", seed=seed)
-    fpt = model_flops_per_token(sw.model, sw.seq_len)
-    peak = sw.cluster.gpu.peak_flops(sw.trial.precision)
-    tokens = sw.global_batch_size * sw.seq_len
     found, ooms = None, 0
     for trial in range(1, CAP + 1):
         p = search.ask()
@@ -220,7 +220,7 @@ def run_memory_case(plan: Plan, seed: int, direction: str) -> dict:
             ooms += 1
             search.tell(p.optuna_trial, r, status="oom", mfu=None)
             continue
-        step = tokens * fpt / (mfu[r] * sw.cluster.world * peak)
+        step = step_time_s(sw, float(mfu[r]))
         gib = float(alloc[r]) / 1024**3
         search.tell(p.optuna_trial, r, status="ok", mfu=float(mfu[r]), step_time_s=step,
                     peak_mem_gib=gib, peak_mem_reserved_gib=1.08 * gib, device="cuda")
