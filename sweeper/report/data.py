@@ -1,0 +1,246 @@
+"""What a report shows, as plain records: no matplotlib, no HTML.
+
+As Optuna's `visualization` computes each plot's `_get_*_info` apart from its renderers, the
+functions here return frames, arrays and dataclasses; `plots` draws them and `page` writes them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sweeper.hardware import GIB
+from sweeper.knobs import KNOBS, label
+from sweeper.layout import RULE_SUMMARIES
+from sweeper.plan import CANDIDATE, Plan
+from sweeper.spec import Sweep
+from sweeper.statuses import PlanReason, PlanStatus, TrialStatus
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One PNG of the report: its file name, a heading, and a caption (why it is there or why empty)."""
+
+    file: str
+    title: str
+    caption: str = ""
+
+
+def successful(df: pd.DataFrame) -> pd.DataFrame:
+    """The trials that ran and measured an MFU."""
+    return df[(df["status"] == TrialStatus.OK) & df["mfu"].notna()]
+
+
+def layout_text(row: Any) -> str:
+    """A layout in one line: tp, pp, dp, mbs, grad_accum, then every other knob (`knob=value`)."""
+    base = [
+        f"tp={row['tp']}",
+        f"pp={row['pp']}",
+        f"dp={row['dp']}",
+        f"mbs={row['micro_batch_size']}",
+        f"grad_accum={row['grad_accum']}",
+    ]
+    rest = [f"{label(k)}={fmt_value(row[k])}" for k in KNOBS if k not in ("tp", "pp", "micro_batch_size")]
+    return " ".join(base + rest)
+
+
+def fmt_value(v: Any) -> str:
+    return str(bool(v)).lower() if isinstance(v, (bool, np.bool_)) else str(v)
+
+
+def match_plan_rows(plan: Plan, df: pd.DataFrame) -> np.ndarray | None:
+    """For each result row, the index of the plan row with the same knob values; None if any is missing."""
+    index = {tuple(fmt_value(plan.cols[k][i]) for k in KNOBS): i for i in range(len(plan))}
+    found = [index.get(tuple(fmt_value(r[k]) for k in KNOBS)) for _, r in df.iterrows()]
+    if not found or any(i is None for i in found):
+        return None
+    return np.asarray(found, dtype=np.int64)
+
+
+def gpu_hours(df: pd.DataFrame) -> np.ndarray:
+    """Cumulative GPU-hours in trial order: num_devices x (finished_at - started_at); unknown spans count 0."""
+    span_s = (df["finished_at"] - df["started_at"]).dt.total_seconds().fillna(0.0).clip(lower=0.0)
+    return np.cumsum(df["num_devices"].fillna(0).to_numpy(float) * span_s.to_numpy(float) / 3600.0)
+
+
+def summary_lines(sweep: Sweep, plan: Plan, df: pd.DataFrame) -> list[str]:
+    """The page's opening text: winner and layout, margin over the runner-up, coverage, pruned and why."""
+    ok = successful(df).sort_values(["mfu", "trial_number"], ascending=[False, True])
+    lines = []
+    if len(ok):
+        w = ok.iloc[0]
+        lines.append(f"Winner: trial {w['trial_number']} at {100 * w['mfu']:.2f}% MFU — {layout_text(w)}")
+        if len(ok) > 1:
+            r = ok.iloc[1]
+            lines.append(
+                f"Margin over the runner-up (trial {r['trial_number']}, {100 * r['mfu']:.2f}% MFU): "
+                f"{100 * (w['mfu'] - r['mfu']):.2f} points, {100 * (w['mfu'] / r['mfu'] - 1):.1f}% faster; "
+                f"runner-up: {layout_text(r)}"
+            )
+        else:
+            lines.append("No runner-up: only one trial succeeded.")
+    else:
+        lines.append("No successful trial yet.")
+    counts = plan.counts()
+    cands = counts.get(CANDIDATE, 0)
+    share = f" ({100 * len(df) / cands:.0f}%)" if cands else ""
+    statuses = ", ".join(f"{k} {v}" for k, v in Counter(df["status"]).most_common())
+    lines.append(
+        f"Grid run: {len(df)} trials of {cands} candidate layouts{share}; "
+        f"{len(plan)} layouts in the cross product. Trials: {statuses or 'none'}."
+    )
+    reasons = plan.reason_counts()
+    pruned = counts.get(PlanStatus.PRUNED, 0)
+    lines.append(
+        f"Pruned by the memory estimate: {pruned}"
+        + (
+            f" (over {100 * (1 - sweep.memory.headroom):.0f}% of {sweep.cluster.gpu.memory_gib:g} GiB)."
+            if pruned
+            else "."
+        )
+    )
+    invalid = [f"{RULE_SUMMARIES.get(code, code)}: {n}" for code, n in reasons.items() if code != PlanReason.MEMORY]
+    lines.append("Invalid: " + ("; ".join(invalid) if invalid else "none") + ".")
+    return lines
+
+
+def cell_kinds(df: pd.DataFrame, plan: Plan, attn: str, ckpt: str) -> pd.DataFrame:
+    """Each (tp, pp) cell of one attention kernel x checkpointing mode: best MFU, or why there is none.
+
+    `kind` is "ok" (best MFU over the other knobs), a failure status when every trial there failed
+    ("oom", "failed", ...), "not run" (a candidate the search did not try), "pruned" (valid but
+    predicted over memory) or "invalid" (no valid layout in the cell).
+    """
+    import pandas as pd
+
+    tps = sorted({int(v) for v in plan.cols["tp"]})
+    pps = sorted({int(v) for v in plan.cols["pp"]})
+    here = df[(df["attention"] == attn) & (df["activation_checkpointing"] == ckpt)]
+    in_combo = (plan.cols["attention"] == attn) & (plan.cols["activation_checkpointing"] == ckpt)
+    cells = []
+    for tp in tps:
+        for pp in pps:
+            trials = here[(here["tp"] == tp) & (here["pp"] == pp)]
+            ok = trials[(trials["status"] == TrialStatus.OK) & trials["mfu"].notna()]
+            statuses = set(plan.status[in_combo & (plan.cols["tp"] == tp) & (plan.cols["pp"] == pp)])
+            kind: str
+            if len(ok):
+                kind, mfu = TrialStatus.OK, float(ok["mfu"].max())
+            elif len(trials):
+                kind, mfu = Counter(trials["status"]).most_common(1)[0][0], math.nan
+            elif PlanStatus.CANDIDATE in statuses:
+                kind, mfu = "not run", math.nan
+            elif PlanStatus.PRUNED in statuses:
+                kind, mfu = PlanStatus.PRUNED, math.nan
+            else:
+                kind, mfu = PlanStatus.INVALID, math.nan
+            cells.append({"tp": tp, "pp": pp, "kind": str(kind), "mfu": mfu})
+    return pd.DataFrame(cells)
+
+
+def rank_correlation(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Spearman's rho (ties by order); None with fewer than 3 points or a constant side."""
+    if len(a) < 3:
+        return None
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    if ra.std() == 0 or rb.std() == 0:
+        return None
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def varying_knobs(df: pd.DataFrame) -> list[str]:
+    """The knobs (and dp) that take more than one value among the trials: what tells layouts apart."""
+    cols = [*KNOBS, "dp"]
+    return [k for k in cols if k in df and df[k].nunique(dropna=True) > 1]
+
+
+def short_layout(row: Any, knobs: list[str]) -> str:
+    return " ".join(f"{label(k)}={fmt_value(row[k])}" for k in knobs) or "the only layout"
+
+
+@dataclass(frozen=True)
+class MemoryPoints:
+    """Measured allocator peaks against the estimate's tensor terms (GiB per device), one per trial.
+
+    `skipped` says why there are no points (empty when there are).
+    """
+
+    skipped: str = ""
+    trials: np.ndarray | None = None  # trial numbers, the points' labels
+    tensors_gib: np.ndarray | None = None  # the estimate without its fixed per-process overhead
+    measured_gib: np.ndarray | None = None
+    budget_gib: float = math.nan  # the card less the median overhead: what tensors may use
+
+
+def memory_points(df: pd.DataFrame, plan: Plan, sweep: Sweep) -> MemoryPoints:
+    """The estimate's tensor terms (weights, grads, optimizer state, activations, logits; the fixed
+    per-process overhead left out, since an allocator never sees it) against each measured peak."""
+    ran = df[df["peak_mem_gib"].notna()]
+    cpu = ran["device"].fillna("").astype(str).str.startswith("cpu").any() or sweep.cluster.gpu.name == "cpu"
+    if cpu:
+        return MemoryPoints(
+            "Not plotted: on CPU the measured number is the growth of the process's resident "
+            "set (RSS) above a baseline, not an allocator peak, so it cannot be compared with the estimate."
+        )
+    idx = match_plan_rows(plan, ran) if len(ran) else None
+    if idx is None:
+        return MemoryPoints(
+            "skipped: no trial measured its peak"
+            if ran.empty
+            else "skipped: results could not be matched to the plan's layouts by knob values"
+        )
+    mem = plan.memory
+    return MemoryPoints(
+        trials=ran["trial_number"].to_numpy(),
+        tensors_gib=(mem.total - mem.overhead)[idx] / GIB,
+        measured_gib=ran["peak_mem_gib"].to_numpy(float),
+        budget_gib=(mem.capacity_bytes - float(np.median(mem.overhead[idx]))) / GIB,
+    )
+
+
+@dataclass(frozen=True)
+class MfuPoints:
+    """The dry run's predicted MFU (uncalibrated) against the measured one, one point per ok trial."""
+
+    skipped: str = ""  # why there are no points (empty when there are)
+    trials: np.ndarray | None = None
+    predicted: np.ndarray | None = None
+    measured: np.ndarray | None = None
+    rank_correlation: float | None = None
+
+
+def mfu_points(df: pd.DataFrame, plan: Plan, sweep: Sweep) -> MfuPoints:
+    """Measured MFU of every successful trial beside the throughput model's, matched to plan rows by knobs."""
+    from sweeper.perfmodel import predict
+
+    ok = successful(df)
+    idx = match_plan_rows(plan, ok) if len(ok) else None
+    if idx is None:
+        return MfuPoints(
+            "skipped: results could not be matched to the plan's layouts by knob values "
+            "(the sweep file changed since the run?)"
+            if len(ok)
+            else "skipped: no successful trial"
+        )
+    predicted = predict(plan.cols, sweep).mfu[idx]
+    measured = ok["mfu"].to_numpy(float)
+    return MfuPoints("", ok["trial_number"].to_numpy(), predicted, measured, rank_correlation(predicted, measured))
+
+
+def layout_counts(df: pd.DataFrame, plan: Plan) -> dict[str, int]:
+    """The plan's layouts by what became of them: candidates run and not run, pruned, invalid."""
+    counts = plan.counts()
+    cands = counts.get(CANDIDATE, 0)
+    return {
+        "candidate, run": min(len(df), cands),
+        "candidate, not run": max(cands - len(df), 0),
+        "pruned (memory)": counts.get(PlanStatus.PRUNED, 0),
+        PlanStatus.INVALID: counts.get(PlanStatus.INVALID, 0),
+    }

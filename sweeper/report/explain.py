@@ -1,0 +1,115 @@
+"""Why the winner wins: the throughput model's step-time parts of the top layouts, and a sentence
+per runner-up naming the part (and the knobs behind it) that costs it most. Pure: no matplotlib."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sweeper.plan import Plan
+from sweeper.report.data import fmt_value, match_plan_rows, short_layout
+from sweeper.spec import Sweep
+from sweeper.statuses import TrialStatus
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+TOP_EXPLAINED = 5
+
+
+@dataclass(frozen=True)
+class Explained:
+    """The throughput model's step-time breakdown of the top layouts, calibrated to their measurements."""
+
+    trials: pd.DataFrame  # the top ok trials, best first
+    parts: dict[str, np.ndarray]  # seconds per step by perfmodel part, one entry per trial
+    predicted_s: np.ndarray  # the sum of the exposed parts
+
+
+def explain_top(df: pd.DataFrame, plan: Plan, sweep: Sweep, top: int = TOP_EXPLAINED) -> Explained | None:
+    """Breakdown of the top ok trials with measured step times; None when they cannot be matched to the plan."""
+    from sweeper.flops import model_flops_per_token
+    from sweeper.perfmodel import PARTS, breakdown, calibrate, predict
+
+    ok = df[(df["status"] == TrialStatus.OK) & df["mfu"].notna() & (df["mfu"] > 0)].copy()
+    ok = ok.sort_values(["mfu", "trial_number"], ascending=[False, True])
+    # a row with MFU but no step times (a replayed table): its step time follows from MFU's definition
+    step_flops = model_flops_per_token(sweep.model, sweep.seq_len) * sweep.global_batch_size * sweep.seq_len
+    ok["step_time_mean_s"] = ok["step_time_mean_s"].fillna(
+        step_flops / (ok["mfu"] * sweep.cluster.world * sweep.cluster.gpu.peak_flops(sweep.trial.precision))
+    )
+    idx = match_plan_rows(plan, ok) if len(ok) else None
+    if idx is None:
+        return None
+    model = predict(plan.cols, sweep)
+    # the scales fitted to every measured step time, so bars and measurements share one scale
+    calibration = calibrate(model, [int(i) for i in idx], ok["step_time_mean_s"].tolist())
+    rows = idx[:top]
+    cols = {k: v[rows] for k, v in plan.cols.items()}
+    parts = breakdown(cols, sweep, calibration)
+    predicted = sum(parts[k] for k in PARTS if k != "dp_hidden")
+    return Explained(ok.head(top).reset_index(drop=True), parts, np.asarray(predicted))
+
+
+def runner_up_sentences(ex: Explained, knobs: list[str], sweep: Sweep) -> list[str]:
+    """One sentence per runner-up: how much slower it measured, and the part of the model that costs it most."""
+    from sweeper.perfmodel import PART_LABELS, PARTS
+
+    w = ex.trials.iloc[0]
+    out = []
+    for i in range(1, len(ex.trials)):
+        r = ex.trials.iloc[i]
+        slower = 100 * (r["step_time_mean_s"] / w["step_time_mean_s"] - 1)
+        head = (
+            f"#{i + 1} trial {r['trial_number']} ({short_layout(r, knobs)}): {100 * r['mfu']:.1f}% MFU, "
+            f"step {r['step_time_mean_s']:.3g} s against the winner's {w['step_time_mean_s']:.3g} s "
+            f"({slower:+.1f}% measured)"
+        )
+        gaps = {k: float(ex.parts[k][i] - ex.parts[k][0]) for k in PARTS if k != "dp_hidden"}
+        part = max(gaps, key=lambda k: gaps[k])
+        if gaps[part] <= 0:
+            out.append(
+                head + "; the model predicts it no slower than the winner "
+                f"({ex.predicted_s[i]:.3g} s against {ex.predicted_s[0]:.3g} s): the gap is measured, not modelled."
+            )
+            continue
+        share = 100 * ex.parts[part][i] / ex.predicted_s[i]
+        share_w = 100 * ex.parts[part][0] / ex.predicted_s[0]
+        out.append(
+            f"{head}; what costs it most: {_why(part, r, share, ex.parts, i)} "
+            f"(winner: {share_w:.0f}% {PART_LABELS[part]})."
+        )
+    return out
+
+
+def _why(part: str, r: Any, share: float, parts: dict[str, np.ndarray], i: int) -> str:
+    """The phrase for the part that costs a layout most, naming the knobs behind it."""
+    if part == "bubble":
+        return f"pp={r['pp']} with {r['grad_accum']} micro-batches adds a {share:.0f}% bubble"
+    if part == "recompute":
+        of_forward = 100 * parts["recompute"][i] / max(float(parts["forward"][i]), 1e-30)
+        return (
+            f"{r['activation_checkpointing']} checkpointing recomputes {of_forward:.0f}% of the forward, "
+            f"{share:.0f}% of the step"
+        )
+    if part == "tp_comm":
+        return f"tp={r['tp']} spends {share:.0f}% of the step in tensor-parallel all-reduces"
+    if part == "pp_comm":
+        return f"pp={r['pp']} spends {share:.0f}% of the step sending activations between stages"
+    if part == "dp_comm":
+        return f"dp={r['dp']} (sharding {r['sharding']}) leaves {share:.0f}% of the step in exposed gradient traffic"
+    if part == "matmul":
+        return (
+            f"smaller GEMMs (mbs={r['micro_batch_size']}, tp={r['tp']}) run below peak: matmuls take "
+            f"{share:.0f}% of the step"
+        )
+    if part == "attention":
+        return f"attention={r['attention']} takes {share:.0f}% of the step"
+    if part == "memory_bound":
+        return (
+            f"memory-bound norms and elementwise work (rmsnorm={r['rmsnorm']}, sp={fmt_value(r['sequence_parallel'])}) "
+            f"take {share:.0f}% of the step"
+        )
+    return f"launch overhead of {r['grad_accum']} micro-batches takes {share:.0f}% of the step"
