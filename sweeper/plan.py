@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sweeper.knobs import KNOBS, NO_EFFECT_VALUE
-from sweeper.layout import RULES, Layout, ineffective, with_derived
+from sweeper.layout import RULES, Columns, Layout, Rule, ineffective, with_derived
 from sweeper.memory import Estimate, estimate
 from sweeper.perfmodel import StepTime, predict
 from sweeper.spec import Sweep
@@ -138,15 +138,7 @@ def make_plan(sweep: Sweep) -> Plan:
     code = np.full(n, "", dtype=object)
     reason = np.full(n, "", dtype=object)
 
-    for rule in RULES:
-        hit = np.flatnonzero((status == CANDIDATE) & rule.broken(cols, sweep))
-        if hit.size == 0:
-            continue
-        status[hit], code[hit] = INVALID, rule.code
-        # a rule's message depends on tp, pp, micro-batch, schedule and virtual stages only
-        key = _group_key({k: codes[k][hit] for k in _MESSAGE_KNOBS}, radix)
-        reason[hit] = _per_distinct(key, lambda i, rule=rule: rule.explain(cols, sweep, int(i)), hit)
-
+    reject(cols, codes, sweep, status, code, reason)
     _mark_duplicates(cols, codes, radix, status, code, reason)
     # memory and throughput only for the valid rows (a few % of a large space); NaN elsewhere
     valid = np.flatnonzero(status == CANDIDATE)
@@ -188,7 +180,100 @@ def _spread_estimate(sub: Estimate, rows: np.ndarray, n: int) -> Estimate:
     )
 
 
-_MESSAGE_KNOBS = ("tp", "pp", "micro_batch_size", "pp_schedule", "virtual_stages")
+def reject(
+    cols: Columns,
+    codes: Mapping[str, np.ndarray] | None,
+    sweep: Sweep,
+    status: np.ndarray,
+    code: np.ndarray,
+    reason: np.ndarray,
+    rules: tuple[Rule, ...] = RULES,
+) -> None:
+    """Mark the candidate rows that break a rule invalid, with the first rule's code and message."""
+    for rule in rules:
+        hit = np.flatnonzero((status == CANDIDATE) & rule.broken(cols, sweep))
+        if hit.size == 0:
+            continue
+        status[hit], code[hit] = INVALID, rule.code
+        reason[hit] = messages(_in_sweep(rule, sweep), cols, hit, codes)
+
+
+def _in_sweep(rule: Rule, sweep: Sweep) -> Callable[[Columns, int], str]:
+    """The rule's message for one row of some columns, in this sweep."""
+
+    def explain(cols: Columns, row: int) -> str:
+        return rule.explain(cols, sweep, row)
+
+    return explain
+
+
+class _Reading(Mapping[str, np.ndarray]):
+    """Columns taken at some rows, noting which columns are read: a message depends on those only."""
+
+    def __init__(self, cols: Columns, rows: np.ndarray) -> None:
+        self._cols, self._rows = cols, rows
+        self._taken: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._taken:
+            self._taken[name] = np.asarray(self._cols[name])[self._rows]
+        return self._taken[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._cols)
+
+    def __len__(self) -> int:
+        return len(self._cols)
+
+    @property
+    def read(self) -> list[str]:
+        return list(self._taken)
+
+
+def messages(
+    explain: Callable[[Columns, int], str],
+    cols: Columns,
+    rows: np.ndarray,
+    codes: Mapping[str, np.ndarray] | None = None,
+) -> np.ndarray:
+    """explain(view, j) for every row of `rows` (the view holds the columns at those rows), called
+    once per distinct value of the columns the messages read.
+
+    Which knobs a message names is not listed anywhere: a message can depend only on the columns it
+    reads, so rows that agree on all of them share it. The first call finds what it reads; a later
+    call that reads a column not yet in the key (a branch) widens the key and the grouping restarts.
+    """
+    view = _Reading(cols, rows)
+    keyed: list[str] = []
+    while True:
+        # a knob's integer codes group as its values do, and need no sort
+        key = _value_key([codes[k][rows] if codes and k in codes else view[k] for k in keyed], len(rows))
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        found = np.asarray([explain(view, int(j)) for j in first], dtype=object)
+        if set(view.read) <= set(keyed):
+            return found[inverse.reshape(-1)]
+        keyed = view.read
+
+
+def _value_key(columns: list[np.ndarray], n: int) -> np.ndarray:
+    """One int64 per row, equal where the rows agree on every column (0 for all rows when none)."""
+    key = np.zeros(n, dtype=np.int64)
+    for c in columns:
+        code, radix = _small_codes(c)
+        if int(key.max()) * radix >= 2**62:  # compact first, so the mixed radix cannot overflow
+            key = np.unique(key, return_inverse=True)[1].reshape(-1)
+        key = key * radix + code
+    return key
+
+
+def _small_codes(column: np.ndarray) -> tuple[np.ndarray, int]:
+    """Integers 0..radix-1 equal where the column's values are; without a sort for ints and bools."""
+    if column.dtype.kind in "iub" and column.size:
+        lo, hi = int(column.min()), int(column.max())
+        if hi - lo < 2**20:
+            return column.astype(np.int64) - lo, hi - lo + 1
+    _, code = np.unique(column, return_inverse=True)
+    return code.reshape(-1), int(code.max(initial=0)) + 1
 
 
 def _group_key(codes: dict[Any, np.ndarray], radix: dict[Any, int]) -> np.ndarray:
@@ -197,13 +282,6 @@ def _group_key(codes: dict[Any, np.ndarray], radix: dict[Any, int]) -> np.ndarra
     for k, c in codes.items():
         key = key * radix[k] + (c + 1)
     return key
-
-
-def _per_distinct(key: np.ndarray, explain: Any, rows: np.ndarray) -> np.ndarray:
-    """Call explain(row) once per distinct key and spread the answers over all rows with that key."""
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    messages = np.asarray([explain(rows[i]) for i in first], dtype=object)
-    return messages[inverse.reshape(-1)]
 
 
 def _mark_duplicates(
@@ -239,16 +317,22 @@ def _mark_duplicates(
         return
     rows, heads = valid[order[dup_pos]], valid[order[head_pos[dup_pos]]]
     status[rows], code[rows] = INVALID, PlanReason.DUPLICATE
-    # a message names the no-op knobs of the row and of the kept layout, and tp, pp (so dp)
-    parts = {("row", k): codes[k][rows] for k in (*NO_EFFECT_VALUE, "tp", "pp")}
-    parts |= {("kept", k): codes[k][heads] for k in NO_EFFECT_VALUE}
-    key = _group_key(parts, {p: radix[p[1]] for p in parts})
-    by_row = dict(zip(rows.tolist(), heads.tolist()))
-    reason[rows] = _per_distinct(key, lambda r: _describe_difference(cols, by_row[int(r)], int(r)), rows)
+    # each duplicate row beside the values of the layout kept for it, as columns `kept.<knob>`
+    kept = {f"kept.{k}": _at(cols[k], rows, cols[k][heads]) for k in NO_EFFECT_VALUE}
+    reason[rows] = messages(_describe_difference, {**cols, **kept}, rows)
 
 
-def _describe_difference(cols: dict[str, np.ndarray], kept: int, row: int) -> str:
-    diffs = [f"{k}={cols[k][kept].item()}" for k in NO_EFFECT_VALUE if cols[k][kept] != cols[k][row]]
+def _at(column: np.ndarray, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """A copy of `column` holding `values` at `rows`."""
+    out = column.copy()
+    out[rows] = values
+    return out
+
+
+def _describe_difference(cols: Columns, row: int) -> str:
+    diffs = [
+        f"{k}={_python(cols[f'kept.{k}'][row])}" for k in NO_EFFECT_VALUE if cols[f"kept.{k}"][row] != cols[k][row]
+    ]
     where = f"tp={cols['tp'][row]}, pp={cols['pp'][row]}, dp={cols['dp'][row]}"
     return f"same run as {', '.join(diffs)} (no effect at {where})"
 
