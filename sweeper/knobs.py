@@ -7,7 +7,7 @@ schema, every table's column labels, the values that mean "no effect") is genera
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,10 @@ class Knob:
     no_effect: Any = None
     # Named sets of choices other modules ask about, e.g. attention kernels that keep the s x s scores.
     properties: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # Tables show this knob even when it does not vary (the others appear when they vary).
+    always_shown: bool = False
+    # One-line summaries of a layout name it (the live display of `sweep run`, `sweep status`).
+    in_summary: bool = False
 
     @property
     def short(self) -> str:
@@ -41,9 +45,17 @@ class Knob:
 KNOBS: dict[str, Knob] = {
     k.name: k
     for k in [
-        Knob("tp", int, 1, "tensor-parallel degree (within a node)"),
-        Knob("pp", int, 1, "pipeline-parallel degree (number of pipeline stages)"),
-        Knob("micro_batch_size", int, 1, "sequences per micro-batch on one data-parallel rank", label="mbs"),
+        Knob("tp", int, 1, "tensor-parallel degree (within a node)", always_shown=True, in_summary=True),
+        Knob("pp", int, 1, "pipeline-parallel degree (number of pipeline stages)", always_shown=True, in_summary=True),
+        Knob(
+            "micro_batch_size",
+            int,
+            1,
+            "sequences per micro-batch on one data-parallel rank",
+            label="mbs",
+            always_shown=True,
+            in_summary=True,
+        ),
         Knob(
             "sequence_parallel",
             bool,
@@ -51,6 +63,7 @@ KNOBS: dict[str, Knob] = {
             "shard norms and residuals along the sequence (needs tp > 1)",
             label="sp",
             no_effect=False,
+            in_summary=True,
         ),
         Knob(
             "activation_checkpointing",
@@ -59,6 +72,7 @@ KNOBS: dict[str, Knob] = {
             "recompute in backward: none, selective (cheap ops only), ffn (the MLP only), full (every block)",
             ("none", "selective", "ffn", "full"),
             label="ckpt",
+            in_summary=True,
         ),
         Knob(
             "attention",
@@ -68,8 +82,11 @@ KNOBS: dict[str, Knob] = {
             ("eager", "fused_softmax", "sdpa_math", "flash1", "flash2", "sdpa_efficient", "cudnn"),
             label="attn",
             properties={"keeps_scores": frozenset({"eager", "fused_softmax", "sdpa_math"})},
+            in_summary=True,
         ),
-        Knob("rmsnorm", str, "eager", "RMSNorm kernel: eager (plain ops) or fused", ("eager", "fused")),
+        Knob(
+            "rmsnorm", str, "eager", "RMSNorm kernel: eager (plain ops) or fused", ("eager", "fused"), in_summary=True
+        ),
         Knob(
             "sharding",
             str,
@@ -103,6 +120,10 @@ KNOBS: dict[str, Knob] = {
 # Column labels of every table: the knobs' short labels, and the derived values beside them.
 LABELS: dict[str, str] = {k: knob.short for k, knob in KNOBS.items()}
 
+# The knobs every table shows, and those a one-line summary of a layout names, in the table's order.
+ALWAYS_SHOWN: tuple[str, ...] = tuple(k for k, knob in KNOBS.items() if knob.always_shown)
+SUMMARY_KNOBS: tuple[str, ...] = tuple(k for k, knob in KNOBS.items() if knob.in_summary)
+
 # Knobs that have no effect in some layouts, and the value they then behave as.
 NO_EFFECT_VALUE: dict[str, Any] = {k: knob.no_effect for k, knob in KNOBS.items() if knob.no_effect is not None}
 
@@ -110,6 +131,18 @@ NO_EFFECT_VALUE: dict[str, Any] = {k: knob.no_effect for k, knob in KNOBS.items(
 def label(name: str) -> str:
     """The short table label of a knob or column (the name itself for anything not a knob)."""
     return LABELS.get(name, name)
+
+
+def layout_line(values: Mapping[str, Any], fmt: Callable[[Any], str] = str) -> str:
+    """A layout in one line: tp, pp, dp, mbs, grad_accum, then every other knob as `label=value`."""
+    base = [
+        f"tp={values['tp']}",
+        f"pp={values['pp']}",
+        f"dp={values['dp']}",
+        f"mbs={values['micro_batch_size']}",
+        f"grad_accum={values['grad_accum']}",
+    ]
+    return " ".join(base + [f"{label(k)}={fmt(values[k])}" for k in KNOBS if k not in ALWAYS_SHOWN])
 
 
 # Attention kernels each workload kind can run; the plan rejects the others for that kind (rule

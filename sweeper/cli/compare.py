@@ -89,7 +89,7 @@ def _print_table(shared: pd.DataFrame, summary: dict[str, Any], name_a: str, nam
     from sweeper.knobs import KNOBS, label
 
     console = make_console()
-    varying = [k for k in KNOBS if k in ("tp", "pp", "micro_batch_size") or shared[k].nunique() > 1]
+    varying = [k for k, knob in KNOBS.items() if knob.always_shown or shared[k].nunique() > 1]
     table = Table(title=f"{name_a} (A) vs {name_b} (B): shared layouts", title_justify="left", header_style="bold")
     for col in (*(label(k) for k in varying), "MFU A", "MFU B", "B / A", "status A", "status B"):
         table.add_column(col, justify="right" if not col.startswith("status") else "left")

@@ -11,15 +11,13 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sweeper.knobs import label
+from sweeper.knobs import ALWAYS_SHOWN, SUMMARY_KNOBS, label
 from sweeper.layout import Layout
 from sweeper.orchestrator import SweepRun
 from sweeper.statuses import TrialStatus
 
-SHOWN_KNOBS = ("tp", "pp", "micro_batch_size", "sequence_parallel", "activation_checkpointing", "attention", "rmsnorm")
 
-
-def describe(row: dict[str, Any] | Layout, knobs: tuple[str, ...] = SHOWN_KNOBS) -> str:
+def describe(row: dict[str, Any] | Layout, knobs: tuple[str, ...] = SUMMARY_KNOBS) -> str:
     """A layout in one short line: tp=2 pp=1 mbs=1 ..."""
     values = row.as_dict() if isinstance(row, Layout) else row
     return " ".join(f"{label(k)}={_v(values.get(k))}" for k in knobs if values.get(k) is not None)
@@ -67,7 +65,7 @@ class LiveProgress:
         err = (row.get("error") or "").splitlines()
         detail = mfu or (err[0][:100] if err else "")
         colour = "green" if row["status"] == TrialStatus.OK else "red"
-        knobs = tuple(k for k in SHOWN_KNOBS if len(run.sweep.space.get(k, ())) > 1) or SHOWN_KNOBS[:3]
+        knobs = tuple(k for k in SUMMARY_KNOBS if len(run.sweep.space.get(k, ())) > 1) or ALWAYS_SHOWN
         self.console.print(
             f"trial {row['trial_number']:>3} [{colour}]{row['status']:<18}[/] {describe(row, knobs)}  {detail}"
         )

@@ -37,7 +37,7 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     frame = plan.to_frame()
     # best predicted first: the order in which the default search starts
     cands = frame[frame.status == PlanStatus.CANDIDATE].sort_values("pred_mfu", ascending=False, kind="stable")
-    varying = [k for k in KNOBS if len(sweep.space[k]) > 1 or k in ("tp", "pp", "micro_batch_size")]
+    varying = [k for k, knob in KNOBS.items() if len(sweep.space[k]) > 1 or knob.always_shown]
     gpu = sweep.cluster.gpu
 
     table = Table(title=f"{sweep.name}: candidate layouts", title_justify="left", header_style="bold")

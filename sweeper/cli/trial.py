@@ -152,6 +152,8 @@ def print_result(result: TrialResult) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from sweeper.knobs import layout_line
+
     def num(v: float | None, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
 
@@ -163,9 +165,7 @@ def print_result(result: TrialResult) -> None:
         ("status", r.status + (f": {escape(r.error)}" if r.error else "")),
         (
             "layout",
-            f"tp={r.tp} pp={r.pp} dp={r.dp} mbs={r.micro_batch_size} grad_accum={r.grad_accum} sp={r.sequence_parallel} "
-            f"ckpt={r.activation_checkpointing} attn={r.attention} rmsnorm={r.rmsnorm} sharding={r.sharding} "
-            f"schedule={r.pp_schedule} v={r.virtual_stages} compile={r.compile} float8={r.float8}",
+            layout_line(vars(r)),
         ),
         ("device", f"{r.num_devices} x {r.device}"),
         (

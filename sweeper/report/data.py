@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sweeper.hardware import GIB
-from sweeper.knobs import KNOBS, label
+from sweeper.knobs import KNOBS, label, layout_line
 from sweeper.layout import RULE_SUMMARIES
 from sweeper.plan import CANDIDATE, Plan
 from sweeper.spec import Sweep
@@ -40,15 +40,7 @@ def successful(df: pd.DataFrame) -> pd.DataFrame:
 
 def layout_text(row: Any) -> str:
     """A layout in one line: tp, pp, dp, mbs, grad_accum, then every other knob (`knob=value`)."""
-    base = [
-        f"tp={row['tp']}",
-        f"pp={row['pp']}",
-        f"dp={row['dp']}",
-        f"mbs={row['micro_batch_size']}",
-        f"grad_accum={row['grad_accum']}",
-    ]
-    rest = [f"{label(k)}={fmt_value(row[k])}" for k in KNOBS if k not in ("tp", "pp", "micro_batch_size")]
-    return " ".join(base + rest)
+    return layout_line(row, fmt_value)
 
 
 def fmt_value(v: Any) -> str:
