@@ -112,4 +112,8 @@ def _why(part: str, r: Any, share: float, parts: dict[str, np.ndarray], i: int) 
             f"memory-bound norms and elementwise work (rmsnorm={r['rmsnorm']}, sp={fmt_value(r['sequence_parallel'])}) "
             f"take {share:.0f}% of the step"
         )
-    return f"launch overhead of {r['grad_accum']} micro-batches takes {share:.0f}% of the step"
+    if part == "framework":
+        return f"launch overhead of {r['grad_accum']} micro-batches takes {share:.0f}% of the step"
+    from sweeper.perfmodel import PART_LABELS
+
+    return f"{PART_LABELS.get(part, part)} takes {share:.0f}% of the step"  # a part added to the model later

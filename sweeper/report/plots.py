@@ -282,6 +282,20 @@ def plot_status(df: pd.DataFrame, plan: Plan, out_dir: Path) -> Plot:
     return Plot(_save(fig, out_dir, "status.png"), "Status breakdown", "linear axes; counts at the bar ends")
 
 
+BAR_COLORS = (
+    "#4c72b0",
+    "#55a868",
+    "#8172b2",
+    "#cccc66",
+    "#c44e52",
+    "#dd8452",
+    "#64b5cd",
+    "#937860",
+    "#da8bc3",
+    "#f2c6e4",
+)
+
+
 def plot_breakdown(ex: Explained, knobs: list[str], out_dir: Path) -> Plot:
     """Per top layout: the model's stacked step time (exposed parts; hidden DP traffic hatched after
     it) and, below it, the measured step time."""
@@ -290,23 +304,8 @@ def plot_breakdown(ex: Explained, knobs: list[str], out_dir: Path) -> Plot:
     plt = _pyplot()
     n = len(ex.trials)
     fig, ax = plt.subplots(figsize=(10.5, 1.2 + 1.05 * n))
-    colors = dict(
-        zip(
-            PARTS,
-            [
-                "#4c72b0",
-                "#55a868",
-                "#8172b2",
-                "#cccc66",
-                "#c44e52",
-                "#dd8452",
-                "#64b5cd",
-                "#937860",
-                "#da8bc3",
-                "#f2c6e4",
-            ],
-        )
-    )
+    # one colour per part, in PARTS order; a part added to the model later reuses one
+    colors = {k: BAR_COLORS[i % len(BAR_COLORS)] for i, k in enumerate(PARTS)}
     labels = []
     for i, (_, r) in enumerate(ex.trials.iterrows()):
         y = 2.6 * i
