@@ -1,8 +1,8 @@
 """The searchable knobs of a layout, each defined once: type, allowed values, default, label and help.
 
 Everything else that names the knobs (`Layout`'s fields, `SpaceSpec`, `TrialResult`, the results
-schema, every table's column labels, the values that mean "no effect") is generated from
-`KNOBS`, or pinned to it by `tests/test_knobs.py`.
+schema, every table's column labels and fixed columns, the knobs of one-line layouts, the values
+that mean "no effect") is generated from `KNOBS`, or pinned to it by `tests/test_knobs.py`.
 """
 
 from __future__ import annotations
