@@ -117,6 +117,12 @@ class SlurmProfile(LauncherProfile):
         default_factory=list, description="denied sbatch/srun options this site profile may set anyway"
     )
     poll_s: float = Field(default=5.0, gt=0, le=600, description="seconds between status checks")
+    result_grace_s: float = Field(
+        default=RESULT_GRACE_S,
+        ge=0,
+        le=3600,
+        description="seconds a job may run on after its result was written before it is cancelled (a task hung in teardown)",
+    )
 
     site_only = ("setup", "sbatch_extra", "srun_args", "allow_directives")
 
@@ -166,7 +172,7 @@ class SlurmLauncher(Launcher):
         # trial number -> the nodes (a SLURM host list, as sacct names them) of its attempt that
         # died around it: the retry is submitted excluding them
         self.failed_nodes: dict[int, str] = {}
-        self.result_grace_s = RESULT_GRACE_S
+        self.result_grace_s = profile.result_grace_s
 
     def _executor(self, job: TrialJob) -> submitit.AutoExecutor:
         p, cluster = self.profile, self.sweep.cluster
