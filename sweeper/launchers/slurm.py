@@ -150,7 +150,8 @@ def slurm_task(spec_path: str, layout: dict[str, Any], out_dir: str) -> dict[str
     """Runs in every task of the job: torchrun-style variables from SLURM's, then the shared entry point."""
     from submitit.helpers import TorchDistributedEnvironment
 
-    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # RANK, MASTER_ADDR/PORT, ...
+    if "RANK" not in os.environ:  # a profile's setup line may have set them itself
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # RANK, MASTER_ADDR/PORT, ...
     return run_task(spec_path, layout, out_dir)
 
 
