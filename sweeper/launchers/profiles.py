@@ -16,9 +16,6 @@ from sweeper.launchers.base import LauncherProfile
 from sweeper.launchers.registry import launcher_classes
 from sweeper.spec import Sweep
 
-# Profile names that need no file: the launchers whose profile has no required field.
-_BARE_KINDS = ("local", "slurm")
-
 
 def profiles_dirs() -> list[Path]:
     """Where profile names are looked up: ./launchers, then those shipped with the package."""
@@ -32,7 +29,7 @@ def resolve_profile(sweep: Sweep) -> LauncherProfile:
     if isinstance(spec, str):
         path = next((d / f"{spec}.yaml" for d in profiles_dirs() if (d / f"{spec}.yaml").is_file()), None)
         if path is None:
-            if spec in _BARE_KINDS:
+            if spec in _bare_kinds():  # `launcher: slurm` with no slurm.yaml: the profile's defaults
                 spec = {"kind": spec}
             else:
                 known = sorted({p.stem for d in profiles_dirs() if d.is_dir() for p in d.glob("*.yaml")})
@@ -77,3 +74,13 @@ def _message(e: ValidationError, model: type[LauncherProfile]) -> str:
             msg = "required field is missing"
         lines.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(dict.fromkeys(lines))
+
+
+def _bare_kinds() -> list[str]:
+    """The kinds a sweep file may name without a profile file: those whose profile needs nothing but its kind."""
+    return [
+        kind
+        for kind, cls in launcher_classes().items()
+        if cls.profile_model is not None
+        and not any(f.is_required() for name, f in cls.profile_model.model_fields.items() if name != "kind")
+    ]
