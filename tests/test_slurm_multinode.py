@@ -47,7 +47,7 @@ def running_job(results: Path, proc: subprocess.Popen[str], timeout_s: float = 1
         assert proc.poll() is None, f"sweep run ended early: {proc.communicate()[1][-2000:]}"
         records = [json.loads(p.read_text()) for p in sorted((results / "inflight").glob("trial-*.json"))] \
             if (results / "inflight").is_dir() else []
-        if records:
+        if records and records[0].get("job_id"):  # a record is saved before its job is submitted (job_id null)
             out = subprocess.run(["squeue", "-h", "-j", records[0]["job_id"], "-o", "%T|%N"],
                                  capture_output=True, text=True).stdout.strip()
             if out.startswith("RUNNING|") and out.split("|")[1]:
