@@ -28,8 +28,8 @@ from sweeper.export import (
     megatron_env,
     torchtitan_cli_args,
 )
-from sweeper.launchers.process import free_port, kill_group
 from sweeper.layout import Layout
+from sweeper.process import free_port, kill_group
 from sweeper.spec import Sweep
 from sweeper.trial import FAILED, OOM, TIMEOUT, TrialResult, summarize, without_run
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from sweeper.files import atomic_write, atomic_write_text
-from sweeper.launchers.process import free_port, kill_group, read_result
+from sweeper.process import free_port, kill_group, read_result
 from sweeper.search import Schedule
 
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,11 @@ from tests.conftest import SPACES
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-def spec_file(tmp_path: Path, name: str, *, steps: int = 4) -> Path:
+def spec_file(tmp_path: Path, name: str, *, steps: int = 4, **launcher: Any) -> Path:
     """One trial of the tiny CPU sweep (2 tasks, tp=1 pp=1) through the slurm launcher."""
     spec = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
     spec.update(name=name, results_dir=str(tmp_path / "results"),
-                launcher={"kind": "slurm", "poll_s": 0.5, "exclusive": False})
+                launcher={"kind": "slurm", "poll_s": 0.5, "exclusive": False, **launcher})
     spec["space"] = {"tp": [1], "pp": [1], "micro_batch_size": [1], "attention": ["sdpa_math"]}
     spec["trial"].update(steps=steps, timeout_min=5)
     spec["search"] = {"max_trials": 1, "parallel": 1, "seed": 0}
@@ -46,7 +47,7 @@ def running_job(results: Path, proc: subprocess.Popen[str], timeout_s: float = 1
         assert proc.poll() is None, f"sweep run ended early: {proc.communicate()[1][-2000:]}"
         records = [json.loads(p.read_text()) for p in sorted((results / "inflight").glob("trial-*.json"))] \
             if (results / "inflight").is_dir() else []
-        if records:
+        if records and records[0].get("job_id"):  # a record is saved before its job is submitted (job_id null)
             out = subprocess.run(["squeue", "-h", "-j", records[0]["job_id"], "-o", "%T|%N"],
                                  capture_output=True, text=True).stdout.strip()
             if out.startswith("RUNNING|") and out.split("|")[1]:
@@ -124,10 +125,10 @@ def test_oom_on_slurm_is_an_oom_row(slurm_cluster, tmp_path):
 
 def test_job_still_running_after_its_result_is_cancelled(slurm_cluster, tmp_path):
     # rank 1 hangs after the outcome is written (as a task stuck in NCCL teardown would):
-    # the job is cancelled RESULT_GRACE_S after the result, long before its 5-minute limit
-    from sweeper.launchers.slurm import RESULT_GRACE_S
-
-    spec = spec_file(tmp_path, "linger")
+    # the job is cancelled the profile's result_grace_s after the result, long before its
+    # 5-minute limit (60 s by default, tests/test_slurm_launcher.py; 10 s here, to keep the suite short)
+    grace = 10.0
+    spec = spec_file(tmp_path, "linger", result_grace_s=grace)
     start = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(spec)], cwd=tmp_path, capture_output=True,
                        text=True, timeout=400, env={**os.environ, "SWEEP_FAULT": "linger:1:0"})
@@ -135,7 +136,13 @@ def test_job_still_running_after_its_result_is_cancelled(slurm_cluster, tmp_path
     assert r.returncode == 0, r.stderr[-3000:]
     row = rows(tmp_path / "results" / "linger").iloc[0]
     assert row.status == "ok", row.error
-    assert RESULT_GRACE_S <= elapsed < 240, elapsed
+    assert grace <= elapsed < 240, elapsed
     state = subprocess.run(["sacct", "-n", "-X", "-P", "-j", row.job_id, "-o", "State"], capture_output=True,
                            text=True, check=True).stdout.split()
     assert state and state[0].startswith("CANCELLED"), state
+    # the grace was waited out: the job ended no sooner than `grace` after rank 0 wrote the result
+    # (sacct's End has whole seconds)
+    end = subprocess.run(["sacct", "-n", "-X", "-P", "-j", row.job_id, "-o", "End"], capture_output=True,
+                         text=True, check=True).stdout.split()[0]
+    written = (tmp_path / "results" / "linger" / "jobs" / "trial-00000-a1" / "result.json").stat().st_mtime
+    assert grace - 1 <= datetime.fromisoformat(end).timestamp() - written < grace + 60, (end, written)

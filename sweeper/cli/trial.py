@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from sweeper.errors import SweepError
-from sweeper.launchers.profiles import MAX_LOCAL_PROCESSES
+from sweeper.launchers.local import MAX_LOCAL_PROCESSES
 from sweeper.statuses import TrialStatus
 
 if TYPE_CHECKING:

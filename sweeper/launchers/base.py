@@ -1,13 +1,21 @@
-"""What every launcher does: submit a trial, poll it, cancel it, re-attach to it after a restart."""
+"""What every launcher does: submit a trial, poll it, cancel it, re-attach to it after a restart.
+
+A launcher is one class with its profile model (the `launcher:` mapping of a sweep file or a file
+under launchers/): `sweeper.launchers.registry` finds it by its `kind`, and tests/test_launchers_contract.py
+runs the same operations against each.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
 
 from sweeper.layout import Layout
+from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
 from sweeper.trial import TrialResult
 
@@ -48,11 +56,36 @@ class JobOutcome:
     infrastructure_failure: bool = False  # the job died around the trial (killed, node lost): retry once
 
 
+class LauncherProfile(BaseModel):
+    """A launcher's settings as a sweep file or a profile under launchers/ gives them.
+
+    A subclass declares `kind: Literal["<its launcher's kind>"]` and its own fields.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str  # the registry's key: a subclass narrows it to its launcher's `Literal` kind
+
+    # Fields only a profile file under launchers/ (site configuration) may set, never a sweep
+    # file's inline mapping: a sweep file is shared and copied, and must not add job-script lines.
+    site_only: ClassVar[tuple[str, ...]] = ()
+
+    def check(self, source: str) -> None:
+        """Checks across fields, after validation; raise `SpecError` naming `source`."""
+
+
 class Launcher(ABC):
-    """A place where trials run. Subclasses: local processes, SLURM jobs."""
+    """A place where trials run. Subclasses: local processes, SLURM jobs, a replayed table."""
 
     kind: str = "base"
     poll_s: float = 0.25  # how often the sweep loop polls this launcher
+    # The model of this launcher's profile; a class with one is registered under `kind`.
+    profile_model: ClassVar[type[LauncherProfile] | None] = None
+
+    @classmethod
+    def from_profile(cls, profile: LauncherProfile, sweep: Sweep) -> Launcher:
+        """The launcher a validated profile asks for; refuse (`SpecError`) a sweep it cannot run."""
+        raise NotImplementedError(f"{cls.__name__} has no profile")
 
     @abstractmethod
     def submit(self, job: TrialJob) -> Handle:

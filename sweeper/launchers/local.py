@@ -8,9 +8,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Literal
 
-from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure, tail
-from sweeper.launchers.process import kill_group, read_result
+from sweeper.errors import SpecError
+from sweeper.launchers.base import Handle, JobOutcome, Launcher, LauncherProfile, TrialJob, failure, tail
+from sweeper.process import kill_group, read_result
+from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
 from sweeper.trainer.evidence import INFRASTRUCTURE_FAILURE
 from sweeper.trial import TrialResult
@@ -18,6 +21,26 @@ from sweeper.trial import TrialResult
 # The trial enforces its own time limit; this grace covers its start-up and teardown before the
 # launcher kills the whole process group itself.
 KILL_GRACE_S = 60.0
+MAX_LOCAL_PROCESSES = 64  # the local launcher starts one process per device of the cluster
+
+
+class LocalProfile(LauncherProfile):
+    """Trials as processes on this machine."""
+
+    kind: Literal["local"]
+
+
+def check_local_capacity(sweep: Sweep) -> None:
+    """The local launcher starts one process per device: refuse a cluster it cannot stand in for.
+
+    Checked when a sweep is about to run (not for a dry run, which plans any cluster), before
+    anything is created.
+    """
+    if sweep.cluster.world > MAX_LOCAL_PROCESSES:
+        raise SpecError(
+            f"launcher: the local launcher starts one process per device ({sweep.cluster.nodes} x "
+            f"{sweep.cluster.gpus_per_node} = {sweep.cluster.world}), more than {MAX_LOCAL_PROCESSES}; use a SLURM profile"
+        )
 
 
 def trial_command(job: TrialJob) -> list[str]:
@@ -46,6 +69,12 @@ class LocalLauncher(Launcher):
     """Runs each trial as a local process group; one process per device of the sweep's cluster."""
 
     kind = "local"
+    profile_model = LocalProfile
+
+    @classmethod
+    def from_profile(cls, profile: LauncherProfile, sweep: Sweep) -> LocalLauncher:
+        check_local_capacity(sweep)
+        return cls()
 
     def submit(self, job: TrialJob) -> Handle:
         job.workdir.mkdir(parents=True, exist_ok=True)

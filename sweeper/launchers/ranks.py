@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweeper.launchers.process import free_port, kill_group, read_result
 from sweeper.layout import Layout
+from sweeper.process import free_port, kill_group, read_result
 from sweeper.spec import Sweep
 from sweeper.trainer.evidence import (
     INFRASTRUCTURE_FAILURE,

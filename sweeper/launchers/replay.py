@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from sweeper.errors import SpecError
 from sweeper.flops import model_flops_per_token, utilization
 from sweeper.knobs import KNOBS
-from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure
+from sweeper.launchers.base import Handle, JobOutcome, Launcher, LauncherProfile, TrialJob, failure
 from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
 from sweeper.trial import TrialResult
@@ -30,6 +32,13 @@ VALUE_COLUMNS = (
     "error",
     "gpu_name",
 )
+
+
+class ReplayProfile(LauncherProfile):
+    """Answers from a table of earlier results (a results dataset, or a CSV/Parquet)."""
+
+    kind: Literal["replay"]
+    table: str = Field(min_length=1, description="path of the table; relative to the sweep file's folder")
 
 
 def load_table(path: Path) -> list[dict[str, Any]]:
@@ -54,6 +63,15 @@ class ReplayLauncher(Launcher):
 
     kind = "replay"
     poll_s = 0.0
+    profile_model = ReplayProfile
+
+    @classmethod
+    def from_profile(cls, profile: LauncherProfile, sweep: Sweep) -> ReplayLauncher:
+        assert isinstance(profile, ReplayProfile)
+        table = Path(profile.table)
+        if not table.is_absolute() and sweep.source is not None:
+            table = Path(sweep.source).parent / table
+        return cls(table, sweep)
 
     def __init__(self, table: Path, sweep: Sweep) -> None:
         self.sweep = sweep

@@ -9,20 +9,29 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import submitit
+from pydantic import Field, StringConstraints
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
-from sweeper.errors import SweepError
+from sweeper.errors import SpecError, SweepError
 from sweeper.folder import check_trusted_file
-from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure, tail
-from sweeper.launchers.process import read_result
-from sweeper.launchers.profiles import SlurmProfile
+from sweeper.launchers.base import Handle, JobOutcome, Launcher, LauncherProfile, TrialJob, failure, tail
+from sweeper.launchers.task import run_task, task_count, tasks_per_node
+from sweeper.process import read_result
 from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
 from sweeper.trial import TrialResult
 
+# Values that end up on an sbatch/srun line: no spaces, quotes or shell metacharacters.
+_SAFE = r"^[A-Za-z0-9_.,:=/+@%-]*$"
+SafeToken = Annotated[str, StringConstraints(pattern=_SAFE, max_length=256)]
+OptionName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_-]{0,63}$")]
+# Options that redirect a job's output, environment, folder or requeueing: a profile could
+# append to ~/.bashrc, LD_PRELOAD a library or rerun jobs unseen. Denied unless a profile allows them.
+DENIED_DIRECTIVES = ("output", "error", "export", "chdir", "requeue", "wrap")
+_SHORT = {"o": "output", "e": "error", "D": "chdir"}
 # SLURM job states that say the job died around the trial, not because of it: retried once.
 INFRASTRUCTURE_STATES = ("NODE_FAIL", "BOOT_FAIL", "PREEMPTED", "REQUEUED", "LAUNCH_FAILED")
 # After rank 0 wrote the result, how long the job may take to end by itself (a task hung in NCCL
@@ -81,31 +90,81 @@ def node_cpus(partition: str | None) -> int | None:
     return min(counts) if counts else None
 
 
-def slurm_trial(spec_path: str, layout: dict[str, Any], out_dir: str) -> dict[str, Any]:
-    """Runs in every task of the job: the ranks find each other from SLURM's variables."""
-    from dataclasses import asdict
+class SlurmProfile(LauncherProfile):
+    """Trials as SLURM jobs through submitit: nodes and tasks from the sweep's cluster."""
 
-    from sweeper.layout import Layout
-    from sweeper.spec import load_sweep
+    kind: Literal["slurm"]
+    partition: SafeToken | None = None
+    account: SafeToken | None = None
+    qos: SafeToken | None = None
+    constraint: SafeToken | None = None
+    exclusive: bool = False
+    cpus_per_task: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description=(
+            "default: the node's CPUs (sinfo) shared among its tasks, one per GPU; OMP_NUM_THREADS follows it"
+        ),
+    )
+    mem_gb: float | None = Field(default=None, gt=0)
+    setup: list[Annotated[str, StringConstraints(max_length=1000)]] = Field(
+        default_factory=list, description="shell lines run before the trial (module loads, env)"
+    )
+    sbatch_extra: dict[OptionName, SafeToken | int | bool] = Field(default_factory=dict)
+    srun_args: list[SafeToken] = Field(default_factory=list)
+    allow_directives: list[Literal[DENIED_DIRECTIVES]] = Field(  # type: ignore[valid-type]
+        default_factory=list, description="denied sbatch/srun options this site profile may set anyway"
+    )
+    poll_s: float = Field(default=5.0, gt=0, le=600, description="seconds between status checks")
+    result_grace_s: float = Field(
+        default=RESULT_GRACE_S,
+        ge=0,
+        le=3600,
+        description="seconds a job may run on after its result was written before it is cancelled (a task hung in teardown)",
+    )
 
-    sweep, lay = load_sweep(spec_path), Layout.from_mapping(layout)
-    if sweep.workload.kind != "builtin":  # one task per node runs the trainer's own command
-        from submitit.helpers import TorchDistributedEnvironment
+    site_only = ("setup", "sbatch_extra", "srun_args", "allow_directives")
 
-        from sweeper.workloads import run_external
+    def check(self, source: str) -> None:
+        """Deny options that redirect a job's output, environment, folder or requeueing."""
+        allowed = set(self.allow_directives)
+        given = [(f"sbatch_extra.{k}", _directive(k)) for k in self.sbatch_extra]
+        given += [(f"srun_args {a!r}", _directive(a)) for a in self.srun_args if a.startswith("-")]
+        for where, name in given:
+            bare = name.removeprefix("no-")  # --no-requeue is requeueing too (and the launcher sets it itself)
+            if bare in DENIED_DIRECTIVES and bare not in allowed:
+                raise SpecError(
+                    f"{source}: {where}: the {bare!r} option redirects a job's output, environment, folder or "
+                    f"requeueing and is denied; a site profile may allow it with `allow_directives: [{bare}]`"
+                )
 
-        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # MASTER_ADDR/PORT
-        node = os.environ.get("SLURM_NODEID", "0")
-        return asdict(run_external(sweep, lay, workdir=Path(out_dir) / f"node{node}"))
-    from sweeper.trainer.runner import run_trial
 
-    return asdict(run_trial(sweep, lay, out_dir=Path(out_dir)))
+def _directive(option: str) -> str:
+    """`--open-mode`, `output`, `-o`, `no_requeue` -> the option's long name with dashes."""
+    name = option.lstrip("-").split("=", 1)[0].replace("_", "-")
+    return _SHORT.get(name[:1], name) if option.startswith("-") and not option.startswith("--") else name
+
+
+def slurm_task(spec_path: str, layout: dict[str, Any], out_dir: str) -> dict[str, Any]:
+    """Runs in every task of the job: torchrun-style variables from SLURM's, then the shared entry point."""
+    from submitit.helpers import TorchDistributedEnvironment
+
+    if "RANK" not in os.environ:  # a profile's setup line may have set them itself
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # RANK, MASTER_ADDR/PORT, ...
+    return run_task(spec_path, layout, out_dir)
 
 
 class SlurmLauncher(Launcher):
     """Submits with submitit's SLURM executor; re-attaches by job id after a restart."""
 
     kind = "slurm"
+    profile_model = SlurmProfile
+
+    @classmethod
+    def from_profile(cls, profile: LauncherProfile, sweep: Sweep) -> SlurmLauncher:
+        assert isinstance(profile, SlurmProfile)
+        return cls(profile, sweep)
 
     def __init__(self, profile: SlurmProfile, sweep: Sweep) -> None:
         self.profile = profile
@@ -114,13 +173,12 @@ class SlurmLauncher(Launcher):
         # trial number -> the nodes (a SLURM host list, as sacct names them) of its attempt that
         # died around it: the retry is submitted excluding them
         self.failed_nodes: dict[int, str] = {}
-        self.result_grace_s = RESULT_GRACE_S
+        self.result_grace_s = profile.result_grace_s
 
     def _executor(self, job: TrialJob) -> submitit.AutoExecutor:
         p, cluster = self.profile, self.sweep.cluster
         ex = submitit.AutoExecutor(folder=job.workdir / "slurm", cluster="slurm")
-        # one rank per GPU; an external trainer's command runs once per node and starts its ranks
-        tasks = cluster.gpus_per_node if self.sweep.workload.kind == "builtin" else 1
+        tasks = tasks_per_node(self.sweep)
         params: dict[str, Any] = dict(
             nodes=cluster.nodes,
             tasks_per_node=tasks,
@@ -155,7 +213,7 @@ class SlurmLauncher(Launcher):
         job.workdir.mkdir(parents=True, exist_ok=True)
         executor = self._executor(job)
         with clean_submit_environment():
-            sj = executor.submit(slurm_trial, str(job.spec_path), job.layout.as_dict(), str(job.workdir))
+            sj = executor.submit(slurm_task, str(job.spec_path), job.layout.as_dict(), str(job.workdir))
         return Handle(str(sj.job_id), job, sj)
 
     def poll(self, handle: Handle) -> JobOutcome | None:
@@ -226,7 +284,7 @@ class SlurmLauncher(Launcher):
         folder = job.workdir / "slurm"
         if not folder.is_dir():
             return None
-        ntasks = self.sweep.cluster.world
+        ntasks = task_count(self.sweep)  # as many as `submit` started
         sj: submitit.SlurmJob[Any] = submitit.SlurmJob(folder=folder, job_id=job_id, tasks=tuple(range(ntasks)))
         return Handle(job_id, job, sj)
 

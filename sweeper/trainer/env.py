@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from sweeper.launchers.process import free_port
+from sweeper.process import free_port
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,246 @@
+"""The contract every launcher keeps, one suite run against each (as Optuna runs one suite over every storage).
+
+Submit and poll to an outcome, cancel, re-attach after a restart, a failing trial, a trial past
+its time limit. Parametrised over the launcher registry: a new launcher fails `test_every_launcher_has_a_harness`
+until it has a harness below, and then runs every case. Real components throughout: local
+processes, the session's real SLURM (`slurm_cluster`, marked `slurm`), a replay table on disk.
+The trials run the Megatron stand-in (tests/standins) or a plain command as an external
+workload, so no case waits for torch to start: the local cases take a few seconds in all.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sweeper.launchers import Handle, JobOutcome, Launcher, TrialJob, launcher_classes, make_launcher
+from sweeper.layout import Layout
+from sweeper.spec import Sweep, load_sweep
+from sweeper.statuses import TrialStatus
+from tests.conftest import SPACES
+
+STANDIN = Path(__file__).parent / "standins" / "megatron_pretrain.py"
+LAYOUT = Layout(tp=1, pp=1, micro_batch_size=1)
+OK_COMMAND = f"{sys.executable} {STANDIN} {{flags}}"
+LONG_COMMAND = "sleep 600"
+FAILING_COMMAND = 'sh -c "echo the trainer gave up >&2; exit 3"'
+LIMIT_MIN = 0.05  # a 3 s trial limit: the trial's own limit, which every launcher must report as a timeout
+
+
+@dataclass(frozen=True)
+class Harness:
+    """How the suite drives one kind of launcher: its profile, and how to tell a trial still runs."""
+
+    profile: Callable[[Path], dict[str, Any]]  # tmp_path -> the sweep file's `launcher:` mapping
+    alive: Callable[[Handle], bool]  # the trial's process or job still runs
+    not_applicable: dict[str, str]  # case -> why the operation means nothing for this launcher
+
+
+def _local_alive(handle: Handle) -> bool:
+    try:
+        stat = Path(f"/proc/{handle.info['pid']}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie of ours has ended
+
+
+def _slurm_alive(handle: Handle) -> bool:
+    out = subprocess.run(
+        ["squeue", "-h", "-j", handle.job_id, "-t", "PENDING,RUNNING", "-o", "%T"], capture_output=True, text=True
+    ).stdout
+    return bool(out.strip())
+
+
+def _replay_profile(tmp_path: Path) -> dict[str, Any]:
+    # the table knows LAYOUT only: any other layout is the replay launcher's failing trial
+    table = tmp_path / "table.csv"
+    table.write_text("tp,pp,micro_batch_size,status,step_time_mean_s\n1,1,1,ok,0.5\n")
+    return {"kind": "replay", "table": str(table)}
+
+
+HARNESSES: dict[str, Harness] = {
+    "local": Harness(lambda _: {"kind": "local"}, _local_alive, {}),
+    "slurm": Harness(lambda _: {"kind": "slurm", "poll_s": 0.5, "exclusive": False}, _slurm_alive, {}),
+    "replay": Harness(
+        _replay_profile,
+        lambda _: False,
+        {
+            "cancel": "replay runs nothing: its answer is there the moment it is asked for",
+            "timeout": "replay runs nothing, so nothing can outlive a limit (a recorded timeout is replayed as data)",
+            "reattach_gone": "replay has no process or job that could be gone: its answers are repeatable",
+        },
+    ),
+}
+MARKS = {"slurm": [pytest.mark.slurm, pytest.mark.slow]}
+KINDS = [pytest.param(kind, marks=MARKS.get(kind, [])) for kind in launcher_classes()]
+
+
+@dataclass
+class Bench:
+    """One launcher of the kind under test, for a sweep whose trials run `command`."""
+
+    kind: str
+    tmp_path: Path
+    request: pytest.FixtureRequest
+
+    def sweep(self, command: str, *, timeout_min: float = 5) -> Sweep:
+        spec = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
+        spec.update(name=f"contract-{self.kind}", results_dir=str(self.tmp_path / "results"))
+        spec["launcher"] = HARNESSES[self.kind].profile(self.tmp_path)
+        spec["workload"] = {"kind": "megatron" if "{flags}" in command else "command", "command": command}
+        spec["trial"].update(steps=4, timeout_min=timeout_min)
+        path = self.tmp_path / f"sweep-{len(list(self.tmp_path.glob('sweep-*.yaml')))}.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        return load_sweep(path)
+
+    def launcher(self, sweep: Sweep) -> Launcher:
+        if self.kind == "slurm":
+            self.request.getfixturevalue("slurm_cluster")  # the session's SLURM is up
+        launcher = make_launcher(sweep)
+        assert launcher.kind == self.kind
+        return launcher
+
+    def job(self, sweep: Sweep, *, number: int = 0, layout: Layout = LAYOUT) -> TrialJob:
+        assert sweep.source is not None
+        return TrialJob(
+            number=number,
+            layout=layout,
+            spec_path=Path(sweep.source),
+            workdir=self.tmp_path / "jobs" / f"trial-{number:05d}-a1",
+            timeout_s=sweep.trial.timeout_min * 60,
+        )
+
+    def skip_unless(self, case: str) -> None:
+        reason = HARNESSES[self.kind].not_applicable.get(case)
+        if reason:
+            pytest.skip(f"{self.kind}: {reason}")
+
+
+@pytest.fixture(params=KINDS)
+def bench(request: pytest.FixtureRequest, tmp_path: Path) -> Bench:
+    return Bench(request.param, tmp_path, request)
+
+
+def outcome(launcher: Launcher, handle: Handle, *, within_s: float = 120) -> JobOutcome:
+    """Poll as the sweep loop does until the trial has ended."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        done = launcher.poll(handle)
+        if done is not None:
+            return done
+        time.sleep(0.2)
+    raise AssertionError(f"{launcher.kind} job {handle.job_id}: no outcome after {within_s} s")
+
+
+def test_every_launcher_has_a_harness() -> None:
+    assert set(launcher_classes()) == set(HARNESSES), "a new launcher needs a Harness in this file"
+
+
+def test_submit_then_poll_gives_the_trials_result(bench: Bench) -> None:
+    sweep = bench.sweep(OK_COMMAND)
+    launcher = bench.launcher(sweep)
+    job = bench.job(sweep)
+    handle = launcher.submit(job)
+    assert handle.job_id and handle.job == job  # known at once: the sweep records it before waiting
+    done = outcome(launcher, handle)
+    assert done.job_id == handle.job_id and not done.infrastructure_failure
+    assert done.result.status == TrialStatus.OK, done.result.error
+    assert (done.result.tp, done.result.pp, done.result.micro_batch_size) == (1, 1, 1)
+    assert done.result.step_time_mean_s is not None and done.result.step_time_mean_s > 0
+    assert launcher.poll(handle) is not None  # an ended trial stays ended
+
+
+def test_a_failing_trial_is_a_failed_outcome(bench: Bench) -> None:
+    sweep = bench.sweep(FAILING_COMMAND)
+    launcher = bench.launcher(sweep)
+    # replay's failing trial is a layout its table does not have
+    job = bench.job(sweep, layout=Layout(tp=2, pp=1, micro_batch_size=1) if bench.kind == "replay" else LAYOUT)
+    done = outcome(launcher, launcher.submit(job))
+    assert done.result.status == TrialStatus.FAILED and done.result.error
+    assert done.result.tp == job.layout.tp  # the row says which layout failed
+    if bench.kind != "replay":
+        assert "exit" in done.result.error and "3" in done.result.error, done.result.error
+
+
+def test_a_trial_past_its_limit_is_a_timeout(bench: Bench) -> None:
+    bench.skip_unless("timeout")
+    sweep = bench.sweep(LONG_COMMAND, timeout_min=LIMIT_MIN)
+    launcher = bench.launcher(sweep)
+    start = time.monotonic()
+    done = outcome(launcher, launcher.submit(bench.job(sweep)), within_s=60)
+    assert done.result.status == TrialStatus.TIMEOUT, done.result.error
+    assert LIMIT_MIN * 60 <= time.monotonic() - start < 60  # ended by the limit, not by `sleep 600`
+
+
+def test_cancel_ends_the_trial_and_everything_it_started(bench: Bench) -> None:
+    bench.skip_unless("cancel")
+    sweep = bench.sweep(LONG_COMMAND)
+    launcher = bench.launcher(sweep)
+    harness = HARNESSES[bench.kind]
+    handle = launcher.submit(bench.job(sweep))
+    assert harness.alive(handle)
+    assert launcher.poll(handle) is None  # still running: `sleep 600`
+    launcher.cancel(handle)
+    done = outcome(launcher, handle, within_s=30)
+    assert done.result.status == TrialStatus.FAILED, done.result.error
+    deadline = time.monotonic() + 30
+    while harness.alive(handle) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not harness.alive(handle)
+    if bench.kind == "local":  # the trial's whole process group, `sleep` included
+        assert not [p for p in Path("/proc").glob("[0-9]*") if _in_group(p, handle.info["pid"])]
+
+
+def _in_group(proc: Path, pgid: int) -> bool:
+    try:
+        fields = proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return int(fields[2]) == pgid and fields[0] != "Z"
+
+
+def test_reattach_after_a_restart_collects_the_same_trial(bench: Bench) -> None:
+    # slurm: the tiny cluster has 2 devices per node and an external trainer runs 1 task per
+    # node; re-attach must wait for the tasks the job has, not one per device
+    sweep = bench.sweep(OK_COMMAND)
+    job = bench.job(sweep)
+    handle = bench.launcher(sweep).submit(job)
+    again = bench.launcher(sweep)  # a new `sweep run`: nothing of the first launcher is left
+    found = again.reattach(handle.job_id, job)
+    assert found is not None and found.job_id == handle.job_id
+    done = outcome(again, found)
+    assert done.job_id == handle.job_id
+    assert done.result.status == TrialStatus.OK, done.result.error
+
+
+def test_reattach_to_a_trial_that_is_gone_finds_nothing(bench: Bench) -> None:
+    bench.skip_unless("reattach_gone")
+    sweep = bench.sweep(FAILING_COMMAND)
+    launcher = bench.launcher(sweep)
+    job = bench.job(sweep)
+    done = outcome(launcher, launcher.submit(job))
+    gone = TrialJob(job.number, job.layout, job.spec_path, bench.tmp_path / "jobs" / "elsewhere", job.timeout_s)
+    assert bench.launcher(sweep).reattach(done.job_id, gone) is None
+
+
+def test_profiles_are_validated_by_their_own_launchers_model(tmp_path: Path) -> None:
+    # each kind's profile model is the one registered for it; an unknown kind names the kinds
+    from sweeper.errors import SpecError
+    from sweeper.launchers import resolve_profile
+
+    for kind, cls in launcher_classes().items():
+        assert cls.kind == kind and cls.profile_model is not None
+    bench = Bench("local", tmp_path, None)  # type: ignore[arg-type]
+    sweep = bench.sweep(OK_COMMAND)
+    with pytest.raises(SpecError, match="'k8s' is not a launcher; kinds: local, replay, slurm"):
+        resolve_profile(replace(sweep, launcher={"kind": "k8s"}))
+    with pytest.raises(SpecError, match=r"launcher: bogus: unknown field; allowed: kind, partition, account"):
+        resolve_profile(replace(sweep, launcher={"kind": "slurm", "bogus": 1}))
