@@ -6,7 +6,7 @@ import base64
 import re
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from sweeper.spec import load_sweep
 from tests.conftest import SPACES
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
 
 def spec_file(tmp_path: Path) -> Path:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import ROOT, SPACES
+from tests.conftest import SPACES
 
 pytestmark = pytest.mark.slow
 
