@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import re
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from sweeper.plan import make_plan
 from sweeper.report import gpu_hours, match_plan_rows, summary_lines
 from sweeper.results import ResultsStore
 from sweeper.spec import load_sweep
-from tests.conftest import SPACES
+from tests.conftest import SPACES, sweep_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -71,8 +70,7 @@ def results(tmp_path: Path) -> Path:
 
 
 def run_report(spec: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sweeper.cli", "report", str(spec), *extra], cwd=spec.parent,
-                          capture_output=True, text=True, timeout=300)
+    return sweep_cli("report", str(spec), *extra, cwd=spec.parent, timeout=300)
 
 
 def test_report_writes_html_and_pngs(results):
@@ -152,8 +150,7 @@ def test_report_on_the_real_tiny_sweep(tmp_path):
     spec["search"] = {"max_trials": 4, "parallel": 1, "seed": 0}
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(spec))
-    run = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path)], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=600)
+    run = sweep_cli("run", str(path), cwd=tmp_path, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     r = run_report(path)
     assert r.returncode == 0, r.stderr
