@@ -7,7 +7,8 @@
 - Megatron-LM: `parse_args` (add_megatron_arguments) + `validate_args` of
   megatron/training/arguments.py at NVIDIA/Megatron-LM c1e938b. It is not on PyPI (megatron-core
   lacks megatron/training): SWEEP_MEGATRON_LM names a tree holding that commit's `megatron/`, else
-  it is downloaded from GitHub at test time; offline the Megatron tests skip saying so.
+  the archive of that tree in ../shared/reference/megatron-lm/ (beside the repository) is read,
+  else it is downloaded from GitHub at test time; with none of them the Megatron tests skip saying so.
 The harnesses under tests/parsers/ run in subprocesses, one per trainer for the whole grid.
 """
 
@@ -43,10 +44,12 @@ from sweeper.knobs import KNOBS
 from sweeper.layout import Layout
 from sweeper.spec import Sweep, parse_sweep
 from sweeper.workloads import render_command, workload_env
-from tests.conftest import base_spec
+from tests.conftest import ROOT, base_spec
 
 PARSERS = Path(__file__).parent / "parsers"
 CACHE = Path(os.environ.get("SWEEP_TEST_CACHE", Path.home() / ".cache" / "sweep-tests"))
+# `git archive` of the pinned commit's megatron/ tree, kept beside the repository (its README says why)
+MEGATRON_ARCHIVE = ROOT.parent / "shared" / "reference" / "megatron-lm" / f"megatron-lm-{MEGATRON_COMMIT[:7]}.tar.gz"
 WORLD = 64
 
 
@@ -188,10 +191,25 @@ def test_torchtitan_toml_export_is_accepted(titan_toml, name):
 
 
 # ---- Megatron-LM -------------------------------------------------------------------------
-def megatron_tree() -> Path:
-    """A directory holding megatron/ of the pinned commit: SWEEP_MEGATRON_LM, the cache, or a download."""
+def extract_megatron(tar: tarfile.TarFile, root: Path) -> Path:
+    """The `megatron/` files of GitHub's tarball of the pinned commit, written under `root`."""
+    top = f"Megatron-LM-{MEGATRON_COMMIT}/"
+    members = [m for m in tar.getmembers() if m.name.startswith(top + "megatron/") and m.isfile()]
+    assert members, f"{tar.name or 'the download'} holds no {top}megatron/: not the pinned commit"
+    for m in members:
+        m.name = m.name.removeprefix(top)
+    tar.extractall(root, members=members, filter="data")
+    return root
+
+
+def megatron_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding megatron/ of the pinned commit: SWEEP_MEGATRON_LM, the archive beside the
+    repository, the cache of an earlier download, or a download from GitHub."""
     if os.environ.get("SWEEP_MEGATRON_LM"):
         return Path(os.environ["SWEEP_MEGATRON_LM"])
+    if MEGATRON_ARCHIVE.is_file():
+        with tarfile.open(MEGATRON_ARCHIVE) as tar:
+            return extract_megatron(tar, tmp_path_factory.mktemp("megatron-lm"))
     root = CACHE / f"megatron-lm-{MEGATRON_COMMIT[:12]}"
     if (root / "megatron" / "training" / "arguments.py").exists():
         return root
@@ -199,14 +217,10 @@ def megatron_tree() -> Path:
     try:
         data = urllib.request.urlopen(url, timeout=30).read()
     except OSError as e:
-        pytest.skip(f"Megatron-LM's arguments.py is not on PyPI and {url} cannot be fetched ({e}); "
-                    "set SWEEP_MEGATRON_LM to a tree of NVIDIA/Megatron-LM at " + MEGATRON_COMMIT)
+        pytest.skip(f"Megatron-LM's arguments.py is not on PyPI, {MEGATRON_ARCHIVE} is absent and {url} cannot be "
+                    f"fetched ({e}); set SWEEP_MEGATRON_LM to a tree of NVIDIA/Megatron-LM at {MEGATRON_COMMIT}")
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        members = [m for m in tar.getmembers() if "/megatron/" in m.name and m.isfile()]
-        for m in members:
-            m.name = m.name.split("/", 1)[1]
-        tar.extractall(root, members=members, filter="data")
-    return root
+        return extract_megatron(tar, root)
 
 
 def megatron_model_args(sweep: Sweep) -> list[str]:
@@ -219,8 +233,8 @@ def megatron_model_args(sweep: Sweep) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def megatron() -> dict[str, dict[str, Any]]:
-    tree = megatron_tree()
+def megatron(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    tree = megatron_tree(tmp_path_factory)
     cases = []
     for _, sweep, row in GRID:
         rec = layout_record(row, sweep)
