@@ -54,20 +54,42 @@ def cli_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
-def sweep_cli(*args: str, cwd: Path, env: Mapping[str, str] | None = None, input: str | None = None,
-              timeout: float = 600, merge_stderr: bool = False) -> subprocess.CompletedProcess[str]:
+def sweep_cli(
+    *args: str,
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
+    input: str | None = None,
+    timeout: float = 600,
+    merge_stderr: bool = False,
+) -> subprocess.CompletedProcess[str]:
     """`sweep ARGS` run to its end in `cwd`, as a script sees it: stdout and stderr piped (not a
     terminal; one pipe with `merge_stderr`), stdin `input` or empty, `env` (default `cli_env()`)."""
-    return subprocess.run(cli_command(*args), cwd=cwd, env=cli_env() if env is None else dict(env), text=True,
-                          input=input, stdin=subprocess.DEVNULL if input is None else None,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
-                          timeout=timeout, check=False)
+    return subprocess.run(
+        cli_command(*args),
+        cwd=cwd,
+        env=cli_env() if env is None else dict(env),
+        text=True,
+        input=input,
+        stdin=subprocess.DEVNULL if input is None else None,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def start_cli(*args: str, cwd: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
     """`sweep ARGS` started in `cwd` and left running (to kill, to run beside); output piped as `sweep_cli`."""
-    return subprocess.Popen(cli_command(*args), cwd=cwd, env=cli_env() if env is None else dict(env), text=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        cli_command(*args),
+        cwd=cwd,
+        env=cli_env() if env is None else dict(env),
+        text=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
 
 # the session fixture `slurm_cluster` (a real single-node SLURM, root only)
 pytest_plugins = ["tests.slurm_cluster"]
