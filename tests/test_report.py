@@ -59,8 +59,8 @@ ROWS = [
 ]
 
 
-@pytest.fixture
-def results(tmp_path: Path) -> Path:
+def write_results(tmp_path: Path) -> Path:
+    """ROWS as a sweep's results under tmp_path: the sweep file's path."""
     path = spec_file(tmp_path)
     store = ResultsStore(tmp_path / "results" / "r")
     store.ensure()
@@ -69,14 +69,26 @@ def results(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    return write_results(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def reported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The report of ROWS, made once for the tests that only read it (one `sweep report` instead of four)."""
+    path = write_results(tmp_path_factory.mktemp("reported"))
+    r = run_report(path)
+    assert r.returncode == 0, r.stderr
+    return path
+
+
 def run_report(spec: Path, *extra: str) -> subprocess.CompletedProcess:
     return sweep_cli("report", str(spec), *extra, cwd=spec.parent, timeout=300)
 
 
-def test_report_writes_html_and_pngs(results):
-    r = run_report(results)
-    assert r.returncode == 0, r.stderr
-    out = results.parent / "results" / "r"
+def test_report_writes_html_and_pngs(reported):
+    out = reported.parent / "results" / "r"
     pngs = {p.name for p in out.glob("*.png")}
     assert {"heatmap_flash2_none.png", "heatmap_flash2_full.png", "heatmap_eager_full.png", "mfu_vs_mbs.png",
             "memory_pred_vs_measured.png", "mfu_pred_vs_measured.png", "progress.png", "status.png"} <= pngs
@@ -94,11 +106,10 @@ def test_report_writes_html_and_pngs(results):
     assert len(images) == len(pngs) and all(base64.b64decode(i).startswith(PNG_MAGIC) for i in images)
 
 
-def test_pngs_decode_with_matplotlib(results):
+def test_pngs_decode_with_matplotlib(reported):
     import matplotlib.image as mpimg
 
-    assert run_report(results).returncode == 0
-    for p in (results.parent / "results" / "r").glob("*.png"):
+    for p in (reported.parent / "results" / "r").glob("*.png"):
         img = mpimg.imread(p)
         assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
 
@@ -159,9 +170,8 @@ def test_report_on_the_real_tiny_sweep(tmp_path):
     assert "Grid run: 4 trials of 12 candidate layouts" in page
 
 
-def test_report_explains_the_winner_lists_failures_and_shows_varying_knobs(results):
-    assert run_report(results).returncode == 0
-    out = results.parent / "results" / "r"
+def test_report_explains_the_winner_lists_failures_and_shows_varying_knobs(reported):
+    out = reported.parent / "results" / "r"
     page = (out / "report.html").read_text()
     assert (out / "step_breakdown.png").read_bytes().startswith(PNG_MAGIC)
     assert "<h2>Why the winner wins</h2>" in page
@@ -269,13 +279,12 @@ def _chromium() -> str | None:
     return shutil.which("chromium")
 
 
-def test_report_renders_in_headless_chromium(results, tmp_path):
+def test_report_renders_in_headless_chromium(reported, tmp_path):
     browser = _chromium()
     if browser is None:
         pytest.skip("chromium is not installed and could not be installed (needs root and Debian's apt: "
                     "apt-get install chromium)")
-    assert run_report(results).returncode == 0
-    page = results.parent / "results" / "r" / "report.html"
+    page = reported.parent / "results" / "r" / "report.html"
     shot = tmp_path / "shot.png"
     r = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                         "--disable-component-update", "--disable-sync", "--no-first-run",
