@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -89,6 +90,29 @@ def start_cli(*args: str, cwd: Path, env: Mapping[str, str] | None = None) -> su
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class RealSweep:
+    """A sweep run for real by `sweep run`: its sweep file, its results folder and what the run printed."""
+
+    spec: Path
+    results: Path
+    run: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="session")
+def tiny_cpu_sweep(tmp_path_factory: pytest.TempPathFactory) -> RealSweep:
+    """The shipped tiny CPU sweep run for real once per session (4 trials of 4 steps, 2 processes each) for
+    the tests that read its results (test_cli_run, test_report); a trial costs seconds of CPU."""
+    root = tmp_path_factory.mktemp("tiny_cpu")
+    spec = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
+    spec["results_dir"] = str(root / "results")
+    spec["trial"].update(steps=4, warmup_steps=1)
+    spec["search"] = {"max_trials": 4, "parallel": 1, "seed": 0}
+    path = root / "tiny_cpu.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return RealSweep(path, root / "results" / spec["name"], sweep_cli("run", str(path), cwd=root))
 
 
 # the session fixture `slurm_cluster` (a real single-node SLURM, root only)

@@ -42,31 +42,30 @@ def wait_for_rows(tmp_path: Path, n: int, name: str = "tiny", timeout: float = 3
     raise AssertionError(f"fewer than {n} rows after {timeout} s")
 
 
-def test_sweep_runs_trials_and_best_reads_them(tmp_path):
-    spec = tiny_spec(tmp_path)
-    r = sweep_cli("run", str(spec), cwd=tmp_path)
+def test_sweep_runs_trials_and_best_reads_them(tiny_cpu_sweep, tmp_path):
+    spec, r = tiny_cpu_sweep.spec, tiny_cpu_sweep.run  # 4 trials, run once for this test and test_report
     assert r.returncode == 0, r.stderr[-3000:]
-    df = frame(tmp_path)
-    assert sorted(df.trial_number) == [0, 1, 2]
+    df = pd.read_parquet(tiny_cpu_sweep.results / "trials")
+    assert sorted(df.trial_number) == [0, 1, 2, 3]
     assert (df.status == "ok").all(), df[["status", "error"]]
     assert df.step_times_s.map(len).eq(4).all()
     assert ((df.mfu > 0) & (df.mfu < 1)).all()
     assert df.job_id.str.startswith("local-").all() and df.pred_mem_gib.gt(0).all()
-    assert df.drop_duplicates(["tp", "pp", "micro_batch_size", "activation_checkpointing"]).shape[0] == 3
+    assert df.drop_duplicates(["tp", "pp", "micro_batch_size", "activation_checkpointing"]).shape[0] == 4
     assert "best layouts" in r.stdout
     best = sweep_cli("best", str(spec), "--format", "json", "--top", "2", cwd=tmp_path)
     doc = json.loads(best.stdout)
     rows = doc["top"]
-    assert doc["trials"] == 3 and doc["statuses"] == {"ok": 3} and doc["best"] == rows[0]
+    assert doc["trials"] == 4 and doc["statuses"] == {"ok": 4} and doc["best"] == rows[0]
     assert len(rows) == 2 and rows[0]["mfu"] == df.mfu.max() and rows[0]["mfu"] >= rows[1]["mfu"]
     status = sweep_cli("status", str(spec), "--json", cwd=tmp_path)
-    assert [json.loads(line)["status"] for line in status.stdout.splitlines()] == ["ok"] * 3
+    assert [json.loads(line)["status"] for line in status.stdout.splitlines()] == ["ok"] * 4
     # a second run with the budget spent does nothing new
     again = sweep_cli("run", str(spec), cwd=tmp_path)
-    assert again.returncode == 0 and len(frame(tmp_path)) == 3
+    assert again.returncode == 0 and len(pd.read_parquet(tiny_cpu_sweep.results / "trials")) == 4
     # best from a copied results folder alone
     copy = tmp_path / "elsewhere"
-    subprocess.run(["cp", "-r", str(tmp_path / "results" / "tiny"), str(copy)], check=True)
+    subprocess.run(["cp", "-r", str(tiny_cpu_sweep.results), str(copy)], check=True)
     alone = sweep_cli("best", "anything", "--results", str(copy), "--format", "json", cwd=tmp_path)
     assert json.loads(alone.stdout)["best"]["trial_number"] == rows[0]["trial_number"]
 

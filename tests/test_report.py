@@ -18,7 +18,7 @@ from sweeper.plan import make_plan
 from sweeper.report import gpu_hours, match_plan_rows, summary_lines
 from sweeper.results import ResultsStore
 from sweeper.spec import load_sweep
-from tests.conftest import SPACES, sweep_cli
+from tests.conftest import sweep_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -154,18 +154,12 @@ def test_report_without_results_is_one_line_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_report_on_the_real_tiny_sweep(tmp_path):
-    spec = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
-    spec["results_dir"] = str(tmp_path / "results")
-    spec["trial"].update(steps=3, warmup_steps=1)
-    spec["search"] = {"max_trials": 4, "parallel": 1, "seed": 0}
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    run = sweep_cli("run", str(path), cwd=tmp_path, timeout=600)
+def test_report_on_the_real_tiny_sweep(tiny_cpu_sweep):
+    run = tiny_cpu_sweep.run  # 4 trials, run once for this test and test_cli_run
     assert run.returncode == 0, run.stderr[-2000:]
-    r = run_report(path)
+    r = run_report(tiny_cpu_sweep.spec)
     assert r.returncode == 0, r.stderr
-    page = (tmp_path / "results" / "tiny_cpu" / "report.html").read_text()
+    page = (tiny_cpu_sweep.results / "report.html").read_text()
     assert "Winner: trial" in page and "RSS growth above a baseline" in page
     assert "Grid run: 4 trials of 12 candidate layouts" in page
 
