@@ -1,7 +1,13 @@
-"""Shared fixtures: sweeps built from small dicts, and the path of the repository's spaces."""
+"""Shared fixtures: sweeps built from small dicts, the path of the repository's spaces, and the
+`sweep` command run as a user runs it (`sweep_cli`, `start_cli`)."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +41,79 @@ def make_sweep(**overrides: Any) -> Sweep:
 @pytest.fixture
 def sweep13b() -> Sweep:
     return make_sweep()
+
+
+def cli_command(*args: str) -> list[str]:
+    """`sweep ARGS` as an argument list: this interpreter, so the subprocess sees the same packages."""
+    return [sys.executable, "-m", "sweeper.cli", *args]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment of a `sweep` subprocess: this one's plus `extra`, with this checkout first on
+    the import path (run from a temporary folder, `python -m` would import an installed copy)."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def sweep_cli(
+    *args: str,
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
+    input: str | None = None,
+    timeout: float = 600,
+    merge_stderr: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """`sweep ARGS` run to its end in `cwd`, as a script sees it: stdout and stderr piped (not a
+    terminal; one pipe with `merge_stderr`), stdin `input` or empty, `env` (default `cli_env()`)."""
+    return subprocess.run(
+        cli_command(*args),
+        cwd=cwd,
+        env=cli_env() if env is None else dict(env),
+        text=True,
+        input=input,
+        stdin=subprocess.DEVNULL if input is None else None,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def start_cli(*args: str, cwd: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+    """`sweep ARGS` started in `cwd` and left running (to kill, to run beside); output piped as `sweep_cli`."""
+    return subprocess.Popen(
+        cli_command(*args),
+        cwd=cwd,
+        env=cli_env() if env is None else dict(env),
+        text=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RealSweep:
+    """A sweep run for real by `sweep run`: its sweep file, its results folder and what the run printed."""
+
+    spec: Path
+    results: Path
+    run: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="session")
+def tiny_cpu_sweep(tmp_path_factory: pytest.TempPathFactory) -> RealSweep:
+    """The shipped tiny CPU sweep run for real once per session (4 trials of 4 steps, 2 processes each) for
+    the tests that read its results (test_cli_run, test_report); a trial costs seconds of CPU."""
+    root = tmp_path_factory.mktemp("tiny_cpu")
+    spec = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
+    spec["results_dir"] = str(root / "results")
+    spec["trial"].update(steps=4, warmup_steps=1)
+    spec["search"] = {"max_trials": 4, "parallel": 1, "seed": 0}
+    path = root / "tiny_cpu.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return RealSweep(path, root / "results" / spec["name"], sweep_cli("run", str(path), cwd=root))
+
 
 # the session fixture `slurm_cluster` (a real single-node SLURM, root only)
 pytest_plugins = ["tests.slurm_cluster"]

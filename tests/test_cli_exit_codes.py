@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -11,14 +9,9 @@ import pytest
 import yaml
 
 from sweeper.errors import NoSuccessError
+from tests.conftest import sweep_cli
 
 NO_SUCCESS_EXIT = NoSuccessError.exit_code
-
-
-def sweep_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """`sweep ...` with stdout and stderr piped (not a terminal), as a script sees it."""
-    return subprocess.run([sys.executable, "-m", "sweeper.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
 
 
 def replay_spec(tmp_path: Path, name: str, rows: list[dict]) -> Path:
@@ -62,8 +55,7 @@ def test_top_zero_is_a_usage_error(tmp_path, command):
 
 def test_piped_run_ends_the_progress_panel_before_the_table(tmp_path):
     spec = replay_spec(tmp_path, "piped", [{"tp": 1, "status": "ok", "mfu": 0.5}, *FAILURES[1:]])
-    r = subprocess.run(f"{sys.executable} -m sweeper.cli run {spec} 2>&1 | cat", shell=True, cwd=tmp_path,
-                       capture_output=True, text=True, timeout=300)
+    r = sweep_cli("run", str(spec), cwd=tmp_path, merge_stderr=True)  # as `sweep run ... 2>&1 | cat`
     lines = r.stdout.splitlines()
     title = [i for i, line in enumerate(lines) if "piped: best layouts" in line]
     assert title and lines[title[0]].strip() == "piped: best layouts", lines  # on a line of its own

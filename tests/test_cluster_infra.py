@@ -4,8 +4,6 @@ every row, SLURM submission settings, and `sweep selftest` reporting what a CPU 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from sweeper.trainer.env import PeakMemory, cuda_unusable_reason, device_index
 from sweeper.trainer.outcome import classify
 from sweeper.trainer.parallel import SAC_SAVE_OPS
 from sweeper.trial import NO_ACCELERATOR, TrialResult, stops_sweep
-from tests.conftest import SPACES
+from tests.conftest import SPACES, cli_env, sweep_cli
 
 
 class FakeTaskView:
@@ -173,8 +171,7 @@ def _nogpu_spec(tmp_path: Path) -> Path:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a usable GPU")
 def test_gpu_sweep_without_a_gpu_stops_after_one_failed_trial(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(_nogpu_spec(tmp_path))],
-                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    r = sweep_cli("run", str(_nogpu_spec(tmp_path)), cwd=tmp_path, timeout=300)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "stopped after one trial" in r.stderr and "a100-80gb" in r.stderr
     rows = pd.read_parquet(tmp_path / "results" / "nogpu" / "trials")
@@ -185,8 +182,7 @@ def test_gpu_sweep_without_a_gpu_stops_after_one_failed_trial(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_selftest_on_cpu_reports_what_a_cpu_lacks(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "sweeper.cli", "selftest"], capture_output=True, text=True,
-                       timeout=900, cwd=tmp_path, env={**__import__("os").environ, "COLUMNS": "200"})
+    r = sweep_cli("selftest", cwd=tmp_path, timeout=900, env=cli_env(COLUMNS="200"))
     out = r.stdout + r.stderr
     assert "Traceback" not in out
     if torch.cuda.is_available():
@@ -211,8 +207,7 @@ def test_sweep_run_warns_when_the_gpu_found_is_not_the_sweep_files(tmp_path: Pat
             "results_dir": str(tmp_path / "results")}
     path = tmp_path / "gpuname.yaml"
     path.write_text(yaml.safe_dump(spec))
-    r = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path)], capture_output=True, text=True,
-                       timeout=300, cwd=tmp_path, env={**__import__("os").environ, "COLUMNS": "200"})
+    r = sweep_cli("run", str(path), cwd=tmp_path, timeout=300, env=cli_env(COLUMNS="200"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert ("is not the sweep file's 'h100-sxm'" in r.stderr) is warned, r.stderr[-2000:]
     assert (pd.read_parquet(tmp_path / "results" / "gpuname" / "trials").gpu_name == detected).all()

@@ -5,10 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import subprocess
-import sys
 import tomllib
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +20,7 @@ from sweeper.export import (
 )
 from sweeper.knobs import KNOBS
 from sweeper.results import ResultsStore
-from tests.conftest import make_sweep
+from tests.conftest import make_sweep, sweep_cli
 
 SWEEP = make_sweep()  # llama-13b (40 layers), seq 2048, global batch 2048, 64 A100s, bf16
 
@@ -175,11 +172,6 @@ def test_data_formats_round_trip(dump, load):
     assert {k: doc[k] for k in KNOBS} == {k: r[k] for k in KNOBS}
     assert (doc["dp"], doc["grad_accum"], doc["seq_len"], doc["global_batch_size"]) == (16, 128, 2048, 2048)
     assert doc["mfu"] == 0.52 and doc["trial_number"] == 3
-
-
-def sweep_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sweeper.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120)
 
 
 def test_best_exports_the_winner_from_a_results_folder(tmp_path):

@@ -7,7 +7,8 @@
 - Megatron-LM: `parse_args` (add_megatron_arguments) + `validate_args` of
   megatron/training/arguments.py at NVIDIA/Megatron-LM c1e938b. It is not on PyPI (megatron-core
   lacks megatron/training): SWEEP_MEGATRON_LM names a tree holding that commit's `megatron/`, else
-  it is downloaded from GitHub at test time; offline the Megatron tests skip saying so.
+  the archive of that tree in ../shared/reference/megatron-lm/ (beside the repository) is read,
+  else it is downloaded from GitHub at test time; with none of them the Megatron tests skip saying so.
 The harnesses under tests/parsers/ run in subprocesses, one per trainer for the whole grid.
 """
 
@@ -43,10 +44,12 @@ from sweeper.knobs import KNOBS
 from sweeper.layout import Layout
 from sweeper.spec import Sweep, parse_sweep
 from sweeper.workloads import render_command, workload_env
-from tests.conftest import base_spec
+from tests.conftest import ROOT, base_spec
 
 PARSERS = Path(__file__).parent / "parsers"
 CACHE = Path(os.environ.get("SWEEP_TEST_CACHE", Path.home() / ".cache" / "sweep-tests"))
+# `git archive` of the pinned commit's megatron/ tree, kept beside the repository (its README says why)
+MEGATRON_ARCHIVE = ROOT.parent / "shared" / "reference" / "megatron-lm" / f"megatron-lm-{MEGATRON_COMMIT[:7]}.tar.gz"
 WORLD = 64
 
 
@@ -99,8 +102,20 @@ def run_harness(script: str, cases: list[dict[str, Any]], pythonpath: str | None
 
 
 # ---- torchtitan 0.3 (command-line overrides) --------------------------------------------
+def workload_argvs() -> list[list[str]]:
+    """`workload: torchtitan` renders the same overrides plus steps and log frequency; booleans tyro-style."""
+    sweep = sweep_of(40, workload={"kind": "torchtitan", "command": "train {flags} --training.max_norm 2.0"})
+    layouts = [Layout(tp=2, pp=2, compile=False, activation_checkpointing="full"),
+               Layout(tp=1, pp=1, compile=True, sharding="fsdp")]
+    return [render_command(sweep.workload.command, sweep, lay, "torchtitan")[1:] for lay in layouts]
+
+
+WORKLOAD_IDS = ["workload-tp2-pp2", "workload-fsdp-compile"]
+
+
 @pytest.fixture(scope="module")
 def titan_cli() -> dict[str, dict[str, Any]]:
+    """torchtitan's answers to the grid's exports and to the workload commands, one harness run for all."""
     try:
         version = importlib.metadata.version("torchtitan")
     except importlib.metadata.PackageNotFoundError:
@@ -108,7 +123,8 @@ def titan_cli() -> dict[str, dict[str, Any]]:
     if version.split(".")[:2] != TORCHTITAN_CLI_VERSION.split(".")[:2]:
         pytest.skip(f"torchtitan {version} installed; the CLI export targets {TORCHTITAN_CLI_VERSION}")
     cases = [{"argv": torchtitan_cli_args(layout_record(row, sweep))[0], "world": WORLD} for _, sweep, row in GRID]
-    return dict(zip(IDS, run_harness("torchtitan_cli.py", cases)))
+    cases += [{"argv": argv, "world": WORLD} for argv in workload_argvs()]
+    return dict(zip([*IDS, *WORKLOAD_IDS], run_harness("torchtitan_cli.py", cases)))
 
 
 @pytest.mark.slow
@@ -134,17 +150,14 @@ def test_torchtitan_cli_export_is_accepted(titan_cli, name):
 
 
 @pytest.mark.slow
-def test_torchtitan_workload_flags_are_accepted(titan_cli, tmp_path):
+def test_torchtitan_workload_flags_are_accepted(titan_cli):
     """`workload: torchtitan` renders the same overrides plus steps and log frequency; booleans tyro-style."""
-    sweep = sweep_of(40, workload={"kind": "torchtitan", "command": "train {flags} --training.max_norm 2.0"})
-    layouts = [Layout(tp=2, pp=2, compile=False, activation_checkpointing="full"),
-               Layout(tp=1, pp=1, compile=True, sharding="fsdp")]
-    argvs = [render_command(sweep.workload.command, sweep, lay, "torchtitan")[1:] for lay in layouts]
+    argvs = workload_argvs()
     assert "--compile.no-enable" in argvs[0] and "--compile.enable" in argvs[1]
     assert argvs[0][-1] == "activation-checkpoint:full"  # after the template's own words: tyro's subcommand
     assert not any("=false" in a or "=true" in a for a in argvs[0] + argvs[1])
-    for got in run_harness("torchtitan_cli.py", [{"argv": a, "world": WORLD} for a in argvs]):
-        assert got["ok"], got["error"]
+    for name in WORKLOAD_IDS:  # parsed by torchtitan in the module's one harness run
+        assert titan_cli[name]["ok"], titan_cli[name]["error"]
 
 
 # ---- torchtitan 0.2 (TOML) ---------------------------------------------------------------
@@ -188,10 +201,25 @@ def test_torchtitan_toml_export_is_accepted(titan_toml, name):
 
 
 # ---- Megatron-LM -------------------------------------------------------------------------
-def megatron_tree() -> Path:
-    """A directory holding megatron/ of the pinned commit: SWEEP_MEGATRON_LM, the cache, or a download."""
+def extract_megatron(tar: tarfile.TarFile, root: Path) -> Path:
+    """The `megatron/` files of GitHub's tarball of the pinned commit, written under `root`."""
+    top = f"Megatron-LM-{MEGATRON_COMMIT}/"
+    members = [m for m in tar.getmembers() if m.name.startswith(top + "megatron/") and m.isfile()]
+    assert members, f"{tar.name or 'the download'} holds no {top}megatron/: not the pinned commit"
+    for m in members:
+        m.name = m.name.removeprefix(top)
+    tar.extractall(root, members=members, filter="data")
+    return root
+
+
+def megatron_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding megatron/ of the pinned commit: SWEEP_MEGATRON_LM, the archive beside the
+    repository, the cache of an earlier download, or a download from GitHub."""
     if os.environ.get("SWEEP_MEGATRON_LM"):
         return Path(os.environ["SWEEP_MEGATRON_LM"])
+    if MEGATRON_ARCHIVE.is_file():
+        with tarfile.open(MEGATRON_ARCHIVE) as tar:
+            return extract_megatron(tar, tmp_path_factory.mktemp("megatron-lm"))
     root = CACHE / f"megatron-lm-{MEGATRON_COMMIT[:12]}"
     if (root / "megatron" / "training" / "arguments.py").exists():
         return root
@@ -199,14 +227,10 @@ def megatron_tree() -> Path:
     try:
         data = urllib.request.urlopen(url, timeout=30).read()
     except OSError as e:
-        pytest.skip(f"Megatron-LM's arguments.py is not on PyPI and {url} cannot be fetched ({e}); "
-                    "set SWEEP_MEGATRON_LM to a tree of NVIDIA/Megatron-LM at " + MEGATRON_COMMIT)
+        pytest.skip(f"Megatron-LM's arguments.py is not on PyPI, {MEGATRON_ARCHIVE} is absent and {url} cannot be "
+                    f"fetched ({e}); set SWEEP_MEGATRON_LM to a tree of NVIDIA/Megatron-LM at {MEGATRON_COMMIT}")
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        members = [m for m in tar.getmembers() if "/megatron/" in m.name and m.isfile()]
-        for m in members:
-            m.name = m.name.split("/", 1)[1]
-        tar.extractall(root, members=members, filter="data")
-    return root
+        return extract_megatron(tar, root)
 
 
 def megatron_model_args(sweep: Sweep) -> list[str]:
@@ -219,8 +243,8 @@ def megatron_model_args(sweep: Sweep) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def megatron() -> dict[str, dict[str, Any]]:
-    tree = megatron_tree()
+def megatron(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    tree = megatron_tree(tmp_path_factory)
     cases = []
     for _, sweep, row in GRID:
         rec = layout_record(row, sweep)

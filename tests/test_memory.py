@@ -6,7 +6,7 @@ import pytest
 
 from sweeper.hardware import GIB
 from sweeper.layout import Layout
-from sweeper.memory import estimate, layer_activation_bytes, microbatches_in_flight
+from sweeper.memory import estimate, layer_activation_bytes, microbatches_in_flight_at
 from tests.conftest import make_sweep
 
 P7B = 6_738_415_616
@@ -116,10 +116,10 @@ def test_1f1b_first_stage_holds_the_same_layers_as_no_pipeline():
 def test_interleaved_and_gpipe_in_flight():
     s = sweep7b(space={"pp": [4]})
     lay = Layout(pp=4, pp_schedule="interleaved", virtual_stages=2)
-    first, last = microbatches_in_flight(lay.columns(s))
+    first = microbatches_in_flight_at(lay.columns(s), 0)
     assert float(first[0]) == pytest.approx(4 * (1 + 3 / 8))  # L(1 + (p-1)/(p*v)) in units of L/p
     gpipe = Layout(pp=4, pp_schedule="gpipe").columns(s)
-    first, last = microbatches_in_flight(gpipe)
+    first, last = microbatches_in_flight_at(gpipe, 0), microbatches_in_flight_at(gpipe, 3)
     assert float(first[0]) == gpipe["grad_accum"][0] == 32 and float(last[0]) == 32
 
 

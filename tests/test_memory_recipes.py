@@ -194,7 +194,7 @@ def test_head_dim_and_gpt_block_models_plan():
             "vocab": 151936, "tied_embeddings": True, "qk_norm": True}
     s = make_sweep(model=qwen, seq_len=4096, global_batch_size=256, space={"tp": [1, 2], "pp": [1]},
                    cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"})
-    assert s.model.num_params == 4_022_468_096  # Qwen3-4B's released total (see test_models_hardware)
+    assert s.model.num_params == 4_022_468_096  # Qwen3-4B's released total (see test_models)
     assert make_plan(s).counts().get("candidate", 0) > 0
     gpt = {"layers": 24, "hidden": 2048, "heads": 16, "ffn": 8192, "vocab": 50257, "tied_embeddings": True,
            "mlp": "gelu", "norm": "layernorm", "position": "learned"}

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pandas as pd
 import yaml
@@ -12,7 +10,7 @@ import yaml
 from sweeper.plan import make_plan
 from sweeper.results import ResultsStore, now_utc
 from sweeper.spec import load_sweep
-from tests.conftest import SPACES
+from tests.conftest import SPACES, sweep_cli
 
 
 def test_replay_reproduces_a_past_sweeps_best(tmp_path):
@@ -37,11 +35,9 @@ def test_replay_reproduces_a_past_sweeps_best(tmp_path):
                 search={"max_trials": 60, "sampler": "auto", "seed": 0})
     path = tmp_path / "replayed.yaml"
     path.write_text(yaml.safe_dump(spec))
-    r = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path)], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=300)
+    r = sweep_cli("run", str(path), cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    best = json.loads(subprocess.run([sys.executable, "-m", "sweeper.cli", "best", str(path), "--format", "json"],
-                                     cwd=tmp_path, capture_output=True, text=True, timeout=60).stdout)["best"]
+    best = json.loads(sweep_cli("best", str(path), "--format", "json", cwd=tmp_path, timeout=60).stdout)["best"]
     expected = plan.layout(cands[5]).as_dict()
     assert {k: best[k] for k in expected} == expected and best["mfu"] == 0.6
     df = pd.read_parquet(tmp_path / "results" / "replayed" / "trials")

@@ -5,8 +5,7 @@ from __future__ import annotations
 import base64
 import re
 import subprocess
-import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +18,10 @@ from sweeper.plan import make_plan
 from sweeper.report import gpu_hours, match_plan_rows, summary_lines
 from sweeper.results import ResultsStore
 from sweeper.spec import load_sweep
-from tests.conftest import SPACES
+from tests.conftest import sweep_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
 
 def spec_file(tmp_path: Path) -> Path:
@@ -60,8 +59,8 @@ ROWS = [
 ]
 
 
-@pytest.fixture
-def results(tmp_path: Path) -> Path:
+def write_results(tmp_path: Path) -> Path:
+    """ROWS as a sweep's results under tmp_path: the sweep file's path."""
     path = spec_file(tmp_path)
     store = ResultsStore(tmp_path / "results" / "r")
     store.ensure()
@@ -70,15 +69,26 @@ def results(tmp_path: Path) -> Path:
     return path
 
 
-def run_report(spec: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sweeper.cli", "report", str(spec), *extra], cwd=spec.parent,
-                          capture_output=True, text=True, timeout=300)
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    return write_results(tmp_path)
 
 
-def test_report_writes_html_and_pngs(results):
-    r = run_report(results)
+@pytest.fixture(scope="module")
+def reported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The report of ROWS, made once for the tests that only read it (one `sweep report` instead of four)."""
+    path = write_results(tmp_path_factory.mktemp("reported"))
+    r = run_report(path)
     assert r.returncode == 0, r.stderr
-    out = results.parent / "results" / "r"
+    return path
+
+
+def run_report(spec: Path, *extra: str) -> subprocess.CompletedProcess:
+    return sweep_cli("report", str(spec), *extra, cwd=spec.parent, timeout=300)
+
+
+def test_report_writes_html_and_pngs(reported):
+    out = reported.parent / "results" / "r"
     pngs = {p.name for p in out.glob("*.png")}
     assert {"heatmap_flash2_none.png", "heatmap_flash2_full.png", "heatmap_eager_full.png", "mfu_vs_mbs.png",
             "memory_pred_vs_measured.png", "mfu_pred_vs_measured.png", "progress.png", "status.png"} <= pngs
@@ -96,11 +106,10 @@ def test_report_writes_html_and_pngs(results):
     assert len(images) == len(pngs) and all(base64.b64decode(i).startswith(PNG_MAGIC) for i in images)
 
 
-def test_pngs_decode_with_matplotlib(results):
+def test_pngs_decode_with_matplotlib(reported):
     import matplotlib.image as mpimg
 
-    assert run_report(results).returncode == 0
-    for p in (results.parent / "results" / "r").glob("*.png"):
+    for p in (reported.parent / "results" / "r").glob("*.png"):
         img = mpimg.imread(p)
         assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
 
@@ -145,26 +154,18 @@ def test_report_without_results_is_one_line_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_report_on_the_real_tiny_sweep(tmp_path):
-    spec = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
-    spec["results_dir"] = str(tmp_path / "results")
-    spec["trial"].update(steps=3, warmup_steps=1)
-    spec["search"] = {"max_trials": 4, "parallel": 1, "seed": 0}
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    run = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path)], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=600)
+def test_report_on_the_real_tiny_sweep(tiny_cpu_sweep):
+    run = tiny_cpu_sweep.run  # 4 trials, run once for this test and test_cli_run
     assert run.returncode == 0, run.stderr[-2000:]
-    r = run_report(path)
+    r = run_report(tiny_cpu_sweep.spec)
     assert r.returncode == 0, r.stderr
-    page = (tmp_path / "results" / "tiny_cpu" / "report.html").read_text()
+    page = (tiny_cpu_sweep.results / "report.html").read_text()
     assert "Winner: trial" in page and "RSS growth above a baseline" in page
     assert "Grid run: 4 trials of 12 candidate layouts" in page
 
 
-def test_report_explains_the_winner_lists_failures_and_shows_varying_knobs(results):
-    assert run_report(results).returncode == 0
-    out = results.parent / "results" / "r"
+def test_report_explains_the_winner_lists_failures_and_shows_varying_knobs(reported):
+    out = reported.parent / "results" / "r"
     page = (out / "report.html").read_text()
     assert (out / "step_breakdown.png").read_bytes().startswith(PNG_MAGIC)
     assert "<h2>Why the winner wins</h2>" in page
@@ -272,13 +273,12 @@ def _chromium() -> str | None:
     return shutil.which("chromium")
 
 
-def test_report_renders_in_headless_chromium(results, tmp_path):
+def test_report_renders_in_headless_chromium(reported, tmp_path):
     browser = _chromium()
     if browser is None:
         pytest.skip("chromium is not installed and could not be installed (needs root and Debian's apt: "
                     "apt-get install chromium)")
-    assert run_report(results).returncode == 0
-    page = results.parent / "results" / "r" / "report.html"
+    page = reported.parent / "results" / "r" / "report.html"
     shot = tmp_path / "shot.png"
     r = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                         "--disable-component-update", "--disable-sync", "--no-first-run",

@@ -6,7 +6,7 @@ import optuna
 import pytest
 
 from sweeper.plan import make_plan
-from sweeper.search import build_search
+from sweeper.search import Schedule, build_search
 from tests.conftest import make_sweep
 
 
@@ -75,3 +75,15 @@ def test_search_resumes_from_storage(tmp_path):
     assert first.row == candidates[0] and nxt.row == candidates[1]
     study = optuna.load_study(study_name="t", storage=f"sqlite:///{tmp_path}/o.db")
     assert study.best_value == 0.4
+
+
+@pytest.mark.parametrize("sampler,n,budget,exploits", [
+    ("auto", 10, 20, [True] * 6),  # every candidate fits: best predicted first, always
+    ("auto", 100, 20, [True, True, True, True, True, False]),  # 4 seed trials (20 // 5), then every other
+    ("tpe", 100, 20, [False] * 6),
+    ("grid", 100, 20, [True] * 6),
+])
+def test_schedule(sampler, n, budget, exploits):
+    policy = Schedule.of(sampler, n_candidates=n, max_trials=budget)
+    assert [policy.exploit(started=i) for i in range(6)] == exploits
+    assert policy.in_plan_order is (sampler == "grid")

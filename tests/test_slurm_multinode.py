@@ -4,10 +4,8 @@ a node set DOWN under a running trial, `sweep run` SIGKILLed while its job runs,
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -17,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import SPACES
+from tests.conftest import SPACES, cli_env, start_cli, sweep_cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -36,8 +34,7 @@ def spec_file(tmp_path: Path, name: str, *, steps: int = 4, **launcher: Any) -> 
 
 
 def start_run(spec: Path, cwd: Path, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "sweeper.cli", "run", str(spec)], cwd=cwd, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **env})
+    return start_cli("run", str(spec), cwd=cwd, env=cli_env(**env))
 
 
 def running_job(results: Path, proc: subprocess.Popen[str], timeout_s: float = 120) -> dict[str, Any]:
@@ -97,8 +94,7 @@ def test_reattach_after_sweep_run_is_killed_while_the_job_runs(slurm_cluster, tm
     proc.communicate(timeout=30)
     state = subprocess.run(["squeue", "-h", "-j", first["job_id"], "-o", "%T"], capture_output=True, text=True).stdout
     assert state.strip() in ("RUNNING", "COMPLETING", ""), state
-    again = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(spec)], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=400)
+    again = sweep_cli("run", str(spec), cwd=tmp_path, timeout=400)
     assert again.returncode == 0, again.stderr[-3000:]
     df = rows(results)
     assert len(df) == 1 and df.status.iloc[0] == "ok", df[["status", "error"]].to_string()
@@ -113,8 +109,7 @@ def test_oom_on_slurm_is_an_oom_row(slurm_cluster, tmp_path):
     # injected as tests/faults do: rank 1 raises torch.OutOfMemoryError at step 1 (sbatch
     # passes the submitting environment into the job)
     spec = spec_file(tmp_path, "oomslurm")
-    r = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(spec)], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=400, env={**os.environ, "SWEEP_FAULT": "oom:1:1"})
+    r = sweep_cli("run", str(spec), cwd=tmp_path, timeout=400, env=cli_env(SWEEP_FAULT="oom:1:1"))
     assert r.returncode == 1, r.stderr[-3000:]  # no trial succeeded: the sweep says so with exit 1
     df = rows(tmp_path / "results" / "oomslurm")
     assert len(df) == 1, df.to_string()
@@ -130,8 +125,7 @@ def test_job_still_running_after_its_result_is_cancelled(slurm_cluster, tmp_path
     grace = 10.0
     spec = spec_file(tmp_path, "linger", result_grace_s=grace)
     start = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(spec)], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=400, env={**os.environ, "SWEEP_FAULT": "linger:1:0"})
+    r = sweep_cli("run", str(spec), cwd=tmp_path, timeout=400, env=cli_env(SWEEP_FAULT="linger:1:0"))
     elapsed = time.monotonic() - start
     assert r.returncode == 0, r.stderr[-3000:]
     row = rows(tmp_path / "results" / "linger").iloc[0]

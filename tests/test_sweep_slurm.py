@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import SPACES
+from tests.conftest import SPACES, start_cli, sweep_cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -28,13 +28,9 @@ def slurm_spec(tmp_path: Path, name: str, *, trial: dict, max_trials: int, paral
     return path
 
 
-def cli(*args: str, cwd: Path) -> list[str]:
-    return [sys.executable, "-m", "sweeper.cli", *args]
-
-
 def test_tiny_sweep_through_slurm_two_tasks_per_trial(slurm_cluster, tmp_path):
     spec = slurm_spec(tmp_path, "tiny_slurm", trial={"steps": 4, "timeout_min": 5}, max_trials=2, parallel=2)
-    r = subprocess.run(cli("run", str(spec), cwd=tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    r = sweep_cli("run", str(spec), cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:] + slurm_cluster.logs()
     df = pd.read_parquet(tmp_path / "results" / "tiny_slurm" / "trials")
     assert len(df) == 2 and (df.status == "ok").all(), df[["status", "error"]].to_string()
@@ -48,8 +44,7 @@ def test_time_limit_and_scancel_become_rows(slurm_cluster, tmp_path):
     # two trials that would run for hours: one is cancelled from outside, the other hits the
     # 1-minute SLURM time limit; the sweep ends with one row each and no hang
     spec = slurm_spec(tmp_path, "tiny_faults", trial={"steps": 100_000, "timeout_min": 1}, max_trials=2, parallel=2)
-    proc = subprocess.Popen(cli("run", str(spec), cwd=tmp_path), cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = start_cli("run", str(spec), cwd=tmp_path)
     inflight = tmp_path / "results" / "tiny_faults" / "inflight"
     deadline = time.time() + 120
     records: list[dict] = []
@@ -87,7 +82,7 @@ def test_external_workload_through_slurm(slurm_cluster, tmp_path):
     data = yaml.safe_load(spec.read_text())
     data["workload"] = {"kind": "megatron", "command": f"{sys.executable} {standin} --node {{node_rank}} {{flags}}"}
     spec.write_text(yaml.safe_dump(data))
-    r = subprocess.run(cli("run", str(spec), cwd=tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    r = sweep_cli("run", str(spec), cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:] + slurm_cluster.logs()
     df = pd.read_parquet(tmp_path / "results" / "mega_slurm" / "trials")
     assert len(df) == 2 and (df.status == "ok").all(), df[["status", "error"]].to_string()

@@ -3,7 +3,6 @@ and a sweep whose trials run a Megatron stand-in end to end through the local la
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from sweeper.flops import model_flops_per_token, utilization
 from sweeper.layout import Layout
 from sweeper.spec import parse_sweep
 from sweeper.workloads import classify_failure, parse_megatron, parse_torchtitan, render_command, run_external
-from tests.conftest import SPACES
+from tests.conftest import SPACES, sweep_cli
 
 STANDINS = Path(__file__).parent / "standins"
 
@@ -123,8 +122,7 @@ def test_megatron_sweep_end_to_end_through_the_local_launcher(tmp_path):
     spec["trial"].update(steps=4)
     path = tmp_path / "mega.yaml"
     path.write_text(yaml.safe_dump(spec))
-    r = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path)], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=300)
+    r = sweep_cli("run", str(path), cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     df = pd.read_parquet(tmp_path / "results" / "mega" / "trials")
     assert len(df) == 4 and (df.status == "ok").all(), df[["status", "error"]]

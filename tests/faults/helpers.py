@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,9 +13,12 @@ import optuna
 import pandas as pd
 import yaml
 
-from tests.conftest import ROOT, SPACES
+from tests.conftest import SPACES, cli_command, cli_env, start_cli, sweep_cli
 
 LAYOUT_KNOBS = ["tp", "pp", "micro_batch_size", "activation_checkpointing"]
+
+# the CLI runner of every test (tests/conftest.py), under the names the fault tests use
+cli, env_with, sweep, start = cli_command, cli_env, sweep_cli, start_cli
 
 
 def spec_file(tmp_path: Path, name: str, *, trial: dict | None = None, search: dict | None = None,
@@ -32,23 +33,6 @@ def spec_file(tmp_path: Path, name: str, *, trial: dict | None = None, search: d
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
-
-
-def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "sweeper.cli", *args]
-
-
-def env_with(**extra: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), **extra}
-
-
-def sweep(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(cli(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env or env_with())
-
-
-def start(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen(cli(*args), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env or env_with())
 
 
 def results(tmp_path: Path, name: str) -> Path:

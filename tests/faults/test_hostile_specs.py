@@ -4,8 +4,6 @@ nothing submitted, no results folder, and nothing from a launcher field reaches 
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ from hypothesis import strategies as st
 from sweeper.errors import SpecError
 from sweeper.launchers.profiles import resolve_profile
 from sweeper.spec import parse_sweep
-from tests.conftest import SPACES
+from tests.conftest import SPACES, sweep_cli
 
 BASE = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
 FIELDS = ["name", "model", "seq_len", "global_batch_size", "cluster", "space", "trial", "search", "launcher",
@@ -124,8 +122,7 @@ def test_cli_exits_2_creates_nothing_and_runs_nothing(tmp_path: Path, case: str)
     body = body.replace(b"results_dir: results", b"") + f"\nresults_dir: {tmp_path / 'results'}\n".encode()
     path = tmp_path / f"{case}.yaml"
     path.write_bytes(body)
-    r = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path)], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=120)
+    r = sweep_cli("run", str(path), cwd=tmp_path, timeout=120)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert r.stderr.startswith("error:") and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "results").exists() and not canary.exists()

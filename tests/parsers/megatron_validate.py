@@ -8,6 +8,8 @@ do the work; the one stand-in is the GPU generation, which validate_args reads f
 torch.cuda and this machine lacks: FAKE_GPU_ARCH (9, Hopper: the GPUs of the paper's sweeps).
 """
 
+# ruff: noqa: E402  (warnings and logging are silenced before the trainer's imports, which emit them)
+
 import contextlib
 import io
 import json

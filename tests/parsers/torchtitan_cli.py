@@ -6,6 +6,8 @@ llama3_debugmodel` as a user's command line would; then ParallelDims (its own de
 and, with pipelining, the stage-to-rank mapping torchtitan builds from module_fqns_per_model_part.
 """
 
+# ruff: noqa: E402  (warnings and logging are silenced before the trainer's imports, which emit them)
+
 import json
 import sys
 import warnings

@@ -6,6 +6,8 @@ loads and type-checks the TOML; ParallelDims checks the degrees; DDP is accepted
 models/llama3/infra/parallelize.py accepts it (the dp_replicate mesh is the whole world).
 """
 
+# ruff: noqa: E402  (warnings and logging are silenced before the trainer's imports, which emit them)
+
 import json
 import sys
 import warnings

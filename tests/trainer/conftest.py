@@ -1,4 +1,5 @@
-"""The trainer tests write torch's scratch files (inductor cache, launch folders) under pytest's tmp dir."""
+"""The trainer tests write torch's scratch files (inductor cache, launch folders) under pytest's tmp dir; the
+parity launches that test_parity and test_parity_families share."""
 
 from __future__ import annotations
 
@@ -23,3 +24,23 @@ def private_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     else:
         os.environ["TMPDIR"] = old
     tempfile.tempdir = None
+
+
+# Each launch starts its ranks (torch, gloo, the model) once for all its cases: the 8-rank and the
+# compiled cases of both parity modules run in one launch each, not one per module.
+@pytest.fixture(scope="session")
+def eight_ranks_parity(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from .test_parity import EIGHT_RANKS, _run
+    from .test_parity_families import EIGHT_RANKS as FAMILIES
+
+    assert not EIGHT_RANKS.keys() & FAMILIES.keys()
+    return _run(EIGHT_RANKS | FAMILIES, 8, tmp_path_factory.mktemp("parity8"), timeout_s=600)
+
+
+@pytest.fixture(scope="session")
+def compiled_parity(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from .test_parity import COMPILED, _run
+    from .test_parity_families import COMPILED as FAMILIES
+
+    assert not COMPILED.keys() & FAMILIES.keys()
+    return _run(COMPILED | FAMILIES, 2, tmp_path_factory.mktemp("compiled2"), timeout_s=600)

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from sweeper.launchers.ranks import launch
 from sweeper.spec import Sweep, parse_sweep
 from sweeper.trainer import kernels
-from sweeper.launchers.ranks import launch
 from sweeper.trainer.model import Transformer, build_model, loss_fn, materialize, norm_kernel
 from sweeper.trainer.train import make_optimizer, synthetic_batch
 
@@ -79,7 +79,7 @@ def plain_model(sweep: Sweep, *, attention: str = "flash2", rmsnorm: str = "eage
     return model
 
 
-@lru_cache(maxsize=None)
+@cache
 def reference(tied: bool = False, attention: str = "flash2", rmsnorm: str = "eager", steps: int = 10,
               model: str = "llama") -> dict[str, Any]:
     """The single-process run every layout must reproduce: the whole global batch in one micro-batch."""

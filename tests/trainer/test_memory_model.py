@@ -18,7 +18,6 @@ then drop the mark.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np

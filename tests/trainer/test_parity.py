@@ -105,12 +105,10 @@ def test_four_ranks_match_single_process(four_ranks: Path, case_id: str) -> None
 
 
 @pytest.mark.slow
-def test_eight_ranks_dp_pp_tp_match_single_process(tmp_path: Path) -> None:
-    out = _run(EIGHT_RANKS, 8, tmp_path)
-    _check(out, "dp2_pp2_tp2_sp_fsdp", *EIGHT_RANKS["dp2_pp2_tp2_sp_fsdp"])
+def test_eight_ranks_dp_pp_tp_match_single_process(eight_ranks_parity: Path) -> None:
+    _check(eight_ranks_parity, "dp2_pp2_tp2_sp_fsdp", *EIGHT_RANKS["dp2_pp2_tp2_sp_fsdp"])
 
 
 @pytest.mark.slow
-def test_compiled_blocks_under_tp_match_single_process(tmp_path: Path) -> None:
-    out = _run(COMPILED, 2, tmp_path)
-    _check(out, "tp2_sp_compile", *COMPILED["tp2_sp_compile"])
+def test_compiled_blocks_under_tp_match_single_process(compiled_parity: Path) -> None:
+    _check(compiled_parity, "tp2_sp_compile", *COMPILED["tp2_sp_compile"])

@@ -70,10 +70,9 @@ def test_two_ranks_match_single_process(two_ranks: Path, case_id: str) -> None:
 
 
 @pytest.mark.slow
-def test_eight_ranks_gpt_and_head_dim_match_single_process(tmp_path: Path) -> None:
-    out = _run(EIGHT_RANKS, 8, tmp_path, timeout_s=600)
+def test_eight_ranks_gpt_and_head_dim_match_single_process(eight_ranks_parity: Path) -> None:
     for case_id, case in EIGHT_RANKS.items():
-        _check(out, case_id, *case, **_tolerances(case[2]))
+        _check(eight_ranks_parity, case_id, *case, **_tolerances(case[2]))
 
 
 COMPILED: dict[str, tuple[dict[str, Any], bool, str]] = {
@@ -82,6 +81,5 @@ COMPILED: dict[str, tuple[dict[str, Any], bool, str]] = {
 
 
 @pytest.mark.slow
-def test_compiled_gpt_blocks_under_tp_match_single_process(tmp_path: Path) -> None:
-    out = _run(COMPILED, 2, tmp_path, timeout_s=600)
-    _check(out, "gpt_tp2_sp_compile", *COMPILED["gpt_tp2_sp_compile"], **_tolerances("gpt"))
+def test_compiled_gpt_blocks_under_tp_match_single_process(compiled_parity: Path) -> None:
+    _check(compiled_parity, "gpt_tp2_sp_compile", *COMPILED["gpt_tp2_sp_compile"], **_tolerances("gpt"))

@@ -11,8 +11,7 @@ import pytest
 from sweeper.flops import hardware_flops_per_token, model_flops_per_token
 from sweeper.layout import Layout
 from sweeper.trial import FAILED, OK, STATUSES, TrialResult, summarize, without_run
-
-from .helpers import tiny_sweep
+from tests.trainer.helpers import tiny_sweep
 
 
 def test_summarize_follows_the_protocol_and_the_mfu_formula() -> None:

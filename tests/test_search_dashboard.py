@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 from wsgiref.util import setup_testing_defaults
 
 import pandas as pd
 import yaml
+
+from tests.conftest import sweep_cli
 
 ROWS = [
     {"tp": 1, "pp": 1, "micro_batch_size": 1, "status": "ok", "mfu": 0.55},
@@ -36,8 +36,7 @@ def replay_sweep(tmp_path: Path) -> Path:
             "results_dir": str(tmp_path / "results")}
     path = tmp_path / "dash.yaml"
     path.write_text(yaml.safe_dump(spec))
-    r = subprocess.run([sys.executable, "-m", "sweeper.cli", "run", str(path)], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=300)
+    r = sweep_cli("run", str(path), cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     return tmp_path / "results" / "dash"
 

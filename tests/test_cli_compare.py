@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from sweeper.cli.compare import shared_layouts, summarize
 from sweeper.knobs import KNOBS
 from sweeper.results import ResultsStore
+from tests.conftest import sweep_cli
 
 
 def row(n: int, *, tp: int, pp: int, mfu: float | None, status: str = "ok") -> dict[str, Any]:
@@ -50,18 +49,18 @@ def test_shared_layouts_ratio_sorted_and_geomean(tmp_path):
 
 def test_compare_cli_json_and_table(tmp_path):
     a, b = two_sweeps(tmp_path)
-    base = [sys.executable, "-m", "sweeper.cli", "compare", "a", "b", "--results-a", str(a), "--results-b", str(b)]
-    r = subprocess.run([*base, "--format", "json"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    base = ["compare", "a", "b", "--results-a", str(a), "--results-b", str(b)]
+    r = sweep_cli(*base, "--format", "json", cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert (doc["a"], doc["b"], doc["shared"], doc["with_ratio"]) == ("before", "after", 3, 2)
     assert [x["tp"] for x in doc["layouts"]] == [1, 2, 8] and doc["layouts"][2]["ratio"] is None
-    t = subprocess.run(base, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    t = sweep_cli(*base, cwd=tmp_path, timeout=120)
     assert t.returncode == 0 and "3 layouts shared, 2 with an MFU on both sides" in t.stdout
     assert f"geometric mean B / A: {math.sqrt(1.1 * 0.9):.3f}" in t.stdout and "oom" in t.stdout
 
 
 def test_compare_without_results_is_one_line_error(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "sweeper.cli", "compare", "a", "b", "--results-a", str(tmp_path / "x"),
-                        "--results-b", str(tmp_path / "y")], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    r = sweep_cli("compare", "a", "b", "--results-a", str(tmp_path / "x"), "--results-b", str(tmp_path / "y"),
+                  cwd=tmp_path, timeout=120)
     assert r.returncode == 2 and "no results under" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,29 @@
+"""sweeper/process: result files read back from a trial, process groups ended whole, free ports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from sweeper.process import free_port, kill_group, read_result
+
+
+def test_read_result_takes_the_object_after_stray_text_and_refuses_the_rest(tmp_path):
+    p = tmp_path / "result.json"
+    assert read_result(p) is None  # missing
+    p.write_text('compile warning\n{"status": "ok", "mfu": 0.4}')
+    assert read_result(p) == {"status": "ok", "mfu": 0.4}
+    for text in ('{"mfu": 0.4}', '{"status": "ok"', "[1, 2]", ""):
+        p.write_text(text)
+        assert read_result(p) is None, text
+
+
+def test_kill_group_ends_a_session_with_its_children():
+    proc = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"],
+                            start_new_session=True)
+    time.sleep(0.5)
+    assert kill_group(proc.pid)
+    assert proc.wait(timeout=10) == -9
+    assert 0 < free_port() < 65536
