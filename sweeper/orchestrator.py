@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from sweeper.errors import SweepError
 from sweeper.files import atomic_write_bytes
-from sweeper.folder import check_creatable, check_private, discard_own, make_private
+from sweeper.folder import check_not_link, check_trusted_folder, discard_own, make_private
 from sweeper.identity import sweep_identity
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure
 from sweeper.layout import Layout
@@ -27,9 +27,8 @@ from sweeper.spec import Sweep, parse_sweep
 from sweeper.statuses import TrialStatus
 from sweeper.study_guard import (
     check_storage,
-    corrupt_message,
+    check_study_file,
     default_storage,
-    is_sqlite,
     rebuild,
     set_aside,
     sqlite_path,
@@ -104,19 +103,19 @@ def _identity(s: Sweep) -> tuple:
     return (s.name, s.model, s.seq_len, s.global_batch_size, s.cluster, s.space, s.trial, s.memory, s.workload)
 
 
-def preflight(sweep: Sweep) -> str:
-    """Before anything is created: the results folder can be made (or is ours and private) and
-    the storage URL is one, over an existing folder and a readable database. Returns the storage."""
+def preflight(sweep: Sweep, *, repair: bool = False) -> str:
+    """Before anything is created, changed or deleted: the trust check of the results folder
+    (`sweeper.folder.check_trusted_folder`), then the storage URL is one, over an existing folder
+    and a readable database. `repair` (`--fresh`, `--rebuild-study`) lets an unreadable study
+    through, as those two set it aside. Returns the storage."""
     root = sweep.results_path
-    check_creatable(root)
-    if root.exists():
-        check_private(root)
+    check_trusted_folder(root)
     if sweep.search.storage:
-        check_storage(sweep.search.storage)
+        check_storage(sweep.search.storage, damaged_ok=repair)
         return sweep.search.storage
     db = root / "optuna.db"  # the default: made with the folder; refused only when it is not a database
-    if db.exists() and not is_sqlite(db):
-        raise SweepError(corrupt_message(db))
+    if not repair:
+        check_study_file(db)
     return default_storage(root)
 
 
@@ -246,7 +245,8 @@ def _job(run: SweepRun, number: int, layout: Layout, *, attempt: int) -> TrialJo
         number=number,
         layout=layout,
         spec_path=run.spec_path.resolve(),
-        workdir=(run.store.jobs_dir / f"trial-{number:05d}-a{attempt}").resolve(),
+        # the folder resolved, not the trial's own name in it: a link planted there is refused, not followed
+        workdir=run.store.jobs_dir.resolve() / f"trial-{number:05d}-a{attempt}",
         timeout_s=run.sweep.trial.timeout_min * 60,
         attempt=attempt,
     )
@@ -264,6 +264,7 @@ def _submit(
     previous_error: str | None = None,
 ) -> None:
     job = _job(run, number, layout, attempt=attempt)
+    check_not_link(job.workdir)  # the trial writes its result and logs there
     submitted = now_utc().isoformat()
     rec = InFlight(
         trial_number=number,
@@ -441,7 +442,9 @@ def run_sweep(
 
     root = sweep.results_path
     os.umask(0o077)  # a results folder is trusted like code: everything in it is its owner's alone
-    storage = None if (fresh or rebuild_study) else preflight(sweep)  # those two repair what it refuses
+    # the trust check first, whatever the flags: --fresh deletes and --rebuild-study renames only in
+    # a folder that passed it; those two repair an unreadable study, so only that is let through
+    storage = preflight(sweep, repair=fresh or rebuild_study)
     launcher = launcher or make_launcher(sweep)  # a launcher that cannot run the sweep: refused before the lock
     with SweepLock(root):
         if fresh and any(p.name != "run.lock" for p in root.iterdir()):
@@ -451,7 +454,7 @@ def run_sweep(
             discard_results(sweep)
         db = sqlite_path(sweep.search.storage or default_storage(root))
         aside = set_aside(db) if (rebuild_study and not fresh and db is not None and db.exists()) else None
-        run = prepare(sweep, launcher, storage=storage)
+        run = prepare(sweep, launcher, storage=None if (fresh or rebuild_study) else storage)
         if aside is not None:
             run.notes.insert(0, f"--rebuild-study: {db} set aside as {aside.name}")
         previous = signal.getsignal(signal.SIGINT)

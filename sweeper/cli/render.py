@@ -20,6 +20,21 @@ def make_console(*, stderr: bool = False) -> Console:
     return probe if probe.is_terminal else Console(stderr=stderr, width=200)
 
 
+def message_console(*, stderr: bool = True) -> Console:
+    """For warnings, notes and errors. Not wrapped at all into a file or pipe (whatever COLUMNS
+    says: a log or a test reads whole lines); on a terminal `say` wraps between words only."""
+    probe = Console(stderr=stderr, highlight=False)
+    return probe if probe.is_terminal else Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def say(console: Console, kind: str, text: str, *, style: str = "yellow") -> None:
+    """One message, `kind: text`; a path or a name in it is never cut across lines (a word longer
+    than the terminal runs past its edge, so copying it gives the right one). `text` is plain, not markup."""
+    from rich.markup import escape
+
+    console.print(f"[{style}]{kind}:[/] {escape(text)}", overflow="ignore", crop=False)
+
+
 def _gib(v: float) -> str:
     return f"{v:.1f}" if v >= 10 else f"{v:.2f}"
 
