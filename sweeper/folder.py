@@ -13,8 +13,13 @@ import re
 import shutil
 import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sweeper.errors import SweepError
+from sweeper.study_guard import check_storage, check_study_file, default_storage
+
+if TYPE_CHECKING:
+    from sweeper.spec import Sweep
 
 TRIAL_FILE = re.compile(r"^trial-(\d{5,})\.parquet$")  # what ResultsStore.write_row names a row
 INFLIGHT_FILE = re.compile(r"^trial-(\d{5,})\.json$")
@@ -88,6 +93,22 @@ def discard_own(root: Path, *, keep: str = "run.lock") -> int:
         shutil.rmtree(p) if p.is_dir() else p.unlink()
         removed += 1
     return removed
+
+
+def preflight(sweep: Sweep, *, repair: bool = False) -> str:
+    """Before anything is created, changed or deleted: the trust check of the results folder
+    (`sweeper.folder.check_trusted_folder`), then the storage URL is one, over an existing folder
+    and a readable database. `repair` (`--fresh`, `--rebuild-study`) lets an unreadable study
+    through, as those two set it aside. Returns the storage."""
+    root = sweep.results_path
+    check_trusted_folder(root)
+    if sweep.search.storage:
+        check_storage(sweep.search.storage, damaged_ok=repair)
+        return sweep.search.storage
+    db = root / "optuna.db"  # the default: made with the folder; refused only when it is not a database
+    if not repair:
+        check_study_file(db)
+    return default_storage(root)
 
 
 # what a results folder's own files are checked for before anything is read or written in it;

@@ -28,11 +28,22 @@ def message_console(*, stderr: bool = True) -> Console:
 
 
 def say(console: Console, kind: str, text: str, *, style: str = "yellow") -> None:
-    """One message, `kind: text`; a path or a name in it is never cut across lines (a word longer
-    than the terminal runs past its edge, so copying it gives the right one). `text` is plain, not markup."""
-    from rich.markup import escape
+    """One message, `kind: text` (plain text, not markup). On a terminal it wraps between words
+    only, never inside a path or a name (Rich would cut a word longer than the line, and a copied
+    path would be wrong); a longer word runs past the edge whole. Unwrapped into a file or pipe."""
+    import textwrap
 
-    console.print(f"[{style}]{kind}:[/] {escape(text)}", overflow="ignore", crop=False)
+    from rich.text import Text
+
+    whole = f"{kind}: {text}"
+    lines = [whole]
+    if not console.soft_wrap:
+        lines = textwrap.wrap(whole, console.width, break_long_words=False, break_on_hyphens=False) or lines
+    for i, line in enumerate(lines):
+        out = Text(line)
+        if i == 0:
+            out.stylize(style, 0, len(kind) + 1)
+        console.print(out, soft_wrap=True)
 
 
 def _gib(v: float) -> str:
@@ -188,6 +199,10 @@ def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
             _num(r.get("peak_mem_gib"), 3),
             _num(r.get("pred_mem_gib"), 3),
         )
+    if any(str(r.get("device") or "").startswith("cpu") for r in chosen):
+        # no allocator on CPU: the number is how much a rank's resident memory grew, far below the estimate
+        table.caption = "peak GiB on CPU: RSS growth of a rank during the run, not an allocator peak like pred GiB"
+        table.caption_justify = "left"
     console.print(table)
     console.print(f"{len(rows)} trials: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
 
