@@ -68,11 +68,13 @@ def damage(db: Path) -> str | None:
     if db.stat().st_size == 0:
         return None
     try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
         try:
             found = [str(r[0]) for r in con.execute("PRAGMA quick_check").fetchall()]
         finally:
             con.close()
+    except sqlite3.OperationalError:  # locked by the `sweep run` that holds it, unreadable: not damage
+        return None
     except sqlite3.Error as e:
         return " ".join(str(e).split())[:200]
     return None if found == ["ok"] else " ".join("; ".join(found).split())[:200]

@@ -23,7 +23,6 @@ import pytest
 import yaml
 from rich.console import Console
 
-from sweeper.cli.render import say
 from sweeper.errors import SpecError
 from sweeper.plan import make_plan
 from sweeper.results import ResultsStore
@@ -149,6 +148,8 @@ def test_warnings_keep_paths_whole_whatever_columns_says(tmp_path: Path, columns
 
 
 def test_on_a_terminal_messages_wrap_between_words_only():
+    from sweeper.cli.render import say
+
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=40, color_system=None)
     path = "/tmp/results/a-sweep-with-a-long-name/trials/trial-00042.parquet"
@@ -168,7 +169,7 @@ def full_jobs_disk(tmp_path: Path):
                      space={"tp": [1], "pp": [2], "micro_batch_size": [1], "attention": ["flash2"]})
     store = ResultsStore(tmp_path / "results" / "df")
     store.ensure()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(store.jobs_dir)]).returncode:
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=700", "tmpfs", str(store.jobs_dir)]).returncode:
         pytest.skip("mounting a small tmpfs needs root")
     filler = tmp_path / "results" / "df" / "jobs" / "filler"
     try:
