@@ -522,11 +522,11 @@ def _load_yaml(text: str, source: str) -> Any:
         return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
-        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         what = e.problem or e.context or "not valid YAML"
         if e.problem and e.context and e.context_mark:  # e.g. "while parsing a flow sequence" and where it began
             what += f" ({e.context} from line {e.context_mark.line + 1})"
-        raise SpecError(f"{source}{where}: invalid YAML: {' '.join(what.split())}") from None
+        raise SpecError(f"{source}: invalid YAML{where}: {' '.join(what.split())}") from None
     except yaml.YAMLError as e:
         raise SpecError(f"{source}: invalid YAML: {' '.join(str(e).split())}") from None
 

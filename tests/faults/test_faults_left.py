@@ -240,7 +240,7 @@ def test_a_yaml_syntax_error_names_the_file_and_line_on_one_line(tmp_path: Path)
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: y\nspace: {tp: [1, 2\n")
     msg = one_line_error(sweep("run", str(bad), "--dry-run", cwd=tmp_path))
-    assert f"{bad}, line 3" in msg and "<unicode string>" not in msg, msg
+    assert f"{bad}: invalid YAML at line 3" in msg and "<unicode string>" not in msg, msg
 
 
 @pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
