@@ -97,9 +97,16 @@ def test_links_in_jobs_inflight_and_beside_the_study_are_refused_or_skipped(tmp_
     msg = one_line_error(sweep("run", str(more), cwd=tmp_path))
     assert "optuna.db-journal is a symbolic link" in msg, msg
     (root / "optuna.db-journal").unlink()
-    record = {"trial_number": 9, "optuna_trial": 9, "row": 0, "attempt": 1, "job_id": None,
-              "layout": {"tp": 1, "pp": 1, "micro_batch_size": 1}, "submitted_at": "2026-01-01T00:00:00+00:00",
-              "started_at": "2026-01-01T00:00:00+00:00"}
+    record = {
+        "trial_number": 9,
+        "optuna_trial": 9,
+        "row": 0,
+        "attempt": 1,
+        "job_id": None,
+        "layout": {"tp": 1, "pp": 1, "micro_batch_size": 1},
+        "submitted_at": "2026-01-01T00:00:00+00:00",
+        "started_at": "2026-01-01T00:00:00+00:00",
+    }
     (victim / "rec.json").write_text(json.dumps(record))
     (root / "inflight" / "trial-00009.json").symlink_to(victim / "rec.json")
     status = sweep("status", str(spec), cwd=tmp_path)
@@ -165,11 +172,18 @@ def test_on_a_terminal_messages_wrap_between_words_only():
 def full_jobs_disk(tmp_path: Path):
     """A sweep's results folder whose jobs/ is a real 1 MiB tmpfs filled to the last byte (root only):
     the trials cannot write their result, the sweep's own files (rows, study) can."""
-    spec = spec_file(tmp_path, "df", search={"max_trials": 1},
-                     space={"tp": [1], "pp": [2], "micro_batch_size": [1], "attention": ["flash2"]})
+    spec = spec_file(
+        tmp_path,
+        "df",
+        search={"max_trials": 1},
+        space={"tp": [1], "pp": [2], "micro_batch_size": [1], "attention": ["flash2"]},
+    )
     store = ResultsStore(tmp_path / "results" / "df")
     store.ensure()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=700", "tmpfs", str(store.jobs_dir)]).returncode:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=700", "tmpfs", str(store.jobs_dir)]).returncode
+    ):
         pytest.skip("mounting a small tmpfs needs root")
     filler = tmp_path / "results" / "df" / "jobs" / "filler"
     try:
@@ -216,18 +230,27 @@ def test_a_second_attempt_that_the_full_disk_ended_runs_again_not_vanished_twice
     filler.unlink()
     plan = make_plan(load_sweep(spec))
     row = int(np.flatnonzero(plan.candidate_mask)[0])
-    study = optuna.create_study(study_name="df", storage=f"sqlite:///{store.root / 'optuna.db'}",
-                                direction="maximize")
+    study = optuna.create_study(study_name="df", storage=f"sqlite:///{store.root / 'optuna.db'}", direction="maximize")
     trial = study.ask()
     a2 = store.jobs_dir / "trial-00000-a2"
     a2.mkdir()
     (a2 / "log.txt").write_text("Traceback ...\nOSError: [Errno 28] No space left on device\n")
     (a2 / "result.json").write_text("")
     stamp = "2026-01-01T00:00:00+00:00"
-    store.record_inflight(0, {"trial_number": 0, "optuna_trial": trial.number, "row": row, "attempt": 2,
-                              "job_id": "local-999999999", "layout": plan.layout(row).as_dict(),
-                              "submitted_at": stamp, "started_at": stamp,
-                              "previous_error": "the trial process ended without a result"})
+    store.record_inflight(
+        0,
+        {
+            "trial_number": 0,
+            "optuna_trial": trial.number,
+            "row": row,
+            "attempt": 2,
+            "job_id": "local-999999999",
+            "layout": plan.layout(row).as_dict(),
+            "submitted_at": stamp,
+            "started_at": stamp,
+            "previous_error": "the trial process ended without a result",
+        },
+    )
     shutil.copy(spec, store.root / "sweep.yaml")
     r = sweep("run", str(spec), cwd=spec.parent)
     assert r.returncode == 0, r.stderr
@@ -256,8 +279,19 @@ def test_the_terminal_table_says_cpu_memory_is_rss_growth(tmp_path: Path):
     spec = ran(tmp_path)
     store = ResultsStore(tmp_path / "cpu")
     store.ensure()
-    store.write_row({"trial_number": 0, "status": "ok", "tp": 1, "pp": 1, "micro_batch_size": 1, "mfu": 0.01,
-                     "device": "cpu", "peak_mem_gib": 0.0254, "pred_mem_gib": 0.306})
+    store.write_row(
+        {
+            "trial_number": 0,
+            "status": "ok",
+            "tp": 1,
+            "pp": 1,
+            "micro_batch_size": 1,
+            "mfu": 0.01,
+            "device": "cpu",
+            "peak_mem_gib": 0.0254,
+            "pred_mem_gib": 0.306,
+        }
+    )
     r = sweep("best", str(spec), "--results", str(store.root), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "peak GiB on CPU: RSS growth" in r.stdout, r.stdout
