@@ -3,7 +3,8 @@
 
 A results folder is trusted like code: trials re-read its `sweep.yaml` (a command line among
 it) and the SLURM launcher unpickles its job results. So it is private to its owner (folders
-0700, files 0600) and the tool refuses to act on one that others can write.
+0700, files 0600), and the tool refuses to act on one that others can write, that another user
+owns, or that it did not make, before it creates, changes or deletes anything there.
 """
 
 from __future__ import annotations
