@@ -22,6 +22,7 @@ def atomic_write(path: Path, write: Callable[[Path], object], *, tmp_dir: Path |
     try:
         if tmp_dir is not None:
             tmp_dir.mkdir(exist_ok=True)
+        tmp.unlink(missing_ok=True)  # a leftover, or a link planted there: never written through
         write(tmp)
         os.chmod(tmp, 0o600)  # a results folder is its owner's alone (trusted like code)
         with open(tmp, "rb") as f:

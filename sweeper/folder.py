@@ -3,7 +3,8 @@
 
 A results folder is trusted like code: trials re-read its `sweep.yaml` (a command line among
 it) and the SLURM launcher unpickles its job results. So it is private to its owner (folders
-0700, files 0600) and the tool refuses to act on one that others can write.
+0700, files 0600), and the tool refuses to act on one that others can write, that another user
+owns, or that it did not make, before it creates, changes or deletes anything there.
 """
 
 from __future__ import annotations
@@ -13,8 +14,13 @@ import re
 import shutil
 import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sweeper.errors import SweepError
+from sweeper.study_guard import check_storage, check_study_file, default_storage
+
+if TYPE_CHECKING:
+    from sweeper.spec import Sweep
 
 TRIAL_FILE = re.compile(r"^trial-(\d{5,})\.parquet$")  # what ResultsStore.write_row names a row
 INFLIGHT_FILE = re.compile(r"^trial-(\d{5,})\.json$")
@@ -77,6 +83,10 @@ def discard_own(root: Path, *, keep: str = "run.lock") -> int:
             f"--fresh: {root} holds {len(foreign)} file(s) the sweep did not create ({names}); nothing deleted. "
             "Move them away, or point results_dir elsewhere"
         )
+    me = os.geteuid()
+    others = [p for p in root.rglob("*") if p.lstat().st_uid != me]
+    if others:  # the trust check saw the folder and its own parts; this is every file it would delete
+        raise SweepError(f"--fresh: {others[0]} (and {len(others) - 1} more) belongs to another user; nothing deleted")
     removed = 0
     for p in sorted(root.iterdir()):
         if p.name == keep:
@@ -86,17 +96,71 @@ def discard_own(root: Path, *, keep: str = "run.lock") -> int:
     return removed
 
 
+def preflight(sweep: Sweep, *, repair: bool = False) -> str:
+    """Before anything is created, changed or deleted: the trust check of the results folder
+    (`sweeper.folder.check_trusted_folder`), then the storage URL is one, over an existing folder
+    and a readable database. `repair` (`--fresh`, `--rebuild-study`) lets an unreadable study
+    through, as those two set it aside. Returns the storage."""
+    root = sweep.results_path
+    check_trusted_folder(root)
+    if sweep.search.storage:
+        check_storage(sweep.search.storage, damaged_ok=repair)
+        return sweep.search.storage
+    db = root / "optuna.db"  # the default: made with the folder; refused only when it is not a database
+    if not repair:
+        check_study_file(db)
+    return default_storage(root)
+
+
+# what a results folder's own files are checked for before anything is read or written in it;
+# SQLite writes its journals beside the study, so a planted link there would be written through
+CHECKED = (*OWN_DIRS, "sweep.yaml", "run.lock", "optuna.db", "optuna.db-journal", "optuna.db-wal", "optuna.db-shm")
+# what the tool leaves in every results folder it made (run.lock first of all): a folder holding
+# other things and none of these was not made by `sweep`, and is refused rather than taken over
+MARKS = ("run.lock", "sweep.yaml", "trials")
+
+
+def check_trusted_folder(root: Path) -> None:
+    """The trust check, before anything under `root` is created, changed or deleted (`--fresh`,
+    `--rebuild-study` included): it can be made, or it is a results folder `sweep` made, of yours,
+    writable by you alone, with no link among its own files or job folders."""
+    check_creatable(root)
+    if not (root.exists() or root.is_symlink()):
+        return
+    check_private(root)
+    entries = sorted(p.name for p in root.iterdir())
+    if entries and not any(m in entries for m in MARKS):
+        shown = ", ".join(entries[:3]) + (" ..." if len(entries) > 3 else "")
+        raise SweepError(
+            f"{root} exists and was not made by sweep (it holds {shown}); nothing was changed in it. "
+            "Give the sweep another name or results_dir"
+        )
+    jobs = root / "jobs"
+    for p in sorted(jobs.iterdir()) if jobs.is_dir() else []:
+        check_not_link(p)
+
+
+def check_not_link(path: Path) -> None:
+    """Nothing under a results folder is followed through a symbolic link: refuse one where a
+    file or folder of the sweep's own belongs (a link planted there would be written through)."""
+    if path.is_symlink():
+        raise SweepError(
+            f"{path} is a symbolic link (to {os.readlink(path)}); a results folder must hold the sweep's own "
+            "files. Remove the link and run again"
+        )
+
+
 def check_private(root: Path) -> None:
     """Refuse a results folder (or its parts) that another user owns or that others can write:
     whoever can write it can run code as the next `sweep run`."""
     me = os.geteuid()
-    for p in [root, *(root / n for n in (*OWN_DIRS, "sweep.yaml", "optuna.db"))]:
+    for p in [root, *(root / n for n in CHECKED)]:
         try:
             st = p.lstat()
         except FileNotFoundError:
             continue
         if stat.S_ISLNK(st.st_mode):
-            raise SweepError(f"{p} is a symbolic link; a results folder must hold the sweep's own files")
+            check_not_link(p)
         if st.st_mode & (stat.S_IWOTH | stat.S_IWGRP):
             raise SweepError(
                 f"{p} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); a results folder is trusted like code. "

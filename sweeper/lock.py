@@ -21,7 +21,10 @@ class SweepLock:
         from sweeper.folder import make_private
 
         make_private(self.path.parent)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:  # O_NOFOLLOW: a link planted as run.lock is refused, not written through
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as e:
+            raise SweepError(f"cannot open the lock {self.path}: {e.strerror or e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -31,8 +34,11 @@ class SweepLock:
                 f"another `sweep run` is running this sweep ({holder}; lock {self.path}); "
                 "wait for it, or stop it first. `sweep status` and `sweep best` work meanwhile"
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {os.uname().nodename}".encode())
+        try:  # who holds it, for the message above; a full disk may refuse even these few bytes
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} on {os.uname().nodename}".encode())
+        except OSError:
+            pass
         self._fd = fd
         return self
 

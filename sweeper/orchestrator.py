@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from sweeper.errors import SweepError
 from sweeper.files import atomic_write_bytes
-from sweeper.folder import check_creatable, check_private, discard_own, make_private
+from sweeper.folder import check_not_link, discard_own, make_private, preflight
 from sweeper.identity import sweep_identity
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure
 from sweeper.layout import Layout
@@ -26,15 +26,13 @@ from sweeper.search import LayoutSearch, build_search, trial_attrs
 from sweeper.spec import Sweep, parse_sweep
 from sweeper.statuses import TrialStatus
 from sweeper.study_guard import (
-    check_storage,
-    corrupt_message,
     default_storage,
-    is_sqlite,
     rebuild,
     set_aside,
     sqlite_path,
     storage_errors,
 )
+from sweeper.unwritten import left_unwritten, not_written, unwritten
 
 FROZEN_SPEC = "sweep.yaml"
 MAX_ATTEMPTS = 2  # an infrastructure failure (killed job, lost node, vanished process) is retried once
@@ -79,7 +77,8 @@ class SweepRun:
 
     @property
     def launched(self) -> int:
-        return len(self.rows) + len(self.running)
+        # a trial the full disk kept from writing its result does not spend the budget: it runs again
+        return sum(not not_written(r) for r in self.rows) + len(self.running)
 
 
 def freeze_spec(sweep: Sweep, store: ResultsStore) -> Path:
@@ -95,29 +94,18 @@ def freeze_spec(sweep: Sweep, store: ResultsStore) -> Path:
                 f"{sweep.source} changed since {frozen} was recorded (model, batch, cluster, space or "
                 "trial settings differ); run with --fresh to start over, or give the sweep a new name"
             )
-    atomic_write_bytes(frozen, text)
+    try:
+        atomic_write_bytes(frozen, text)
+    except OSError as e:
+        raise SweepError(
+            f"cannot write {frozen}: {e.strerror or e}; nothing was run. Free the space and run again"
+        ) from None
     return frozen
 
 
 def _identity(s: Sweep) -> tuple:
     """What makes results comparable: everything but the search budget, launcher and paths."""
     return (s.name, s.model, s.seq_len, s.global_batch_size, s.cluster, s.space, s.trial, s.memory, s.workload)
-
-
-def preflight(sweep: Sweep) -> str:
-    """Before anything is created: the results folder can be made (or is ours and private) and
-    the storage URL is one, over an existing folder and a readable database. Returns the storage."""
-    root = sweep.results_path
-    check_creatable(root)
-    if root.exists():
-        check_private(root)
-    if sweep.search.storage:
-        check_storage(sweep.search.storage)
-        return sweep.search.storage
-    db = root / "optuna.db"  # the default: made with the folder; refused only when it is not a database
-    if db.exists() and not is_sqlite(db):
-        raise SweepError(corrupt_message(db))
-    return default_storage(root)
 
 
 def check_rows_identity(store: ResultsStore) -> None:
@@ -186,7 +174,7 @@ def _load_finished(run: SweepRun) -> None:
     for r in run.store.rows():
         run.rows.append(r)
         row = _plan_row(run, r)
-        if row >= 0:
+        if row >= 0 and not not_written(r):  # its layout was not measured: it runs again
             run.search.observe(row, **_measured(r))
 
 
@@ -207,7 +195,7 @@ def _resume_inflight(run: SweepRun) -> None:
         number = rec.trial_number
         if number in finished:  # written but not told or cleared before a crash: finish both
             row = next(r for r in run.rows if r["trial_number"] == number)
-            run.search.tell(rec.optuna_trial, rec.row, attrs=_attrs(row), **_measured(row))
+            _tell(run, rec, row)
             run.store.clear_inflight(number)
             continue
         job = _job(run, number, Layout.from_mapping(rec.layout), attempt=rec.attempt)
@@ -233,7 +221,7 @@ def _resume_inflight(run: SweepRun) -> None:
         handle = run.launcher.reattach(job_id, job)
         if handle is not None:
             run.running[number] = Running(handle, rec)
-        elif job.attempt < MAX_ATTEMPTS:
+        elif job.attempt < MAX_ATTEMPTS or left_unwritten(job):
             _resubmit(run, rec, f"job {rec.job_id} vanished")
         else:
             outcome = JobOutcome(failure(TrialStatus.FAILED, f"job {job_id} vanished twice", job), job_id)
@@ -246,7 +234,8 @@ def _job(run: SweepRun, number: int, layout: Layout, *, attempt: int) -> TrialJo
         number=number,
         layout=layout,
         spec_path=run.spec_path.resolve(),
-        workdir=(run.store.jobs_dir / f"trial-{number:05d}-a{attempt}").resolve(),
+        # the folder resolved, not the trial's own name in it: a link planted there is refused, not followed
+        workdir=run.store.jobs_dir.resolve() / f"trial-{number:05d}-a{attempt}",
         timeout_s=run.sweep.trial.timeout_min * 60,
         attempt=attempt,
     )
@@ -264,6 +253,7 @@ def _submit(
     previous_error: str | None = None,
 ) -> None:
     job = _job(run, number, layout, attempt=attempt)
+    check_not_link(job.workdir)  # the trial writes its result and logs there
     submitted = now_utc().isoformat()
     rec = InFlight(
         trial_number=number,
@@ -323,10 +313,20 @@ def _record(run: SweepRun, rec: InFlight, outcome: JobOutcome) -> dict[str, Any]
         values["error"] = f"{values['error']} (attempt 1: {rec.previous_error})"
     run.store.write_row(values)
     row = row_from(values)
-    run.search.tell(rec.optuna_trial, plan_row, attrs=_attrs(values), **_measured(values))
+    _tell(run, rec, values)
     run.store.clear_inflight(rec.trial_number)
     run.rows.append(row)
     return row
+
+
+def _tell(run: SweepRun, rec: InFlight, row: dict[str, Any]) -> None:
+    """Tell the search a recorded trial; one the full disk kept from writing its result teaches
+    nothing about its layout (abandoned in Optuna, left untried for the next run)."""
+    if not_written(row):
+        run.search.abandon(rec.optuna_trial)
+        run.search.running.discard(rec.row)
+    else:
+        run.search.tell(rec.optuna_trial, rec.row, attrs=_attrs(row), **_measured(row))
 
 
 def _measured(row: dict[str, Any]) -> dict[str, Any]:
@@ -372,6 +372,16 @@ def step(run: SweepRun, progress: Progress | None = None) -> bool:
         if outcome is None:
             continue
         del run.running[number]
+        full = unwritten(item.handle, outcome)
+        if full is not None:  # no retry on a full disk: the row says why, the sweep stops
+            try:
+                _record(run, item.record, full)
+            except SweepError:  # nor the row: its in-flight record stays, the next run runs it again
+                pass
+            raise SweepError(
+                f"trial {number}: {full.result.error}. Free the space and run `sweep run` again; "
+                "the results already written are intact"
+            )
         if outcome.infrastructure_failure and item.record.attempt < MAX_ATTEMPTS and not run.stop_requested:
             err = (outcome.result.error or "").splitlines()
             _resubmit(run, item.record, err[0] if err else "infrastructure failure")
@@ -441,7 +451,9 @@ def run_sweep(
 
     root = sweep.results_path
     os.umask(0o077)  # a results folder is trusted like code: everything in it is its owner's alone
-    storage = None if (fresh or rebuild_study) else preflight(sweep)  # those two repair what it refuses
+    # the trust check first, whatever the flags: --fresh deletes and --rebuild-study renames only in
+    # a folder that passed it; those two repair an unreadable study, so only that is let through
+    storage = preflight(sweep, repair=fresh or rebuild_study)
     launcher = launcher or make_launcher(sweep)  # a launcher that cannot run the sweep: refused before the lock
     with SweepLock(root):
         if fresh and any(p.name != "run.lock" for p in root.iterdir()):
@@ -451,7 +463,7 @@ def run_sweep(
             discard_results(sweep)
         db = sqlite_path(sweep.search.storage or default_storage(root))
         aside = set_aside(db) if (rebuild_study and not fresh and db is not None and db.exists()) else None
-        run = prepare(sweep, launcher, storage=storage)
+        run = prepare(sweep, launcher, storage=None if (fresh or rebuild_study) else storage)
         if aside is not None:
             run.notes.insert(0, f"--rebuild-study: {db} set aside as {aside.name}")
         previous = signal.getsignal(signal.SIGINT)

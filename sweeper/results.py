@@ -181,6 +181,9 @@ class ResultsStore:
         for path in sorted(self.trials_dir.iterdir()):
             if path.name.startswith("."):
                 continue  # an atomic write's temp file
+            if path.is_symlink():  # nothing under a results folder is followed through a link
+                self._warn(f"skipped {path}: a symbolic link, not followed")
+                continue
             if trial_number_of(path.name) is None:
                 self._warn(f"skipped {path}: not a result file of the sweep (trial-NNNNN.parquet)")
                 continue
@@ -228,6 +231,8 @@ class ResultsStore:
                 continue
             m = INFLIGHT_FILE.match(path.name)
             try:
+                if path.is_symlink():  # nothing under a results folder is followed through a link
+                    raise ValueError("a symbolic link, not followed")
                 if m is None:
                     raise ValueError("not an in-flight record of the sweep (trial-NNNNN.json)")
                 rec = json.loads(path.read_text())

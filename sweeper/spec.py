@@ -24,8 +24,9 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
 class _Strict(BaseModel):
-    # strict: "64" and 64.0 are not integers, 1 is not a bool; a typo should not change a sweep quietly
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # strict: "64" and 64.0 are not integers, 1 is not a bool; a typo should not change a sweep quietly.
+    # allow_inf_nan=False: .nan and .inf are refused as such ("a finite number"), not by a bound
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Strict):
@@ -515,8 +516,17 @@ class _NoAliasLoader(yaml.SafeLoader):
 
 
 def _load_yaml(text: str, source: str) -> Any:
+    """The YAML document; a syntax error is one line naming the file, line and column (PyYAML's
+    own text names `<unicode string>` and spans several lines)."""
     try:
         return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = e.problem or e.context or "not valid YAML"
+        if e.problem and e.context and e.context_mark:  # e.g. "while parsing a flow sequence" and where it began
+            what += f" ({e.context} from line {e.context_mark.line + 1})"
+        raise SpecError(f"{source}: invalid YAML{where}: {' '.join(what.split())}") from None
     except yaml.YAMLError as e:
         raise SpecError(f"{source}: invalid YAML: {' '.join(str(e).split())}") from None
 

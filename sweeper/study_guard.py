@@ -32,8 +32,9 @@ def sqlite_path(url: str) -> Path | None:
     return Path(url.removeprefix("sqlite:///").split("?", 1)[0])
 
 
-def check_storage(url: str, *, field: str = "search.storage") -> None:
-    """A storage URL that is one, whose file (if any) is in an existing folder and is a database."""
+def check_storage(url: str, *, field: str = "search.storage", damaged_ok: bool = False) -> None:
+    """A storage URL that is one, whose file (if any) is in an existing folder and is a database
+    (`damaged_ok`: an unreadable one is let through, for `--rebuild-study` and `--fresh` to set aside)."""
     if url.endswith(".journal") or url.startswith("journal:"):
         path = Path(url.removeprefix("journal:"))
         if not path.parent.is_dir():
@@ -50,8 +51,33 @@ def check_storage(url: str, *, field: str = "search.storage") -> None:
         return
     if not db.parent.is_dir():
         raise SweepError(f"{field} {url!r}: folder {db.parent} does not exist")
-    if db.exists() and not is_sqlite(db):
-        raise SweepError(corrupt_message(db))
+    if not damaged_ok:
+        check_study_file(db)
+
+
+def check_study_file(db: Path) -> None:
+    """A study file that is missing (made later) or a SQLite database SQLite can read through:
+    a garbage, truncated or partly overwritten one is one error line naming `--rebuild-study`."""
+    if db.exists() and (not is_sqlite(db) or damage(db) is not None):
+        raise SweepError(corrupt_message(db, damage(db) if is_sqlite(db) else None))
+
+
+def damage(db: Path) -> str | None:
+    """What SQLite's own check finds wrong in a database file (a truncated file, a page overwritten
+    in the middle), None when it reads through. Read-only: the file is not changed."""
+    if db.stat().st_size == 0:
+        return None
+    try:
+        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+        try:
+            found = [str(r[0]) for r in con.execute("PRAGMA quick_check").fetchall()]
+        finally:
+            con.close()
+    except sqlite3.OperationalError:  # locked by the `sweep run` that holds it, unreadable: not damage
+        return None
+    except sqlite3.Error as e:
+        return " ".join(str(e).split())[:200]
+    return None if found == ["ok"] else " ".join("; ".join(found).split())[:200]
 
 
 def is_sqlite(path: Path) -> bool:
@@ -64,9 +90,10 @@ def is_sqlite(path: Path) -> bool:
     return head in (b"", SQLITE_MAGIC)
 
 
-def corrupt_message(path: Path) -> str:
+def corrupt_message(path: Path, detail: str | None = None) -> str:
+    why = f" ({detail})" if detail else ""
     return (
-        f"the Optuna study {path} is not a readable SQLite database; the results in trials/ are intact. "
+        f"the Optuna study {path} is not a readable SQLite database{why}; the results in trials/ are intact. "
         "Run `sweep run ... --rebuild-study` to set it aside and rebuild the study from trials/"
     )
 
@@ -92,11 +119,9 @@ def storage_errors(storage: str) -> Iterator[None]:
         cause = e.__cause__ if isinstance(e, StorageInternalError) and e.__cause__ else e
         detail = " ".join(str(getattr(cause, "orig", None) or cause).split())[:200]
         path = sqlite_path(storage)
-        hint = (
-            corrupt_message(path)
-            if path is not None and "not a database" in detail
-            else "the results already written are intact; fix the storage and run `sweep run` again"
-        )
+        if path is not None and path.is_file() and (not is_sqlite(path) or damage(path) is not None):
+            raise SweepError(corrupt_message(path, detail)) from None  # damaged: --rebuild-study repairs it
+        hint = "the results already written are intact; fix the storage and run `sweep run` again"
         raise SweepError(f"the Optuna study ({storage}) failed: {detail}; {hint}") from None
 
 

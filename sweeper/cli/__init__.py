@@ -40,6 +40,7 @@ def abort(message: str, *, code: int = 2) -> NoReturn:
     """Print one styled error line on stderr and exit; the single way user errors leave the CLI."""
     from rich.console import Console
 
+    # soft_wrap: never wrapped, so a path in it is never cut (a terminal folds the long line itself)
     Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {message}", markup=True)
     raise typer.Exit(code)
 

@@ -37,16 +37,17 @@ def best(
         Path | None, typer.Option("--results", help="a results folder (default: results_dir/<name> of the sweep)")
     ] = None,
 ) -> None:
-    from rich.console import Console
-    from rich.markup import escape
 
     from sweeper.results import best_rows, open_results
 
     root, store = open_results(spec, results)
     rows = store.rows()
 
+    from sweeper.cli.render import message_console, say
+
+    err = message_console()
     for w in store.warnings:
-        Console(stderr=True).print(f"[yellow]warning:[/] {escape(w)}")
+        say(err, "warning", w)
     if fmt is Format.json:
         from collections import Counter
 

@@ -20,6 +20,32 @@ def make_console(*, stderr: bool = False) -> Console:
     return probe if probe.is_terminal else Console(stderr=stderr, width=200)
 
 
+def message_console(*, stderr: bool = True) -> Console:
+    """For warnings, notes and errors. Not wrapped at all into a file or pipe (whatever COLUMNS
+    says: a log or a test reads whole lines); on a terminal `say` wraps between words only."""
+    probe = Console(stderr=stderr, highlight=False)
+    return probe if probe.is_terminal else Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def say(console: Console, kind: str, text: str, *, style: str = "yellow") -> None:
+    """One message, `kind: text` (plain text, not markup). On a terminal it wraps between words
+    only, never inside a path or a name (Rich would cut a word longer than the line, and a copied
+    path would be wrong); a longer word runs past the edge whole. Unwrapped into a file or pipe."""
+    import textwrap
+
+    from rich.text import Text
+
+    whole = f"{kind}: {text}"
+    lines = [whole]
+    if not console.soft_wrap:
+        lines = textwrap.wrap(whole, console.width, break_long_words=False, break_on_hyphens=False) or lines
+    for i, line in enumerate(lines):
+        out = Text(line)
+        if i == 0:
+            out.stylize(style, 0, len(kind) + 1)
+        console.print(out, soft_wrap=True)
+
+
 def _gib(v: float) -> str:
     return f"{v:.1f}" if v >= 10 else f"{v:.2f}"
 
@@ -173,6 +199,10 @@ def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
             _num(r.get("peak_mem_gib"), 3),
             _num(r.get("pred_mem_gib"), 3),
         )
+    if any(str(r.get("device") or "").startswith("cpu") for r in chosen):
+        # no allocator on CPU: the number is how much a rank's resident memory grew, far below the estimate
+        table.caption = "peak GiB on CPU: RSS growth of a rank during the run, not an allocator peak like pred GiB"
+        table.caption_justify = "left"
     console.print(table)
     console.print(f"{len(rows)} trials: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
 

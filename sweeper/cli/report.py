@@ -16,9 +16,8 @@ def report(
         Path | None, typer.Option("--results", help="a results folder (default: results_dir/<name> of the sweep)")
     ] = None,
 ) -> None:
-    from rich.markup import escape
 
-    from sweeper.cli.render import make_console
+    from sweeper.cli.render import message_console, say
     from sweeper.report import write_report
     from sweeper.results import open_results, sweep_as_run
 
@@ -27,8 +26,8 @@ def report(
     if frame.empty:
         raise SweepError(f"no finished trial under {root} yet (see `sweep status {spec}`)")
     sweep = sweep_as_run(root, spec)
-    err = make_console(stderr=True)
+    err = message_console()
     for w in store.warnings:
-        err.print(f"[yellow]warning:[/] {escape(w)}")
+        say(err, "warning", w)
     path, pngs = write_report(sweep, frame, root)
     typer.echo(f"{path}  ({len(pngs)} plots: {', '.join(pngs)})")

@@ -98,7 +98,7 @@ def run_live(sweep, *, fresh: bool, yes: bool, top: int, rebuild_study: bool = F
     from rich.console import Console
 
     from sweeper.cli.progress import LiveProgress
-    from sweeper.cli.render import print_best
+    from sweeper.cli.render import message_console, print_best, say
     from sweeper.errors import NoSuccessError
     from sweeper.orchestrator import run_sweep
     from sweeper.results import best_rows
@@ -116,16 +116,14 @@ def run_live(sweep, *, fresh: bool, yes: bool, top: int, rebuild_study: bool = F
         )
     finally:
         progress.stop()
+    out = message_console()  # never cut inside a path, whatever the width
     for note in run.notes:
-        err.print(f"[yellow]note:[/] {note}")
+        say(out, "note", note)
     for w in [*run.store.warnings, *run.warnings]:
-        err.print(f"[yellow]warning:[/] {w}")
+        say(out, "warning", w)
     if run.running:
-        err.print(
-            f"[yellow]{len(run.running)} trial(s) still running "
-            f"({', '.join(i.handle.job_id for i in run.running.values())}); "
-            f"`sweep run` again re-attaches to them[/]"
-        )
+        jobs = ", ".join(i.handle.job_id for i in run.running.values())
+        say(out, "note", f"{len(run.running)} trial(s) still running ({jobs}); `sweep run` again re-attaches to them")
     if run.fatal:
         raise SweepError(f"{sweep.name}: stopped after one trial, this machine cannot run the sweep: {run.fatal}")
     rows = run.rows  # this sweep's rows, earlier runs' included

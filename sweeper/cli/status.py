@@ -15,8 +15,6 @@ def status(
     spec: Annotated[str, typer.Argument(help="sweep file (path or bare name)")],
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object per trial")] = False,
 ) -> None:
-    from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
     from sweeper.cli.progress import describe
@@ -68,8 +66,11 @@ def status(
     from sweeper.cli.render import make_console
 
     console = make_console()
+    from sweeper.cli.render import message_console, say
+
+    err = message_console()
     for w in store.warnings:
-        Console(stderr=True).print(f"[yellow]warning:[/] {escape(w)}")
+        say(err, "warning", w)
     table = Table(
         title=f"{sweep.name}: {len(rows)} finished, {len(inflight)} running", title_justify="left", header_style="bold"
     )

@@ -79,12 +79,12 @@ def test_trial_process_killed_is_retried_once_then_failed_with_the_cause(tmp_pat
     proc = start("run", str(spec), cwd=tmp_path)
     try:
         for attempt in (1, 2):  # kill the trial's own process (not a rank) on both attempts
-            rec = wait_for(lambda attempt=attempt: (r := inflight_record(root)) and r["attempt"] == attempt and r.get("job_id") and r, timeout=60,
+            rec = wait_for(lambda a=attempt: (r := inflight_record(root)) and r["attempt"] == a and r.get("job_id") and r, timeout=60,
                            what=f"attempt {attempt} in flight")
             trial_dir = root / "jobs" / f"trial-00000-a{attempt}"
-            ranks = wait_for(lambda trial_dir=trial_dir: (p := rank_pids(trial_dir)) and len(p) == 2 and p, timeout=60, what="two ranks")
+            ranks = wait_for(lambda d=trial_dir: (p := rank_pids(d)) and len(p) == 2 and p, timeout=60, what="two ranks")
             kill(int(rec["job_id"].removeprefix("local-")))
-            wait_for(lambda ranks=ranks: not any(alive(p) for p in ranks), timeout=10, what="ranks to end with their trial")
+            wait_for(lambda r=ranks: not any(alive(p) for p in r), timeout=10, what="ranks to end with their trial")
         out, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
