@@ -39,9 +39,16 @@ import yaml
 from sweeper.errors import SpecError
 from sweeper.flops import model_flops_per_token
 from sweeper.layout import RULES, Layout, with_derived
-from sweeper.perfmodel import Calibration, StepTime, calibrate, predict
+from sweeper.perfmodel import Calibration, StepTime, TimeTraits, calibrate, predict
 from sweeper.spec import Sweep, parse_sweep
 
+# nanotron's time traits, as the ultrascale sweep measures them (chosen on its FIT cells only):
+# ZeRO-0 with pp > 1 reduces gradients every micro-batch; its TP collectives under the pipeline
+# engine cost milliseconds; each micro-batch pays a blocking exchange that grows with the nodes
+# (1.2-1.5 s per micro-batch at 64 nodes, at every pp). For a nanotron trainer object to carry.
+NANOTRON = TimeTraits(
+    dp_overlap=0.0, tp_collective_pp_s=1.5e-3, grad_sync_per_microbatch_pp=True, microbatch_s_per_node=0.015
+)
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")
 SOURCES = ("ultrascale", "nvidia-perf", "llm-foundry", "small-matched")
 
@@ -58,6 +65,7 @@ class Group:
     labels: list[str]
     invalid: list[str] = field(default_factory=list)  # rule messages for measured rows our rules refuse
     pred: StepTime | None = None
+    pred_trainer: StepTime | None = None  # with the measuring trainer's traits (nanotron for ultrascale)
 
     @property
     def held_out(self) -> bool:
@@ -87,9 +95,27 @@ def ultrascale(skipped: list[tuple[str, str, str]]) -> Iterator[Group]:
     d = pd.read_csv(os.path.join(DATA, "ultrascale", "runs.csv"))
     d["sharding"] = d.zero_stage.map({0: "none", 1: "zero1"})
     key = ["model", "nodes", "tp", "pp", "micro_batch_size", "sharding"]
-    d = d[d.status == "ok"].groupby(key, as_index=False).agg(
-        tps=("tokens_per_s_per_gpu", "mean"), **{c: (c, "first") for c in
-        ("layers", "hidden", "heads", "ffn", "vocab", "tied_embeddings", "gpus", "global_batch_size", "seq_len")})
+    d = (
+        d[d.status == "ok"]
+        .groupby(key, as_index=False)
+        .agg(
+            tps=("tokens_per_s_per_gpu", "mean"),
+            **{
+                c: (c, "first")
+                for c in (
+                    "layers",
+                    "hidden",
+                    "heads",
+                    "ffn",
+                    "vocab",
+                    "tied_embeddings",
+                    "gpus",
+                    "global_batch_size",
+                    "seq_len",
+                )
+            },
+        )
+    )
     for (model, nodes), g in d.groupby(["model", "nodes"]):
         cell = f"{model.split('-')[-1]}/{nodes}n"
         bad = (g.tp > 8) | (g.pp > g.layers)
@@ -99,17 +125,36 @@ def ultrascale(skipped: list[tuple[str, str, str]]) -> Iterator[Group]:
         if g.empty:
             continue
         f = g.iloc[0]
-        sweep = parse({
-            "name": "acc", "seq_len": int(f.seq_len), "global_batch_size": int(f.global_batch_size),
-            "model": {"layers": int(f.layers), "hidden": int(f.hidden), "heads": int(f.heads),
-                      "kv_heads": int(f.heads), "ffn": int(f.ffn), "vocab": int(f.vocab),
-                      "tied_embeddings": bool(f.tied_embeddings)},
-            "cluster": {"nodes": int(nodes), "gpus_per_node": 8, "gpu": "h100-sxm"},
-            "space": {"tp": [1], "sequence_parallel": [True], "attention": ["flash2"]},
-            "memory": {"recipe": "megatron"},
-        })
-        lays = [Layout(tp=int(r.tp), pp=int(r.pp), micro_batch_size=int(r.micro_batch_size), sharding=r.sharding,
-                       sequence_parallel=bool(r.tp > 1), attention="flash2") for r in g.itertuples()]
+        sweep = parse(
+            {
+                "name": "acc",
+                "seq_len": int(f.seq_len),
+                "global_batch_size": int(f.global_batch_size),
+                "model": {
+                    "layers": int(f.layers),
+                    "hidden": int(f.hidden),
+                    "heads": int(f.heads),
+                    "kv_heads": int(f.heads),
+                    "ffn": int(f.ffn),
+                    "vocab": int(f.vocab),
+                    "tied_embeddings": bool(f.tied_embeddings),
+                },
+                "cluster": {"nodes": int(nodes), "gpus_per_node": 8, "gpu": "h100-sxm"},
+                "space": {"tp": [1], "sequence_parallel": [True], "attention": ["flash2"]},
+                "memory": {"recipe": "megatron"},
+            }
+        )
+        lays = [
+            Layout(
+                tp=int(r.tp),
+                pp=int(r.pp),
+                micro_batch_size=int(r.micro_batch_size),
+                sharding=r.sharding,
+                sequence_parallel=bool(r.tp > 1),
+                attention="flash2",
+            )
+            for r in g.itertuples()
+        ]
         measured = (g.global_batch_size * g.seq_len / (g.tps * g.gpus)).to_numpy(float)
         cols = columns(lays, sweep)
         labels = [f"tp{r.tp} pp{r.pp} mbs{r.micro_batch_size} {r.sharding}" for r in g.itertuples()]
@@ -117,8 +162,13 @@ def ultrascale(skipped: list[tuple[str, str, str]]) -> Iterator[Group]:
 
 
 # ---- nvidia-perf ------------------------------------------------------------------------------
-NV_GPU = {"H100 SXM 80GB": ("h100-sxm", 8), "B200": ("b200", 8), "B300": ("b300", 8),
-          "GB200 (NVL72)": ("gb200", 4), "GB300 (NVL72)": ("gb300", 4)}
+NV_GPU = {
+    "H100 SXM 80GB": ("h100-sxm", 8),
+    "B200": ("b200", 8),
+    "B300": ("b300", 8),
+    "GB200 (NVL72)": ("gb200", 4),
+    "GB300 (NVL72)": ("gb300", 4),
+}
 # vocabularies from the models' cards (the tables leave vocab empty): Llama 3 128256, Llama 2 32000
 VOCAB = {"LLAMA3": 128256, "LLAMA2": 32000}
 
@@ -159,26 +209,52 @@ def nvidia(skipped: list[tuple[str, str, str]]) -> Iterator[Group]:
         fsdp = not pd.isna(r.fsdp_column) and float(r.fsdp_column) > 0
         family = "LLAMA3" if "3" in str(r.model).split("_")[0].split("-")[0] else "LLAMA2"
         try:
-            sweep = parse({
-                "name": "acc", "seq_len": int(r.seq_len), "global_batch_size": int(r.global_batch_size),
-                "model": {"layers": int(r.layers), "hidden": int(r.hidden), "heads": int(r.heads),
-                          "kv_heads": int(r.kv_heads), "ffn": int(r.ffn), "vocab": VOCAB[family]},
-                "cluster": {"nodes": max(gpus // per_node, 1), "gpus_per_node": min(per_node, gpus), "gpu": gpu},
-                "space": {"tp": [1], "attention": ["cudnn"]}, "memory": {"recipe": "megatron"},
-            })
+            sweep = parse(
+                {
+                    "name": "acc",
+                    "seq_len": int(r.seq_len),
+                    "global_batch_size": int(r.global_batch_size),
+                    "model": {
+                        "layers": int(r.layers),
+                        "hidden": int(r.hidden),
+                        "heads": int(r.heads),
+                        "kv_heads": int(r.kv_heads),
+                        "ffn": int(r.ffn),
+                        "vocab": VOCAB[family],
+                    },
+                    "cluster": {"nodes": max(gpus // per_node, 1), "gpus_per_node": min(per_node, gpus), "gpu": gpu},
+                    "space": {"tp": [1], "attention": ["cudnn"]},
+                    "memory": {"recipe": "megatron"},
+                }
+            )
         except SpecError as e:
             skipped.append(("nvidia-perf", rid, str(e).splitlines()[-1]))
             continue
         # Megatron-Core perf recipes: TE fused norms, SP with TP, the distributed optimizer; the
         # recompute setting is not in the tables (none assumed)
-        lay = Layout(tp=tp, pp=pp, micro_batch_size=int(r.micro_batch_size), sequence_parallel=tp > 1,
-                     attention="cudnn", rmsnorm="fused", sharding="fsdp" if fsdp else "zero1",
-                     pp_schedule="interleaved" if (pp > 1 and vp > 1) else "1f1b",
-                     virtual_stages=vp if (pp > 1 and vp > 1) else 1, float8=bool(fp8(str(r.precision))))
+        lay = Layout(
+            tp=tp,
+            pp=pp,
+            micro_batch_size=int(r.micro_batch_size),
+            sequence_parallel=tp > 1,
+            attention="cudnn",
+            rmsnorm="fused",
+            sharding="fsdp" if fsdp else "zero1",
+            pp_schedule="interleaved" if (pp > 1 and vp > 1) else "1f1b",
+            virtual_stages=vp if (pp > 1 and vp > 1) else 1,
+            float8=bool(fp8(str(r.precision))),
+        )
         cols = columns([lay], sweep)
         step = r.global_batch_size * r.seq_len / (r.tokens_per_s_per_gpu * gpus)
-        yield Group("nvidia-perf", rid, sweep, cols, np.asarray([step]), [f"tp{tp} pp{pp} vp{vp} {r.precision}"],
-                    refused(cols, sweep))
+        yield Group(
+            "nvidia-perf",
+            rid,
+            sweep,
+            cols,
+            np.asarray([step]),
+            [f"tp{tp} pp{pp} vp{vp} {r.precision}"],
+            refused(cols, sweep),
+        )
 
 
 # ---- llm-foundry ------------------------------------------------------------------------------
@@ -191,26 +267,53 @@ def foundry(skipped: list[tuple[str, str, str]]) -> Iterator[Group]:
         rid = f"mpt{i} {r.model} {r.gpu_type} {r.gpus}g seq{r.seq_len}"
         gpus = int(r.gpus)
         try:
-            sweep = parse({
-                "name": "acc", "seq_len": int(r.seq_len), "global_batch_size": int(r.global_batch_size),
-                # MPT: GELU MLP (4h), LayerNorm, tied embeddings, ALiBi (no position table)
-                "model": {"layers": int(r.layers), "hidden": int(r.hidden), "heads": int(r.heads),
-                          "kv_heads": int(r.kv_heads), "ffn": int(r.ffn), "vocab": int(r.vocab),
-                          "tied_embeddings": True, "mlp": "gelu", "norm": "layernorm"},
-                "cluster": {"nodes": max(gpus // 8, 1), "gpus_per_node": min(8, gpus),
-                            "gpu": FOUNDRY_GPU[r.gpu_type]},
-                "space": {"tp": [1]}, "memory": {"recipe": "torchtitan"},
-            })
+            sweep = parse(
+                {
+                    "name": "acc",
+                    "seq_len": int(r.seq_len),
+                    "global_batch_size": int(r.global_batch_size),
+                    # MPT: GELU MLP (4h), LayerNorm, tied embeddings, ALiBi (no position table)
+                    "model": {
+                        "layers": int(r.layers),
+                        "hidden": int(r.hidden),
+                        "heads": int(r.heads),
+                        "kv_heads": int(r.kv_heads),
+                        "ffn": int(r.ffn),
+                        "vocab": int(r.vocab),
+                        "tied_embeddings": True,
+                        "mlp": "gelu",
+                        "norm": "layernorm",
+                    },
+                    "cluster": {
+                        "nodes": max(gpus // 8, 1),
+                        "gpus_per_node": min(8, gpus),
+                        "gpu": FOUNDRY_GPU[r.gpu_type],
+                    },
+                    "space": {"tp": [1]},
+                    "memory": {"recipe": "torchtitan"},
+                }
+            )
         except SpecError as e:
             skipped.append(("llm-foundry", rid, str(e).splitlines()[-1]))
             continue
-        lay = Layout(micro_batch_size=int(r.micro_batch_size), sharding="fsdp", attention="flash2",
-                     activation_checkpointing="full" if str(r.activation_checkpointing).startswith("full") else "none",
-                     float8="fp8" in str(r.precision))
+        lay = Layout(
+            micro_batch_size=int(r.micro_batch_size),
+            sharding="fsdp",
+            attention="flash2",
+            activation_checkpointing="full" if str(r.activation_checkpointing).startswith("full") else "none",
+            float8="fp8" in str(r.precision),
+        )
         cols = columns([lay], sweep)
         step = r.global_batch_size * r.seq_len / (r.tokens_per_s_per_gpu * gpus)
-        yield Group("llm-foundry", rid, sweep, cols, np.asarray([step]),
-                    [f"mbs{r.micro_batch_size} {lay.activation_checkpointing} {r.precision}"], refused(cols, sweep))
+        yield Group(
+            "llm-foundry",
+            rid,
+            sweep,
+            cols,
+            np.asarray([step]),
+            [f"mbs{r.micro_batch_size} {lay.activation_checkpointing} {r.precision}"],
+            refused(cols, sweep),
+        )
 
 
 # ---- small-matched ----------------------------------------------------------------------------
@@ -228,43 +331,82 @@ def small(skipped: list[tuple[str, str, str]]) -> Iterator[Group]:
         elif r.group.startswith("torchtitan"):
             tp, dp = int(r.tp), int(r.dp)
             # seq_len 8192: the llama3 tomls' default at 820504e (not stated by the benchmark page)
-            sweep = parse({
-                "name": "acc", "seq_len": 8192, "global_batch_size": int(r.local_batch_size) * dp,
-                "model": {"layers": int(r.layers), "hidden": int(r.hidden), "heads": int(r.heads),
-                          "kv_heads": int(r.kv_heads), "ffn": int(r.ffn), "vocab": 128256},
-                "cluster": {"nodes": int(r.gpus) // 8, "gpus_per_node": 8, "gpu": "h100-sxm"},
-                "space": {"tp": [1]}, "memory": {"recipe": "torchtitan"},
-            })
-            lay = Layout(tp=tp, micro_batch_size=int(r.local_batch_size), sequence_parallel=True, sharding="fsdp",
-                         activation_checkpointing="full" if r.activation_checkpointing == "full" else "selective",
-                         compile=True, rmsnorm="fused", attention="flash2",
-                         float8=str(r.precision).startswith("float8"))
+            sweep = parse(
+                {
+                    "name": "acc",
+                    "seq_len": 8192,
+                    "global_batch_size": int(r.local_batch_size) * dp,
+                    "model": {
+                        "layers": int(r.layers),
+                        "hidden": int(r.hidden),
+                        "heads": int(r.heads),
+                        "kv_heads": int(r.kv_heads),
+                        "ffn": int(r.ffn),
+                        "vocab": 128256,
+                    },
+                    "cluster": {"nodes": int(r.gpus) // 8, "gpus_per_node": 8, "gpu": "h100-sxm"},
+                    "space": {"tp": [1]},
+                    "memory": {"recipe": "torchtitan"},
+                }
+            )
+            lay = Layout(
+                tp=tp,
+                micro_batch_size=int(r.local_batch_size),
+                sequence_parallel=True,
+                sharding="fsdp",
+                activation_checkpointing="full" if r.activation_checkpointing == "full" else "selective",
+                compile=True,
+                rmsnorm="fused",
+                attention="flash2",
+                float8=str(r.precision).startswith("float8"),
+            )
             cols = columns([lay], sweep)
             step = sweep.global_batch_size * 8192 / (float(r.throughput_value) * int(r.gpus))
-            yield Group("small-matched", rid, sweep, cols, np.asarray([step]), [f"{r.precision}"],
-                        refused(cols, sweep))
+            yield Group("small-matched", rid, sweep, cols, np.asarray([step]), [f"{r.precision}"], refused(cols, sweep))
         else:
             ckpt = {"selective: mlp": "ffn"}.get(str(r.activation_checkpointing), "selective")
             if "mlp + core_attn" in str(r.activation_checkpointing):
                 skipped.append(("small-matched", rid, "recompute of mlp + core_attn has no knob"))
                 continue
             vp = int(r.virtual_stages)
-            lay = Layout(tp=int(r.tp), pp=int(r.pp), micro_batch_size=1, sequence_parallel=True,
-                         attention="cudnn", rmsnorm="fused", sharding="zero1", pp_schedule="interleaved",
-                         virtual_stages=vp, float8=True, activation_checkpointing=ckpt)
+            lay = Layout(
+                tp=int(r.tp),
+                pp=int(r.pp),
+                micro_batch_size=1,
+                sequence_parallel=True,
+                attention="cudnn",
+                rmsnorm="fused",
+                sharding="zero1",
+                pp_schedule="interleaved",
+                virtual_stages=vp,
+                float8=True,
+                activation_checkpointing=ckpt,
+            )
             mb.append((lay, float(str(r.throughput_value).strip("~")), rid))
     if mb:
-        sweep = parse({
-            "name": "acc", "seq_len": 4096, "global_batch_size": 32,
-            "model": {"layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8, "ffn": 28672, "vocab": 128256},
-            "cluster": {"nodes": 4, "gpus_per_node": 8, "gpu": "h100-sxm"},
-            "space": {"tp": [1], "attention": ["cudnn"]}, "memory": {"recipe": "megatron"},
-        })
+        sweep = parse(
+            {
+                "name": "acc",
+                "seq_len": 4096,
+                "global_batch_size": 32,
+                "model": {"layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8, "ffn": 28672, "vocab": 128256},
+                "cluster": {"nodes": 4, "gpus_per_node": 8, "gpu": "h100-sxm"},
+                "space": {"tp": [1], "attention": ["cudnn"]},
+                "memory": {"recipe": "megatron"},
+            }
+        )
         cols = columns([m[0] for m in mb], sweep)
         flops = model_flops_per_token(sweep.model, 4096) * 32 * 4096
         step = np.asarray([flops / (t * 1e12 * 32) for _, t, _ in mb])
-        yield Group("small-matched", "mbridge-llama3-70b-sft-32xH100", sweep, cols, step,
-                    [m[2] for m in mb], refused(cols, sweep))
+        yield Group(
+            "small-matched",
+            "mbridge-llama3-70b-sft-32xH100",
+            sweep,
+            cols,
+            step,
+            [m[2] for m in mb],
+            refused(cols, sweep),
+        )
 
 
 # ---- figures ----------------------------------------------------------------------------------
@@ -280,8 +422,9 @@ def error_line(name: str, err: np.ndarray) -> str:
     if not len(err):
         return f"{name:<30} {0:>5} {'-':>9}"
     a = np.abs(err)
-    return (f"{name:<30} {len(err):>5} {100 * np.median(a):>8.1f}% {100 * pct(a, 90):>8.1f}% "
-            f"{100 * np.median(err):>+8.1f}%")
+    return (
+        f"{name:<30} {len(err):>5} {100 * np.median(a):>8.1f}% {100 * pct(a, 90):>8.1f}% {100 * np.median(err):>+8.1f}%"
+    )
 
 
 def main() -> int:
@@ -291,6 +434,7 @@ def main() -> int:
     for make in (ultrascale, nvidia, foundry, small):
         for g in make(skipped):
             g.pred = predict(g.cols, g.sweep)
+            g.pred_trainer = predict(g.cols, g.sweep, traits=NANOTRON) if g.source == "ultrascale" else g.pred
             groups.append(g)
 
     # calibration scales fitted on the FIT part of every source together
@@ -300,7 +444,9 @@ def main() -> int:
     meas = np.concatenate([g.measured_s for g in fit])
     fitted = calibrate(StepTime(comp, comm, Calibration(), np.zeros_like(comp)), list(range(len(meas))), list(meas))
 
-    print(f"{'source / part':<30} {'rows':>5} {'med|err|':>9} {'p90|err|':>9} {'signed':>9}   (step time, uncalibrated)")
+    print(
+        f"{'source / part':<30} {'rows':>5} {'med|err|':>9} {'p90|err|':>9} {'signed':>9}   (step time, uncalibrated)"
+    )
     lines: dict[str, tuple[float, float]] = {}
     for source in SOURCES:
         for part, sel in (("all", None), ("fit", False), ("held-out", True)):
@@ -310,33 +456,48 @@ def main() -> int:
             if part == "all" and len(err):
                 lines[source] = (100 * float(np.median(np.abs(err))), 100 * pct(np.abs(err), 90))
             if part == "held-out" and len(err):
-                t = np.concatenate([g.pred.compute * fitted.compute_scale + g.pred.comm * fitted.comm_scale
-                                    for g in gs if g.pred])
+                t = np.concatenate(
+                    [g.pred.compute * fitted.compute_scale + g.pred.comm * fitted.comm_scale for g in gs if g.pred]
+                )
                 cal = t / np.concatenate([g.measured_s for g in gs]) - 1
                 print(error_line(f"{source} held-out, calibrated", cal))
     print(f"calibration fitted on the fit part: compute x{fitted.compute_scale:.2f}, comm x{fitted.comm_scale:.2f}")
 
-    print(f"\n{'sweep':<34} {'part':<9} {'rows':>5} {'spearman':>9} {'pred-best/best':>15} {'rank of best':>13}")
+    nano = [g for g in groups if g.source == "ultrascale" and g.pred_trainer is not None]
+    for part, sel in (("fit", False), ("held-out", True)):
+        err = np.concatenate([g.pred_trainer.total / g.measured_s - 1 for g in nano if g.held_out == sel])
+        print(error_line(f"ultrascale {part}, nanotron traits", err))
+
+    print(
+        f"\n{'sweep':<34} {'part':<9} {'rows':>5} {'spearman':>9} {'pred-best/best':>15} {'rank of best':>13}"
+        "   | with the trainer's traits"
+    )
     cells: list[dict[str, Any]] = []
     for g in groups:
-        if len(g.measured_s) < 3 or g.pred is None:
+        if len(g.measured_s) < 3 or g.pred is None or g.pred_trainer is None:
             continue
         tps = 1 / g.measured_s
-        pred_tps = 1 / g.pred.total
-        order = np.argsort(-pred_tps, kind="stable")
-        rank = int(np.flatnonzero(order == int(np.argmax(tps)))[0]) + 1
-        c = {"source": g.source, "sweep": g.sweep_id, "held_out": g.held_out, "rho": spearman(pred_tps, tps),
-             "best": float(tps[order[0]] / tps.max()), "rank": rank, "rows": len(tps)}
+        c = {"source": g.source, "sweep": g.sweep_id, "held_out": g.held_out, "rows": len(tps)}
+        for tag, pred in (("", g.pred), ("t_", g.pred_trainer)):
+            pred_tps = 1 / pred.total
+            order = np.argsort(-pred_tps, kind="stable")
+            c[tag + "rank"] = int(np.flatnonzero(order == int(np.argmax(tps)))[0]) + 1
+            c[tag + "rho"] = spearman(pred_tps, tps)
+            c[tag + "best"] = float(tps[order[0]] / tps.max())
         cells.append(c)
         part = "held-out" if g.held_out else "fit"
-        print(f"{g.source + ' ' + g.sweep_id:<34} {part:<9} {c['rows']:>5} {c['rho']:>9.2f} {c['best']:>15.3f} "
-              f"{rank:>13}")
+        print(
+            f"{g.source + ' ' + g.sweep_id:<34} {part:<9} {c['rows']:>5} {c['rho']:>9.2f} {c['best']:>15.3f} "
+            f"{c['rank']:>13}   | {c['t_rho']:>5.2f} {c['t_best']:>6.3f} {c['t_rank']:>4}"
+        )
     if show_rows:
         for g in groups:
             for i, lab in enumerate(g.labels):
                 assert g.pred is not None
-                print(f"{g.source:<14} {g.sweep_id:<40} {lab:<34} measured {g.measured_s[i]:8.3f} s "
-                      f"model {g.pred.total[i]:8.3f} s ({100 * (g.pred.total[i] / g.measured_s[i] - 1):+.0f}%)")
+                print(
+                    f"{g.source:<14} {g.sweep_id:<40} {lab:<34} measured {g.measured_s[i]:8.3f} s "
+                    f"model {g.pred.total[i]:8.3f} s ({100 * (g.pred.total[i] / g.measured_s[i] - 1):+.0f}%)"
+                )
 
     print(f"\nnot expressed: {len(skipped)} rows")
     reasons = pd.Series([f"{s}: {why}" for s, _, why in skipped]).value_counts()
@@ -351,13 +512,19 @@ def main() -> int:
     print("")
     for part, sel in (("fit", False), ("held-out", True)):
         p = us[us.held_out == sel]
-        print(f"ultrascale {part} cells ({len(p)}): spearman median {p.rho.median():.2f}, worst {p.rho.min():.2f}; "
-              f"predicted best {p.best.median():.3f} of the best (worst {p.best.min():.3f})")
+        for tag, name in (("", "default traits"), ("t_", "nanotron traits")):
+            print(
+                f"ultrascale {part} cells ({len(p)}), {name}: spearman median {p[tag + 'rho'].median():.2f}, "
+                f"worst {p[tag + 'rho'].min():.2f}; predicted best {p[tag + 'best'].median():.3f} of the best "
+                f"(worst {p[tag + 'best'].min():.3f})"
+            )
     errs = ", ".join(f"{s} {m:.1f}% (p90 {q:.1f}%)" for s, (m, q) in lines.items())
     print(f"median |step-time error| uncalibrated (goal <= 15% each): {errs}")
-    print(f"ultrascale all {len(us)} cells: spearman median {us.rho.median():.2f} (goal >= 0.8), worst {us.rho.min():.2f} "
-          f"(goal >= 0.6); predicted best reaches {us.best.median():.3f} of the best, worst {us.best.min():.3f} "
-          f"(goal >= 0.9 everywhere); best ranked first in {int((us['rank'] == 1).sum())}/{len(us)}")
+    print(
+        f"ultrascale all {len(us)} cells: spearman median {us.rho.median():.2f} (goal >= 0.8), worst {us.rho.min():.2f} "
+        f"(goal >= 0.6); predicted best reaches {us.best.median():.3f} of the best, worst {us.best.min():.3f} "
+        f"(goal >= 0.9 everywhere); best ranked first in {int((us['rank'] == 1).sum())}/{len(us)}"
+    )
     return 0
 
 
