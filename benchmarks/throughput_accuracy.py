@@ -17,7 +17,7 @@ token over the measured TFLOP/s). Predicted: `perfmodel.predict(...).total`, unc
 Hold-out: every row belongs to the FIT part or the HELD-OUT part by a CRC32 of its sweep's id
 (ultrascale: the whole (model, nodes) cell; other sources: the row), fixed for ever. The model's
 hand-set constants were chosen looking at the FIT part only; the calibration scales fitted here
-use FIT rows only; the HELD-OUT figures are printed apart, per source.
+use each source's FIT rows only; the HELD-OUT figures are printed apart, per source.
 
 Usage: python benchmarks/throughput_accuracy.py [--rows]   (--rows: one line per row)
 """
@@ -42,13 +42,12 @@ from sweeper.layout import RULES, Layout, with_derived
 from sweeper.perfmodel import Calibration, StepTime, TimeTraits, calibrate, predict
 from sweeper.spec import Sweep, parse_sweep
 
-# nanotron's time traits, as the ultrascale sweep measures them (chosen on its FIT cells only):
-# ZeRO-0 with pp > 1 reduces gradients every micro-batch; its TP collectives under the pipeline
-# engine cost milliseconds; each micro-batch pays a blocking exchange that grows with the nodes
-# (1.2-1.5 s per micro-batch at 64 nodes, at every pp). For a nanotron trainer object to carry.
-NANOTRON = TimeTraits(
-    dp_overlap=0.0, tp_collective_pp_s=1.5e-3, grad_sync_per_microbatch_pp=True, microbatch_s_per_node=0.015
-)
+# nanotron's time traits, as the ultrascale sweep measures them (chosen on its FIT cells only, by a
+# grid over the three values): ZeRO-0 with pp > 1 reduces gradients every micro-batch (up to 40x
+# slower than ZeRO-1); its TP collectives under the pipeline engine cost ~0.3 ms each; at pp > 1
+# each micro-batch pays a cost growing with the square of the nodes (~1.3 s at 64 nodes, at any
+# model size). For a nanotron trainer object to carry (sweeper.perfmodel.TimeTraits).
+NANOTRON = TimeTraits(tp_collective_pp_s=3e-4, grad_sync_per_microbatch_pp=True, pp_microbatch_s_per_node_sq=1e-4)
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")
 SOURCES = ("ultrascale", "nvidia-perf", "llm-foundry", "small-matched")
 
@@ -119,8 +118,8 @@ def ultrascale(skipped: list[tuple[str, str, str]]) -> Iterator[Group]:
     for (model, nodes), g in d.groupby(["model", "nodes"]):
         cell = f"{model.split('-')[-1]}/{nodes}n"
         bad = (g.tp > 8) | (g.pp > g.layers)
-        for _, r in g[bad].iterrows():
-            skipped.append(("ultrascale", cell, "tp above a node (8) or more stages than layers (as the check)"))
+        why = "tp above a node (8) or more stages than layers (as the check)"
+        skipped.extend([("ultrascale", cell, why)] * int(bad.sum()))
         g = g[~bad]
         if g.empty:
             continue
@@ -437,12 +436,16 @@ def main() -> int:
             g.pred_trainer = predict(g.cols, g.sweep, traits=NANOTRON) if g.source == "ultrascale" else g.pred
             groups.append(g)
 
-    # calibration scales fitted on the FIT part of every source together
-    fit = [g for g in groups if not g.held_out]
-    comp = np.concatenate([g.pred.compute for g in fit if g.pred])
-    comm = np.concatenate([g.pred.comm for g in fit if g.pred])
-    meas = np.concatenate([g.measured_s for g in fit])
-    fitted = calibrate(StepTime(comp, comm, Calibration(), np.zeros_like(comp)), list(range(len(meas))), list(meas))
+    # calibration scales fitted per source on its FIT part (what the search does within one sweep)
+    fitted: dict[str, Calibration] = {}
+    for source in SOURCES:
+        fit = [g for g in groups if g.source == source and not g.held_out and g.pred is not None]
+        if fit:
+            comp = np.concatenate([g.pred.compute for g in fit if g.pred])
+            comm = np.concatenate([g.pred.comm for g in fit if g.pred])
+            meas = np.concatenate([g.measured_s for g in fit])
+            blank = StepTime(comp, comm, Calibration(), np.zeros_like(comp))
+            fitted[source] = calibrate(blank, list(range(len(meas))), list(meas))
 
     print(
         f"{'source / part':<30} {'rows':>5} {'med|err|':>9} {'p90|err|':>9} {'signed':>9}   (step time, uncalibrated)"
@@ -457,11 +460,18 @@ def main() -> int:
                 lines[source] = (100 * float(np.median(np.abs(err))), 100 * pct(np.abs(err), 90))
             if part == "held-out" and len(err):
                 t = np.concatenate(
-                    [g.pred.compute * fitted.compute_scale + g.pred.comm * fitted.comm_scale for g in gs if g.pred]
+                    [
+                        g.pred.compute * fitted[source].compute_scale + g.pred.comm * fitted[source].comm_scale
+                        for g in gs
+                        if g.pred
+                    ]
                 )
                 cal = t / np.concatenate([g.measured_s for g in gs]) - 1
                 print(error_line(f"{source} held-out, calibrated", cal))
-    print(f"calibration fitted on the fit part: compute x{fitted.compute_scale:.2f}, comm x{fitted.comm_scale:.2f}")
+    print(
+        "calibration fitted on each source's fit part: "
+        + ", ".join(f"{s} compute x{k.compute_scale:.2f} comm x{k.comm_scale:.2f}" for s, k in fitted.items())
+    )
 
     nano = [g for g in groups if g.source == "ultrascale" and g.pred_trainer is not None]
     for part, sel in (("fit", False), ("held-out", True)):

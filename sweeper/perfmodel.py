@@ -56,7 +56,7 @@ class TimeTraits:
     grad_sync_per_microbatch_pp: bool = False  # unsharded DP at pp > 1 reduces gradients every micro-batch
     p2p_latency_s: float = 25e-6  # per pipeline send/receive, on top of its bytes
     microbatch_s: float = 1e-3  # per micro-batch: data, loss, the schedule's Python (Megatron-LM ~1 ms)
-    microbatch_s_per_node: float = 0.0  # a blocking exchange per micro-batch whose cost grows with the nodes
+    pp_microbatch_s_per_node_sq: float = 0.0  # at pp > 1, per micro-batch x nodes^2 (an engine's exchange)
 
 
 MEGATRON_LIKE = TimeTraits()
@@ -180,7 +180,7 @@ def predict(
     memory_bound = memory_bound * np.where(cols["compile"].astype(bool), COMPILE_ELEMENTWISE, 1.0)
 
     per_mb_layers = busiest * accum  # block passes the busiest GPU runs per step
-    per_mb = traits.microbatch_s + traits.microbatch_s_per_node * cl.nodes
+    per_mb = traits.microbatch_s + np.where(pp > 1, traits.pp_microbatch_s_per_node_sq * cl.nodes**2, 0.0)
     framework = LAYER_OVERHEAD_S * per_mb_layers + per_mb * accum
     re_framework = np.where(full, 0.5 * LAYER_OVERHEAD_S * per_mb_layers, 0.0)
     recompute = recompute_matmul + re_attention + re_framework
