@@ -1,12 +1,15 @@
 """Analytic step time and MFU of a layout on the sweep's cluster, vectorised over layouts.
 
-Not a simulator: a ranking model. It splits a step into compute (matmuls at an achievable
-share of peak that shrinks with the GEMM size, attention with or without s x s traffic,
-memory-bound elementwise work that fused norms and compile cut down, recomputation), the
-pipeline bubble `(pp-1)/(m+pp-1)` (interleaved: divided by the virtual stages), and
-communication (tensor-parallel all-reduces on the node's links, pipeline sends, the
-data-parallel gradient reduction minus what overlaps backward). Two scale factors, one for
-compute and one for communication, are fitted to measured step times as trials finish.
+Not a simulator: a ranking model, written once. `predict` returns the step's parts by name
+(PARTS): matmuls at the GPU's large-GEMM share of peak that shrinks with the GEMM size,
+attention (flash-like at a measured share, or with s x s traffic), memory-bound elementwise
+work, fixed costs per block and per micro-batch, recomputation, the pipeline bubble
+`(pp-1)/(v*m)` of the work, the optimizer step, and exposed communication: tensor-parallel
+collectives, pipeline sends and the data-parallel reduction at NCCL bus bandwidths
+(sweeper.comm) less what hides behind backward. `breakdown` and the report read those parts;
+how a trainer departs from Megatron-LM's behaviour is a `TimeTraits` value passed in. Two scale
+factors, compute and communication, are fitted to measured step times as trials finish.
+Measured against public step times by benchmarks/throughput_accuracy.py.
 """
 
 from __future__ import annotations
