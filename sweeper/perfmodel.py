@@ -25,6 +25,7 @@ from sweeper.layout import Columns
 from sweeper.memory import (
     SCORE_KERNELS,
     compute_bytes,
+    estimate,
     pipeline_shapes,
     stage_layers,
     stage_params,
@@ -60,6 +61,9 @@ class TimeTraits:
     p2p_latency_s: float = 25e-6  # per pipeline send/receive, on top of its bytes
     microbatch_s: float = 1e-3  # per micro-batch: data, loss, the schedule's Python (Megatron-LM ~1 ms)
     pp_microbatch_s_per_node_sq: float = 0.0  # at pp > 1, per micro-batch x nodes^2 (an engine's exchange)
+    # near the card the caching allocator frees and retries (torch.cuda.memory_stats'
+    # num_alloc_retries): the work slows by up to this share between 90 % and 100 % of the card
+    memory_pressure: float = 0.0
 
 
 MEGATRON_LIKE = TimeTraits()
@@ -187,6 +191,10 @@ def predict(
     framework = LAYER_OVERHEAD_S * per_mb_layers + per_mb * accum
     re_framework = np.where(full, 0.5 * LAYER_OVERHEAD_S * per_mb_layers, 0.0)
     recompute = recompute_matmul + re_attention + re_framework
+    if traits.memory_pressure > 0:  # counted as framework time: the allocator's, not the model's
+        share = estimate(cols, sweep).total / (gpu.memory_gib * 2**30)
+        slow = traits.memory_pressure * np.clip((share - 0.9) / 0.1, 0.0, 1.0)
+        framework = framework + slow * (matmul + attention + memory_bound + framework + recompute)
     work = matmul + attention + memory_bound + framework + recompute
 
     # --- pipeline bubble: (pp-1)/(v*m) of the work (Megatron-LM, Narayanan et al. 2021, sec. 2.2);
