@@ -168,6 +168,22 @@ def _microbatch_rounds_ok(cols: Columns) -> np.ndarray:
     return m % rounds == 0
 
 
+# Trainers whose non-interleaved 1F1B runs fewer micro-batches than stages (warm-up of
+# min(pp - rank - 1, m) forwards, the bubble paid): Megatron-LM's forward_backward_pipelining_
+# without_interleaving (megatron/core/pipeline_parallel/schedules.py) and nanotron's 1f1b engine.
+# torch.distributed.pipelining's Schedule1F1B (the built-in trainer, torchtitan) raises "Number of
+# microbatches must be greater than or equal to the number of stages"; interleaved schedules
+# (Megatron-LM's and torch's) need at least pp everywhere; GPipe runs any number.
+RUNS_SHORT_1F1B: frozenset[str] = frozenset({"megatron"})
+
+
+def _short_1f1b_refused(c: Columns, s: Sweep) -> np.ndarray:
+    short = (c["pp"] > 1) & (c["grad_accum"] < c["pp"])
+    interleaved = c["pp_schedule"] == "interleaved"
+    plain = (c["pp_schedule"] == "1f1b") & (s.workload.kind not in RUNS_SHORT_1F1B)
+    return short & (interleaved | plain)
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         PlanReason.WORLD_NOT_DIVISIBLE,
@@ -224,11 +240,11 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         PlanReason.TOO_FEW_MICROBATCHES,
-        "1F1B needs at least pp micro-batches",
-        lambda c, s: (c["pp"] > 1) & (c["pp_schedule"] != "gpipe") & (c["grad_accum"] < c["pp"]),
+        "1F1B with fewer micro-batches than stages, where the trainer refuses it",
+        lambda c, s: _short_1f1b_refused(c, s),
         lambda c, s, i: (
-            f"grad_accum = {_i(c, 'grad_accum', i)} micro-batches is fewer than pp = {_i(c, 'pp', i)} stages "
-            f"({_i(c, 'pp_schedule', i)} needs at least one per stage)"
+            f"grad_accum = {_i(c, 'grad_accum', i)} micro-batches is fewer than pp = {_i(c, 'pp', i)} stages: "
+            f"the {s.workload.kind} trainer's {_i(c, 'pp_schedule', i)} schedule needs at least one per stage"
         ),
     ),
     Rule(

@@ -1,26 +1,31 @@
 """Analytic step time and MFU of a layout on the sweep's cluster, vectorised over layouts.
 
-Not a simulator: a ranking model. It splits a step into compute (matmuls at an achievable
-share of peak that shrinks with the GEMM size, attention with or without s x s traffic,
-memory-bound elementwise work that fused norms and compile cut down, recomputation), the
-pipeline bubble `(pp-1)/(m+pp-1)` (interleaved: divided by the virtual stages), and
-communication (tensor-parallel all-reduces on the node's links, pipeline sends, the
-data-parallel gradient reduction minus what overlaps backward). Two scale factors, one for
-compute and one for communication, are fitted to measured step times as trials finish.
+Not a simulator: a ranking model, written once. `predict` returns the step's parts by name
+(PARTS): matmuls at the GPU's large-GEMM share of peak that shrinks with the GEMM size,
+attention (flash-like at a measured share, or with s x s traffic), memory-bound elementwise
+work, fixed costs per block and per micro-batch, recomputation, the pipeline bubble
+`(pp-1)/(v*m)` of the work, the optimizer step, and exposed communication: tensor-parallel
+collectives, pipeline sends and the data-parallel reduction at NCCL bus bandwidths
+(sweeper.comm) less what hides behind backward. `breakdown` and the report read those parts;
+how a trainer departs from Megatron-LM's behaviour is a `TimeTraits` value passed in. Two scale
+factors, compute and communication, are fitted to measured step times as trials finish.
+Measured against public step times by benchmarks/throughput_accuracy.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from sweeper.flops import model_flops_per_token
+from sweeper.comm import allreduce_s, bus_gbps, gather_s
+from sweeper.flops import model_flops_per_token, recompute_flops_per_token
 from sweeper.layout import Columns
 from sweeper.memory import (
     SCORE_KERNELS,
     compute_bytes,
+    estimate,
     pipeline_shapes,
     stage_layers,
     stage_params,
@@ -28,17 +33,40 @@ from sweeper.memory import (
 from sweeper.spec import Sweep
 
 GIGA = 1e9
-MATMUL_EFFICIENCY = 0.80  # large bf16 GEMMs on datacenter GPUs reach ~75-85 % of peak
-GEMM_HALF_SIZE = 0.5  # M*N (in 2^20 elements) at which a GEMM reaches half its efficiency
-# flash-style attention kernels, share of peak (FlashAttention-2 reports ~2x FlashAttention-1)
-FLASH_EFFICIENCY = {"flash1": 0.40, "flash2": 0.65, "sdpa_efficient": 0.45, "cudnn": 0.68}
+GEMM_HALF_SIZE = 0.5  # M*N (in 2^20 elements) at which a GEMM reaches half its large-size efficiency
+# attention kernels against FlashAttention-2's share of the GPU (FlashAttention-2 reports ~2x
+# FlashAttention-1 and ~1.3-1.5x xformers' memory-efficient kernel, arXiv:2307.08691 fig. 4)
+FLASH2_RELATIVE = {"flash1": 0.5, "flash2": 1.0, "sdpa_efficient": 0.7}
 SCORE_BYTES = {"eager": 30.0, "sdpa_math": 30.0, "fused_softmax": 12.0}  # HBM bytes per score, fwd + bwd
 NORM_PASSES = {"eager": 16.0, "fused": 6.0}  # HBM passes over h per norm, fwd + bwd
 COMPILE_ELEMENTWISE = 0.5  # share of elementwise traffic left after torch.compile's fusion
-FLOAT8_SPEEDUP = 1.6  # float8 matmuls net of the casts
+FLOAT8_SPEEDUP = 1.6  # float8 matmuls net of the casts (torchao's float8 README: 1.2-1.6x end to end)
 LAYER_OVERHEAD_S = 30e-6  # launch and framework cost per block per micro-batch (fwd + bwd)
-DDP_OVERLAP = 0.7  # share of the gradient reduction hidden behind the last backward
+OPTIMIZER_BYTES = 28.0  # fused AdamW per parameter: read fp32 param, grad, m, v; write param, m, v (+bf16 copy)
 FSDP_OVERLAP = 0.85  # share of FSDP's gathers and reductions hidden by prefetching
+
+
+@dataclass(frozen=True)
+class TimeTraits:
+    """How a trainer spends time beyond the layout's physics; the defaults are Megatron-LM's.
+
+    A trainer object carries its own (sweeper.trainers); `predict` takes them as an argument,
+    so no trainer is named here. Each field is a measured behaviour of some trainer.
+    """
+
+    dp_overlap: float = 0.7  # share of the gradient reduction hidden behind the last backward
+    tp_collective_s: float = 15e-6  # fixed cost per tensor-parallel collective (NCCL in a node)
+    tp_collective_pp_s: float | None = None  # the same when pp > 1, where a trainer's engine serialises it
+    grad_sync_per_microbatch_pp: bool = False  # unsharded DP at pp > 1 reduces gradients every micro-batch
+    p2p_latency_s: float = 25e-6  # per pipeline send/receive, on top of its bytes
+    microbatch_s: float = 1e-3  # per micro-batch: data, loss, the schedule's Python (Megatron-LM ~1 ms)
+    pp_microbatch_s_per_node_sq: float = 0.0  # at pp > 1, per micro-batch x nodes^2 (an engine's exchange)
+    # near the card the caching allocator frees and retries (torch.cuda.memory_stats'
+    # num_alloc_retries): the work slows by up to this share between 90 % and 100 % of the card
+    memory_pressure: float = 0.0
+
+
+MEGATRON_LIKE = TimeTraits()
 
 
 @dataclass(frozen=True)
@@ -50,108 +78,201 @@ class Calibration:
     trials: int = 0
 
 
+# The parts of a step, in seconds (uncalibrated). COMPUTE_PARTS scale with compute_scale,
+# COMM_PARTS with comm_scale; HIDDEN_PARTS are overlapped (not on the step's path, not in total).
+COMPUTE_PARTS = ("matmul", "attention", "memory_bound", "framework", "recompute", "bubble", "optimizer")
+COMM_PARTS = ("tp_comm", "pp_comm", "dp_comm")
+HIDDEN_PARTS = ("dp_hidden",)
+PARTS = COMPUTE_PARTS + COMM_PARTS + HIDDEN_PARTS
+PART_LABELS = {
+    "matmul": "matmul compute",
+    "attention": "attention",
+    "memory_bound": "memory-bound (norms, elementwise)",
+    "framework": "launch / framework",
+    "recompute": "recomputation",
+    "bubble": "pipeline bubble",
+    "optimizer": "optimizer step",
+    "tp_comm": "tensor-parallel comm",
+    "pp_comm": "pipeline comm",
+    "dp_comm": "data-parallel comm (exposed)",
+    "dp_hidden": "data-parallel comm (hidden)",
+}
+
+
 @dataclass(frozen=True)
 class StepTime:
-    """Seconds per optimizer step by part (arrays over layouts) and the predicted MFU."""
+    """Seconds per optimizer step by part (arrays over layouts) and the predicted MFU.
 
-    compute: np.ndarray  # matmuls, attention, elementwise, recomputation, with the bubble
-    comm: np.ndarray  # exposed tensor-, pipeline- and data-parallel communication
+    `parts` holds every part of PARTS, uncalibrated; `compute` and `comm` are their sums
+    over COMPUTE_PARTS and COMM_PARTS, and `total` applies the calibration.
+    """
+
+    compute: np.ndarray
+    comm: np.ndarray
     calibration: Calibration
     mfu: np.ndarray
+    parts: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def total(self) -> np.ndarray:
         return self.calibration.compute_scale * self.compute + self.calibration.comm_scale * self.comm
 
+    def calibrated_parts(self) -> dict[str, np.ndarray]:
+        """Every part with its scale applied: the exposed ones add up to `total`."""
+        c = self.calibration
+        return {k: v * (c.compute_scale if k in COMPUTE_PARTS else c.comm_scale) for k, v in self.parts.items()}
 
-def _allreduce_s(nbytes: np.ndarray, ranks: np.ndarray, gbps: np.ndarray | float) -> np.ndarray:
-    """Ring all-reduce: each rank sends and receives 2*(n-1)/n of the buffer."""
-    return np.where(ranks > 1, 2 * (ranks - 1) / np.maximum(ranks, 1) * nbytes / (gbps * GIGA), 0.0)
+
+def gemm_efficiency(cols: Columns, sweep: Sweep) -> np.ndarray:
+    """Share of peak a block's matmuls reach: the GPU's large-GEMM share, lower for small GEMMs.
+
+    The size is tokens x width per rank (micro-batch x sequence x hidden / tp), which Anthony et
+    al. 2024 (arXiv:2401.14489, sec. 4) show sets the efficiency well below a few million elements.
+    """
+    gpu = sweep.cluster.gpu
+    gemm = cols["micro_batch_size"] * sweep.seq_len * (sweep.model.hidden / cols["tp"]) / 2**20
+    eff = gpu.gemm_share * gemm / (gemm + GEMM_HALF_SIZE)
+    eff = eff * np.where(cols["compile"].astype(bool), 1.03, 1.0)
+    return eff * np.where(cols["float8"].astype(bool) & gpu.supports_fp8, FLOAT8_SPEEDUP, 1.0)
 
 
-def predict(cols: Columns, sweep: Sweep, calibration: Calibration = Calibration()) -> StepTime:
-    """Step time and MFU for every layout in `cols` (derived columns included)."""
+def predict(
+    cols: Columns, sweep: Sweep, calibration: Calibration = Calibration(), traits: TimeTraits = MEGATRON_LIKE
+) -> StepTime:
+    """Step time by part and MFU for every layout in `cols` (derived columns included)."""
     m, gpu, cl = sweep.model, sweep.cluster.gpu, sweep.cluster
-    s, L, h, f, a = sweep.seq_len, m.layers, m.hidden, m.ffn, m.heads
+    s, L, h, a = sweep.seq_len, m.layers, m.hidden, m.heads
     e = compute_bytes(sweep)
     tp, pp, dp = (cols[k].astype(float) for k in ("tp", "pp", "dp"))
     mbs, accum = cols["micro_batch_size"].astype(float), np.maximum(cols["grad_accum"], 1).astype(float)
-    world = cl.world
     peak = gpu.peak_flops(sweep.trial.precision)
-    tokens_gpu = sweep.global_batch_size * s / world  # tokens per step, per GPU share of the model
+    tokens_gpu = sweep.global_batch_size * s / cl.world  # tokens per step, per GPU share of the model
     mode = cols["activation_checkpointing"]
+    full = mode == "full"
 
     # uneven stages: the pipeline runs at the pace of its most loaded rank
     busiest = busiest_stage_layers(cols, L)
     imbalance = busiest * pp / L
 
-    # --- compute: weight matmuls (fwd 2N, bwd 4N, + recomputed forwards) -----------------
-    w_flops = 6.0 * m.num_params + np.select(
-        [mode == "full", mode == "ffn"], [2.0 * L * m.layer_params, 2.0 * L * m.mlp_params], 0.0
-    )
-    gemm = (mbs * s) * (h / tp) / 2**20
-    eff = MATMUL_EFFICIENCY * gemm / (gemm + GEMM_HALF_SIZE)
-    eff = eff * np.where(cols["compile"].astype(bool), 1.03, 1.0)
-    eff = eff * np.where(cols["float8"].astype(bool) & gpu.supports_fp8, FLOAT8_SPEEDUP, 1.0)
-    matmul = w_flops * tokens_gpu / (peak * eff)
+    # --- matmuls with the weights: fwd 2N, bwd 4N (flops.py); recomputed forwards apart ---
+    eff = gemm_efficiency(cols, sweep)
+    per_flop = tokens_gpu * imbalance / (peak * eff)
+    q = m.q_dim
+    matmul = (model_flops_per_token(m, s) - 12.0 * L * q * s) * per_flop
+    re_flops = np.select([full, mode == "ffn"], [recompute_flops_per_token(m, s, "full"), 2.0 * L * m.mlp_params], 0.0)
 
-    # --- attention: flash-like at a share of peak; score kernels add s x s HBM traffic ----
-    q = m.q_dim  # heads x head_dim: the width the scores and values are computed over
-    a_flops = 12.0 * L * q * s + np.where(mode == "full", 4.0 * L * q * s, 0.0)
-    scores = np.isin(cols["attention"], SCORE_KERNELS)
-    flash_eff = np.select([cols["attention"] == k for k in FLASH_EFFICIENCY], list(FLASH_EFFICIENCY.values()), 0.5)
-    attn_eff = np.where(scores, eff, flash_eff)
-    score_bytes = np.select(
-        [cols["attention"] == k for k in SCORE_KERNELS], [SCORE_BYTES[k] for k in SCORE_KERNELS], 0.0
+    # --- attention: flash-like at a share of peak; score kernels add s x s HBM traffic -------
+    kernel = cols["attention"]
+    scores = np.isin(kernel, SCORE_KERNELS)
+    share = np.select(
+        [kernel == "cudnn", *(kernel == k for k in FLASH2_RELATIVE)],
+        [gpu.fused_attention_share, *(gpu.flash2_share * v for v in FLASH2_RELATIVE.values())],
+        gpu.flash2_share,
     )
-    attention = a_flops * tokens_gpu / (peak * attn_eff) + L * a * s * score_bytes * tokens_gpu / (gpu.hbm_gbps * GIGA)
+    attn_eff = np.where(scores, eff, share)
+    attn_per_flop = tokens_gpu * imbalance / (peak * attn_eff)
+    score_bytes = np.select([kernel == k for k in SCORE_KERNELS], [SCORE_BYTES[k] for k in SCORE_KERNELS], 0.0)
+    attention = 12.0 * L * q * s * attn_per_flop + L * a * s * score_bytes * tokens_gpu * imbalance / (
+        gpu.hbm_gbps * GIGA
+    )
+    re_attention = np.where(full, 4.0 * L * q * s, 0.0) * attn_per_flop
+    recompute_matmul = (re_flops - np.where(full, 4.0 * L * q * s, 0.0)) * per_flop
 
-    # --- elementwise: norms (replicated over tp without sequence parallel), RoPE, SwiGLU --
+    # --- elementwise: norms (replicated over tp without sequence parallel), RoPE, SwiGLU ----
     sp = cols["effective_sp"]
     norm_passes = np.where(cols["rmsnorm"] == "fused", NORM_PASSES["fused"], NORM_PASSES["eager"])
     norm_bytes = 2 * norm_passes * h * e * np.where(sp, 1.0, tp)  # per token per layer, this GPU's share x tp
-    other_bytes = (12 * (h + 2 * m.kv_dim) + 18 * f + 12 * h) * e
-    elementwise = L * (norm_bytes + other_bytes) * tokens_gpu / (gpu.hbm_gbps * GIGA)
-    elementwise = elementwise * np.where(cols["compile"].astype(bool), COMPILE_ELEMENTWISE, 1.0)
+    other_bytes = (12 * (h + 2 * m.kv_dim) + 18 * m.ffn + 12 * h) * e
+    memory_bound = L * (norm_bytes + other_bytes) * tokens_gpu * imbalance / (gpu.hbm_gbps * GIGA)
+    memory_bound = memory_bound * np.where(cols["compile"].astype(bool), COMPILE_ELEMENTWISE, 1.0)
 
     per_mb_layers = busiest * accum  # block passes the busiest GPU runs per step
-    framework = LAYER_OVERHEAD_S * per_mb_layers * np.where(mode == "full", 1.5, 1.0)
-    work = (matmul + attention + elementwise) * imbalance + framework
+    per_mb = traits.microbatch_s + np.where(pp > 1, traits.pp_microbatch_s_per_node_sq * cl.nodes**2, 0.0)
+    framework = LAYER_OVERHEAD_S * per_mb_layers + per_mb * accum
+    re_framework = np.where(full, 0.5 * LAYER_OVERHEAD_S * per_mb_layers, 0.0)
+    recompute = recompute_matmul + re_attention + re_framework
+    if traits.memory_pressure > 0:  # counted as framework time: the allocator's, not the model's
+        share = estimate(cols, sweep).total / (gpu.memory_gib * 2**30)
+        slow = traits.memory_pressure * np.clip((share - 0.9) / 0.1, 0.0, 1.0)
+        framework = framework + slow * (matmul + attention + memory_bound + framework + recompute)
+    work = matmul + attention + memory_bound + framework + recompute
 
-    # --- pipeline bubble ------------------------------------------------------------------
+    # --- pipeline bubble: (pp-1)/(v*m) of the work (Megatron-LM, Narayanan et al. 2021, sec. 2.2);
+    # with fewer micro-batches than stages the same formula prices the longer fill and drain
     chunks = cols["chunks"].astype(float)
-    bubble = np.where(pp > 1, (pp - 1) / chunks / accum, 0.0)
-    compute = work * (1 + bubble)
+    bubble_share = np.where(pp > 1, (pp - 1) / chunks / accum, 0.0)
+    bubble = work * bubble_share
 
-    # --- tensor parallel: 4 all-reduces per block per micro-batch (6 with full recompute) --
+    # --- tensor parallel: with SP 2 all-gathers + 2 reduce-scatters per block forward and as
+    # many backward (the volume of 4 all-reduces); without SP 4 all-reduces (6 with full recompute)
+    intra = np.full(len(tp), gpu.intra_gbps)
     act_bytes = mbs * s * h * e
-    tp_per_block = _allreduce_s(act_bytes, tp, gpu.intra_gbps) * np.where(mode == "full", 6, 4)
-    tp_comm = tp_per_block * per_mb_layers * (1 + bubble)
+    n_coll = np.where(sp, 8.0, 4.0) * np.where(full, 1.5, 1.0)
+    latency = (
+        traits.tp_collective_s
+        if traits.tp_collective_pp_s is None
+        else np.where(pp > 1, traits.tp_collective_pp_s, traits.tp_collective_s)
+    )
+    tp_per_block = np.where(
+        tp > 1,
+        4.0 * np.where(full, 1.5, 1.0) * 2 * (tp - 1) / tp * act_bytes / (intra * GIGA) + n_coll * latency,
+        0.0,
+    )
+    tp_comm = tp_per_block * per_mb_layers * (1 + bubble_share)
 
-    # --- pipeline sends: activations forward, gradients back, per micro-batch per boundary --
+    # --- pipeline sends: activations forward, gradients back, per micro-batch per boundary ---
     ranks_per_stage = tp * dp
     pp_gbps = np.where(ranks_per_stage >= cl.gpus_per_node, gpu.inter_gbps, gpu.intra_gbps)
-    pp_comm = np.where(pp > 1, 2 * act_bytes / np.where(sp, tp, 1.0) * accum * chunks / (pp_gbps * GIGA), 0.0)
+    sends = 2 * accum * chunks + 2 * (pp - 1) * chunks  # the steady state plus fill and drain
+    pp_bytes = act_bytes / np.where(sp, tp, 1.0)
+    pp_comm = np.where(pp > 1, sends * (pp_bytes / (pp_gbps * GIGA) + traits.p2p_latency_s), 0.0)
 
-    # --- data parallel: gradient all-reduce (DDP/ZeRO-1) or FSDP's gathers and reductions --
+    # --- data parallel: fp32 gradient all-reduce (DDP), reduce-scatter + bf16 all-gather
+    # (ZeRO-1 / distributed optimizer), or FSDP's per-use gathers and reductions -------------
     first, last = stage_params(cols, sweep)
     params = np.maximum(first, last)
-    dp_gbps = np.where(tp * dp > cl.gpus_per_node, gpu.inter_gbps, gpu.intra_gbps)
-    grad_reduce = _allreduce_s(params * 4.0, dp, dp_gbps)
+    ar_bw = bus_gbps(gpu, cl.gpus_per_node, dp, tp, gather=False)
+    ag_bw = bus_gbps(gpu, cl.gpus_per_node, dp, tp, gather=True)
+    sharding = cols["sharding"]
+    zero1 = sharding == "zero1"
+    fsdp = sharding == "fsdp"
+    reduce_raw = np.where(
+        zero1, gather_s(params * 4.0, dp, ag_bw) + gather_s(params * e, dp, ag_bw), allreduce_s(params * 4.0, dp, ar_bw)
+    )
+    per_mb_sync = (sharding == "none") & (pp > 1) & traits.grad_sync_per_microbatch_pp
+    reduce_raw = np.where(per_mb_sync, reduce_raw * accum, reduce_raw)
     last_backward = (2.0 / 3.0) * work / accum
-    fsdp = cols["sharding"] == "fsdp"
     fsdp_volume = np.where(pp > 1, 1.0, accum) * (2 * params * e) + params * 4.0  # gathers (+per micro-batch) + RS
-    fsdp_comm = np.where(dp > 1, (dp - 1) / np.maximum(dp, 1) * fsdp_volume / (dp_gbps * GIGA), 0.0)
+    fsdp_raw = np.where(dp > 1, (dp - 1) / np.maximum(dp, 1) * fsdp_volume / (ag_bw * GIGA), 0.0)
+    dp_raw = np.where(fsdp, fsdp_raw, reduce_raw)
     dp_comm = np.where(
         fsdp,
-        np.maximum(fsdp_comm - FSDP_OVERLAP * work, 0.1 * fsdp_comm),
-        np.maximum(grad_reduce - DDP_OVERLAP * last_backward, 0.0),
+        np.maximum(fsdp_raw - FSDP_OVERLAP * work, 0.1 * fsdp_raw),
+        np.maximum(reduce_raw - traits.dp_overlap * np.where(per_mb_sync, 0.0, last_backward), 0.0),
     )
 
-    comm = tp_comm + pp_comm + dp_comm
+    # --- optimizer: fused AdamW streams its states once per step (sharded by ZeRO-1 and FSDP) --
+    opt_params = params / np.where(sharding == "none", 1.0, np.maximum(dp, 1))
+    optimizer = opt_params * OPTIMIZER_BYTES / (gpu.hbm_gbps * GIGA)
+
+    parts = {
+        "matmul": matmul,
+        "attention": attention,
+        "memory_bound": memory_bound,
+        "framework": framework,
+        "recompute": recompute,
+        "bubble": bubble,
+        "optimizer": optimizer,
+        "tp_comm": tp_comm,
+        "pp_comm": pp_comm,
+        "dp_comm": dp_comm,
+        "dp_hidden": np.maximum(dp_raw - dp_comm, 0.0),
+    }
+    compute = sum(parts[k] for k in COMPUTE_PARTS)
+    comm = sum(parts[k] for k in COMM_PARTS)
     step = calibration.compute_scale * compute + calibration.comm_scale * comm
-    mfu = model_flops_per_token(m, s) * sweep.global_batch_size * s / (step * world * peak)
-    return StepTime(compute, comm, calibration, mfu)
+    mfu = model_flops_per_token(m, s) * sweep.global_batch_size * s / (step * cl.world * peak)
+    return StepTime(np.asarray(compute), np.asarray(comm), calibration, mfu, parts)
 
 
 def busiest_stage_layers(cols: Columns, layers: int) -> np.ndarray:
@@ -184,123 +305,29 @@ def calibrate(pred: StepTime, rows: Sequence[int], measured_step_s: Sequence[flo
 
 
 # ---- the step explained (for `sweep report`) -----------------------------------------------
-PARTS = (
-    "matmul",
-    "attention",
-    "memory_bound",
-    "framework",
-    "recompute",
-    "bubble",
-    "tp_comm",
-    "pp_comm",
-    "dp_comm",
-    "dp_hidden",
-)
-PART_LABELS = {
-    "matmul": "matmul compute",
-    "attention": "attention",
-    "memory_bound": "memory-bound (norms, elementwise)",
-    "framework": "launch / framework",
-    "recompute": "recomputation",
-    "bubble": "pipeline bubble",
-    "tp_comm": "tensor-parallel comm",
-    "pp_comm": "pipeline comm",
-    "dp_comm": "data-parallel comm (exposed)",
-    "dp_hidden": "data-parallel comm (hidden)",
-}
+MISS_SHARE = 0.15  # beyond this relative miss of a measured step, the parts do not explain it
 
 
-def breakdown(cols: Columns, sweep: Sweep, calibration: Calibration = Calibration()) -> dict[str, np.ndarray]:
-    """Seconds per step by part, for every layout: the parts of `PARTS`, and `forward` (for shares).
+def model_misses(predicted_s: np.ndarray, measured_s: np.ndarray, share: float = MISS_SHARE) -> np.ndarray:
+    """Signed relative miss (predicted / measured - 1) of each trial where it exceeds `share`, else NaN.
 
-    The same physics as `predict`, split finer: recomputation apart from the first pass, the
-    bubble apart from the work it idles on, data-parallel traffic hidden behind backward apart
-    from what is exposed. Every part but `dp_hidden` (overlapped, so not on the step's critical
-    path) is exposed, and compute parts and communication parts are rescaled to add up to
-    `predict`'s compute and comm exactly, so the bars agree with the predicted step time even
-    where `predict` has refinements this split does not repeat.
+    A report attributes a step-time gap to a modelled part only where the (calibrated) model
+    reproduces the measured step time; where it misses, the gap is the measurement's, unexplained.
     """
-    m, gpu, cl = sweep.model, sweep.cluster.gpu, sweep.cluster
-    s, L, h, a = sweep.seq_len, m.layers, m.hidden, m.heads
-    e = compute_bytes(sweep)
-    tp, pp, dp = (cols[k].astype(float) for k in ("tp", "pp", "dp"))
-    mbs, accum = cols["micro_batch_size"].astype(float), np.maximum(cols["grad_accum"], 1).astype(float)
-    peak = gpu.peak_flops(sweep.trial.precision)
-    tokens_gpu = sweep.global_batch_size * s / cl.world
-    mode = cols["activation_checkpointing"]
-    gemm = (mbs * s) * (h / tp) / 2**20
-    eff = MATMUL_EFFICIENCY * gemm / (gemm + GEMM_HALF_SIZE)
-    eff = eff * np.where(cols["compile"].astype(bool), 1.03, 1.0)
-    eff = eff * np.where(cols["float8"].astype(bool) & gpu.supports_fp8, FLOAT8_SPEEDUP, 1.0)
-    per_flop = tokens_gpu / (peak * eff)
-    matmul = 6.0 * m.num_params * per_flop
-    re_matmul = (
-        np.select([mode == "full", mode == "ffn"], [2.0 * L * m.layer_params, 2.0 * L * m.mlp_params], 0.0) * per_flop
-    )
-    scores = np.isin(cols["attention"], SCORE_KERNELS)
-    flash_eff = np.select([cols["attention"] == k for k in FLASH_EFFICIENCY], list(FLASH_EFFICIENCY.values()), 0.5)
-    attn_per_flop = tokens_gpu / (peak * np.where(scores, eff, flash_eff))
-    score_bytes = np.select(
-        [cols["attention"] == k for k in SCORE_KERNELS], [SCORE_BYTES[k] for k in SCORE_KERNELS], 0.0
-    )
-    attention = 12.0 * L * h * s * attn_per_flop + L * a * s * score_bytes * tokens_gpu / (gpu.hbm_gbps * GIGA)
-    re_attention = np.where(mode == "full", 4.0 * L * h * s, 0.0) * attn_per_flop
-    sp = cols["sequence_parallel"].astype(bool) & (tp > 1)
-    norm_passes = np.where(cols["rmsnorm"] == "fused", NORM_PASSES["fused"], NORM_PASSES["eager"])
-    other_bytes = (12 * (h + 2 * m.kv_dim) + 18 * m.ffn + 12 * h) * e
-    memory_bound = (
-        L * (2 * norm_passes * h * e * np.where(sp, 1.0, tp) + other_bytes) * tokens_gpu / (gpu.hbm_gbps * GIGA)
-    )
-    memory_bound = memory_bound * np.where(cols["compile"].astype(bool), COMPILE_ELEMENTWISE, 1.0)
-    framework = LAYER_OVERHEAD_S * (L / pp) * accum
-    re_framework = np.where(mode == "full", 0.5 * framework, 0.0)
-    work = matmul + re_matmul + attention + re_attention + memory_bound + framework + re_framework
-    bubble = work * np.where(pp > 1, (pp - 1) / cols["chunks"].astype(float) / accum, 0.0)
-    compute = {
-        "matmul": matmul,
-        "attention": attention,
-        "memory_bound": memory_bound,
-        "framework": framework,
-        "recompute": re_matmul + re_attention + re_framework,
-        "bubble": bubble,
-    }
-    # communication: the exposed parts from predict's own arithmetic, split by kind
-    full = predict(cols, sweep, calibration)
-    tp_comm = (
-        _allreduce_s(mbs * s * h * e, tp, gpu.intra_gbps)
-        * np.where(mode == "full", 6, 4)
-        * (L / pp)
-        * accum
-        * (1 + bubble / np.maximum(work, 1e-30))
-    )
-    act_bytes = mbs * s * h * e
-    pp_gbps = np.where(tp * dp >= cl.gpus_per_node, gpu.inter_gbps, gpu.intra_gbps)
-    pp_comm = np.where(pp > 1, 2 * act_bytes / np.where(sp, tp, 1.0) * accum * cols["chunks"] / (pp_gbps * GIGA), 0.0)
-    dp_exposed = np.maximum(full.comm - tp_comm - pp_comm, 0.0)
-    first, last = stage_params(cols, sweep)
-    params = np.maximum(first, last)
-    dp_gbps = np.where(tp * dp > cl.gpus_per_node, gpu.inter_gbps, gpu.intra_gbps)
-    fsdp_volume = np.where(pp > 1, 1.0, accum) * (2 * params * e) + params * 4.0
-    dp_raw = np.where(
-        cols["sharding"] == "fsdp",
-        np.where(dp > 1, (dp - 1) / np.maximum(dp, 1) * fsdp_volume / (dp_gbps * GIGA), 0.0),
-        _allreduce_s(params * 4.0, dp, dp_gbps),
-    )
-    comm = {"tp_comm": tp_comm, "pp_comm": pp_comm, "dp_comm": dp_exposed}
-    out = _rescaled(compute, full.compute * calibration.compute_scale)
-    out |= _rescaled(comm, full.comm * calibration.comm_scale)
-    out["dp_hidden"] = np.maximum(dp_raw - dp_exposed, 0.0) * calibration.comm_scale
-    out["forward"] = (
-        (matmul + attention)
-        / 3.0
-        * calibration.compute_scale
-        * (full.compute / np.maximum(sum(compute.values()), 1e-30))
-    )  # first forward pass: a third of fwd + bwd
+    miss = np.asarray(predicted_s, dtype=float) / np.asarray(measured_s, dtype=float) - 1.0
+    return np.where(np.abs(miss) > share, miss, np.nan)
+
+
+def breakdown(
+    cols: Columns, sweep: Sweep, calibration: Calibration = Calibration(), traits: TimeTraits = MEGATRON_LIKE
+) -> dict[str, np.ndarray]:
+    """Seconds per step by part, for every layout: `predict`'s parts with the calibration applied,
+    and `forward` (the first forward pass's matmuls and attention, a third of fwd + bwd, for shares).
+
+    Every part but `dp_hidden` (overlapped, so not on the step's critical path) is exposed, and
+    the exposed parts add up to `predict(...).total` exactly: one model, read twice.
+    """
+    pred = predict(cols, sweep, calibration, traits)
+    out = pred.calibrated_parts()
+    out["forward"] = (out["matmul"] + out["attention"]) / 3.0
     return out
-
-
-def _rescaled(parts: dict[str, np.ndarray], total: np.ndarray) -> dict[str, np.ndarray]:
-    """The parts scaled to add up to `total` (unchanged where they add up to nothing)."""
-    got = sum(parts.values())
-    k = np.where(got > 0, total / np.where(got > 0, got, 1.0), 1.0)
-    return {name: v * k for name, v in parts.items()}

@@ -172,7 +172,10 @@ def test_report_explains_the_winner_lists_failures_and_shows_varying_knobs(repor
     # one sentence per runner-up (3 other ok trials), naming what costs it
     why = re.findall(r"<li>(#\d trial \d+ \(.*?)</li>", page)
     assert [w.split(" (")[0] for w in why] == ["#2 trial 2", "#3 trial 0", "#4 trial 4"]
-    assert re.search(r"#2 trial 2 .*what costs it most: full checkpointing recomputes \d+% of the forward", why[0])
+    # the fixture's step times (13B, 4M tokens in ~5 s on 64 A100s) are beyond any calibrated model: the
+    # sentence says the model misses them instead of blaming a modelled part (issue 19)
+    assert re.search(r"#2 trial 2 .*the calibrated model misses trial \d", why[0])
+    assert "what costs it most" not in why[0]
     assert "+4.4% measured" in why[0]  # 5.22 s against 5.00 s
     # failures: status, layout, the first error line only
     assert "<h2>Failures (1: oom 1)</h2>" in page
@@ -200,12 +203,20 @@ def test_runner_up_sentence_names_the_bubble(tmp_path):
         r["grad_accum"] = 64 // (2 * r["dp"])
     import pandas as pd
 
+    from sweeper.layout import Layout
+    from sweeper.perfmodel import predict
+
+    for r in rows:  # measured: the model's own step time, 1.5x (a common factor the calibration absorbs)
+        knobs = {k: r[k] for k in ("tp", "pp", "micro_batch_size")}
+        r["step_time_mean_s"] = 1.5 * float(predict(Layout(**knobs).columns(sweep), sweep).total[0])
+        r["mfu"] = 0.45 * rows[0].get("step_time_mean_s", r["step_time_mean_s"]) / r["step_time_mean_s"]
     df = pd.DataFrame(rows)
     ex = explain_top(df, plan, sweep)
     assert ex is not None and list(ex.trials["trial_number"]) == [0, 1]
     (sentence,) = runner_up_sentences(ex, varying_knobs(df), sweep)
     assert re.search(r"what costs it most: pp=4 with 8 micro-batches adds a \d+% bubble", sentence), sentence
-    assert "+50.0% measured" in sentence  # 0.45 / 0.30 of the winner's step time
+    slower = 100 * (rows[1]["step_time_mean_s"] / rows[0]["step_time_mean_s"] - 1)
+    assert f"{slower:+.1f}% measured" in sentence
 
 
 def _write(path: Path, spec: dict[str, Any]) -> Path:

@@ -55,10 +55,11 @@ def explain_top(df: pd.DataFrame, plan: Plan, sweep: Sweep, top: int = TOP_EXPLA
 
 def runner_up_sentences(ex: Explained, knobs: list[str], sweep: Sweep) -> list[str]:
     """One sentence per runner-up: how much slower it measured, and the part of the model that costs it most."""
-    from sweeper.perfmodel import PART_LABELS, PARTS
+    from sweeper.perfmodel import PART_LABELS, PARTS, model_misses
 
     w = ex.trials.iloc[0]
     out = []
+    miss = model_misses(ex.predicted_s, ex.trials["step_time_mean_s"].to_numpy(float))
     for i in range(1, len(ex.trials)):
         r = ex.trials.iloc[i]
         slower = 100 * (r["step_time_mean_s"] / w["step_time_mean_s"] - 1)
@@ -67,6 +68,19 @@ def runner_up_sentences(ex: Explained, knobs: list[str], sweep: Sweep) -> list[s
             f"step {r['step_time_mean_s']:.3g} s against the winner's {w['step_time_mean_s']:.3g} s "
             f"({slower:+.1f}% measured)"
         )
+        missed = [(j, ex.trials.iloc[j]) for j in (i, 0) if not np.isnan(miss[j])]
+        if missed:
+            out.append(
+                head
+                + "; the calibrated model misses "
+                + " and ".join(
+                    f"trial {t['trial_number']}'s measured step by {100 * miss[j]:+.0f}% "
+                    f"({ex.predicted_s[j]:.3g} s modelled, {t['step_time_mean_s']:.3g} s measured)"
+                    for j, t in missed
+                )
+                + ", so the gap is not attributed to a modelled part."
+            )
+            continue
         gaps = {k: float(ex.parts[k][i] - ex.parts[k][0]) for k in PARTS if k != "dp_hidden"}
         part = max(gaps, key=lambda k: gaps[k])
         if gaps[part] <= 0:
@@ -107,6 +121,8 @@ def _why(part: str, r: Any, share: float, parts: dict[str, np.ndarray], i: int) 
         )
     if part == "attention":
         return f"attention={r['attention']} takes {share:.0f}% of the step"
+    if part == "optimizer":
+        return f"the optimizer step (sharding {r['sharding']}) takes {share:.0f}% of the step"
     if part == "memory_bound":
         return (
             f"memory-bound norms and elementwise work (rmsnorm={r['rmsnorm']}, sp={fmt_value(r['sequence_parallel'])}) "
