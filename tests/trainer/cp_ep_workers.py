@@ -79,8 +79,13 @@ class TinyMoE(nn.Module):
         super().__init__()
         self.tok_embeddings = nn.Embedding(case["vocab"], case["hidden"])
         self.moe = MoE(
-            hidden=case["hidden"], experts=case["experts"], top_k=case["top_k"], moe_ffn=case["moe_ffn"],
-            shared_experts=case["shared"], renormalize=case["renormalize"], ep_group=ep_group,
+            hidden=case["hidden"],
+            experts=case["experts"],
+            top_k=case["top_k"],
+            moe_ffn=case["moe_ffn"],
+            shared_experts=case["shared"],
+            renormalize=case["renormalize"],
+            ep_group=ep_group,
         )
         self.output = nn.Linear(case["hidden"], case["vocab"], bias=False)
 
@@ -116,11 +121,12 @@ def tiny_batch(case: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def train_tiny_moe(model: TinyMoE, x: torch.Tensor, y: torch.Tensor, case: dict[str, Any], *,
-                   sync: Any = None) -> dict[str, Any]:
+def train_tiny_moe(
+    model: TinyMoE, x: torch.Tensor, y: torch.Tensor, case: dict[str, Any], *, sync: Any = None
+) -> dict[str, Any]:
     """`case["steps"]` AdamW steps on (x, y); `sync(model, loss)` averages gradients and returns the global loss."""
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    losses, grads, routed = [], {}, []
+    losses, grads = [], {}
     for step in range(case["steps"]):
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
@@ -130,7 +136,7 @@ def train_tiny_moe(model: TinyMoE, x: torch.Tensor, y: torch.Tensor, case: dict[
             grads = {k: p.grad.clone() for k, p in model.named_parameters()}
         opt.step()
     params = {k: p.detach().clone() for k, p in model.named_parameters()}
-    return {"losses": losses, "grads": grads, "params": params, "routed": routed}
+    return {"losses": losses, "grads": grads, "params": params}
 
 
 def ep_parity(*, out_dir: Path, cases: list[dict[str, Any]]) -> None:

@@ -9,8 +9,6 @@ with an explicit mask over the gathered keys (another kernel), so equality is to
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -49,8 +47,11 @@ def test_sequence_not_divisible_by_two_cp_is_refused() -> None:
 @pytest.fixture(scope="module")
 def cp2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     workdir = tmp_path_factory.mktemp("cp2")
-    task = {"kind": "call", "target": "tests.trainer.cp_ep_workers:cp_parity",
-            "kwargs": {"sweep": tiny_sweep(2), "steps": STEPS}}
+    task = {
+        "kind": "call",
+        "target": "tests.trainer.cp_ep_workers:cp_parity",
+        "kwargs": {"sweep": tiny_sweep(2), "steps": STEPS},
+    }
     done = launch(task, nprocs=2, timeout_s=300, workdir=workdir, extra_env={"PYTHONPATH": str(ROOT)})
     if done.timed_out or any(done.returncodes):
         pytest.fail("\n".join(done.log_tail(r, 40) for r in range(2)))
