@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 
 
 def chunk_ids(cp: int, rank: int) -> tuple[int, int]:
@@ -97,3 +98,19 @@ class ContextParallel:
         full = gather_sequence(kv, self.group).index_select(0, self.order)
         k_all, v_all = full.permute(1, 2, 3, 0, 4).unbind(0)
         return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=self.mask, enable_gqa=True)
+
+
+def apply_cp(model: nn.Module, cp: ContextParallel) -> None:
+    """Make a (possibly pipeline-split) Transformer attend over the cp group: every attention runs
+    `cp.attention`, and positions (RoPE tables, learned rows) are this rank's global ones.
+
+    After any deepcopy (`parallel.split_stage`), which a process group does not survive; before
+    materialising, whose `reset_rope` builds the tables of this rank's positions.
+    """
+    from sweeper.trainer.model import Attention, Transformer
+
+    for m in model.modules():
+        if isinstance(m, Transformer):
+            m.cp = cp
+        elif isinstance(m, Attention):
+            m.attend = cp.attention

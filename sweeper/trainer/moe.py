@@ -133,14 +133,30 @@ class MoE(nn.Module):
         ep_group: dist.ProcessGroup | None = None,
     ) -> None:
         super().__init__()
-        ep = dist.get_world_size(ep_group) if ep_group is not None else 1
-        if experts % ep:
-            raise ValueError(f"ep={ep}: must divide experts ({experts})")
-        self.num_experts, self.ep, self.ep_group = experts, ep, ep_group if ep > 1 else None
-        self.local = experts // ep
+        self.num_experts, self.ep, self.ep_rank, self.ep_group = experts, 1, 0, None
         self.router = Router(hidden, experts, top_k, renormalize=renormalize)
-        self.experts = GroupedExperts(self.local, hidden, moe_ffn)
+        self.experts = GroupedExperts(experts, hidden, moe_ffn)
         self.shared = SharedExperts(hidden, shared_experts * moe_ffn) if shared_experts else None
+        if ep_group is not None:
+            self.shard_experts(ep_group)
+
+    @property
+    def local(self) -> int:
+        """Experts held on this rank."""
+        return self.num_experts // self.ep
+
+    def shard_experts(self, group: dist.ProcessGroup) -> None:
+        """Keep only this rank's experts/ep experts (new, uninitialised weights on the same device:
+        call on the meta model, before materialising) and route over `group`."""
+        ep = dist.get_world_size(group)
+        if self.num_experts % ep:
+            raise ValueError(f"ep={ep}: must divide experts ({self.num_experts})")
+        if ep == 1:
+            return
+        self.ep, self.ep_rank, self.ep_group = ep, dist.get_rank(group), group
+        ffn, hidden = self.experts.w1.shape[1:]
+        with torch.device(self.experts.w1.device):
+            self.experts = GroupedExperts(self.local, hidden, ffn)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -187,6 +203,13 @@ def _regroup(counts: torch.Tensor) -> torch.Tensor:
         for r in range(counts.shape[0])
     ]
     return torch.cat(runs) if runs else torch.zeros(0, dtype=torch.long)
+
+
+def apply_ep(model: nn.Module, group: dist.ProcessGroup) -> None:
+    """Shard the experts of every MoE block of a (meta) model over the ep group."""
+    for m in model.modules():
+        if isinstance(m, MoE):
+            m.shard_experts(group)
 
 
 def expert_slice(name: str, full: torch.Tensor, *, ep_rank: int, ep: int) -> torch.Tensor:

@@ -4,6 +4,7 @@ and the tiny MoE model they share with the single-process reference."""
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from sweeper.models import ModelShape
 from sweeper.spec import Sweep
-from sweeper.trainer.context import ContextParallel
-from sweeper.trainer.model import build_model, loss_fn, materialize, norm_kernel
-from sweeper.trainer.moe import MoE, expert_slice, is_expert_param
+from sweeper.trainer import kernels
+from sweeper.trainer.context import ContextParallel, apply_cp
+from sweeper.trainer.model import Transformer, build_model, loss_fn, materialize, norm_kernel
+from sweeper.trainer.moe import MoE, apply_ep, expert_slice, is_expert_param
 from sweeper.trainer.train import make_optimizer, synthetic_batch
 
 from .workers import start
@@ -23,10 +26,13 @@ from .workers import start
 # ---- context parallel: the tiny LLaMA of the dense parity tests, its sequence split over cp ranks
 
 
-def cp_parity(*, out_dir: Path, sweep: Sweep, steps: int) -> None:
+def cp_parity(*, out_dir: Path, sweep: Sweep, steps: int, model_cases: list[dict[str, Any]]) -> None:
     """Train the whole batch, each rank holding its 2 of the 2*cp sequence chunks; save losses,
-    step-0 gradients and final parameters (rank 0: every parameter is replicated over cp)."""
+    step-0 gradients and final parameters (rank 0: every parameter is replicated over cp).
+    Then the `model_cases` (see `model_parity`)."""
     env, device = start()
+    for case in model_cases:
+        _model_case(case, out_dir, env.rank, device)
     group = dist.group.WORLD
     cp = ContextParallel(group, sweep.seq_len, device)
     shape = sweep.model
@@ -144,6 +150,9 @@ def ep_parity(*, out_dir: Path, cases: list[dict[str, Any]]) -> None:
     env, device = start()
     group = dist.group.WORLD
     for case in cases:
+        if "shape" in case:
+            _model_case(case, out_dir, env.rank, device)
+            continue
         model = TinyMoE(case, ep_group=group)
         init_tiny_moe(model, case, ep_rank=env.rank, ep=env.world_size)
         x, y = tiny_batch(case)
@@ -155,7 +164,7 @@ def ep_parity(*, out_dir: Path, cases: list[dict[str, Any]]) -> None:
     dist.destroy_process_group()
 
 
-def _ep_sync(model: TinyMoE, loss: torch.Tensor) -> float:
+def _ep_sync(model: nn.Module, loss: torch.Tensor) -> float:
     """Data-parallel averaging: dense gradients all-reduced over dp; an expert's gradient already
     sums every rank's tokens (the all-to-all's backward), so it is only divided by dp (expert
     data parallel = world / ep = 1 here)."""
@@ -165,4 +174,127 @@ def _ep_sync(model: TinyMoE, loss: torch.Tensor) -> float:
         if not is_expert_param(name):
             dist.all_reduce(p.grad)
         p.grad.div_(n)
+    return _mean_over_ranks(loss, n)
+
+
+# ---- the built-in Transformer with MoE blocks and/or context parallelism (2 ranks)
+
+
+@dataclass(frozen=True)
+class MoEShape(ModelShape):
+    """ModelShape with the MoE fields the model reads (the spec's ModelShape gains them later)."""
+
+    experts: int = 0
+    experts_per_token: int = 1
+    moe_ffn: int = 0
+    shared_experts: int = 0
+    dense_layers: int = 0
+
+
+TINY = dict(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256)
+# 2 layers: the first dense, the second 4 experts, top-2, one shared expert
+TINY_MOE = MoEShape(**TINY, experts=4, experts_per_token=2, moe_ffn=32, shared_experts=1, dense_layers=1)
+TINY_GPT = MoEShape(**TINY | dict(kv_heads=4), mlp="gelu", norm="layernorm", position="learned")
+
+
+def model_case(case_id: str, shape: ModelShape, *, cp: int, ep: int) -> dict[str, Any]:
+    return {"id": case_id, "shape": shape, "cp": cp, "ep": ep, "seq": 32, "batch": 4, "steps": 4}
+
+
+def model_reference(case: dict[str, Any]) -> dict[str, Any]:
+    """The case's model in one process on the whole batch."""
+    model = model_for(case, device=torch.device("cpu"))
+    x, y = synthetic_batch(case["shape"], batch=case["batch"], seq_len=case["seq"], seed=0)
+    return train_model(model, x, y, case["steps"])
+
+
+def merge_ranks(ranks: list[dict[str, Any]], what: str, ep: int) -> dict[str, torch.Tensor]:
+    """One model's tensors from the ranks' files: under ep experts joined along dim 0; the rest
+    must be equal on both ranks."""
+    out = {}
+    for name, t in ranks[0][what].items():
+        if ep > 1 and is_expert_param(name):
+            out[name] = torch.cat([r[what][name] for r in ranks])
+        else:
+            assert torch.equal(t, ranks[1][what][name]), f"{what} of {name} differ between ranks"
+            out[name] = t
+    return out
+
+
+def parity_diffs(
+    ranks: list[dict[str, Any]], ref: dict[str, Any], ep: int, *, grad_tol: float, grad_rtol: float
+) -> tuple[float, float, float]:
+    """(max loss difference, max step-0 gradient difference, max final parameter difference);
+    fails on the first gradient beyond max(grad_tol, grad_rtol * the tensor's largest gradient)."""
+    assert ranks[0]["losses"] == ranks[1]["losses"]
+    dloss = max(abs(a - b) for a, b in zip(ranks[0]["losses"], ref["losses"], strict=True))
+    grads, params = merge_ranks(ranks, "grads", ep), merge_ranks(ranks, "params", ep)
+    assert set(grads) == set(ref["grads"])
+    dgrad = 0.0
+    for name, g in ref["grads"].items():
+        diff = (grads[name] - g).abs().max().item()
+        allowed = max(grad_tol, grad_rtol * g.abs().max().item())
+        assert diff <= allowed, f"step-0 gradient of {name} differs by {diff:.2e} (allowed {allowed:.1e})"
+        dgrad = max(dgrad, diff)
+    dparam = max((params[k] - v).abs().max().item() for k, v in ref["params"].items())
+    return dloss, dgrad, dparam
+
+
+def model_for(case: dict[str, Any], *, device: torch.device, cp: int = 1, ep: int = 1) -> Transformer:
+    """The case's Transformer (flash2 attention, eager norms), its sequence over cp ranks and its
+    experts over ep ranks of the world group, materialised with the layout-independent init."""
+    shape: ModelShape = case["shape"]
+    attend = kernels.attention_kernel(
+        "flash2",
+        heads=shape.heads,
+        kv_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        seq_len=case["seq"],
+        dtype=torch.float32,
+        device=device,
+    )
+    model = build_model(shape, case["seq"], attend=attend, norm_fn=norm_kernel(shape, "eager"))
+    if cp > 1:
+        apply_cp(model, ContextParallel(dist.group.WORLD, case["seq"], device))
+    if ep > 1:
+        apply_ep(model, dist.group.WORLD)
+    materialize(model, shape, seed=0, device=device)
+    return model
+
+
+def train_model(model: Transformer, x: torch.Tensor, y: torch.Tensor, steps: int, sync: Any = None) -> dict[str, Any]:
+    opt = make_optimizer(list(model.parameters()), lr=0.003, device=x.device)
+    losses, grads = [], {}
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        losses.append(sync(model, loss) if sync else loss.item())
+        if step == 0:
+            grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+        opt.step()
+    return {"losses": losses, "grads": grads, "params": {k: p.detach().clone() for k, p in model.named_parameters()}}
+
+
+def _model_case(case: dict[str, Any], out_dir: Path, rank: int, device: torch.device) -> None:
+    """cp ranks share the batch rows and split the sequence; otherwise the 2 ranks are data
+    parallel and split the rows. ep (2 or 1) lies inside dp*cp = 2 either way."""
+    cp, ep, world = case["cp"], case["ep"], dist.get_world_size()
+    model = model_for(case, device=device, cp=cp, ep=ep)
+    x, y = synthetic_batch(case["shape"], batch=case["batch"], seq_len=case["seq"], seed=0)
+    if cp > 1:
+        assert model.cp is not None
+        x, y = model.cp.shard(x), model.cp.shard(y)
+    else:
+        rows = slice(rank * case["batch"] // world, (rank + 1) * case["batch"] // world)
+        x, y = x[rows], y[rows]
+    sharded = _ep_sync if ep > 1 else None
+    out = train_model(model, x, y, case["steps"], sync=sharded or _dense_sync)
+    torch.save(out, out_dir / f"{case['id']}_rank{rank}.pt")
+    dist.barrier()
+
+
+def _dense_sync(model: nn.Module, loss: torch.Tensor) -> float:
+    n = dist.get_world_size()
+    _average([p.grad for p in model.parameters()], n)
     return _mean_over_ranks(loss, n)
