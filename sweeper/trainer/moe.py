@@ -195,14 +195,11 @@ class MoE(nn.Module):
 def _regroup(counts: torch.Tensor) -> torch.Tensor:
     """Row indices that reorder runs laid out (rank, expert) with counts[rank, expert] rows each
     into (expert, rank) order."""
-    starts = torch.cumsum(counts.flatten(), 0) - counts.flatten()
-    starts = starts.view(counts.shape)
-    runs = [
-        torch.arange(int(starts[r, e]), int(starts[r, e] + counts[r, e]))
-        for e in range(counts.shape[1])
-        for r in range(counts.shape[0])
-    ]
-    return torch.cat(runs) if runs else torch.zeros(0, dtype=torch.long)
+    ranks, local = counts.shape
+    run = torch.repeat_interleave(torch.arange(ranks * local, device=counts.device), counts.flatten())
+    # run r*local + e becomes key e*ranks + r; a stable sort keeps the rows of a run in order
+    key = (run % local) * ranks + run // local
+    return key.argsort(stable=True)
 
 
 def apply_ep(model: nn.Module, group: dist.ProcessGroup) -> None:

@@ -15,9 +15,9 @@ from torch import nn
 
 from sweeper.models import ModelShape
 from sweeper.spec import Sweep
-from sweeper.trainer import kernels
+from sweeper.trainer import kernels, parallel
 from sweeper.trainer.context import ContextParallel, apply_cp
-from sweeper.trainer.model import Transformer, build_model, loss_fn, materialize, norm_kernel
+from sweeper.trainer.model import Transformer, build_model, canonical_name, loss_fn, materialize, norm_kernel
 from sweeper.trainer.moe import MoE, apply_ep, expert_slice, is_expert_param
 from sweeper.trainer.train import make_optimizer, synthetic_batch
 
@@ -202,8 +202,8 @@ def model_case(case_id: str, shape: ModelShape, *, cp: int, ep: int) -> dict[str
 
 
 def model_reference(case: dict[str, Any]) -> dict[str, Any]:
-    """The case's model in one process on the whole batch."""
-    model = model_for(case, device=torch.device("cpu"))
+    """The case's model in one process on the whole batch, without checkpointing."""
+    model = model_for(case | {"ac": "none"}, device=torch.device("cpu"))
     x, y = synthetic_batch(case["shape"], batch=case["batch"], seq_len=case["seq"], seed=0)
     return train_model(model, x, y, case["steps"])
 
@@ -258,6 +258,8 @@ def model_for(case: dict[str, Any], *, device: torch.device, cp: int = 1, ep: in
         apply_cp(model, ContextParallel(dist.group.WORLD, case["seq"], device))
     if ep > 1:
         apply_ep(model, dist.group.WORLD)
+    # checkpointing re-runs each block's forward, collectives included, inside backward
+    parallel.apply_ac(model, mode=case.get("ac", "none"))
     materialize(model, shape, seed=0, device=device)
     return model
 
@@ -271,9 +273,10 @@ def train_model(model: Transformer, x: torch.Tensor, y: torch.Tensor, steps: int
         loss.backward()
         losses.append(sync(model, loss) if sync else loss.item())
         if step == 0:
-            grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+            grads = {canonical_name(k, model.shape): p.grad.clone() for k, p in model.named_parameters()}
         opt.step()
-    return {"losses": losses, "grads": grads, "params": {k: p.detach().clone() for k, p in model.named_parameters()}}
+    params = {canonical_name(k, model.shape): p.detach().clone() for k, p in model.named_parameters()}
+    return {"losses": losses, "grads": grads, "params": params}
 
 
 def _model_case(case: dict[str, Any], out_dir: Path, rank: int, device: torch.device) -> None:

@@ -73,6 +73,7 @@ def cp2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow
 def test_cp2_matches_single_process(cp2: dict[str, Any]) -> None:
     ref = reference()
     got = cp2
@@ -92,6 +93,7 @@ def test_cp2_matches_single_process(cp2: dict[str, Any]) -> None:
     print(f"cp2: dloss={dloss:.1e} dgrad={max_diff(grads, ref['grads']):.1e} dparam={dparam:.1e}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case_id", list(MODEL_CASES))
 def test_built_in_model_with_cp2_matches_single_process(cp2: dict[str, Any], case_id: str) -> None:
     case = MODEL_CASES[case_id]

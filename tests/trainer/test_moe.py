@@ -42,7 +42,10 @@ CASES: dict[str, dict[str, Any]] = {
     "top1_skewed": BASE | dict(experts=4, top_k=1, shared=0, renormalize=False, skewed=True),
 }
 
-MODEL_EP2 = model_case("moe_ep2", TINY_MOE, cp=1, ep=2)
+MODEL_EP2 = {
+    "moe_ep2": model_case("moe_ep2", TINY_MOE, cp=1, ep=2),
+    "moe_ep2_full_ac": model_case("moe_ep2_full_ac", TINY_MOE, cp=1, ep=2) | {"ac": "full"},
+}
 
 
 def _per_token_moe(moe: MoE, x: torch.Tensor) -> torch.Tensor:
@@ -114,7 +117,7 @@ def _reference(case: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def ep2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     workdir = tmp_path_factory.mktemp("ep2")
-    cases = [case | {"id": cid} for cid, case in CASES.items()] + [MODEL_EP2]
+    cases = [case | {"id": cid} for cid, case in CASES.items()] + list(MODEL_EP2.values())
     task = {"kind": "call", "target": "tests.trainer.cp_ep_workers:ep_parity", "kwargs": {"cases": cases}}
     done = launch(task, nprocs=2, timeout_s=300, workdir=workdir, extra_env={"PYTHONPATH": str(ROOT)})
     if done.timed_out or any(done.returncodes):
@@ -122,6 +125,7 @@ def ep2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return done.out_dir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case_id", list(CASES))
 def test_ep2_matches_single_process(ep2: Path, case_id: str) -> None:
     ranks = [torch.load(ep2 / f"{case_id}_rank{r}.pt") for r in range(2)]
@@ -132,13 +136,17 @@ def test_ep2_matches_single_process(ep2: Path, case_id: str) -> None:
     print(f"{case_id}: dloss={dloss:.1e} dgrad={dgrad:.1e} dparam={dparam:.1e}")
 
 
-def test_built_in_model_with_ep2_matches_single_process(ep2: Path) -> None:
+@pytest.mark.slow
+@pytest.mark.parametrize("case_id", list(MODEL_EP2))
+def test_built_in_model_with_ep2_matches_single_process(ep2: Path, case_id: str) -> None:
     """The built-in Transformer (a dense layer, then an MoE layer with a shared expert), data
-    parallel over 2 ranks with its experts split over them; 4 AdamW steps (parameters 1e-4, as
-    the dense parity tests)."""
-    ranks = [torch.load(ep2 / f"moe_ep2_rank{r}.pt") for r in range(2)]
+    parallel over 2 ranks with its experts split over them (also under full checkpointing, whose
+    recomputation repeats the all-to-alls in backward); 4 AdamW steps (parameters 1e-4, as the
+    dense parity tests)."""
+    ranks = [torch.load(ep2 / f"{case_id}_rank{r}.pt") for r in range(2)]
     assert ranks[0]["params"]["layers.1.mlp.ffn.experts.w1"].shape[0] == 2  # 2 of the 4 experts each
-    dloss, dgrad, dparam = parity_diffs(ranks, model_reference(MODEL_EP2), 2, grad_tol=GRAD_TOL, grad_rtol=GRAD_RTOL)
-    assert dloss <= LOSS_TOL, f"loss differs by {dloss:.2e}"
-    assert dparam <= 1e-4, f"parameters after 4 steps differ by {dparam:.2e}"
-    print(f"moe_ep2: dloss={dloss:.1e} dgrad={dgrad:.1e} dparam={dparam:.1e}")
+    ref = model_reference(MODEL_EP2[case_id])
+    dloss, dgrad, dparam = parity_diffs(ranks, ref, 2, grad_tol=GRAD_TOL, grad_rtol=GRAD_RTOL)
+    assert dloss <= LOSS_TOL, f"{case_id}: loss differs by {dloss:.2e}"
+    assert dparam <= 1e-4, f"{case_id}: parameters after 4 steps differ by {dparam:.2e}"
+    print(f"{case_id}: dloss={dloss:.1e} dgrad={dgrad:.1e} dparam={dparam:.1e}")
