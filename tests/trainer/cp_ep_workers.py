@@ -149,6 +149,12 @@ def ep_parity(*, out_dir: Path, cases: list[dict[str, Any]]) -> None:
     """ep = world = dp: each rank trains its share of the batch; its experts see every rank's tokens."""
     env, device = start()
     group = dist.group.WORLD
+    try:  # 3 experts cannot be split over 2 ranks
+        MoE(hidden=8, experts=3, top_k=1, moe_ffn=8, ep_group=group)
+        refused = ""
+    except ValueError as e:
+        refused = str(e)
+    (out_dir / f"refused_rank{env.rank}.txt").write_text(refused)
     for case in cases:
         if "shape" in case:
             _model_case(case, out_dir, env.rank, device)

@@ -126,6 +126,11 @@ def ep2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
+def test_experts_not_divisible_by_ep_are_refused(ep2: Path) -> None:
+    assert (ep2 / "refused_rank0.txt").read_text() == "ep=2: must divide experts (3)"
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("case_id", list(CASES))
 def test_ep2_matches_single_process(ep2: Path, case_id: str) -> None:
     ranks = [torch.load(ep2 / f"{case_id}_rank{r}.pt") for r in range(2)]
