@@ -18,7 +18,7 @@ import math
 import re
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,10 @@ from torch import nn
 from sweeper.models import ModelShape
 from sweeper.trainer import kernels
 from sweeper.trainer.kernels import AttentionFn, NormFn
+from sweeper.trainer.moe import MoE, expert_slice, is_expert_param
+
+if TYPE_CHECKING:
+    from sweeper.trainer.context import ContextParallel
 
 # A LayerNorm kernel: (x, weight, bias, eps) -> normalised x
 LayerNormFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
@@ -178,23 +182,43 @@ class AttentionBlock(nn.Module):
         return self.attention(self.norm(x), cos, sin)
 
 
+def make_ffn(shape: ModelShape, layer: int) -> nn.Module:
+    """The block's feed-forward: a mixture of experts where the shape has experts (past its
+    leading `dense_layers`), else the dense MLP of its family.
+
+    The MoE fields are read with getattr: ModelShape gains them with the spec's MoE models.
+    """
+    experts = getattr(shape, "experts", 0)
+    if experts and layer >= getattr(shape, "dense_layers", 0):
+        return MoE(
+            hidden=shape.hidden,
+            experts=experts,
+            top_k=getattr(shape, "experts_per_token", 1),
+            moe_ffn=getattr(shape, "moe_ffn", 0) or shape.ffn,
+            shared_experts=getattr(shape, "shared_experts", 0),
+        )
+    return GeluMLP(shape) if shape.mlp == "gelu" else FeedForward(shape)
+
+
 class MLPBlock(nn.Module):
     """Pre-norm MLP without its residual: the unit that `ffn` checkpointing recomputes."""
 
-    def __init__(self, shape: ModelShape, norm_fn: Callable[..., torch.Tensor]) -> None:
+    def __init__(self, shape: ModelShape, norm_fn: Callable[..., torch.Tensor], layer: int = 0) -> None:
         super().__init__()
         self.norm = make_norm(shape, norm_fn)
-        self.ffn: nn.Module = GeluMLP(shape) if shape.mlp == "gelu" else FeedForward(shape)
+        self.ffn: nn.Module = make_ffn(shape, layer)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.ffn(self.norm(h))
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, shape: ModelShape, attend: AttentionFn, norm_fn: Callable[..., torch.Tensor]) -> None:
+    def __init__(
+        self, shape: ModelShape, attend: AttentionFn, norm_fn: Callable[..., torch.Tensor], layer: int = 0
+    ) -> None:
         super().__init__()
         self.attn = AttentionBlock(shape, attend, norm_fn)
-        self.mlp = MLPBlock(shape, norm_fn)
+        self.mlp = MLPBlock(shape, norm_fn, layer)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
         h = x + self.attn(x, cos, sin)
@@ -217,7 +241,9 @@ class Transformer(nn.Module):
         # where the embedding output lives along the sequence under tensor parallelism (set by apply_tp)
         self.pos_layout: Any = None
         # keyed by the global layer index, so names stay the same in every pipeline stage
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(shape, attend, norm_fn) for i in range(shape.layers)})
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(shape, attend, norm_fn, i) for i in range(shape.layers)})
+        # context parallelism (set by context.apply_cp): this rank's positions of the sequence
+        self.cp: ContextParallel | None = None
         self.norm: nn.Module | None = make_norm(shape, norm_fn)
         self.output: nn.Linear | None = nn.Linear(shape.hidden, shape.vocab, bias=False)
         if shape.tied_embeddings:
@@ -242,7 +268,9 @@ class Transformer(nn.Module):
         assert self.pos_embeddings is not None
         table = self.pos_embeddings.weight
         if not isinstance(table, DTensor):
-            return h + table[: h.shape[1]]
+            return h + (table[self.cp.positions] if self.cp is not None else table[: h.shape[1]])
+        if self.cp is not None:
+            raise NotImplementedError("learned positions under tensor and context parallelism together")
         seq = self.pos_layout
         full = DTensor.from_local(h, table.device_mesh, [seq], run_check=False)
         rows: DTensor = table[: full.shape[1]]  # slicing a DTensor is one
@@ -299,7 +327,7 @@ def init_std(name: str, shape: ModelShape) -> float | None:
         return shape.hidden**-0.5 if shape.tied_embeddings else 1.0
     if name == "output.weight":
         return shape.hidden**-0.5
-    if name.endswith(("wo.weight", "w2.weight", "fc2.weight")):
+    if name.endswith(("wo.weight", "w2.weight", "fc2.weight", "experts.w2")):
         layer = int(name.split(".")[1])
         return 0.02 / math.sqrt(2 * (layer + 1))
     return 0.02
@@ -320,7 +348,9 @@ def reset_rope(model: nn.Module, device: torch.device) -> None:
     """Recompute the RoPE tables of every (possibly wrapped) stage module after `to_empty`."""
     for m in model.modules():
         if isinstance(m, Transformer) and m.shape.position == "rope":
-            m.rope_cos, m.rope_sin = rope_tables(m.seq_len, m.shape.head_dim, device)
+            cos, sin = rope_tables(m.seq_len, m.shape.head_dim, device)
+            # under context parallelism each local token is rotated by its global position
+            m.rope_cos, m.rope_sin = m.cp.local_rope(cos, sin) if m.cp is not None else (cos, sin)
 
 
 @torch.no_grad()
@@ -333,7 +363,16 @@ def init_weights(model: nn.Module, shape: ModelShape, *, seed: int, device: torc
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     for name, param in model.named_parameters():
-        full = full_init_value(canonical_name(name, shape), shape, param.shape, seed=seed, device=device)
+        cname = canonical_name(name, shape)
+        moe = model.get_submodule(name.rsplit(".", 2)[0]) if is_expert_param(cname) else None
+        if isinstance(moe, MoE) and moe.ep > 1:  # this rank's experts of the whole grouped weight
+            if isinstance(param, DTensor):
+                raise NotImplementedError("expert parallel weights sharded again (FSDP over expert data parallel)")
+            size = torch.Size((moe.num_experts, *param.shape[1:]))
+            whole = full_init_value(cname, shape, size, seed=seed, device=device)
+            param.copy_(expert_slice(cname, whole, ep_rank=moe.ep_rank, ep=moe.ep))
+            continue
+        full = full_init_value(cname, shape, param.shape, seed=seed, device=device)
         if isinstance(param, DTensor):
             local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
             param.to_local().copy_(local)

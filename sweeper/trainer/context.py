@@ -1,0 +1,116 @@
+"""Context parallelism: each rank of a cp group holds a part of every sequence and attends over all of it.
+
+The sequence is cut into 2*cp equal chunks and rank i holds chunks i and 2*cp-1-i (Megatron-LM's
+and torchtitan's load balancing: under a causal mask an early chunk has little work, a late one
+much, and each rank gets one of each). Everything but attention is per token and runs on the
+local tokens unchanged; attention needs every earlier key and value, so each rank all-gathers K
+and V over the cp group (the exchange Llama 3's training describes), restores sequence order and
+masks by global position. The all-gather's backward is a reduce-scatter: the gradient of a
+rank's keys and values, summed over every rank that attended to them, returns to that rank.
+
+This exchange is the one implementation, on CPU (gloo) and CUDA alike. PyTorch's
+`torch.distributed.tensor.experimental.context_parallel` (a ring over SDPA, torchtitan's CUDA
+path) does not run on CPU (no sharding strategy for the CPU flash kernel, and it resizes
+buffers in place), so it cannot be checked here against the single-process reference; it is
+not used. The all-gather holds the whole sequence's K/V per rank (a ring holds two chunks).
+
+Positions: RoPE tables are indexed by the local tokens' global positions (`local_rope`), so a
+model that applies `cos[:s]` to its local sequence rotates each token by its true position.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+def chunk_ids(cp: int, rank: int) -> tuple[int, int]:
+    """The two of the 2*cp sequence chunks a cp rank holds: an early one and its mirror."""
+    return rank, 2 * cp - 1 - rank
+
+
+def local_positions(seq_len: int, cp: int, rank: int, device: torch.device | None = None) -> torch.Tensor:
+    """Global positions of the tokens cp rank `rank` holds, in its local order."""
+    if seq_len % (2 * cp):
+        raise ValueError(f"cp={cp}: 2*cp must divide seq_len ({seq_len})")
+    size = seq_len // (2 * cp)
+    return torch.cat([torch.arange(c * size, (c + 1) * size, device=device) for c in chunk_ids(cp, rank)])
+
+
+def shard_sequence(x: torch.Tensor, *, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
+    """This rank's tokens of a full-sequence tensor (inputs, labels) along `dim`."""
+    return x.index_select(dim, local_positions(x.shape[dim], cp, rank, x.device))
+
+
+class _GatherSeq(torch.autograd.Function):
+    """All-gather along dim 0 over a group; backward reduce-scatters (sums) the gradient back."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        n = dist.get_world_size(group)
+        out = x.new_empty((n * x.shape[0], *x.shape[1:]))
+        dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        n = dist.get_world_size(ctx.group)
+        out = grad.new_empty((grad.shape[0] // n, *grad.shape[1:]))
+        dist.reduce_scatter_tensor(out, grad.contiguous(), group=ctx.group)
+        return out, None
+
+
+def gather_sequence(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Concatenate every rank's x along dim 0, in rank order (differentiable)."""
+    out: torch.Tensor = _GatherSeq.apply(x, group)
+    return out
+
+
+class ContextParallel:
+    """One cp rank's view of a sequence of `seq_len` tokens: its positions, and attention over the group."""
+
+    def __init__(self, group: dist.ProcessGroup, seq_len: int, device: torch.device) -> None:
+        self.group, self.seq_len = group, seq_len
+        self.cp, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.positions = local_positions(seq_len, self.cp, self.rank, device)
+        # gathered keys arrive rank by rank; `order` puts them back in sequence order
+        gathered = torch.cat([local_positions(seq_len, self.cp, r, device) for r in range(self.cp)])
+        self.order = gathered.argsort()
+        # True where the query (local token) may see the key (global position): key <= query
+        self.mask = torch.arange(seq_len, device=device).unsqueeze(0) <= self.positions.unsqueeze(1)
+
+    def shard(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        return x.index_select(dim, self.positions.to(x.device))
+
+    def local_rope(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The RoPE tables' rows of this rank's positions (tables of the full sequence in)."""
+        return cos[self.positions], sin[self.positions]
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention of the local queries over every rank's keys; (batch, heads, seq, dim) layout."""
+        # K and V in one collective: (2, b, h, s, d) -> sequence first, the dim all-gather joins on
+        kv = torch.stack((k, v)).permute(3, 0, 1, 2, 4)
+        full = gather_sequence(kv, self.group).index_select(0, self.order)
+        k_all, v_all = full.permute(1, 2, 3, 0, 4).unbind(0)
+        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=self.mask, enable_gqa=True)
+
+
+def apply_cp(model: nn.Module, cp: ContextParallel) -> None:
+    """Make a (possibly pipeline-split) Transformer attend over the cp group: every attention runs
+    `cp.attention`, and positions (RoPE tables, learned rows) are this rank's global ones.
+
+    After any deepcopy (`parallel.split_stage`), which a process group does not survive; before
+    materialising, whose `reset_rope` builds the tables of this rank's positions.
+    """
+    from sweeper.trainer.model import Attention, Transformer
+
+    for m in model.modules():
+        if isinstance(m, Transformer):
+            m.cp = cp
+        elif isinstance(m, Attention):
+            m.attend = cp.attention
