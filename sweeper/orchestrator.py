@@ -23,6 +23,7 @@ from sweeper.layout import Layout
 from sweeper.plan import Plan, make_plan
 from sweeper.results import InFlight, ResultsStore, now_utc, row_from
 from sweeper.search import LayoutSearch, build_search, trial_attrs
+from sweeper.slow_trials import judge, saved_gpu_hours
 from sweeper.spec import Sweep, parse_sweep
 from sweeper.statuses import TrialStatus
 from sweeper.study_guard import (
@@ -35,6 +36,7 @@ from sweeper.study_guard import (
     sqlite_path,
     storage_errors,
 )
+from sweeper.trial import stops_sweep
 
 FROZEN_SPEC = "sweep.yaml"
 MAX_ATTEMPTS = 2  # an infrastructure failure (killed job, lost node, vanished process) is retried once
@@ -318,6 +320,7 @@ def _record(run: SweepRun, rec: InFlight, outcome: JobOutcome) -> dict[str, Any]
         sweep_id=run.identity,
         started_at=_ts(rec.started_at),
         finished_at=now_utc(),
+        gpu_hours_saved=saved_gpu_hours(run.sweep, outcome.result),
     )
     if rec.previous_error and values.get("error"):
         values["error"] = f"{values['error']} (attempt 1: {rec.previous_error})"
@@ -364,15 +367,20 @@ def step(run: SweepRun, progress: Progress | None = None) -> bool:
         if proposal is None:
             break
         number = run.store.next_trial_number()
+        run.search.label(proposal.optuna_trial, number)
         _submit(run, number, proposal.layout, optuna_trial=proposal.optuna_trial, row=proposal.row)
         if progress:
             progress.submitted(run, number, proposal.layout, run.running[number].handle.job_id)
     for number, item in list(run.running.items()):
-        outcome = run.launcher.poll(item.handle)
+        outcome = judge(run, item, run.launcher.poll(item.handle))  # a clearly slow trial is stopped
         if outcome is None:
             continue
         del run.running[number]
-        if outcome.infrastructure_failure and item.record.attempt < MAX_ATTEMPTS and not run.stop_requested:
+        # a crash that is not the layout's memory, kernel or time limit may be the node's: once more
+        retry = outcome.infrastructure_failure or (
+            outcome.result.status.retried() and not stops_sweep(outcome.result.to_dict())
+        )
+        if retry and item.record.attempt < MAX_ATTEMPTS and not run.stop_requested:
             err = (outcome.result.error or "").splitlines()
             _resubmit(run, item.record, err[0] if err else "infrastructure failure")
             continue
@@ -393,7 +401,6 @@ def step(run: SweepRun, progress: Progress | None = None) -> bool:
 def _check_environment(run: SweepRun, row: dict[str, Any]) -> None:
     """Stop on a trial that found no usable GPU; warn once when the GPU found is not the sweep file's."""
     from sweeper.hardware import gpu_matches
-    from sweeper.trial import stops_sweep
 
     if stops_sweep(row):
         run.stop_requested = True

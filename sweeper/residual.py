@@ -1,0 +1,91 @@
+"""What the throughput model got wrong, learned from measured step times: a Gaussian process over
+the layout's knobs of log(measured / predicted step time), and the expected improvement it gives.
+
+The analytic step time (`sweeper.perfmodel`) is the prior: with nothing measured every layout is
+predicted at the model's time, uncertain by `PRIOR_SIGMA` in log space. Each measured layout moves
+the prediction of its neighbours (layouts that share most knob values) by the same share, so one
+slow layout lowers the odds of the layouts like it and one fast one raises them. A global offset
+(the model's constant error, as the mean residual) is removed before the fit, so the process
+learns only how the error varies between layouts.
+
+Pure numpy and scikit-learn over the plan's columns; features are built once for the searched
+candidates, so scoring a million candidates is a few vectorised passes.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+from scipy.special import ndtr
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.gaussian_process import GaussianProcessRegressor
+from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
+
+from sweeper.knobs import KNOBS
+
+# How far off the model may be before anything is measured: a layout 2x slower than predicted
+# is ~2 sigma. Bounds keep the fitted amplitude in a plausible range from a handful of points.
+PRIOR_SIGMA = 0.35
+MIN_SIGMA = 0.15  # the model is never trusted closer than this away from what was measured
+LENGTH_SCALE = 0.8  # in feature units: one knob value changed (one-hot distance 1.4) keeps ~20 % correlation
+MIN_FIT = 6  # measured layouts before the kernel's amplitude and length scales are fitted
+NOISE = 0.03**2  # repeat-to-repeat noise of a measured step time (a few %), in log space squared
+
+
+def features(cols: dict[str, np.ndarray], rows: np.ndarray, searched: Sequence[str]) -> np.ndarray:
+    """One row of features per layout: numeric knobs as log2 scaled to [0, 1], the others one-hot."""
+    out = []
+    for k in searched:
+        v = cols[k][rows]
+        if KNOBS[k].kind is int:
+            every = np.log2(np.maximum(cols[k].astype(float), 1.0))
+            lo, span = float(every.min()), float(np.ptp(every)) or 1.0
+            out.append(((np.log2(np.maximum(v.astype(float), 1.0)) - lo) / span)[:, None])
+        else:
+            values = np.unique(cols[k])
+            out.append((v[:, None] == values[None, :]).astype(float))
+    return np.hstack(out) if out else np.zeros((len(rows), 1))
+
+
+class Residual:
+    """A Gaussian process of log(measured / predicted step time) over a fixed set of layouts."""
+
+    def __init__(self, x: np.ndarray) -> None:
+        self.x = x  # features of every layout the search may run, in the search's row order
+        self.gp: GaussianProcessRegressor | None = None
+        self.offset = 0.0
+
+    def fit(self, index: np.ndarray, log_ratio: np.ndarray) -> None:
+        """Fit to measured layouts (positions in `x`) and their log(measured / predicted)."""
+        y = np.asarray(log_ratio, dtype=float)
+        if y.size == 0:
+            self.gp, self.offset = None, 0.0
+            return
+        self.offset = float(np.mean(y))
+        d = self.x.shape[1]
+        kernel = ConstantKernel(PRIOR_SIGMA**2, (MIN_SIGMA**2, 2.0**2)) * Matern(
+            length_scale=np.full(d, LENGTH_SCALE), length_scale_bounds=(0.3, 20.0), nu=2.5
+        ) + WhiteKernel(NOISE, (1e-4, 0.1))
+        # a few points cannot tell a length scale or an amplitude: the prior's, until MIN_FIT points
+        optimizer = "fmin_l_bfgs_b" if y.size >= MIN_FIT else None
+        gp = GaussianProcessRegressor(kernel, normalize_y=False, optimizer=optimizer, n_restarts_optimizer=0)
+        with warnings.catch_warnings():  # bounds hit by a fit to a few points: the bound is the answer
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            gp.fit(self.x[np.asarray(index, dtype=int)], y - self.offset)
+        self.gp = gp
+
+    def predict(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and standard deviation of log(true / predicted step time) at layouts `index`."""
+        if self.gp is None:
+            return np.zeros(len(index)), np.full(len(index), PRIOR_SIGMA)
+        mean, std = self.gp.predict(self.x[index], return_std=True)
+        return mean + self.offset, np.maximum(std, 1e-6)
+
+
+def expected_speedup(log_time: np.ndarray, sigma: np.ndarray, best_time: float) -> np.ndarray:
+    """E[max(1/T - 1/best, 0)] * best for log T ~ N(log_time, sigma^2): the expected improvement in
+    speed (1/step time, proportional to MFU) over the best measured, as a share of it."""
+    m, s = -np.asarray(log_time) + np.log(best_time), np.asarray(sigma)  # log(speed / best speed)
+    return np.exp(m + s**2 / 2) * ndtr((m + s**2) / s) - ndtr(m / s)
