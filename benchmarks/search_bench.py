@@ -256,6 +256,11 @@ def memory_main() -> None:
 if __name__ == "__main__":
     import sys
 
+    if "--public" in sys.argv:  # published sweeps replayed through the sweep loop (benchmarks/search_public.py)
+        sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+        from search_public import main as public_main
+
+        raise SystemExit(public_main())
     if "--memory-only" not in sys.argv:
         main()
     memory_main()

@@ -78,7 +78,7 @@ MIN_FIT_CHANCE = 0.01  # a layout less likely than this to fit is pruned; above 
 
 def fit_chance(total: np.ndarray, capacity: float, sigma: float = MEMORY_LOG_SIGMA) -> np.ndarray:
     """The chance the true need is within `capacity` when the estimate is `total` (log-normal error)."""
-    ratio = capacity / np.maximum(np.asarray(total, dtype=float), 1.0)
+    ratio = capacity / np.maximum(np.asarray(total, dtype=float), np.finfo(float).tiny)
     return np.asarray(ndtr(np.log(ratio) / sigma))
 
 

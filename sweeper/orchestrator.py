@@ -363,11 +363,10 @@ def step(run: SweepRun, progress: Progress | None = None) -> bool:
         and run.launched < run.budget
         and not run.search.should_stop()
     ):
-        proposal = run.search.ask()
+        number = run.store.next_trial_number()
+        proposal = run.search.ask(trial_number=number)
         if proposal is None:
             break
-        number = run.store.next_trial_number()
-        run.search.label(proposal.optuna_trial, number)
         _submit(run, number, proposal.layout, optuna_trial=proposal.optuna_trial, row=proposal.row)
         if progress:
             progress.submitted(run, number, proposal.layout, run.running[number].handle.job_id)

@@ -25,13 +25,15 @@ from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
 
 from sweeper.knobs import KNOBS
 
-# How far off the model may be before anything is measured: a layout 2x slower than predicted
-# is ~2 sigma. Bounds keep the fitted amplitude in a plausible range from a handful of points.
-PRIOR_SIGMA = 0.35
+# How far off the model may be before anything is measured (in log space: 0.2 = about 20 %, the
+# spread of the throughput model's error on public step times); a 40x quirk is far outside it,
+# and the fitted amplitude (from MIN_FIT points on) grows to it.
+PRIOR_SIGMA = 0.2
 MIN_SIGMA = 0.15  # the model is never trusted closer than this away from what was measured
 LENGTH_SCALE = 0.8  # in feature units: one knob value changed (one-hot distance 1.4) keeps ~20 % correlation
 MIN_FIT = 6  # measured layouts before the kernel's amplitude and length scales are fitted
-NOISE = 0.03**2  # repeat-to-repeat noise of a measured step time (a few %), in log space squared
+NOISE = 0.03**2
+PRIOR_WEIGHT = 1.0  # how many measured neighbours the prior chance to run counts as  # repeat-to-repeat noise of a measured step time (a few %), in log space squared
 
 
 def features(cols: dict[str, np.ndarray], rows: np.ndarray, searched: Sequence[str]) -> np.ndarray:
@@ -82,6 +84,21 @@ class Residual:
             return np.zeros(len(index)), np.full(len(index), PRIOR_SIGMA)
         mean, std = self.gp.predict(self.x[index], return_std=True)
         return mean + self.offset, np.maximum(std, 1e-6)
+
+
+def ok_chance(x: np.ndarray, index: np.ndarray, prior: np.ndarray, seen: np.ndarray, ran: np.ndarray) -> np.ndarray:
+    """The chance each layout at `index` runs: its prior chance (to fit the card), moved towards what
+    the layouts like it did (`seen` positions, `ran` 1 or 0), each weighted by the kernel's correlation.
+
+    A kernel-weighted average with the prior counted as PRIOR_WEIGHT observations: two failed
+    neighbours that share every knob but one pull a layout's chance well below its prior, while
+    far-away failures leave it as it was. Failures no formula predicts (crashes, layouts a trainer
+    refuses) cluster in knob values this way."""
+    if seen.size == 0:
+        return prior
+    d = np.sqrt(((x[index][:, None, :] - x[seen][None, :, :]) ** 2).sum(axis=2)) / LENGTH_SCALE
+    w = (1 + np.sqrt(5) * d + 5 * d**2 / 3) * np.exp(-np.sqrt(5) * d)  # Matern 5/2, as the process's kernel
+    return (PRIOR_WEIGHT * prior + w @ ran) / (PRIOR_WEIGHT + w.sum(axis=1))
 
 
 def expected_speedup(log_time: np.ndarray, sigma: np.ndarray, best_time: float) -> np.ndarray:

@@ -29,7 +29,7 @@ from sweeper.learn import Learning
 from sweeper.memfit import fit_chance
 from sweeper.perfmodel import Calibration, StepTime
 from sweeper.plan import Plan
-from sweeper.residual import Residual, expected_speedup, features
+from sweeper.residual import Residual, expected_speedup, features, ok_chance
 from sweeper.statuses import PlanStatus, TrialStatus
 from sweeper.stopping import SlowerThanBest, mfu_seconds
 
@@ -134,8 +134,10 @@ def tell_study(
         if study._storage.get_trial(trial_id).state.is_finished():
             return  # told before the crash: nothing left to say (Optuna's skip_if_finished)
         trial = optuna.trial.Trial(study, trial_id)
+    known = trial.user_attrs  # set when the trial was made (layout, trial number): not written again
     for key, v in (attrs | {"status": str(status)}).items():
-        trial.set_user_attr(key, v)
+        if known.get(key) != v:
+            trial.set_user_attr(key, v)
     if status == TrialStatus.OK and value is not None:
         study.tell(trial, value)
     elif status == TrialStatus.STOPPED_EARLY:
@@ -249,6 +251,7 @@ class LayoutSearch:
         self._fitted = 0  # measured layouts the residual was last fitted on
         self._scratch: optuna.Study | None = None  # the named sampler's own study (tpe, gp, random)
         self._scratch_of: dict[int, int] = {}  # plan row -> its scratch trial, while it runs
+        self._number: int | None = None  # the sweep's number of the trial being asked
         if not self.policy.exploit(started=0):
             optuna.logging.set_verbosity(logging.WARNING)
             self._scratch = optuna.create_study(
@@ -297,8 +300,11 @@ class LayoutSearch:
     def remaining(self) -> int:
         return len(self.untried())
 
-    def ask(self, *, max_rejections: int = 200) -> Proposal | None:
-        """The next new candidate, or None when every candidate has been tried, runs or is excluded."""
+    def ask(self, *, max_rejections: int = 200, trial_number: int | None = None) -> Proposal | None:
+        """The next new candidate, or None when every candidate has been tried, runs or is excluded.
+
+        `trial_number`: the sweep's number for the trial, kept as the Optuna trial's user attribute."""
+        self._number = trial_number
         untried = self.untried()
         if not untried:
             return None
@@ -326,13 +332,20 @@ class LayoutSearch:
         self._refit()
         mean, std = self.residual.predict(self._pos[rows])
         log_time = np.log(self._calibrated_total(rows)) + mean
-        chance = self.fit_chance(rows)
+        chance = self._ok_chance(rows)
         measured = [t for r, t in self.learning.measured.items() if self.outcome.get(r) == TrialStatus.OK]
         if not measured:  # nothing ran yet: the fastest expected
             return chance * np.exp(-log_time)
         gain = expected_speedup(log_time, std, min(measured)) * chance
         # far from every measurement the gain can underflow to 0: then the fastest expected wins
         return gain if float(np.max(gain)) > 1e-12 else chance * np.exp(-log_time)
+
+    def _ok_chance(self, rows: np.ndarray) -> np.ndarray:
+        """The chance to fit, moved by what the finished layouts like these did (ran, or failed)."""
+        seen = np.asarray(list(self.outcome), dtype=np.int64)
+        ran = np.asarray([TrialStatus(s).succeeded() or TrialStatus(s).was_stopped() for s in self.outcome.values()])
+        x = self.residual.x
+        return ok_chance(x, self._pos[rows], self.fit_chance(rows), self._pos[seen], ran.astype(float))
 
     def _calibrated_total(self, rows: np.ndarray) -> np.ndarray:
         m, c = self.model, self.calibration
@@ -369,18 +382,22 @@ class LayoutSearch:
         return self._enqueue(int(self._rng.choice(self.untried())))
 
     def _enqueue(self, row: int) -> Proposal:
+        """The sweep's study gets one RUNNING trial with the layout's parameters and attributes, made in
+        one write (a trial asked and then suggested would take one per knob)."""
         params = {k: _python(self.plan.cols[k][row]) for k in self.searched}
-        self.study.enqueue_trial(params, skip_if_exists=False)
-        trial = self.study.ask()
-        for k in self.searched:
-            trial.suggest_categorical(k, list(self.sweep.space[k]))
+        dists: dict[str, BaseDistribution] = {
+            k: CategoricalDistribution(list(self.sweep.space[k])) for k in self.searched
+        }
+        attrs = trial_attrs(self.plan.layout(row))
+        if self._number is not None:
+            attrs["trial_number"] = self._number
+        template = optuna.trial.create_trial(
+            state=TrialState.RUNNING, params=params, distributions=dists, user_attrs=attrs
+        )
+        storage = self.study._storage
+        trial_id = storage.create_new_trial(self.study._study_id, template_trial=template)
         self.running.add(row)
-        return Proposal(trial.number, row, self.plan.layout(row))
-
-    def label(self, optuna_trial: int, number: int) -> None:
-        """Name the Optuna trial after the sweep trial it runs (`trial_number`, as in the results)."""
-        trial_id = self.study._storage.get_trial_id_from_study_id_trial_number(self.study._study_id, optuna_trial)
-        self.study._storage.set_trial_user_attr(trial_id, "trial_number", int(number))
+        return Proposal(storage.get_trial_number_from_id(trial_id), row, self.plan.layout(row))
 
     def report_steps(self, optuna_trial: int, step_mfu: list[float]) -> int | None:
         """Report the MFU of each measured step not yet reported; the number of steps after which the

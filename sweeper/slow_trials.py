@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 STEPS_FILE = "steps.txt"  # one step time (seconds) per line, written by the built-in trainer's rank 0
 WORKLOAD_LOG = "workload.log"
-REPORTED_STEPS = 5  # the "first measured steps": a trial not stopped after these runs to its end
+REPORTED_STEPS = 3  # the "first measured steps": a trial not stopped after these runs to its end
 
 
 def read_steps_file(path: Path) -> list[float]:
