@@ -58,25 +58,33 @@ class Residual:
         self.x = x  # features of every layout the search may run, in the search's row order
         self.gp: GaussianProcessRegressor | None = None
         self.offset = 0.0
+        self._tuned_at = 0  # points of the last hyperparameter fit (0: never fitted)
 
     def fit(self, index: np.ndarray, log_ratio: np.ndarray) -> None:
         """Fit to measured layouts (positions in `x`) and their log(measured / predicted)."""
         y = np.asarray(log_ratio, dtype=float)
         if y.size == 0:
-            self.gp, self.offset = None, 0.0
+            self.gp, self.offset, self._tuned_at = None, 0.0, 0
             return
         self.offset = float(np.mean(y))
         d = self.x.shape[1]
         kernel = ConstantKernel(PRIOR_SIGMA**2, (MIN_SIGMA**2, 2.0**2)) * Matern(
             length_scale=np.full(d, LENGTH_SCALE), length_scale_bounds=(0.3, 20.0), nu=2.5
         ) + WhiteKernel(NOISE, (1e-4, 0.1))
-        # a few points cannot tell a length scale or an amplitude: the prior's, until MIN_FIT points
-        optimizer = "fmin_l_bfgs_b" if y.size >= MIN_FIT else None
-        gp = GaussianProcessRegressor(kernel, normalize_y=False, optimizer=optimizer, n_restarts_optimizer=0)
+        # a few points cannot tell a length scale or an amplitude: the prior's, until MIN_FIT points;
+        # then fitted again each time the points double, the last fit's kept in between (fast)
+        refit = y.size >= MIN_FIT and y.size >= 2 * self._tuned_at
+        if self.gp is not None and not refit and self._tuned_at:
+            kernel = self.gp.kernel_
+        gp = GaussianProcessRegressor(
+            kernel, normalize_y=False, optimizer="fmin_l_bfgs_b" if refit else None, n_restarts_optimizer=0
+        )
         with warnings.catch_warnings():  # bounds hit by a fit to a few points: the bound is the answer
             warnings.simplefilter("ignore", ConvergenceWarning)
             gp.fit(self.x[np.asarray(index, dtype=int)], y - self.offset)
         self.gp = gp
+        if refit:
+            self._tuned_at = int(y.size)
 
     def predict(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Mean and standard deviation of log(true / predicted step time) at layouts `index`."""
