@@ -23,7 +23,7 @@ from sweeper.layout import Layout
 from sweeper.plan import Plan, make_plan
 from sweeper.results import InFlight, ResultsStore, now_utc, row_from
 from sweeper.search import LayoutSearch, build_search, trial_attrs
-from sweeper.slow_trials import judge, saved_gpu_hours
+from sweeper.slow_trials import crashed, judge, saved_gpu_hours
 from sweeper.spec import Sweep, parse_sweep
 from sweeper.statuses import TrialStatus
 from sweeper.study_guard import (
@@ -376,9 +376,7 @@ def step(run: SweepRun, progress: Progress | None = None) -> bool:
             continue
         del run.running[number]
         # a crash that is not the layout's memory, kernel or time limit may be the node's: once more
-        retry = outcome.infrastructure_failure or (
-            outcome.result.status.retried() and not stops_sweep(outcome.result.to_dict())
-        )
+        retry = outcome.infrastructure_failure or crashed(run, outcome)
         if retry and item.record.attempt < MAX_ATTEMPTS and not run.stop_requested:
             err = (outcome.result.error or "").splitlines()
             _resubmit(run, item.record, err[0] if err else "infrastructure failure")

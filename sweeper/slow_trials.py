@@ -1,4 +1,7 @@
-"""Stop clearly slow trials: read a running trial's step times, report them to the study's pruner, and
+"""What the sweep loop does with a trial's outcome beyond recording it: stop clearly slow trials, and
+say which failed ones get a second attempt (`crashed`).
+
+Stop clearly slow trials: read a running trial's step times, report them to the study's pruner, and
 turn a trial the pruner stops into a `stopped_early` result with the GPU time it saved.
 
 Step times come from the built-in trainer's `steps.txt` (rank 0 appends one line per step, see
@@ -18,7 +21,7 @@ from sweeper.launchers.base import JobOutcome, TrialJob
 from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
 from sweeper.stopping import STOP_SLOWER, gpu_hours_saved, step_mfu
-from sweeper.trial import TrialResult, summarize
+from sweeper.trial import TrialResult, stops_sweep, summarize
 
 if TYPE_CHECKING:
     from sweeper.orchestrator import Running, SweepRun
@@ -67,6 +70,17 @@ def judge(run: SweepRun, item: Running, polled: JobOutcome | None) -> JobOutcome
     if polled.result.status == TrialStatus.OK:
         return stop_if_slow(run, item, polled.result.step_times_s, polled) or polled
     return polled
+
+
+def crashed(run: SweepRun, outcome: JobOutcome) -> bool:
+    """A crash worth a second attempt: `failed`, not a missing GPU, not a job someone cancelled, and
+    not a replay (its answers repeat)."""
+    return (
+        outcome.result.status.retried()
+        and run.launcher.kind != "replay"
+        and not stops_sweep(outcome.result.to_dict())
+        and "was cancelled" not in (outcome.result.error or "")
+    )
 
 
 def saved_gpu_hours(sweep: Sweep, result: TrialResult) -> float | None:

@@ -69,8 +69,7 @@ def test_dashboard_shows_failures_attributes_and_metric_name(tmp_path):
     assert sorted(t["values"][0] for t, _ in ok) == [0.5, 0.55] and all(t["state"] == "Complete" for t, _ in ok)
     failed, failed_attrs = by_status["failed"]
     assert failed["state"] == "Fail" and not failed.get("values")
-    # a crash that is not an OOM is retried once before the layout is written off: both attempts' errors
-    assert failed_attrs["error"].startswith("NCCL error: unhandled system error (attempt 1: NCCL error")
+    assert failed_attrs["error"] == "NCCL error: unhandled system error"
     assert failed_attrs["layout"].startswith("tp=2 pp=2 micro_batch_size=1 ")
     oom, oom_attrs = by_status["oom"]
     assert oom["state"] == "Fail" and oom_attrs["error"] == "CUDA out of memory"  # the first line only
