@@ -197,13 +197,16 @@ def quirk(tmp: Path) -> tuple[int | None, str]:
         "results_dir": str(tmp / "quirk_results"),
     }
     plan = make_plan(parse_sweep(yaml.safe_dump(spec)))
-    rows = np.flatnonzero(plan.candidate_mask)
+    rows = np.flatnonzero(plan.status == "candidate")  # (uncertain layouts run out of memory here)
     step = plan.throughput.total[rows]
     slow_pp = int(plan.cols["pp"][rows[np.argmin(step)]])
     true = step * np.where(plan.cols["pp"][rows] == slow_pp, QUIRK, 1.0)
     best = int(rows[np.argmin(true)])
     table = pd.DataFrame({k: plan.cols[k][rows] for k in ("tp", "pp", "micro_batch_size", "sharding")})
     table["status"], table["step_time_mean_s"] = "ok", true
+    over = np.flatnonzero(plan.status == "uncertain")
+    oom = pd.DataFrame({k: plan.cols[k][over] for k in ("tp", "pp", "micro_batch_size", "sharding")})
+    table = pd.concat([table, oom.assign(status="oom")], ignore_index=True)
     spec |= {
         "launcher": {"kind": "replay", "table": str(tmp / "quirk.csv")},
         "search": {"max_trials": len(rows), "parallel": 1, "seed": 0},
