@@ -20,10 +20,12 @@ from tests.conftest import base_spec
 
 @pytest.mark.parametrize("knob,slower", [("pp", 4.0), ("micro_batch_size", 3.0)])
 def test_quirk_replay_runs_the_true_best_within_5_trials(tmp_path, knob, slower):
-    spec = base_spec(name="quirk", results_dir=str(tmp_path / "results"),
-                     space={"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4],
-                            "sharding": ["none", "zero1"]},
-                     memory={"headroom": 0.0})
+    spec = base_spec(
+        name="quirk",
+        results_dir=str(tmp_path / "results"),
+        space={"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4], "sharding": ["none", "zero1"]},
+        memory={"headroom": 0.0},
+    )
     path = tmp_path / "quirk.yaml"
     path.write_text(yaml.safe_dump(spec))
     plan = make_plan(load_sweep(path))
@@ -45,6 +47,8 @@ def test_quirk_replay_runs_the_true_best_within_5_trials(tmp_path, knob, slower)
     run = prepare(sweep, ReplayLauncher(tmp_path / "table.csv", sweep), storage=str(tmp_path / "study.journal"))
     while len(run.rows) < 5 and loop_step(run):  # the first five trials of a sweep whose budget is the grid
         pass
-    ran = [plan.row_of(Layout.from_mapping({k: r[k] for k in KNOBS}))
-           for r in sorted(run.rows, key=lambda r: r["trial_number"])]
+    ran = [
+        plan.row_of(Layout.from_mapping({k: r[k] for k in KNOBS}))
+        for r in sorted(run.rows, key=lambda r: r["trial_number"])
+    ]
     assert best in ran[:5], (best, ran)

@@ -18,12 +18,19 @@ from tests.conftest import base_spec
 def test_a_slow_trial_is_stopped_early_and_its_saved_gpu_time_recorded(tmp_path):
     table = tmp_path / "table.parquet"
     slow = [1.0] + [3.0] * 9  # 3x the first layout's pace after the warm-up step
-    pd.DataFrame([
-        {"tp": 4, "status": "ok", "step_time_mean_s": 1.0, "step_times_s": [1.0] * 10},
-        {"tp": 8, "status": "ok", "step_time_mean_s": 3.0, "step_times_s": slow},
-    ]).to_parquet(table)
-    spec = base_spec(name="slow", results_dir=str(tmp_path / "results"), space={"tp": [4, 8]},
-                     search={"sampler": "grid", "max_trials": 2}, trial={"steps": 10, "warmup_steps": 1})
+    pd.DataFrame(
+        [
+            {"tp": 4, "status": "ok", "step_time_mean_s": 1.0, "step_times_s": [1.0] * 10},
+            {"tp": 8, "status": "ok", "step_time_mean_s": 3.0, "step_times_s": slow},
+        ]
+    ).to_parquet(table)
+    spec = base_spec(
+        name="slow",
+        results_dir=str(tmp_path / "results"),
+        space={"tp": [4, 8]},
+        search={"sampler": "grid", "max_trials": 2},
+        trial={"steps": 10, "warmup_steps": 1},
+    )
     path = tmp_path / "slow.yaml"
     path.write_text(yaml.safe_dump(spec))
     sweep = load_sweep(path)
@@ -46,12 +53,19 @@ def test_a_slow_trial_is_stopped_early_and_its_saved_gpu_time_recorded(tmp_path)
 
 def test_a_trial_as_fast_as_the_best_runs_to_its_end(tmp_path):
     table = tmp_path / "table.parquet"
-    pd.DataFrame([
-        {"tp": 4, "status": "ok", "step_time_mean_s": 1.0, "step_times_s": [1.0] * 10},
-        {"tp": 8, "status": "ok", "step_time_mean_s": 1.4, "step_times_s": [1.0] + [1.4] * 9},  # slower, not 1.5x
-    ]).to_parquet(table)
-    spec = base_spec(name="even", results_dir=str(tmp_path / "results"), space={"tp": [4, 8]},
-                     search={"sampler": "grid", "max_trials": 2}, trial={"steps": 10, "warmup_steps": 1})
+    pd.DataFrame(
+        [
+            {"tp": 4, "status": "ok", "step_time_mean_s": 1.0, "step_times_s": [1.0] * 10},
+            {"tp": 8, "status": "ok", "step_time_mean_s": 1.4, "step_times_s": [1.0] + [1.4] * 9},  # slower, not 1.5x
+        ]
+    ).to_parquet(table)
+    spec = base_spec(
+        name="even",
+        results_dir=str(tmp_path / "results"),
+        space={"tp": [4, 8]},
+        search={"sampler": "grid", "max_trials": 2},
+        trial={"steps": 10, "warmup_steps": 1},
+    )
     path = tmp_path / "even.yaml"
     path.write_text(yaml.safe_dump(spec))
     sweep = load_sweep(path)

@@ -25,15 +25,25 @@ def test_the_study_holds_exactly_the_sweeps_trials(tmp_path, sampler):
         bad = tp * pp == 16 or (mb == 2 and tp == 1)  # as the search-learns check's table
         # pp=4 runs 3x slower than the rest from its second step: stopped early once something ran
         step = 1.0 / (0.3 + 0.05 * tp - 0.04 * pp + 0.01 * mb) * (3.0 if pp == 4 else 1.0)
-        rows.append({"tp": tp, "pp": pp, "micro_batch_size": mb, "status": "oom" if bad else "ok",
-                     "step_time_mean_s": None if bad else step,
-                     "step_times_s": None if bad else [1.0] + [step] * 9})
+        rows.append(
+            {
+                "tp": tp,
+                "pp": pp,
+                "micro_batch_size": mb,
+                "status": "oom" if bad else "ok",
+                "step_time_mean_s": None if bad else step,
+                "step_times_s": None if bad else [1.0] + [step] * 9,
+            }
+        )
     table = tmp_path / "table.parquet"
     pd.DataFrame(rows).to_parquet(table)
-    spec = base_spec(name="st", results_dir=str(tmp_path / "results"),
-                     space={"tp": [1, 2, 4], "pp": [1, 2, 4], "micro_batch_size": [1, 2]},
-                     cluster={"nodes": 8, "gpus_per_node": 8, "gpu": {"memory_gib": 10000, "peak_tflops": 1000}},
-                     search={"max_trials": 10, "sampler": sampler, "seed": 1})
+    spec = base_spec(
+        name="st",
+        results_dir=str(tmp_path / "results"),
+        space={"tp": [1, 2, 4], "pp": [1, 2, 4], "micro_batch_size": [1, 2]},
+        cluster={"nodes": 8, "gpus_per_node": 8, "gpu": {"memory_gib": 10000, "peak_tflops": 1000}},
+        search={"max_trials": 10, "sampler": sampler, "seed": 1},
+    )
     path = tmp_path / "st.yaml"
     path.write_text(yaml.safe_dump(spec))
     sweep = load_sweep(path)

@@ -16,9 +16,13 @@ def _card_for(share_over: float, **overrides):
     probe = make_plan(make_sweep(space={"tp": [8], "pp": [1], "micro_batch_size": [1]}, **overrides))
     need = float(probe.memory.total[0]) / 2**30 / (1 + share_over)
     gib = need / 0.95  # the default headroom keeps 5 % of the card free
-    return make_plan(make_sweep(space={"tp": [8], "pp": [1], "micro_batch_size": [1]},
-                                cluster={"nodes": 8, "gpus_per_node": 8,
-                                         "gpu": {"memory_gib": gib, "peak_tflops": 312}}, **overrides))
+    return make_plan(
+        make_sweep(
+            space={"tp": [8], "pp": [1], "micro_batch_size": [1]},
+            cluster={"nodes": 8, "gpus_per_node": 8, "gpu": {"memory_gib": gib, "peak_tflops": 312}},
+            **overrides,
+        )
+    )
 
 
 def test_fit_chance_follows_the_measured_error():
@@ -52,8 +56,9 @@ def test_a_layout_far_over_the_card_is_pruned():
 
 def test_the_search_weighs_an_uncertain_layout_by_its_chance():
     # two layouts; the uncertain one is predicted faster, but its chance to fit is small
-    plan = make_plan(make_sweep(space={"tp": [1, 2, 4, 8], "pp": [1], "micro_batch_size": [1, 2]},
-                                memory={"headroom": 0.0}))
+    plan = make_plan(
+        make_sweep(space={"tp": [1, 2, 4, 8], "pp": [1], "micro_batch_size": [1, 2]}, memory={"headroom": 0.0})
+    )
     search = build_search(plan, sampler="auto", max_trials=20, seed=0)
     rows = np.flatnonzero(plan.candidate_mask)
     expected = search.learning.pred_mfu[rows] * plan.fit_chance[rows]
