@@ -107,8 +107,8 @@ def stop_if_slow(
     if k is None:
         return None
     ran = times[: sweep.trial.warmup_steps + k]
-    if finished is not None and len(ran) >= len(times):
-        return None  # it had run every step anyway
+    if len(ran) > sweep.trial.steps / 2:
+        return None  # stopping would save less than half the trial: not worth a result short of steps
     job = item.handle.job
     base = finished.result if finished is not None else None
     result = summarize(sweep, job.layout, step_times_s=ran, losses=(base.losses[: len(ran)] if base else []))
