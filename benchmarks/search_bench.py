@@ -33,16 +33,23 @@ from sweeper.spec import Sweep, load_sweep, parse_sweep
 SEEDS = (0, 1, 2)
 CAP = 150  # trials at most per run
 STARTUP_S = 120.0  # job start, model build, first compile/warm-up: what an OOM costs
-ATTENTION = {"flash2": 1.0, "cudnn": 1.01, "flash1": 0.91, "sdpa_efficient": 0.9, "fused_softmax": 0.87,
-             "eager": 0.80, "sdpa_math": 0.78}
+ATTENTION = {
+    "flash2": 1.0,
+    "cudnn": 1.01,
+    "flash1": 0.91,
+    "sdpa_efficient": 0.9,
+    "fused_softmax": 0.87,
+    "eager": 0.80,
+    "sdpa_math": 0.78,
+}
 CKPT = {"none": 1.0, "selective": 0.965, "ffn": 0.9, "full": 0.755}
-
 
 
 def step_time_s(sw: Sweep, mfu: float) -> float:
     """The optimizer step time a layout of this MFU takes: the simulated trials' measured step time."""
     flops = sw.global_batch_size * sw.seq_len * model_flops_per_token(sw.model, sw.seq_len)
     return flops / (mfu * sw.cluster.world * sw.cluster.gpu.peak_flops(sw.trial.precision))
+
 
 def simulate(plan: Plan, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(true MFU, true OOM, true peak GiB) for every layout of the plan; invalid layouts get NaN."""
@@ -99,8 +106,15 @@ def run_strategy(plan: Plan, truth: tuple[np.ndarray, np.ndarray, np.ndarray], s
             step = step_time_s(sw, float(mfu[r]))
             gpu_h += sw.cluster.world * (STARTUP_S + sw.trial.steps * step) / 3600
             # a GPU trial reports its peak (max allocated), as the built-in trainer and Megatron-LM do
-            search.tell(p.optuna_trial, r, status="ok", mfu=float(mfu[r]), step_time_s=step,
-                        peak_mem_gib=float(peak_gib[r]), device="cuda")
+            search.tell(
+                p.optuna_trial,
+                r,
+                status="ok",
+                mfu=float(mfu[r]),
+                step_time_s=step,
+                peak_mem_gib=float(peak_gib[r]),
+                device="cuda",
+            )
             if within is None and mfu[r] >= 0.99 * best:
                 within = trial
             if r == best_row:
@@ -110,8 +124,11 @@ def run_strategy(plan: Plan, truth: tuple[np.ndarray, np.ndarray, np.ndarray], s
 
 
 def tables() -> list[tuple[str, Sweep]]:
-    out = [(n, load_sweep(f"search_spaces/{n}.yaml")) for n in ("llama13b_2k", "llama13b_8k", "llama30b_2k", "llama65b_2k")]
-    h100 = parse_sweep("""
+    out = [
+        (n, load_sweep(f"search_spaces/{n}.yaml")) for n in ("llama13b_2k", "llama13b_8k", "llama30b_2k", "llama65b_2k")
+    ]
+    h100 = parse_sweep(
+        """
 name: llama3_8b_h100
 model: llama3-8b
 seq_len: 8192
@@ -126,7 +143,9 @@ space:
   attention: [flash2, sdpa_math]
   sharding: [none, zero1, fsdp]
   compile: [false, true]
-""", source="llama3_8b_h100")
+""",
+        source="llama3_8b_h100",
+    )
     out.append(("llama3_8b_h100", h100))
     return out
 
@@ -142,7 +161,9 @@ def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t0 = time.time()
     lines, ratios_grid, ratios_random, within5 = [], [], [], []
-    print(f"{'table':16s} {'cands':>5s} {'strategy':8s} {'to best':>8s} {'to 1%':>6s} {'GPU-h':>8s} {'best pruned':>11s}")
+    print(
+        f"{'table':16s} {'cands':>5s} {'strategy':8s} {'to best':>8s} {'to 1%':>6s} {'GPU-h':>8s} {'best pruned':>11s}"
+    )
     for name, sweep in tables():
         plan = make_plan(sweep)
         n_cand = int(plan.candidate_mask.sum())
@@ -155,8 +176,10 @@ def main() -> None:
         pruned_best = plan.status[int(np.nanargmax(np.where(fits, mfu, np.nan)))] == "pruned"
         for strategy, runs in per.items():
             found = [r["found"] for r in runs]
-            print(f"{name:16s} {n_cand:5d} {strategy:8s} {fmt(found):>8s} {fmt([r['within'] for r in runs]):>6s} "
-                  f"{statistics.mean(r['gpu_h'] for r in runs):8.1f} {'yes' if pruned_best else 'no':>11s}")
+            print(
+                f"{name:16s} {n_cand:5d} {strategy:8s} {fmt(found):>8s} {fmt([r['within'] for r in runs]):>6s} "
+                f"{statistics.mean(r['gpu_h'] for r in runs):8.1f} {'yes' if pruned_best else 'no':>11s}"
+            )
         d = statistics.mean(r["found"] or CAP for r in per["default"])
         g = per["grid"][0]["found"] or n_cand
         rnd = statistics.mean(r["found"] or CAP for r in per["random"])
@@ -166,12 +189,18 @@ def main() -> None:
         lines.append((name, d, g, rnd, n_cand))
     print()
     for name, d, g, rnd, n in lines:
-        print(f"{name:16s} default ran the best after {d:.1f} trials = {100 * d / n:.1f}% of the grid's {n}; "
-              f"ratio to grid-in-order {d / g:.3f}, to random {d / rnd:.3f}")
-    print(f"default within 10% of the grid's trials on {sum(r <= 0.10 for r in ratios_grid)}/{len(ratios_grid)} tables; "
-          f"within 1% of the best MFU in 5 trials on {sum(within5)}/{len(within5)}")
-    print(f"geometric mean of trials to best, default / grid size {math.exp(statistics.mean(map(math.log, ratios_grid))):.4f}, "
-          f"default / random {math.exp(statistics.mean(map(math.log, ratios_random))):.3f} ({time.time() - t0:.0f} s)")
+        print(
+            f"{name:16s} default ran the best after {d:.1f} trials = {100 * d / n:.1f}% of the grid's {n}; "
+            f"ratio to grid-in-order {d / g:.3f}, to random {d / rnd:.3f}"
+        )
+    print(
+        f"default within 10% of the grid's trials on {sum(r <= 0.10 for r in ratios_grid)}/{len(ratios_grid)} tables; "
+        f"within 1% of the best MFU in 5 trials on {sum(within5)}/{len(within5)}"
+    )
+    print(
+        f"geometric mean of trials to best, default / grid size {math.exp(statistics.mean(map(math.log, ratios_grid))):.4f}, "
+        f"default / random {math.exp(statistics.mean(map(math.log, ratios_random))):.3f} ({time.time() - t0:.0f} s)"
+    )
 
 
 # ---- memory off the estimate --------------------------------------------------------------
@@ -222,8 +251,16 @@ def run_memory_case(plan: Plan, seed: int, direction: str) -> dict:
             continue
         step = step_time_s(sw, float(mfu[r]))
         gib = float(alloc[r]) / 1024**3
-        search.tell(p.optuna_trial, r, status="ok", mfu=float(mfu[r]), step_time_s=step,
-                    peak_mem_gib=gib, peak_mem_reserved_gib=1.08 * gib, device="cuda")
+        search.tell(
+            p.optuna_trial,
+            r,
+            status="ok",
+            mfu=float(mfu[r]),
+            step_time_s=step,
+            peak_mem_gib=gib,
+            peak_mem_reserved_gib=1.08 * gib,
+            device="cuda",
+        )
         if r == best_row:
             found = trial
             break
@@ -232,7 +269,9 @@ def run_memory_case(plan: Plan, seed: int, direction: str) -> dict:
 
 def memory_main() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    print(f"\n{'table':12s} {'recipe':11s} {'memory':6s} {'best pruned':>11s} {'best run':>9s} {'trials to best':>15s} {'OOMs':>5s}")
+    print(
+        f"\n{'table':12s} {'recipe':11s} {'memory':6s} {'best pruned':>11s} {'best run':>9s} {'trials to best':>15s} {'OOMs':>5s}"
+    )
     hits = total = pruned_hits = pruned_total = 0
     for table in ("llama13b_2k", "llama13b_8k"):
         base = load_sweep(f"search_spaces/{table}.yaml")
@@ -246,16 +285,25 @@ def memory_main() -> None:
                 pruned_total += sum(r["pruned_best"] for r in runs)
                 pruned_hits += sum(r["pruned_best"] and r["found"] is not None for r in runs)
                 mean = f"{statistics.mean(found):.1f}" if found else "-"
-                print(f"{table:12s} {recipe:11s} {direction:6s} {sum(r['pruned_best'] for r in runs):>8d}/{len(runs)} "
-                      f"{len(found):>7d}/{len(runs)} {mean:>15s} {statistics.mean(r['ooms'] for r in runs):5.1f}")
-    print(f"memory off the estimate: the true best ran in {hits}/{total} simulated sweeps "
-          f"({len(RECIPES)} recipes x over/under x {len(MEM_SEEDS)} seeds x 2 tables); where the plan had pruned "
-          f"the true best, it still ran in {pruned_hits}/{pruned_total}")
+                print(
+                    f"{table:12s} {recipe:11s} {direction:6s} {sum(r['pruned_best'] for r in runs):>8d}/{len(runs)} "
+                    f"{len(found):>7d}/{len(runs)} {mean:>15s} {statistics.mean(r['ooms'] for r in runs):5.1f}"
+                )
+    print(
+        f"memory off the estimate: the true best ran in {hits}/{total} simulated sweeps "
+        f"({len(RECIPES)} recipes x over/under x {len(MEM_SEEDS)} seeds x 2 tables); where the plan had pruned "
+        f"the true best, it still ran in {pruned_hits}/{pruned_total}"
+    )
 
 
 if __name__ == "__main__":
     import sys
 
+    if "--public" in sys.argv:  # published sweeps replayed through the sweep loop (benchmarks/search_public.py)
+        sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+        from search_public import main as public_main
+
+        raise SystemExit(public_main())
     if "--memory-only" not in sys.argv:
         main()
     memory_main()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sweeper.hardware import GIB
-from sweeper.memfit import MemoryFit, mirror, needs_at_least, probe_rows, refit, refitted_total
+from sweeper.memfit import MemoryFit, mirror, needs_at_least, needs_at_most, probe_rows, refit, refitted_total
 from sweeper.perfmodel import Calibration, StepTime, calibrate
 from sweeper.plan import Plan
 from sweeper.statuses import PlanStatus
@@ -113,6 +113,9 @@ class Learning:
             if r not in done and (r not in self.readmitted or r in self.mem_excluded)
         ]
         pool += [r for r in self.mem_excluded if self.plan.candidate_mask[r]]
+        # uncertain layouts needing no more than one that ran are certain now (their chance to fit is 1)
+        uncertain = np.flatnonzero(self.plan.status == PlanStatus.UNCERTAIN)
+        self.proven.update(int(r) for r in uncertain[needs_at_most(self.plan.cols, uncertain, ok_row)])
         m = mirror(self.plan.cols, mem.total, mem.capacity_bytes, ok_row, np.asarray(pool, dtype=int))
         for found in m.readmit:
             r = int(found)

@@ -23,6 +23,7 @@ from sweeper.layout import Layout
 from sweeper.plan import Plan, make_plan
 from sweeper.results import InFlight, ResultsStore, now_utc, row_from
 from sweeper.search import LayoutSearch, build_search, trial_attrs
+from sweeper.slow_trials import crashed, judge, saved_gpu_hours
 from sweeper.spec import Sweep, parse_sweep
 from sweeper.statuses import TrialStatus
 from sweeper.study_guard import (
@@ -32,6 +33,7 @@ from sweeper.study_guard import (
     sqlite_path,
     storage_errors,
 )
+from sweeper.trial import stops_sweep
 from sweeper.unwritten import left_unwritten, not_written, unwritten
 
 FROZEN_SPEC = "sweep.yaml"
@@ -308,6 +310,7 @@ def _record(run: SweepRun, rec: InFlight, outcome: JobOutcome) -> dict[str, Any]
         sweep_id=run.identity,
         started_at=_ts(rec.started_at),
         finished_at=now_utc(),
+        gpu_hours_saved=saved_gpu_hours(run.sweep, outcome.result),
     )
     if rec.previous_error and values.get("error"):
         values["error"] = f"{values['error']} (attempt 1: {rec.previous_error})"
@@ -360,15 +363,15 @@ def step(run: SweepRun, progress: Progress | None = None) -> bool:
         and run.launched < run.budget
         and not run.search.should_stop()
     ):
-        proposal = run.search.ask()
+        number = run.store.next_trial_number()
+        proposal = run.search.ask(trial_number=number)
         if proposal is None:
             break
-        number = run.store.next_trial_number()
         _submit(run, number, proposal.layout, optuna_trial=proposal.optuna_trial, row=proposal.row)
         if progress:
             progress.submitted(run, number, proposal.layout, run.running[number].handle.job_id)
     for number, item in list(run.running.items()):
-        outcome = run.launcher.poll(item.handle)
+        outcome = judge(run, item, run.launcher.poll(item.handle))  # a clearly slow trial is stopped
         if outcome is None:
             continue
         del run.running[number]
@@ -382,7 +385,9 @@ def step(run: SweepRun, progress: Progress | None = None) -> bool:
                 f"trial {number}: {full.result.error}. Free the space and run `sweep run` again; "
                 "the results already written are intact"
             )
-        if outcome.infrastructure_failure and item.record.attempt < MAX_ATTEMPTS and not run.stop_requested:
+        # a crash that is not the layout's memory, kernel or time limit may be the node's: once more
+        retry = outcome.infrastructure_failure or crashed(run, outcome)
+        if retry and item.record.attempt < MAX_ATTEMPTS and not run.stop_requested:
             err = (outcome.result.error or "").splitlines()
             _resubmit(run, item.record, err[0] if err else "infrastructure failure")
             continue
@@ -403,7 +408,6 @@ def step(run: SweepRun, progress: Progress | None = None) -> bool:
 def _check_environment(run: SweepRun, row: dict[str, Any]) -> None:
     """Stop on a trial that found no usable GPU; warn once when the GPU found is not the sweep file's."""
     from sweeper.hardware import gpu_matches
-    from sweeper.trial import stops_sweep
 
     if stops_sweep(row):
         run.stop_requested = True

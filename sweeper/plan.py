@@ -12,6 +12,7 @@ import numpy as np
 
 from sweeper.knobs import KNOBS, NO_EFFECT_VALUE
 from sweeper.layout import RULES, Columns, Layout, Rule, ineffective, with_derived
+from sweeper.memfit import MIN_FIT_CHANCE, fit_chance
 from sweeper.memory import Estimate, estimate
 from sweeper.perfmodel import StepTime, predict
 from sweeper.spec import Sweep
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 from sweeper.statuses import PlanReason, PlanStatus
 
 CANDIDATE, INVALID, PRUNED = PlanStatus.CANDIDATE, PlanStatus.INVALID, PlanStatus.PRUNED
+UNCERTAIN = PlanStatus.UNCERTAIN
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,13 @@ class Plan:
         return self._row_of_key(self.candidate_mask)
 
     @cached_property
+    def fit_chance(self) -> np.ndarray:
+        """The chance each layout fits the card: 1 for a candidate, the estimate's error band's for an
+        uncertain one, 0 for the rest (`sweeper.memfit.fit_chance`)."""
+        chance = fit_chance(self.memory.total, self.memory.capacity_bytes)
+        return np.where(self.status == CANDIDATE, 1.0, np.where(self.status == UNCERTAIN, chance, 0.0))
+
+    @cached_property
     def _pruned_of_key(self) -> dict[tuple[Any, ...], int]:
         return self._row_of_key(self.status == PRUNED)
 
@@ -64,7 +73,9 @@ class Plan:
 
     @property
     def candidate_mask(self) -> np.ndarray:
-        return self.status == CANDIDATE
+        """Layouts the search may run: candidates, and uncertain layouts (over the card within the
+        estimate's measured error)."""
+        return (self.status == CANDIDATE) | (self.status == UNCERTAIN)
 
     def near_card(self) -> np.ndarray:
         """Pruned layouts whose predicted total is within memory.probe_margin of the usable card."""
@@ -76,7 +87,7 @@ class Plan:
 
     def reason_counts(self) -> dict[str, int]:
         """Rejected layouts per reason code, most frequent first."""
-        codes = self.reason_code[self.status != CANDIDATE]
+        codes = self.reason_code[~self.candidate_mask]
         return dict(Counter(codes.tolist()).most_common())
 
     def layout(self, i: int) -> Layout:
@@ -145,9 +156,17 @@ def make_plan(sweep: Sweep) -> Plan:
     sub = {k: v[valid] for k, v in cols.items()}
     mem = _spread_estimate(estimate(sub, sweep), valid, n)
     over = np.flatnonzero((status == CANDIDATE) & ~mem.fits)
-    status[over], code[over] = PRUNED, PlanReason.MEMORY
     gib, cap = mem.total / 1024**3, mem.capacity_bytes / 1024**3
+    # an estimate over the card by less than its measured error may still fit: tried, not pruned
+    chance = fit_chance(mem.total[over], mem.capacity_bytes)
+    maybe, over = over[chance >= MIN_FIT_CHANCE], over[chance < MIN_FIT_CHANCE]
+    status[over], code[over] = PRUNED, PlanReason.MEMORY
     reason[over] = [f"needs {gib[i]:.1f} GiB > {cap:.1f} GiB usable on {sweep.cluster.gpu.name}" for i in over]
+    status[maybe], code[maybe] = UNCERTAIN, PlanReason.MEMORY_UNCERTAIN
+    reason[maybe] = [
+        f"needs {gib[i]:.1f} GiB > {cap:.1f} GiB usable, within the estimate's error: {100 * c:.0f}% chance it fits"
+        for i, c in zip(maybe, chance[chance >= MIN_FIT_CHANCE])
+    ]
     sub_time = predict(sub, sweep)
     throughput = StepTime(
         _widen(sub_time.compute, valid, n),

@@ -45,6 +45,7 @@ class TrialRecord:
     finished_at: datetime | None = None
     sweep_version: str | None = None
     sweep_id: str | None = None  # sweeper.identity.sweep_identity of the sweep that ran it
+    gpu_hours_saved: float | None = None  # stopped early: GPU-hours of the steps it did not run
 
 
 @dataclass(frozen=True)

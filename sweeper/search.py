@@ -1,33 +1,40 @@
-"""The search: an Optuna study over the plan's candidate layouts, asked and told one trial at a time.
+"""The search: which layout runs next, and an Optuna study that holds exactly the trials the sweep ran.
 
-Optuna samples one categorical parameter per searched knob. A proposal that the planner
-rejected is told back at once (objective 0, so model-based samplers learn to avoid the region)
-and never run; a proposal equal to a finished layout is told its known result. Only new
-candidates leave `ask`, so no trial is ever spent on a rejected or repeated layout.
+`auto` (the default) runs, each time, the untried layout of highest expected improvement in speed
+over the best measured one: the throughput model (recalibrated by what ran) is the prior, a
+Gaussian process of its residual over the knobs (`sweeper.residual`) is what the trials taught,
+and an uncertain layout's improvement is weighed by its chance to fit the card. `tpe`, `gp` and
+`random` let the named Optuna sampler propose, in a scratch study of its own where rejected and
+repeated proposals are told and forgotten. Either way the sweep's study receives one trial per
+sweep trial, enqueued with the chosen layout: COMPLETE with its MFU, FAIL when it failed, PRUNED
+when it was stopped early, so optuna-dashboard shows only what ran.
 """
 
 from __future__ import annotations
 
 import logging
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState
 
 from sweeper.errors import SweepError
 from sweeper.knobs import KNOBS
 from sweeper.layout import Layout
 from sweeper.learn import Learning
+from sweeper.memfit import fit_chance
 from sweeper.perfmodel import Calibration, StepTime
 from sweeper.plan import Plan
+from sweeper.residual import Residual, expected_speedup, features, ok_chance
 from sweeper.statuses import PlanStatus, TrialStatus
+from sweeper.stopping import SlowerThanBest, mfu_seconds
+from sweeper.study import open_study, tell_study, trial_attrs
 
 SAMPLERS = ("auto", "grid", "random", "tpe", "gp")
-FAILED_OBJECTIVE = 0.0  # what a failed, OOM or rejected layout is worth to the sampler (MFU 0)
-METRIC = "mfu"  # the objective's name in the study (optuna-dashboard's axis label)
+FAILED_OBJECTIVE = 0.0  # what a failed, OOM or rejected layout is worth to a sampler (MFU 0)
 
 
 @dataclass(frozen=True)
@@ -37,30 +44,6 @@ class Proposal:
     optuna_trial: int
     row: int
     layout: Layout
-
-
-def open_study(storage: str, name: str, *, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
-    """Create or load the sweep's study (maximising MFU) in an Optuna storage URL."""
-    optuna.logging.set_verbosity(logging.WARNING)
-    if storage.endswith(".journal") or storage.startswith("journal:"):
-        from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend
-
-        path = storage.removeprefix("journal:")
-        store: Any = JournalStorage(JournalFileBackend(path))
-    else:
-        store = storage
-    try:
-        study = optuna.create_study(
-            study_name=name, storage=store, direction="maximize", sampler=sampler, load_if_exists=True
-        )
-        if study.metric_names != [METRIC]:
-            with warnings.catch_warnings():  # experimental since Optuna 3.2, stable in use
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                study.set_metric_names([METRIC])
-        return study
-    except (ValueError, ImportError, optuna.exceptions.OptunaError) as e:
-        raise SweepError(f"search.storage {storage!r}: cannot open the Optuna study: {e}") from None
 
 
 def is_exhaustive(sampler: str, n_candidates: int, max_trials: int) -> bool:
@@ -86,12 +69,15 @@ def build_search(
     sampler = sampler or settings.sampler
     max_trials = settings.max_trials if max_trials is None else max_trials
     seed = settings.seed if seed is None else seed
-    exhaustive = is_exhaustive(sampler, int(plan.candidate_mask.sum()), max_trials)
-    optuna_sampler = make_sampler(sampler, seed=seed, exhaustive=exhaustive, budget=max_trials)
+    # every trial of the sweep's study is enqueued with the layout chosen here: its own sampler
+    # never proposes, so it is the cheapest; the pruner stops clearly slow trials
+    optuna_sampler = optuna.samplers.RandomSampler(seed=seed)
     name = study_name or plan.sweep.name
     if storage is None:
         optuna.logging.set_verbosity(logging.WARNING)
-        study = optuna.create_study(study_name=name, direction="maximize", sampler=optuna_sampler)
+        study = optuna.create_study(
+            study_name=name, direction="maximize", sampler=optuna_sampler, pruner=SlowerThanBest()
+        )
     else:
         study = open_study(storage, name, sampler=optuna_sampler)
     return LayoutSearch(
@@ -105,54 +91,11 @@ def build_search(
     )
 
 
-def tell_study(
-    study: optuna.Study, trial: optuna.trial.Trial | int, *, status: str, value: float | None, attrs: dict[str, Any]
-) -> None:
-    """Tell Optuna one outcome with its user attributes (status, error line, layout, job id, ...).
-
-    A trial that ran and failed is stored as FAIL, so optuna-dashboard shows it as failed with its
-    error. Optuna's samplers read only COMPLETE/PRUNED trials, so a proposal that is *not run*
-    because it is known to be bad (rejected by the plan, excluded, or a repeat of a failed layout)
-    is told COMPLETE at the failure objective with a violated constraint: TPE and GP rank it
-    infeasible, below every measured layout, so a failed layout still counts as bad for them.
-    """
-    if isinstance(trial, int):  # resumed after a crash: only the number survives
-        trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, trial)
-        if study._storage.get_trial(trial_id).state.is_finished():
-            return  # told before the crash: nothing left to say (Optuna's skip_if_finished)
-        trial = optuna.trial.Trial(study, trial_id)
-    for key, v in (attrs | {"status": str(status)}).items():
-        trial.set_user_attr(key, v)
-    ran = attrs.get("kind") is None
-    if status == TrialStatus.OK and value is not None:
-        study.tell(trial, value)
-    elif ran:
-        study.tell(trial, state=TrialState.FAIL)
-    else:
-        trial.set_constraint("failed", 1.0)
-        study.tell(trial, FAILED_OBJECTIVE)
-
-
-def trial_attrs(
-    layout: Layout | None, *, error: str | None = None, job_id: str | None = None, **extra: Any
-) -> dict[str, Any]:
-    """The user attributes of a told trial: the layout's knobs, the error's first line, the job id."""
-    attrs: dict[str, Any] = dict(extra)
-    if layout is not None:
-        attrs["layout"] = " ".join(f"{k}={_python(v)}" for k, v in layout.as_dict().items())
-    lines = (error or "").strip().splitlines()
-    if lines:
-        attrs["error"] = lines[0][:500]
-    if job_id:
-        attrs["job_id"] = str(job_id)
-    return attrs
-
-
-def make_sampler(name: str, *, seed: int, exhaustive: bool, budget: int) -> optuna.samplers.BaseSampler:
-    """The sampler for search.sampler; the exhaustive path enqueues every candidate itself."""
-    if name == "grid" or (name == "auto" and exhaustive) or name == "random":
+def make_sampler(name: str, *, seed: int, budget: int) -> optuna.samplers.BaseSampler:
+    """The Optuna sampler that proposes for search.sampler tpe, gp or random (in the scratch study)."""
+    if name in ("random", "grid", "auto"):
         return optuna.samplers.RandomSampler(seed=seed)
-    if name in ("tpe", "auto"):
+    if name == "tpe":
         startup = max(2, min(10, budget // 4))
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=startup)
     if name == "gp":
@@ -162,11 +105,11 @@ def make_sampler(name: str, *, seed: int, exhaustive: bool, budget: int) -> optu
 
 @dataclass(frozen=True)
 class Schedule:
-    """The scheduling policy: which trials take the model's best untried layout, which the sampler's.
+    """The scheduling policy: which trials the search's model picks, which an Optuna sampler proposes.
 
-    grid: every candidate in plan order. Exhaustive (grid, or auto within the budget): every
-    candidate, best predicted first. auto otherwise: the first `seed_trials` from the model,
-    then every other trial. tpe, gp, random: the sampler alone.
+    grid: every candidate in plan order. auto: every trial the layout of highest expected
+    improvement (the first `seed_trials`, when set, the model's best predicted). tpe, gp,
+    random: the sampler alone.
     """
 
     sampler: str
@@ -175,8 +118,7 @@ class Schedule:
 
     @classmethod
     def of(cls, sampler: str, *, n_candidates: int, max_trials: int, seed_trials: int | None = None) -> Schedule:
-        default_seed = min(8, max(3, max_trials // 5))
-        seeds = (seed_trials if seed_trials is not None else default_seed) if sampler == "auto" else 0
+        seeds = (seed_trials or 0) if sampler == "auto" else 0
         return cls(sampler, is_exhaustive(sampler, n_candidates, max_trials), seeds)
 
     @property
@@ -184,20 +126,23 @@ class Schedule:
         return self.sampler == "grid"
 
     def exploit(self, *, started: int) -> bool:
-        """Whether the next trial (after `started` ones) runs the calibrated model's best untried layout."""
-        return self.exhaustive or started < self.seed_trials or (self.sampler == "auto" and started % 2 == 0)
+        """Whether the next trial (after `started` ones) is the search's own pick (not a sampler's)."""
+        return self.sampler in ("auto", "grid")
+
+    def by_prior(self, *, started: int) -> bool:
+        """Whether the next trial is the prior's best predicted layout (the seed trials)."""
+        return started < self.seed_trials
 
 
 class LayoutSearch:
     """Ask for new candidate layouts and tell their outcomes, over one Optuna study.
 
-    `auto` (the default) runs every candidate, best predicted first, when they fit in the
-    budget; otherwise it spends its first trials on the layouts the throughput model ranks
-    highest, then alternates: TPE explores, the recalibrated model exploits. Every outcome teaches: an OOM excludes the layouts that
-    need at least as much memory, measured step times recalibrate the throughput model,
-    measured peaks refit the memory estimate both ways, a layout that ran re-admits the pruned
-    layouts that need no more memory, and a clearly faster layout just over the card gets a
-    probe trial (`sweeper.memfit`).
+    `auto` (the default) runs the untried layout of highest expected improvement over the best
+    measured (module docstring). Every outcome teaches: an OOM excludes the layouts that need at
+    least as much memory, measured step times recalibrate the throughput model and refit the
+    residual process, measured peaks refit the memory estimate both ways, a layout that ran
+    re-admits the pruned layouts that need no more memory, and a clearly faster layout just
+    over the card gets a probe trial (`sweeper.memfit`).
     """
 
     def __init__(
@@ -223,9 +168,25 @@ class LayoutSearch:
         self.done: dict[int, float] = {}  # plan row -> objective told
         self.outcome: dict[int, str] = {}  # plan row -> trial status
         self.running: set[int] = set()
+        self.reported: dict[int, int] = {}  # Optuna trial -> steps reported as intermediate values
         self.learning = Learning(plan)
         if not self.policy.in_plan_order:  # grid runs the plan as planned
             self.learning.add_probes()
+        # the residual process is defined over every layout the search could ever run: the
+        # candidates and the pruned layouts a trial may re-admit
+        self._scored = np.flatnonzero(plan.status != PlanStatus.INVALID)
+        self._pos = np.full(len(plan), -1, dtype=np.int64)
+        self._pos[self._scored] = np.arange(self._scored.size)
+        self.residual = Residual(features(plan.cols, self._scored, self.searched))
+        self._fitted = 0  # measured layouts the residual was last fitted on
+        self._scratch: optuna.Study | None = None  # the named sampler's own study (tpe, gp, random)
+        self._scratch_of: dict[int, int] = {}  # plan row -> its scratch trial, while it runs
+        self._number: int | None = None  # the sweep's number of the trial being asked
+        if not self.policy.exploit(started=0):
+            optuna.logging.set_verbosity(logging.WARNING)
+            self._scratch = optuna.create_study(
+                direction="maximize", sampler=make_sampler(sampler, seed=seed, budget=max_trials)
+            )
 
     # What the trials taught, as the rest of the code and the tests read it.
     @property
@@ -238,7 +199,12 @@ class LayoutSearch:
 
     @property
     def pred_mfu(self) -> np.ndarray:
-        return self.learning.pred_mfu
+        """MFU of every layout as the search now expects it: the recalibrated model, corrected by the residual."""
+        self._refit()
+        mean, _ = self.residual.predict(self._pos[self._scored])
+        out = self.learning.pred_mfu.copy()
+        out[self._scored] = out[self._scored] * np.exp(-mean)
+        return out
 
     @property
     def calibration(self) -> Calibration:
@@ -264,60 +230,117 @@ class LayoutSearch:
     def remaining(self) -> int:
         return len(self.untried())
 
-    def ask(self, *, max_rejections: int = 200) -> Proposal | None:
-        """The next new candidate, or None when every candidate has been tried, runs or is excluded."""
+    def ask(self, *, max_rejections: int = 200, trial_number: int | None = None) -> Proposal | None:
+        """The next new candidate, or None when every candidate has been tried, runs or is excluded.
+
+        `trial_number`: the sweep's number for the trial, kept as the Optuna trial's user attribute."""
+        self._number = trial_number
         untried = self.untried()
         if not untried:
             return None
         if self.policy.in_plan_order:
-            return self._ask_enqueued(untried[0])
-        if self.policy.exploit(started=len(self.done) + len(self.running)):
-            return self._ask_enqueued(max(untried, key=lambda r: self.pred_mfu[r]))
-        for _ in range(max_rejections):
-            trial = self.study.ask()
-            values = {k: trial.suggest_categorical(k, list(self.sweep.space[k])) for k in self.searched}
-            layout = self._layout(values)
-            row = self.row_of(layout)
-            if row is None or row in self.excluded:
-                why = layout.rejection(self.sweep)
-                reason = self.excluded.get(row) if row is not None else None
-                status = PlanStatus.INVALID if why else PlanStatus.PRUNED
-                tell_study(
-                    self.study,
-                    trial,
-                    status=status,
-                    value=None,
-                    attrs=trial_attrs(
-                        layout,
-                        kind="rejected",
-                        reason=reason or (why.message if why else "pruned: predicted memory over the card"),
-                    ),
-                )
-            elif row in self.done:
-                tell_study(
-                    self.study,
-                    trial,
-                    status=self.outcome.get(row, TrialStatus.OK),
-                    value=self.done[row],
-                    attrs=trial_attrs(layout, kind="repeat"),
-                )
-            elif row in self.running:
-                trial.set_user_attr("kind", "repeat")
-                self.study.tell(trial, state=TrialState.FAIL)
-            else:
-                self.running.add(row)
-                return Proposal(trial.number, row, self.plan.layout(row))
-        # the sampler keeps proposing what is known: take an untried candidate at random
-        return self._ask_enqueued(int(self._rng.choice(self.untried())))
+            return self._enqueue(untried[0])
+        started = len(self.done) + len(self.running)
+        if self.policy.exploit(started=started):
+            rows = np.asarray(untried, dtype=np.int64)
+            if self.policy.by_prior(started=started):
+                return self._enqueue(int(rows[np.argmax(self.learning.pred_mfu[rows] * self.fit_chance(rows))]))
+            return self._enqueue(int(rows[np.argmax(self.scores(rows))]))
+        return self._ask_sampler(max_rejections)
 
-    def _ask_enqueued(self, row: int) -> Proposal:
+    def fit_chance(self, rows: np.ndarray) -> np.ndarray:
+        """The chance each layout fits the card: 1 once proven, the plan's (estimate's error band) otherwise."""
+        chance = self.plan.fit_chance[rows].copy()
+        readmitted = np.isin(rows, list(self.learning.readmitted))
+        if readmitted.any():  # pruned, then re-admitted by a refit or as a probe: the estimate's band
+            chance[readmitted] = fit_chance(self.plan.memory.total[rows[readmitted]], self.plan.memory.capacity_bytes)
+        chance[np.isin(rows, list(self.learning.proven))] = 1.0
+        return chance
+
+    def scores(self, rows: np.ndarray) -> np.ndarray:
+        """Expected improvement in speed over the best measured layout, times the chance to fit."""
+        self._refit()
+        mean, std = self.residual.predict(self._pos[rows])
+        log_time = np.log(self._calibrated_total(rows)) + mean
+        chance = self._ok_chance(rows)
+        measured = [t for r, t in self.learning.measured.items() if self.outcome.get(r) == TrialStatus.OK]
+        if not measured:  # nothing ran yet: the fastest expected
+            return chance * np.exp(-log_time)
+        gain = expected_speedup(log_time, std, min(measured)) * chance
+        # far from every measurement the gain can underflow to 0: then the fastest expected wins
+        return gain if float(np.max(gain)) > 1e-12 else chance * np.exp(-log_time)
+
+    def _ok_chance(self, rows: np.ndarray) -> np.ndarray:
+        """The chance to fit, moved by what the finished layouts like these did (ran, or failed)."""
+        seen = np.asarray(list(self.outcome), dtype=np.int64)
+        ran = np.asarray([TrialStatus(s).succeeded() or TrialStatus(s).was_stopped() for s in self.outcome.values()])
+        x = self.residual.x
+        return ok_chance(x, self._pos[rows], self.fit_chance(rows), self._pos[seen], ran.astype(float))
+
+    def _calibrated_total(self, rows: np.ndarray) -> np.ndarray:
+        m, c = self.model, self.calibration
+        return np.maximum(c.compute_scale * m.compute[rows] + c.comm_scale * m.comm[rows], 1e-12)
+
+    def _refit(self) -> None:
+        """Fit the residual to every measured step time (when something new was measured)."""
+        measured = self.learning.measured
+        if len(measured) == self._fitted:
+            return
+        rows = np.asarray(list(measured), dtype=np.int64)
+        times = np.asarray([measured[int(r)] for r in rows])
+        self.residual.fit(self._pos[rows], np.log(times / self._calibrated_total(rows)))
+        self._fitted = len(measured)
+
+    def _ask_sampler(self, max_rejections: int) -> Proposal:
+        """A proposal of the named sampler, from its scratch study: rejected or repeated layouts are told
+        there (MFU 0, or their known result) and never reach the sweep's study."""
+        assert self._scratch is not None
+        for _ in range(max_rejections):
+            trial = self._scratch.ask()
+            values = {k: trial.suggest_categorical(k, list(self.sweep.space[k])) for k in self.searched}
+            row = self.row_of(self._layout(values))
+            if row is None or row in self.excluded:
+                self._scratch.tell(trial, FAILED_OBJECTIVE)
+            elif row in self.done:
+                self._scratch.tell(trial, self.done[row])
+            elif row in self.running:
+                self._scratch.tell(trial, state=TrialState.FAIL)
+            else:
+                self._scratch_of[row] = trial.number
+                return self._enqueue(row)
+        # the sampler keeps proposing what is known: take an untried candidate at random
+        return self._enqueue(int(self._rng.choice(self.untried())))
+
+    def _enqueue(self, row: int) -> Proposal:
+        """The sweep's study gets one RUNNING trial with the layout's parameters and attributes, made in
+        one write (a trial asked and then suggested would take one per knob)."""
         params = {k: _python(self.plan.cols[k][row]) for k in self.searched}
-        self.study.enqueue_trial(params, skip_if_exists=False)
-        trial = self.study.ask()
-        for k in self.searched:
-            trial.suggest_categorical(k, list(self.sweep.space[k]))
+        dists: dict[str, BaseDistribution] = {
+            k: CategoricalDistribution(list(self.sweep.space[k])) for k in self.searched
+        }
+        attrs = trial_attrs(self.plan.layout(row))
+        if self._number is not None:
+            attrs["trial_number"] = self._number
+        template = optuna.trial.create_trial(
+            state=TrialState.RUNNING, params=params, distributions=dists, user_attrs=attrs
+        )
+        storage = self.study._storage
+        trial_id = storage.create_new_trial(self.study._study_id, template_trial=template)
         self.running.add(row)
-        return Proposal(trial.number, row, self.plan.layout(row))
+        return Proposal(storage.get_trial_number_from_id(trial_id), row, self.plan.layout(row))
+
+    def report_steps(self, optuna_trial: int, step_mfu: list[float]) -> int | None:
+        """Report the MFU of each measured step not yet reported; the number of steps after which the
+        pruner stops the trial, or None while it may go on."""
+        trial_id = self.study._storage.get_trial_id_from_study_id_trial_number(self.study._study_id, optuna_trial)
+        trial = optuna.trial.Trial(self.study, trial_id)
+        done = self.reported.get(optuna_trial, 0)
+        for i in range(done, len(step_mfu)):
+            trial.report(step_mfu[i], i)
+            self.reported[optuna_trial] = i + 1
+            if trial.should_prune():
+                return i + 1
+        return None
 
     def observe(
         self,
@@ -332,23 +355,40 @@ class LayoutSearch:
     ) -> float:
         """Learn from a finished trial (also from an earlier run's rows); returns its objective."""
         status = TrialStatus(status)
-        value = mfu if (status.succeeded() and mfu is not None) else FAILED_OBJECTIVE
+        measured = status.succeeded() or status.was_stopped()
+        value = mfu if (measured and mfu is not None) else FAILED_OBJECTIVE
         self.running.discard(row)
         self.excluded.pop(row, None)
         self.done[row] = value
         self.outcome[row] = status
+        if self._scratch is not None:
+            self._tell_scratch(row, value if measured else FAILED_OBJECTIVE)
         if status.is_oom():
             self.learning.learn_oom(row, self.untried())
-        if status.succeeded() and step_time_s:
+        if measured and not step_time_s and mfu:  # a table of MFU only: its step time is the same fact
+            step_time_s = mfu_seconds(self.sweep) / mfu
+        if measured and step_time_s:
             self.learning.learn_step_time(row, step_time_s)
         device_peak = bool(device) and not str(device).startswith("cpu")  # CPU RSS growth is no allocator peak
-        if status.succeeded() and device_peak and (peak_mem_gib or peak_mem_reserved_gib):
+        if measured and device_peak and (peak_mem_gib or peak_mem_reserved_gib):
             self.learning.learn_peak(
                 row, peak_mem_gib, peak_mem_reserved_gib, self.untried(), busy=self.done.keys() | self.running
             )
-        if status.succeeded():
+        if measured:
             self.learning.learn_ran(row, done=self.done.keys())
         return value
+
+    def _tell_scratch(self, row: int, value: float) -> None:
+        assert self._scratch is not None
+        number = self._scratch_of.pop(row, None)
+        if number is not None:
+            self._scratch.tell(number, value, skip_if_finished=True)
+            return
+        params = {k: _python(self.plan.cols[k][row]) for k in self.searched}
+        dists: dict[str, BaseDistribution] = {
+            k: CategoricalDistribution(list(self.sweep.space[k])) for k in self.searched
+        }
+        self._scratch.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=value))
 
     def tell(
         self,
@@ -372,7 +412,7 @@ class LayoutSearch:
 
     def should_stop(self) -> bool:
         """With a stop margin: no untried layout can beat the best by more than it (calibrated model)."""
-        ok = [v for v in self.done.values() if v > 0]
+        ok = [v for r, v in self.done.items() if v > 0 and self.outcome.get(r) == TrialStatus.OK]
         if self.stop_margin is None or len(self.learning.measured) < 3 or not ok:
             return False
         untried = self.untried()

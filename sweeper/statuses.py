@@ -18,6 +18,7 @@ class TrialStatus(StrEnum):
     KERNEL_UNAVAILABLE = "kernel_unavailable"
     TIMEOUT = "timeout"
     FAILED = "failed"
+    STOPPED_EARLY = "stopped_early"  # its first steps were clearly slower than the best so far: stopped
 
     def succeeded(self) -> bool:
         """It ran its steps and measured them."""
@@ -26,6 +27,14 @@ class TrialStatus(StrEnum):
     def is_failure(self) -> bool:
         """Counts as MFU 0 for the search: anything but a measured run."""
         return self is not TrialStatus.OK
+
+    def was_stopped(self) -> bool:
+        """Stopped by the search (Optuna's PRUNED): its steps were measured, slower than the best."""
+        return self is TrialStatus.STOPPED_EARLY
+
+    def retried(self) -> bool:
+        """A crash that is not the layout's memory, kernel or time: run once more before writing the layout off."""
+        return self is TrialStatus.FAILED
 
     def is_oom(self) -> bool:
         """Ran out of device memory: every layout that needs at least as much would too."""
@@ -42,9 +51,10 @@ class PlanStatus(StrEnum):
     CANDIDATE = "candidate"  # valid and predicted to fit: may be run
     INVALID = "invalid"  # breaks a validity rule, or runs identically to another layout
     PRUNED = "pruned"  # valid, but predicted not to fit in GPU memory
+    UNCERTAIN = "uncertain"  # predicted over the card, but within the estimate's measured error: may be run
 
     def runnable(self) -> bool:
-        return self is PlanStatus.CANDIDATE
+        return self in (PlanStatus.CANDIDATE, PlanStatus.UNCERTAIN)
 
 
 class PlanReason(StrEnum):
@@ -66,7 +76,10 @@ class PlanReason(StrEnum):
     FLOAT8_UNSUPPORTED = "float8_unsupported"
     DUPLICATE = "duplicate"  # runs identically to another layout (a knob with no effect there)
     MEMORY = "memory"  # predicted not to fit: the layout is pruned, not invalid
+    MEMORY_UNCERTAIN = "memory_uncertain"  # predicted over the card within the estimate's error: uncertain
 
     def status(self) -> PlanStatus:
         """The plan status this reason gives a layout."""
+        if self is PlanReason.MEMORY_UNCERTAIN:
+            return PlanStatus.UNCERTAIN
         return PlanStatus.PRUNED if self is PlanReason.MEMORY else PlanStatus.INVALID

@@ -23,7 +23,7 @@ def test_replay_reproduces_a_past_sweeps_best(tmp_path):
     plan = make_plan(sweep)
     store = ResultsStore(tmp_path / "old")
     store.ensure()
-    cands = [int(r) for r in plan.candidate_mask.nonzero()[0]]
+    cands = [int(r) for r in (plan.status == "candidate").nonzero()[0]]  # (not the uncertain layouts)
     assert len(cands) > 10
     for i, r in enumerate(cands[:-1]):  # a past sweep of all but one candidate: one clearly best, a few OOMs
         lay = plan.layout(r)
@@ -46,5 +46,7 @@ def test_replay_reproduces_a_past_sweeps_best(tmp_path):
     knobs = list(expected)
     assert not df.duplicated(knobs).any()
     # every candidate once, less those an OOM showed would not fit (they need more memory)
-    assert len(cands) - 3 <= len(df) <= len(cands) and (df.status == "oom").sum() >= 1
-    assert len(missing) <= 1 and (missing.status == "failed").all()  # the one the table lacks
+    # (and the uncertain layouts, tried too: the past sweep's table lacks them)
+    uncertain = int((plan.status == "uncertain").sum())
+    assert len(cands) - 3 <= len(df) <= len(cands) + uncertain and (df.status == "oom").sum() >= 1
+    assert len(missing) <= 1 + uncertain and (missing.status == "failed").all()  # the one the table lacks

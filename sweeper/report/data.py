@@ -88,6 +88,12 @@ def summary_lines(sweep: Sweep, plan: Plan, df: pd.DataFrame) -> list[str]:
         f"Grid run: {len(df)} trials of {cands} candidate layouts{share}; "
         f"{len(plan)} layouts in the cross product. Trials: {statuses or 'none'}."
     )
+    stopped = df[df["status"] == TrialStatus.STOPPED_EARLY]
+    if len(stopped):
+        saved = stopped["gpu_hours_saved"].fillna(0).sum() if "gpu_hours_saved" in stopped else 0.0
+        lines.append(
+            f"Stopped early (clearly slower than the best so far): {len(stopped)} trials, {saved:.1f} GPU-hours saved."
+        )
     reasons = plan.reason_counts()
     pruned = counts.get(PlanStatus.PRUNED, 0)
     lines.append(

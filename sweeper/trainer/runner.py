@@ -24,6 +24,7 @@ import torch.distributed as dist
 from sweeper.files import atomic_write_text
 from sweeper.hardware import GIB
 from sweeper.layout import Layout
+from sweeper.slow_trials import STEPS_FILE
 from sweeper.spec import Sweep
 from sweeper.trainer.env import (
     DistEnv,
@@ -83,11 +84,19 @@ def device_name(device: torch.device) -> str:
 
 
 def run_steps(
-    trainer: Trainer, *, steps: int, rank: int, faults: list[Fault], warmup: int = 0, peak: PeakMemory | None = None
+    trainer: Trainer,
+    *,
+    steps: int,
+    rank: int,
+    faults: list[Fault],
+    warmup: int = 0,
+    peak: PeakMemory | None = None,
+    steps_file: Path | None = None,
 ) -> tuple[list[float], list[torch.Tensor], float]:
     """The protocol's loop: synchronise and take the wall time at the end of every step.
 
-    After the `warmup` steps, `peak` starts its steady-state figure.
+    After the `warmup` steps, `peak` starts its steady-state figure. Each step's time is appended
+    to `steps_file` as it ends, so the sweep can stop a clearly slow trial early (`sweeper.slow_trials`).
     """
     times: list[float] = []
     losses: list[torch.Tensor] = []
@@ -100,6 +109,9 @@ def run_steps(
         synchronize(trainer.device)
         now = time.perf_counter()
         times.append(now - last)
+        if steps_file is not None:
+            with open(steps_file, "a") as f:  # one whole line per write: a reader never sees half a number
+                f.write(f"{times[-1]:.6f}\n")
         if peak is not None and step + 1 == warmup:
             peak.mark_warm()
             now = time.perf_counter()  # the reset is not the next step's time
@@ -107,7 +119,14 @@ def run_steps(
     return times, losses, first_step_unix
 
 
-def _measure(sweep: Sweep, layout: Layout, env: DistEnv, device: torch.device, started: float | None) -> dict[str, Any]:
+def _measure(
+    sweep: Sweep,
+    layout: Layout,
+    env: DistEnv,
+    device: torch.device,
+    started: float | None,
+    out_dir: Path | None = None,
+) -> dict[str, Any]:
     world = sweep.cluster.world
     if env.world_size != world:
         raise RuntimeError(
@@ -130,8 +149,18 @@ def _measure(sweep: Sweep, layout: Layout, env: DistEnv, device: torch.device, s
         seed=settings.seed,
         lr=settings.lr,
     )
+    steps_file = out_dir / STEPS_FILE if (out_dir is not None and env.rank == 0) else None
+    if steps_file is not None:
+        steps_file.parent.mkdir(parents=True, exist_ok=True)
+        steps_file.unlink(missing_ok=True)
     times, losses, first_step_unix = run_steps(
-        trainer, steps=settings.steps, rank=env.rank, faults=Fault.from_env(), warmup=settings.warmup_steps, peak=peak
+        trainer,
+        steps=settings.steps,
+        rank=env.rank,
+        faults=Fault.from_env(),
+        warmup=settings.warmup_steps,
+        peak=peak,
+        steps_file=steps_file,
     )
     peak_bytes, reserved = peak.peak_bytes()
     steady = peak.steady_bytes()
@@ -238,7 +267,7 @@ def run_trial(sweep: Sweep, layout: Layout, *, out_dir: Path | None = None) -> T
     agreement = Agreement(store, rank=env.rank)
     watcher = Watcher(connect_store(env, timeout_s=timeout_s, server=False), rank=env.rank, on_stuck=on_stuck).start()
     try:
-        measured = _measure(sweep, layout, env, device, started)
+        measured = _measure(sweep, layout, env, device, started, out_dir)
         result = summarize(sweep, layout, **measured, **base)
     except Exception as e:
         failure = agreement.resolve(e)
