@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sweeper.knobs import KNOBS, WORKLOAD_ATTENTION
-from sweeper.spec import Sweep
+from sweeper.knobs import KNOBS
 from sweeper.statuses import PlanReason
+
+if TYPE_CHECKING:
+    # the sweep file's loader checks sweeps against these rules: no import of the spec at run time
+    from sweeper.spec.schema import Sweep
 
 Columns = Mapping[str, np.ndarray]
 
@@ -258,10 +261,10 @@ RULES: tuple[Rule, ...] = (
     Rule(
         PlanReason.KERNEL_NOT_IN_WORKLOAD,
         "an attention kernel the workload's trainer does not have",
-        lambda c, s: ~np.isin(c["attention"], sorted(WORKLOAD_ATTENTION[s.workload.kind])),
+        lambda c, s: ~np.isin(c["attention"], sorted(s.trainer.attention)),
         lambda c, s, i: (
             f"the {s.workload.kind} trainer has no attention kernel "
-            f"{' or '.join(sorted(set(KNOBS['attention'].choices) - WORKLOAD_ATTENTION[s.workload.kind]))}"
+            f"{' or '.join(sorted(set(KNOBS['attention'].choices) - s.trainer.attention))}"
         ),
     ),
     Rule(

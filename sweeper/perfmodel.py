@@ -18,14 +18,9 @@ import numpy as np
 
 from sweeper.flops import model_flops_per_token
 from sweeper.layout import Columns
-from sweeper.memory import (
-    SCORE_KERNELS,
-    compute_bytes,
-    pipeline_shapes,
-    stage_layers,
-    stage_params,
-)
+from sweeper.memory import SCORE_KERNELS, compute_bytes
 from sweeper.spec import Sweep
+from sweeper.stages import pipeline_shapes, stage_layers, stage_params
 
 GIGA = 1e9
 MATMUL_EFFICIENCY = 0.80  # large bf16 GEMMs on datacenter GPUs reach ~75-85 % of peak

@@ -6,7 +6,7 @@ import pytest
 
 from sweeper.hardware import GIB
 from sweeper.layout import Layout
-from sweeper.memory import estimate, layer_activation_bytes, microbatches_in_flight
+from sweeper.memory import estimate, layer_activation_bytes, microbatches_in_flight_at
 from tests.conftest import make_sweep
 
 P7B = 6_738_415_616
@@ -113,6 +113,11 @@ def test_1f1b_first_stage_holds_the_same_layers_as_no_pipeline():
     assert pp4 == pytest.approx(pp1)
 
 
+def microbatches_in_flight(cols):
+    """Micro-batches in flight on the first and on the last pipeline rank (the memory model's schedule arithmetic)."""
+    return microbatches_in_flight_at(cols, 0), microbatches_in_flight_at(cols, int(cols["pp"][0]) - 1)
+
+
 def test_interleaved_and_gpipe_in_flight():
     s = sweep7b(space={"pp": [4]})
     lay = Layout(pp=4, pp_schedule="interleaved", virtual_stages=2)
@@ -151,11 +156,27 @@ def test_torchtitan_published_measurement():
     # torch.compile, 77.0 GiB). The built-in trainer's selective policy keeps every matmul
     # output, so its recipe must sit at or above the measurement.
     def reserved(recipe: str) -> float:
-        s = make_sweep(model="llama3-8b", seq_len=8192, global_batch_size=16,
-                       cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"}, space={"tp": [1]},
-                       memory={"recipe": recipe})
-        return est(Layout(sharding="fsdp", micro_batch_size=2, activation_checkpointing="selective",
-                          attention="flash2", rmsnorm="fused"), s)["reserved"] / GIB
+        s = make_sweep(
+            model="llama3-8b",
+            seq_len=8192,
+            global_batch_size=16,
+            cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"},
+            space={"tp": [1]},
+            memory={"recipe": recipe},
+        )
+        return (
+            est(
+                Layout(
+                    sharding="fsdp",
+                    micro_batch_size=2,
+                    activation_checkpointing="selective",
+                    attention="flash2",
+                    rmsnorm="fused",
+                ),
+                s,
+            )["reserved"]
+            / GIB
+        )
 
     assert 0.85 <= reserved("torchtitan") / 82.4 <= 1.0
     assert 1.0 <= reserved("builtin") / 82.4 <= 1.15

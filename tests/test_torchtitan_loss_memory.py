@@ -1,4 +1,4 @@
-"""torchtitan's loss, run as torchtitan runs it, against `memory.torchtitan_loss_bytes`.
+"""torchtitan's loss, run as torchtitan runs it, against `trainers.torchtitan.torchtitan_loss_bytes`.
 
 torchtitan's loss is `cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))`
 (torchtitan/components/loss.py), with `pred` dropped before backward (`del pred` in train.py).
@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from sweeper.layout import Layout
-from sweeper.memory import torchtitan_loss_bytes
+from sweeper.trainers.torchtitan import torchtitan_loss_bytes
 from tests.conftest import make_sweep
 
 TOKENS, VOCAB, HIDDEN = 256, 4096, 64
@@ -61,9 +61,14 @@ def inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def model_bytes(compile: bool) -> tuple[float, float]:
-    s = make_sweep(model={"layers": 2, "hidden": HIDDEN, "heads": 4, "ffn": 256, "vocab": VOCAB},
-                   seq_len=TOKENS, global_batch_size=8, space={"tp": [1]}, memory={"recipe": "torchtitan"},
-                   cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"})
+    s = make_sweep(
+        model={"layers": 2, "hidden": HIDDEN, "heads": 4, "ffn": 256, "vocab": VOCAB},
+        seq_len=TOKENS,
+        global_batch_size=8,
+        space={"tp": [1]},
+        memory={"recipe": "torchtitan"},
+        cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"},
+    )
     kept, transient = torchtitan_loss_bytes(Layout(compile=compile).columns(s), s, 2)
     return float(np.asarray(kept)[0]), float(np.asarray(transient)[0])
 
