@@ -29,6 +29,7 @@ from sweeper.flops import model_flops_per_token
 from sweeper.plan import Plan, make_plan
 from sweeper.search import build_search
 from sweeper.spec import Sweep, load_sweep, parse_sweep
+from sweeper.trainers import RECIPES as RECIPES_BY_NAME
 
 SEEDS = (0, 1, 2)
 CAP = 150  # trials at most per run
@@ -276,7 +277,9 @@ def memory_main() -> None:
     for table in ("llama13b_2k", "llama13b_8k"):
         base = load_sweep(f"search_spaces/{table}.yaml")
         for recipe in RECIPES:
-            sweep = replace(base, memory=base.memory.model_copy(update={"recipe": recipe}))
+            # each recipe takes its own memory options: re-validate the common ones under it
+            options = RECIPES_BY_NAME[recipe].options
+            sweep = replace(base, memory=options.model_validate(base.memory.model_dump() | {"recipe": recipe}))
             plan = make_plan(sweep)
             for direction in ("over", "under"):
                 runs = [run_memory_case(plan, s, direction) for s in MEM_SEEDS]

@@ -21,11 +21,13 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sweeper.knobs import KNOBS
-from sweeper.spec import Sweep
 from sweeper.stages import split_layers
+
+if TYPE_CHECKING:
+    from sweeper.spec.schema import Sweep
 
 TORCHTITAN_SCHEDULE = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 # our attention kernels -> Megatron-LM's --attention-backend (flash, fused = cuDNN via TE, unfused)
@@ -436,12 +438,3 @@ def _pair_flags(args: list[str]) -> list[list[str]]:
 def _plain(v: Any) -> Any:
     """numpy and pandas scalars as plain Python values (for JSON, YAML and TOML)."""
     return v.item() if hasattr(v, "item") else v
-
-
-EXPORTERS = {
-    "torchtitan": to_torchtitan,
-    "torchtitan-cli": to_torchtitan_cli,
-    "megatron": to_megatron,
-    "json": to_json,
-    "yaml": to_yaml,
-}

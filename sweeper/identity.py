@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from sweeper.spec import Sweep
+from sweeper.trainers import memory_record
 
 
 def _plain(value: Any) -> Any:
@@ -39,7 +40,7 @@ def sweep_identity(sweep: Sweep) -> str:
         "cluster": sweep.cluster,
         "space": sweep.space,
         "trial": sweep.trial,
-        "memory": sweep.memory,
+        "memory": memory_record(sweep.memory),  # flat over the recipes' options, as before they were split
         "workload": sweep.workload,
     }
     text = json.dumps(_plain(what), sort_keys=True, default=str)

@@ -143,16 +143,3 @@ def layout_line(values: Mapping[str, Any], fmt: Callable[[Any], str] = str) -> s
         f"grad_accum={values['grad_accum']}",
     ]
     return " ".join(base + [f"{label(k)}={fmt(values[k])}" for k in KNOBS if k not in ALWAYS_SHOWN])
-
-
-# Attention kernels each workload kind can run; the plan rejects the others for that kind (rule
-# "kernel_not_in_workload"), so the search never spends a job on an answer known in advance.
-# The built-in trainer runs flash1 only where the flash-attn 1.x package is installed, which
-# clusters rarely have (flash-attn 2 replaced it), so the plan keeps it off the built-in workload;
-# Megatron-LM maps every value to an --attention-backend and torchtitan picks its own (export.py).
-WORKLOAD_ATTENTION: dict[str, frozenset[str]] = {
-    "builtin": frozenset(KNOBS["attention"].choices) - {"flash1"},
-    "megatron": frozenset(KNOBS["attention"].choices),
-    "torchtitan": frozenset(KNOBS["attention"].choices),
-    "command": frozenset(KNOBS["attention"].choices),
-}

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sweeper.knobs import KNOBS, WORKLOAD_ATTENTION
-from sweeper.spec import Sweep
+from sweeper.knobs import KNOBS
 from sweeper.statuses import PlanReason
+
+if TYPE_CHECKING:
+    # the sweep file's loader checks sweeps against these rules: no import of the spec at run time
+    from sweeper.spec.schema import Sweep
 
 Columns = Mapping[str, np.ndarray]
 
@@ -168,19 +171,12 @@ def _microbatch_rounds_ok(cols: Columns) -> np.ndarray:
     return m % rounds == 0
 
 
-# Trainers whose non-interleaved 1F1B runs fewer micro-batches than stages (warm-up of
-# min(pp - rank - 1, m) forwards, the bubble paid): Megatron-LM's forward_backward_pipelining_
-# without_interleaving (megatron/core/pipeline_parallel/schedules.py) and nanotron's 1f1b engine.
-# torch.distributed.pipelining's Schedule1F1B (the built-in trainer, torchtitan) raises "Number of
-# microbatches must be greater than or equal to the number of stages"; interleaved schedules
-# (Megatron-LM's and torch's) need at least pp everywhere; GPipe runs any number.
-RUNS_SHORT_1F1B: frozenset[str] = frozenset({"megatron"})
-
-
 def _short_1f1b_refused(c: Columns, s: Sweep) -> np.ndarray:
     short = (c["pp"] > 1) & (c["grad_accum"] < c["pp"])
     interleaved = c["pp_schedule"] == "interleaved"
-    plain = (c["pp_schedule"] == "1f1b") & (s.workload.kind not in RUNS_SHORT_1F1B)
+    # whether a plain 1F1B may run fewer micro-batches than stages is the trainer's (Trainer.runs_short_1f1b);
+    # interleaved schedules (Megatron-LM's and torch's) need at least pp everywhere; GPipe runs any number
+    plain = (c["pp_schedule"] == "1f1b") & (not s.trainer.runs_short_1f1b)
     return short & (interleaved | plain)
 
 
@@ -274,10 +270,10 @@ RULES: tuple[Rule, ...] = (
     Rule(
         PlanReason.KERNEL_NOT_IN_WORKLOAD,
         "an attention kernel the workload's trainer does not have",
-        lambda c, s: ~np.isin(c["attention"], sorted(WORKLOAD_ATTENTION[s.workload.kind])),
+        lambda c, s: ~np.isin(c["attention"], sorted(s.trainer.attention)),
         lambda c, s, i: (
             f"the {s.workload.kind} trainer has no attention kernel "
-            f"{' or '.join(sorted(set(KNOBS['attention'].choices) - WORKLOAD_ATTENTION[s.workload.kind]))}"
+            f"{' or '.join(sorted(set(KNOBS['attention'].choices) - s.trainer.attention))}"
         ),
     ),
     Rule(

@@ -16,21 +16,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sweeper.comm import allreduce_s, bus_gbps, gather_s
 from sweeper.flops import model_flops_per_token, recompute_flops_per_token
 from sweeper.layout import Columns
-from sweeper.memory import (
-    SCORE_KERNELS,
-    compute_bytes,
-    estimate,
-    pipeline_shapes,
-    stage_layers,
-    stage_params,
-)
-from sweeper.spec import Sweep
+from sweeper.memory import SCORE_KERNELS, compute_bytes, estimate
+from sweeper.stages import pipeline_shapes, stage_layers, stage_params
+
+if TYPE_CHECKING:
+    from sweeper.spec import Sweep
 
 GIGA = 1e9
 GEMM_HALF_SIZE = 0.5  # M*N (in 2^20 elements) at which a GEMM reaches half its large-size efficiency
@@ -137,9 +134,11 @@ def gemm_efficiency(cols: Columns, sweep: Sweep) -> np.ndarray:
 
 
 def predict(
-    cols: Columns, sweep: Sweep, calibration: Calibration = Calibration(), traits: TimeTraits = MEGATRON_LIKE
+    cols: Columns, sweep: Sweep, calibration: Calibration = Calibration(), traits: TimeTraits | None = None
 ) -> StepTime:
-    """Step time by part and MFU for every layout in `cols` (derived columns included)."""
+    """Step time by part and MFU for every layout in `cols` (derived columns included); `traits`
+    default to the sweep's trainer's (`sweep.trainer.time`)."""
+    traits = traits if traits is not None else sweep.trainer.time
     m, gpu, cl = sweep.model, sweep.cluster.gpu, sweep.cluster
     s, L, h, a = sweep.seq_len, m.layers, m.hidden, m.heads
     e = compute_bytes(sweep)
@@ -319,7 +318,7 @@ def model_misses(predicted_s: np.ndarray, measured_s: np.ndarray, share: float =
 
 
 def breakdown(
-    cols: Columns, sweep: Sweep, calibration: Calibration = Calibration(), traits: TimeTraits = MEGATRON_LIKE
+    cols: Columns, sweep: Sweep, calibration: Calibration = Calibration(), traits: TimeTraits | None = None
 ) -> dict[str, np.ndarray]:
     """Seconds per step by part, for every layout: `predict`'s parts with the calibration applied,
     and `forward` (the first forward pass's matmuls and attention, a third of fwd + bwd, for shares).

@@ -42,7 +42,8 @@ def read_steps_file(path: Path) -> list[float]:
 
 def live_step_times(job: TrialJob) -> list[float]:
     """The step times a running trial has logged so far (empty when none, or no log is readable)."""
-    from sweeper.workloads import parse_megatron, parse_torchtitan
+    from sweeper.trainers.megatron import parse_megatron
+    from sweeper.trainers.torchtitan import parse_torchtitan
 
     for path in job.workdir.rglob(STEPS_FILE):
         return read_steps_file(path)

@@ -1,12 +1,22 @@
-"""How a model's layers are split over pipeline stages, when the stages do not divide them evenly.
+"""Pipeline geometry: how a model's layers and parameters are split over pipeline stages,
+when the stages do not divide them evenly.
 
-Pure. Megatron-LM and torchtitan both run uneven stages: a 60-layer model on 8 stages is 4
+Pure (numpy only). Megatron-LM and torchtitan both run uneven stages: a 60-layer model on 8 stages is 4
 stages of 8 and 4 of 7. The first stage also holds the embedding and the last the output head
 and loss, so the extra layers go to the middle stages first; both the memory model and the
-built-in trainer read the split from here, so what is estimated is what runs.
+built-in trainer read the split from here, so what is estimated is what runs. The memory
+and the time models read the parameters of each stage from here too (`stage_params`).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from sweeper.layout import Columns
+    from sweeper.spec.schema import Sweep
 
 
 def split_layers(layers: int, stages: int) -> tuple[int, ...]:
@@ -40,3 +50,55 @@ def stage_bounds(layers: int, stages: int) -> tuple[tuple[int, int], ...]:
         out.append((start, start + n))
         start += n
     return tuple(out)
+
+
+def layer_params_per_rank(cols: Columns, sweep: Sweep) -> np.ndarray:
+    """One block's parameters on one tensor-parallel rank: matrices split by tp, norms replicated."""
+    m = sweep.model
+    return (m.attention_params + m.mlp_params) / cols["tp"] + m.layer_norm_params
+
+
+def stage_layers(layers: int, pp: int, chunks: int = 1) -> tuple[int, ...]:
+    """Layers held by each pipeline rank: its chunks of `split_layers(layers, pp*chunks)`
+    (chunk c runs on rank c mod pp, as Megatron-LM's and torch's interleaved schedules place them)."""
+    split = split_layers(layers, pp * chunks)
+    return tuple(sum(split[r::pp]) for r in range(pp))
+
+
+def pipeline_shapes(cols: Columns) -> list[tuple[int, int]]:
+    """The distinct (pp, chunks per rank) pairs among the layouts, in order."""
+    # one int64 key per row (chunks < 2**20), then the distinct keys: a 1-D unique is fast
+    key = np.asarray(cols["pp"], dtype=np.int64) * (1 << 20) + np.asarray(cols["chunks"], dtype=np.int64)
+    return [(int(k) >> 20, int(k) & ((1 << 20) - 1)) for k in np.unique(key)]
+
+
+def stage_params_at(
+    cols: Columns, sweep: Sweep, layers: np.ndarray | float, *, first: np.ndarray | bool, last: np.ndarray | bool
+) -> np.ndarray:
+    """Parameters on a rank of a stage holding `layers` blocks (tp-split).
+
+    The first stage holds the embedding (vocab-parallel under tp) and a learned position table
+    (replicated, as Megatron-LM keeps it); the last the final norm and the output head (or,
+    when tied and the stage is not also the first, its own copy of the embedding).
+    """
+    m = sweep.model
+    embed = m.vocab * m.hidden / cols["tp"]
+    head = np.where(first, 0.0, embed) if m.tied_embeddings else embed
+    return (
+        layers * layer_params_per_rank(cols, sweep)
+        + np.where(first, embed + m.position_params, 0.0)
+        + np.where(last, head + m.norm_params, 0.0)
+    )
+
+
+def stage_params(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.ndarray]:
+    """Parameters on a rank of the first and of the last pipeline stage (tp-split, uneven splits included)."""
+    L = sweep.model.layers
+    first_layers, last_layers = np.zeros(len(cols["pp"])), np.zeros(len(cols["pp"]))
+    for p in np.unique(cols["pp"]):
+        split = stage_layers(L, int(p)) if p <= L else (np.nan,)
+        first_layers[cols["pp"] == p], last_layers[cols["pp"] == p] = split[0], split[-1]
+    single = cols["pp"] == 1
+    first = stage_params_at(cols, sweep, first_layers, first=True, last=single)
+    last = np.where(single, first, stage_params_at(cols, sweep, last_layers, first=False, last=True))
+    return first, last

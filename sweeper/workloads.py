@@ -1,6 +1,6 @@
 """External workloads: trials that run Megatron-LM, torchtitan or any command instead of the built-in trainer.
 
-The sweep file says `workload: {kind: megatron | torchtitan | command, command: "..."}`. The
+The sweep file says `workload: {kind: megatron | torchtitan | deepspeed | command, command: "..."}`. The
 command is a template: `{flags}` expands to the layout as the trainer's own flags, and
 `{tp}`, `{pp}`, `{dp}`, `{micro_batch_size}`, `{grad_accum}`, `{global_batch_size}`,
 `{seq_len}`, `{steps}`, `{nproc}`, `{nnodes}`, `{node_rank}`, `{master_addr}`, `{master_port}`
@@ -17,91 +17,15 @@ import re
 import shlex
 import subprocess
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweeper.export import (
-    layout_record,
-    megatron_args,
-    megatron_env,
-    torchtitan_cli_args,
-)
+from sweeper.export import layout_record
 from sweeper.layout import Layout
 from sweeper.process import free_port, kill_group
 from sweeper.spec import Sweep
+from sweeper.trainers import TRAINERS
 from sweeper.trial import FAILED, OOM, TIMEOUT, TrialResult, summarize, without_run
-
-
-@dataclass
-class ParsedLog:
-    """What a trainer's log says about its steps."""
-
-    step_times_s: list[float] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)
-    peak_mem_gib: float | None = None
-    peak_mem_reserved_gib: float | None = None
-    reported_tflops: list[float] = field(default_factory=list)
-
-
-# megatron/training/training.py, training_log() (Megatron-LM core_r0.12 / main, 2025):
-#  " [2025-04-13 23:41:12] iteration       10/    1000 | consumed samples: ... | elapsed time per
-#   iteration (ms): 1147.6 | throughput per GPU (TFLOP/s/GPU): 123.4 | learning rate: ... |
-#   global batch size:    16 | lm loss: 1.043E+01 | loss scale: 1.0 | grad norm: 3.1 | ..."
-_MEGATRON_ITER = re.compile(r"iteration\s+(\d+)/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*([\d.]+)")
-_MEGATRON_TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([\d.]+)")
-_MEGATRON_LOSS = re.compile(r"lm loss:\s*([-+\d.Ee]+)")
-# megatron/training/utils.py, report_memory():
-#  "[Rank 0] (after 10 iterations) memory (MB) | allocated: ... | max allocated: 1234.5 | reserved: ... | max reserved: ..."
-_MEGATRON_MEM = re.compile(
-    r"\(after \d+ iterations\) memory \(MB\).*?max allocated:\s*([\d.]+).*?max reserved:\s*([\d.]+)"
-)
-
-# torchtitan/components/metrics.py, MetricsProcessor.log() (torchtitan main, 2025):
-#  "step:  2  loss:  6.1098  grad_norm:  4.6416  memory:  2.49GiB(3.14%)  tps: 177,138  tflops: 96.17  mfu: 9.72%"
-_TITAN_STEP = re.compile(
-    r"step:\s*(\d+)\s+loss:\s*([-+\d.Ee]+)(?:\s+grad_norm:\s*[-+\d.Ee]+)?\s+memory:\s*([\d.]+)GiB\([\d.]+%\)"
-    r"\s+tps:\s*([\d,]+)\s+tflops:\s*([\d,.]+)"
-)
-
-
-def parse_megatron(text: str) -> ParsedLog:
-    """Per-iteration times (run with --log-interval 1), losses, TFLOP/s and the peak memory report."""
-    out = ParsedLog()
-    for line in text.splitlines():
-        m = _MEGATRON_ITER.search(line)
-        if not m:
-            mem = _MEGATRON_MEM.search(line)
-            if mem:
-                alloc, reserved = float(mem.group(1)) / 1024, float(mem.group(2)) / 1024
-                out.peak_mem_gib = max(out.peak_mem_gib or 0.0, alloc)
-                out.peak_mem_reserved_gib = max(out.peak_mem_reserved_gib or 0.0, reserved)
-            continue
-        out.step_times_s.append(float(m.group(2)) / 1000)
-        if (loss := _MEGATRON_LOSS.search(line)) is not None:
-            out.losses.append(float(loss.group(1)))
-        if (tf := _MEGATRON_TFLOPS.search(line)) is not None:
-            out.reported_tflops.append(float(tf.group(1)))
-    return out
-
-
-def parse_torchtitan(text: str, *, tokens_per_step_per_device: float) -> ParsedLog:
-    """torchtitan logs tokens/s per device (tps): step time = tokens per step per device / tps.
-
-    Its memory figure is max reserved; it is kept as the reserved peak.
-    """
-    out = ParsedLog()
-    for m in _TITAN_STEP.finditer(text):
-        tps = float(m.group(4).replace(",", ""))
-        if tps <= 0:
-            continue
-        out.step_times_s.append(tokens_per_step_per_device / tps)
-        out.losses.append(float(m.group(2)))
-        out.reported_tflops.append(float(m.group(5).replace(",", "")))
-        out.peak_mem_reserved_gib = max(out.peak_mem_reserved_gib or 0.0, float(m.group(3)))
-    return out
-
 
 # Failure signatures in a trainer's log, most specific first.
 FAILURES: tuple[tuple[str, re.Pattern[str], str], ...] = (
@@ -150,9 +74,11 @@ def placeholders(sweep: Sweep, layout: Layout) -> dict[str, str]:
 
 def render_command(template: str, sweep: Sweep, layout: Layout, kind: str) -> list[str]:
     """argv of the workload: the template split like a shell line, each word filled in; `{flags}`
-    (a word of its own) becomes the layout's flags for the trainer."""
+    (a word of its own) becomes the layout's flags for the trainer of `kind`."""
     values = placeholders(sweep, layout)
-    flags = _flags(kind, sweep, layout)
+    trainer = TRAINERS[kind]
+    # the layout as the trainer's command-line flags (the same mapping as `sweep best --format`)
+    flags = trainer.flags(layout_record(layout.resolve(sweep).as_fields(), sweep), sweep.trial.steps)
     argv: list[str] = []
     for word in shlex.split(template):
         if word == "{flags}":
@@ -162,41 +88,22 @@ def render_command(template: str, sweep: Sweep, layout: Layout, kind: str) -> li
                 argv.append(word.format_map(values))
             except (KeyError, ValueError) as e:
                 raise ValueError(f"workload.command: unknown placeholder in {word!r}: {e}") from None
-    if kind == "torchtitan":
-        # tyro hands every word after a subcommand to that subcommand: words of the template that
-        # follow {flags} would be refused, so torchtitan's activation-checkpoint:MODE goes last
-        sub = [w for w in flags if w.startswith("activation-checkpoint:")]
-        argv = [w for w in argv if w not in sub] + sub
-    return argv
-
-
-def _flags(kind: str, sweep: Sweep, layout: Layout) -> list[str]:
-    """The layout as the trainer's command-line flags (the same mapping as `sweep best --format`)."""
-    rec = layout_record(layout.resolve(sweep).as_fields(), sweep)
-    if kind == "megatron":
-        args, _ = megatron_args(rec)
-        return [*args, "--train-iters", str(sweep.trial.steps), "--log-interval", "1"]
-    if kind == "torchtitan":
-        args, _ = torchtitan_cli_args(rec)
-        return ["--training.steps", str(sweep.trial.steps), "--metrics.log_freq", "1", *args]
-    return []
+    return trainer.order_argv(argv, flags)
 
 
 def workload_env(sweep: Sweep, layout: Layout) -> tuple[dict[str, str], list[str]]:
     """The workload's environment (ours, the sweep file's, then what the layout needs) and what was changed.
 
-    Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS per layout (see `export.megatron_env`): a value
+    Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS per layout (`Trainer.env`, see `export.megatron_env`): a value
     the sweep file sets that this layout's run would refuse is dropped, with a line in the trial's log.
     """
     env = {**os.environ, **{k: str(v) for k, v in sweep.workload.env.items()}}
-    if sweep.workload.kind != "megatron":
-        return env, []
     world = sweep.cluster.world
     rec = layout_record(
         layout.as_dict() | {"dp": layout.dp(world), "grad_accum": layout.grad_accum(world, sweep.global_batch_size)},
         sweep,
     )
-    needed, reasons = megatron_env(rec)
+    needed, reasons = sweep.trainer.env(rec)
     notes: list[str] = []
     for (name, value), why in zip(needed.items(), reasons):
         if env.get(name) == value:
@@ -213,7 +120,7 @@ def workload_env(sweep: Sweep, layout: Layout) -> tuple[dict[str, str], list[str
 def run_external(sweep: Sweep, layout: Layout, *, workdir: Path, timeout_s: float | None = None) -> TrialResult:
     """Run the sweep's workload command for one layout, parse its log, apply the protocol."""
     wl = sweep.workload
-    assert wl is not None and wl.kind != "builtin"
+    assert wl is not None and sweep.trainer.runs_command
     limit = timeout_s if timeout_s is not None else sweep.trial.timeout_min * 60
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "workload.log"
@@ -245,7 +152,7 @@ def run_external(sweep: Sweep, layout: Layout, *, workdir: Path, timeout_s: floa
             proc.wait()
             rc = None
     text = log_path.read_text(errors="replace")
-    parsed = _parse(wl.kind, text, sweep, layout)
+    parsed = sweep.trainer.parse_log(text, sweep)
     if rc is None:
         return without_run(
             sweep,
@@ -269,17 +176,3 @@ def run_external(sweep: Sweep, layout: Layout, *, workdir: Path, timeout_s: floa
         device=f"{wl.kind} workload",
         startup_s=time.monotonic() - start - sum(steps),
     )
-
-
-def _parse(kind: str, text: str, sweep: Sweep, layout: Layout) -> ParsedLog:
-    parsers: dict[str, Callable[[], ParsedLog]] = {
-        "megatron": lambda: parse_megatron(text),
-        "torchtitan": lambda: parse_torchtitan(
-            text, tokens_per_step_per_device=sweep.global_batch_size * sweep.seq_len / sweep.cluster.world
-        ),
-    }
-    if kind in parsers:
-        return parsers[kind]()
-    # a plain command may print either format
-    parsed = parse_megatron(text)
-    return parsed if parsed.step_times_s else parsers["torchtitan"]()

@@ -17,7 +17,7 @@ from sweeper.memfit import (
 )
 from sweeper.plan import make_plan
 from sweeper.search import build_search
-from sweeper.workloads import parse_megatron
+from sweeper.trainers.megatron import parse_megatron
 from tests.conftest import make_sweep
 
 

@@ -113,6 +113,11 @@ def test_1f1b_first_stage_holds_the_same_layers_as_no_pipeline():
     assert pp4 == pytest.approx(pp1)
 
 
+def microbatches_in_flight(cols):
+    """Micro-batches in flight on the first and on the last pipeline rank (the memory model's schedule arithmetic)."""
+    return microbatches_in_flight_at(cols, 0), microbatches_in_flight_at(cols, int(cols["pp"][0]) - 1)
+
+
 def test_interleaved_and_gpipe_in_flight():
     s = sweep7b(space={"pp": [4]})
     lay = Layout(pp=4, pp_schedule="interleaved", virtual_stages=2)

@@ -17,8 +17,9 @@ import pytest
 from sweeper.errors import SpecError
 from sweeper.hardware import GIB
 from sweeper.layout import Layout
-from sweeper.memory import estimate, layer_activation_bytes, stage_layers
+from sweeper.memory import estimate, layer_activation_bytes
 from sweeper.plan import make_plan
+from sweeper.stages import stage_layers
 from tests.conftest import make_sweep
 
 # 2 layers, h=64, 4 heads, ffn 256, vocab 128, untied. Per block: attention 4*64*64 = 16,384,

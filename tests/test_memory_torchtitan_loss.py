@@ -1,4 +1,4 @@
-"""torchtitan's loss, run as torchtitan runs it, against `memory.torchtitan_loss_bytes`.
+"""torchtitan's loss, run as torchtitan runs it, against `trainers.torchtitan.torchtitan_loss_bytes`.
 
 torchtitan's loss is `cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))`
 (torchtitan/components/loss.py), with `pred` dropped before backward (`del pred` in train.py).
@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from sweeper.layout import Layout
-from sweeper.memory import torchtitan_loss_bytes
+from sweeper.trainers.torchtitan import torchtitan_loss_bytes
 from tests.conftest import make_sweep
 
 TOKENS, VOCAB, HIDDEN = 256, 4096, 64

@@ -14,7 +14,9 @@ from sweeper.errors import SpecError
 from sweeper.flops import model_flops_per_token, utilization
 from sweeper.layout import Layout
 from sweeper.spec import parse_sweep
-from sweeper.workloads import classify_failure, parse_megatron, parse_torchtitan, render_command, run_external
+from sweeper.trainers.megatron import parse_megatron
+from sweeper.trainers.torchtitan import parse_torchtitan
+from sweeper.workloads import classify_failure, render_command, run_external
 from tests.conftest import SPACES, sweep_cli
 
 STANDINS = Path(__file__).parent / "standins"

@@ -73,8 +73,8 @@ def best(
 
 def _export_winner(rows: list[dict[str, Any]], root: Path, spec: str, fmt: str) -> str:
     """The best ok trial in a trainer's format; a sweep without one is a user error."""
-    from sweeper.export import EXPORTERS
     from sweeper.results import best_rows, sweep_as_run
+    from sweeper.trainers import EXPORTERS
 
     chosen = best_rows(rows, 1)
     if not chosen:

@@ -128,22 +128,7 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
 
 def recipe_summary(sweep) -> str:  # noqa: ANN001 - Sweep
     """The recipe's options in a few words, as the dry run prints them."""
-    m = sweep.memory
-    parts = []
-    if m.recipe == "megatron":
-        do = {None: "as sharding says", True: "always", False: "never"}[m.distributed_optimizer]
-        parts += [f"distributed optimizer {do}", f"grads {m.grad_accum_dtype or 'fp32'}"]
-    elif m.recipe == "deepspeed":
-        parts += [
-            f"ZeRO stage {m.zero_stage if m.zero_stage is not None else 'as sharding says'}",
-            f"grads {m.grad_accum_dtype or 'bf16'}",
-        ]
-    elif m.recipe == "explicit" and m.bytes is not None:
-        b = m.bytes
-        parts += [
-            f"bytes/param params {b.params:g}, grads {b.grads:g}, master {b.master:g}, optimizer {b.optimizer:g}",
-            f"sharded: {', '.join(b.sharded) or 'none'}",
-        ]
+    parts = sweep.memory_recipe.summary(sweep.memory)
     from sweeper.memory import reserved_factor
 
     parts.append(f"reserved = {reserved_factor(sweep):.2f} x allocated")

@@ -124,7 +124,7 @@ def run_local(sweep: Sweep, layout: Layout, *, timeout_s: float | None, workdir:
     # under `sweep run`'s local launcher (--workdir) the ranks' logs stay in the trial's folder
     keep = workdir is not None
     workdir = workdir if workdir is not None else Path(tempfile.mkdtemp(prefix="sweep-trial-"))
-    if sweep.workload.kind != "builtin":  # an external trainer's command, its log parsed
+    if sweep.trainer.runs_command:  # an external trainer's command, its log parsed
         from sweeper.workloads import run_external
 
         err.print(

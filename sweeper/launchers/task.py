@@ -21,7 +21,7 @@ from sweeper.spec import Sweep
 def tasks_per_node(sweep: Sweep) -> int:
     """One task per GPU for the built-in trainer (each task is a rank); one per node for an
     external trainer, whose own command starts that node's ranks."""
-    return sweep.cluster.gpus_per_node if sweep.workload.kind == "builtin" else 1
+    return sweep.trainer.tasks_per_node(sweep.cluster.gpus_per_node)
 
 
 def task_count(sweep: Sweep) -> int:
@@ -43,7 +43,7 @@ def run_task(spec_path: str, layout: dict[str, Any], out_dir: str) -> dict[str, 
     from sweeper.spec import load_sweep
 
     sweep, lay = load_sweep(spec_path), Layout.from_mapping(layout)
-    if sweep.workload.kind != "builtin":  # one task per node runs the trainer's own command
+    if sweep.trainer.runs_command:  # one task per node runs the trainer's own command
         from sweeper.workloads import run_external
 
         return asdict(run_external(sweep, lay, workdir=Path(out_dir) / f"node{node_rank()}"))

@@ -24,9 +24,10 @@ import numpy as np
 import pytest
 import torch
 
-from sweeper import memory
+from sweeper import memory, stages
 from sweeper.layout import Layout
 from sweeper.spec import Sweep
+from sweeper.trainers import builtin
 
 from .helpers import run_workers, tiny_sweep
 
@@ -141,7 +142,7 @@ def test_block_activations_match_layer_activation_bytes(measured: dict, world: i
 
 def _stage_params(knobs: dict[str, Any], sweep: Sweep, rank_file: dict[str, Any]) -> tuple[dict[str, np.ndarray], float]:
     cols = _cols(knobs, sweep)
-    first, last = memory.stage_params(cols, sweep)
+    first, last = stages.stage_params(cols, sweep)
     is_last = rank_file["num_stages"] - 1 in rank_file["stages"] and 0 not in rank_file["stages"]
     return cols, float((last if is_last else first)[0])
 
@@ -160,7 +161,7 @@ def test_parameter_gradient_and_optimizer_bytes_match_state_bytes(measured: dict
         if fsdp:
             # FSDP's gathered parameters and unsharded gradient are transient (during a unit's
             # compute); what stays between steps is the sharded part of each term
-            weights, grads = memory.MASTER_BYTES * params / dp, memory.GRAD_BYTES * params / dp
+            weights, grads = builtin.MASTER_BYTES * params / dp, builtin.GRAD_BYTES * params / dp
         print(f"{_name(knobs)} rank {rank}: weights {got['weights'] / weights:.4f}, grads {got['grads'] / grads:.4f}, "
               f"optimizer {got['optimizer'] / optimizer:.4f} (measured / state_bytes)")
         assert got["weights"] == pytest.approx(weights, rel=TOL)

@@ -1,0 +1,162 @@
+"""Reading a sweep file: finding it by path or name, YAML without surprises (no aliases, no
+duplicate keys, a size cap), then the schema (`sweeper.spec.schema`) and the checks that need the
+layout rules (a searched value no layout can use)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from sweeper.errors import SpecError
+from sweeper.layout import unusable
+from sweeper.models import PRESETS
+from sweeper.spec.messages import format_validation_error
+from sweeper.spec.schema import MAX_LAYOUTS, Cluster, Sweep, SweepFile
+from sweeper.spec_checks import check_layout_count
+
+MAX_SPEC_BYTES = 1 << 20  # a sweep file is a few dozen lines; anything bigger is a mistake
+
+
+def build_sweep(raw: SweepFile, *, source: Path | None = None) -> Sweep:
+    """Resolve presets and check that every searched value can appear in some valid layout."""
+    shape = PRESETS[raw.model.lower()] if isinstance(raw.model, str) else raw.model.shape()
+    if shape.position == "learned" and shape.max_positions < raw.seq_len:
+        # the table must hold every position trained (Megatron-LM: --max-position-embeddings >= --seq-length)
+        shape = replace(shape, max_positions=raw.seq_len)
+    cluster = Cluster(raw.cluster.nodes, raw.cluster.gpus_per_node, raw.cluster.resolved_gpu())
+    space = raw.space.values()
+    check_layout_count(space, MAX_LAYOUTS)  # before anything allocates the cross product
+    sweep = Sweep(
+        name=raw.name,
+        model=shape,
+        seq_len=raw.seq_len,
+        global_batch_size=raw.global_batch_size,
+        cluster=cluster,
+        space=space,
+        trial=raw.trial,
+        search=raw.search,
+        memory=raw.memory,
+        launcher=raw.launcher,
+        results_dir=Path(raw.results_dir),
+        source=source,
+        workload=raw.workload,
+    )
+    _check_usable(sweep)
+    return sweep
+
+
+def _check_usable(sweep: Sweep) -> None:
+    """A tp or pp value that no layout can use is a typo, not a search dimension: say so.
+
+    The rules are the plan's own (`sweeper.layout.unusable`), written once.
+    """
+    for knob in ("tp", "pp"):
+        for v in sweep.space[knob]:
+            why = unusable(knob, v, sweep)
+            if knob == "pp" and v > sweep.model.layers:
+                why.append(f"it exceeds layers={sweep.model.layers}")
+            if why:
+                raise SpecError(f"space.{knob}: value {v} can never be used: {'; '.join(why)}")
+    gbs = sweep.global_batch_size
+    for v in sweep.space["micro_batch_size"]:
+        if v > gbs:
+            raise SpecError(f"space.micro_batch_size: value {v} exceeds global_batch_size={gbs}")
+
+
+def parse_sweep(text: str | bytes, *, source: str = "<sweep file>") -> Sweep:
+    """Validate the text of a sweep file; every problem raises SpecError naming the field."""
+    if isinstance(text, bytes):
+        if len(text) > MAX_SPEC_BYTES:
+            raise SpecError(f"{source}: file is {len(text)} bytes; a sweep file must be under {MAX_SPEC_BYTES}")
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise SpecError(f"{source}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    data = _load_yaml(text, source)
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a mapping of fields (name, model, ...), got {type(data).__name__}")
+    try:
+        raw = SweepFile.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(f"{source}: {format_validation_error(e)}") from None
+    try:
+        return build_sweep(raw, source=Path(source) if source != "<sweep file>" else None)
+    except SpecError as e:
+        raise SpecError(f"{source}: {e}") from None
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases, so an anchor 'bomb' cannot expand into gigabytes."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.MarkedYAMLError(
+                "while reading the sweep file", None, "aliases (*name) are not supported", event.start_mark
+            )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        # a key given twice would silently keep the last value: `seq_len: 64` ... `seq_len: 128`
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = key_node.value
+            if key in seen:
+                raise yaml.MarkedYAMLError(
+                    "while reading the sweep file",
+                    None,
+                    f"duplicate key {key!r} (line {key_node.start_mark.line + 1}; first on line {seen[key] + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    """The YAML document; a syntax error is one line naming the file, line and column (PyYAML's
+    own text names `<unicode string>` and spans several lines)."""
+    try:
+        return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = e.problem or e.context or "not valid YAML"
+        if e.problem and e.context and e.context_mark:  # e.g. "while parsing a flow sequence" and where it began
+            what += f" ({e.context} from line {e.context_mark.line + 1})"
+        raise SpecError(f"{source}: invalid YAML{where}: {' '.join(what.split())}") from None
+    except yaml.YAMLError as e:
+        raise SpecError(f"{source}: invalid YAML: {' '.join(str(e).split())}") from None
+
+
+def load_sweep(path_or_name: str | Path) -> Sweep:
+    """Read a sweep file by path, or by bare name in the current directory, then among the shipped spaces."""
+    path = find_sweep_file(path_or_name)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read: {e.strerror}") from None
+    return parse_sweep(data, source=str(path))
+
+
+def shipped_spaces_dir() -> Path:
+    return Path(__file__).resolve().parents[1] / "data" / "search_spaces"
+
+
+def find_sweep_file(path_or_name: str | Path) -> Path:
+    p = Path(path_or_name)
+    if p.is_file():
+        return p
+    if p.is_dir():
+        raise SpecError(f"{p}: is a folder; give a sweep file (YAML)")
+    names = [p.name] if p.suffix in (".yaml", ".yml") else [p.name + ".yaml", p.name + ".yml"]
+    if len(p.parts) == 1:
+        for base in (Path.cwd(), Path.cwd() / "search_spaces", shipped_spaces_dir()):
+            for n in names:
+                if (base / n).is_file():
+                    return base / n
+    shipped = sorted(x.stem for x in shipped_spaces_dir().glob("*.yaml"))
+    raise SpecError(f"{path_or_name}: no such sweep file (shipped search spaces: {', '.join(shipped) or 'none'})")

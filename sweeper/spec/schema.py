@@ -1,0 +1,375 @@
+"""The sweep file's schema: the pydantic models that validate it, and the `Sweep` it becomes.
+
+Reading the file (YAML, strictness, finding it) is `sweeper.spec.loader`; turning pydantic's
+errors into one line per field is `sweeper.spec.messages`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sweeper.hardware import GPU, GPUS, lookup_gpu
+from sweeper.knobs import KNOBS
+from sweeper.models import PRESETS, ModelShape
+from sweeper.spec_checks import check_workload
+from sweeper.trainers import RECIPES, TRAINERS, default_recipe, option_types
+from sweeper.trainers.base import MemoryOptions, Recipe, Trainer
+from sweeper.trainers.builtin import BuiltinMemory
+
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+MAX_LAYOUTS = 1 << 20  # the plan holds every layout in memory (about 1.5 kB each): cap it before it is made
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+class _Strict(BaseModel):
+    # strict: "64" and 64.0 are not integers, 1 is not a bool; a typo should not change a sweep quietly
+    # allow_inf_nan=False: .nan and .inf are refused as such ("a finite number"), not by a bound
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class ModelSpec(_Strict):
+    """An explicit model shape, for anything that is not a preset."""
+
+    layers: int = Field(ge=1, le=100_000)
+    hidden: int = Field(ge=1, le=1_000_000)
+    heads: int = Field(ge=1, le=100_000)
+    kv_heads: int | None = Field(default=None, ge=1, le=100_000)
+    ffn: int = Field(ge=1, le=10_000_000)
+    vocab: int = Field(ge=1, le=100_000_000)
+    tied_embeddings: bool = False
+    head_dim: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="width of one attention head; default hidden/heads (Qwen3, Gemma set it)",
+    )
+    mlp: Literal["swiglu", "gelu"] = Field(default="swiglu", description="swiglu (3 matrices) or gelu (2, with biases)")
+    norm: Literal["rmsnorm", "layernorm"] = Field(
+        default="rmsnorm", description="rmsnorm (weight) or layernorm (weight, bias)"
+    )
+    position: Literal["rope", "learned"] = Field(default="rope", description="rope, or a learned position table")
+    qk_norm: bool = Field(default=False, description="an RMSNorm on queries and keys per head (Qwen3)")
+    max_positions: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000_000,
+        description="rows of a learned position table; default (and at least) seq_len",
+    )
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelSpec:
+        if self.head_dim is None and self.hidden % self.heads:
+            raise ValueError(
+                f"hidden must be a multiple of heads, but got hidden={self.hidden}, heads={self.heads} "
+                "(or give model.head_dim)"
+            )
+        if self.head_dim is not None:
+            if self.head_dim > self.hidden:
+                raise ValueError(
+                    f"model.head_dim: {self.head_dim} does not fit the heads: one head wider than hidden={self.hidden}"
+                )
+            if self.position == "rope" and self.head_dim % 2:
+                raise ValueError(
+                    f"model.head_dim: {self.head_dim} does not fit the heads: RoPE rotates pairs, so it must be even"
+                )
+        kv = self.kv_heads or self.heads
+        if self.heads % kv:
+            raise ValueError(f"heads must be a multiple of kv_heads, but got heads={self.heads}, kv_heads={kv}")
+        if self.max_positions is not None and self.position != "learned":
+            raise ValueError("model.max_positions: only a learned position table has rows; set position: learned")
+        return self
+
+    def shape(self, name: str = "custom") -> ModelShape:
+        return ModelShape(
+            self.layers,
+            self.hidden,
+            self.heads,
+            self.kv_heads or self.heads,
+            self.ffn,
+            self.vocab,
+            self.tied_embeddings,
+            name,
+            head_dim=self.head_dim or 0,
+            mlp=self.mlp,
+            norm=self.norm,
+            position=self.position,
+            qk_norm=self.qk_norm,
+            max_positions=self.max_positions or 0,
+        )
+
+
+class GPUSpec(_Strict):
+    """A GPU that is not in the table: its memory and dense bf16 peak."""
+
+    name: str = "custom-gpu"
+    memory_gib: float = Field(gt=0, le=100_000)
+    peak_tflops: float = Field(gt=0, le=1_000_000)
+    fp8_tflops: float | None = Field(default=None, gt=0)
+
+    def gpu(self) -> GPU:
+        return GPU(self.name, self.memory_gib, self.peak_tflops, None, self.fp8_tflops, "user-defined")
+
+
+class ClusterSpec(_Strict):
+    nodes: int = Field(ge=1, le=100_000)
+    gpus_per_node: int = Field(ge=1, le=1024)
+    gpu: str | GPUSpec
+    intra_node_gbps: float | None = Field(default=None, gt=0, le=100_000, description="GB/s per GPU within a node")
+    inter_node_gbps: float | None = Field(default=None, gt=0, le=100_000, description="GB/s per GPU between nodes")
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v: str | GPUSpec) -> str | GPUSpec:
+        if isinstance(v, str) and lookup_gpu(v) is None:
+            raise ValueError(
+                f"unknown GPU {v!r}; known: {', '.join(GPUS)} (or give a mapping {{memory_gib, peak_tflops}})"
+            )
+        return v
+
+    def resolved_gpu(self) -> GPU:
+        """The table entry (or the user's card), with the link bandwidths the file overrides."""
+        gpu = self.gpu.gpu() if isinstance(self.gpu, GPUSpec) else lookup_gpu(self.gpu)
+        assert gpu is not None  # checked by the validator
+        if self.intra_node_gbps is not None:
+            gpu = replace(gpu, intra_gbps=self.intra_node_gbps)
+        if self.inter_node_gbps is not None:
+            gpu = replace(gpu, inter_gbps=self.inter_node_gbps)
+        return gpu
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class TrialSettings(_Strict):
+    """How one trial is run and measured (the 10-step protocol)."""
+
+    steps: int = Field(default=10, ge=2, le=100_000, description="optimizer steps per trial")
+    warmup_steps: int = Field(default=1, ge=0, description="steps dropped before averaging")
+    timeout_min: float = Field(default=20, gt=0, le=10_000, description="wall-clock limit of one trial")
+    precision: Literal["bf16", "fp32"] = Field(default="bf16", description="compute precision")
+    seed: int = Field(default=0, ge=0)
+    lr: float = Field(default=3e-4, gt=0, le=10)
+
+    @model_validator(mode="after")
+    def _warmup_leaves_steps(self) -> TrialSettings:
+        if self.warmup_steps >= self.steps:
+            raise ValueError(
+                f"warmup_steps must be smaller than steps, but got warmup_steps={self.warmup_steps}, steps={self.steps}"
+            )
+        return self
+
+
+class SearchSettings(_Strict):
+    max_trials: int = Field(default=40, ge=1, le=1_000_000)
+    parallel: int = Field(default=1, ge=1, le=10_000)
+    sampler: Literal["auto", "grid", "random", "tpe", "gp"] = "auto"
+    seed: int = Field(default=0, ge=0)
+    storage: str | None = Field(default=None, description="an Optuna storage URL; default SQLite beside the results")
+    seed_trials: int | None = Field(
+        default=None,
+        ge=0,
+        le=10_000,
+        description="auto: first trials spent on the best-predicted layouts (default: budget/5, 3 to 8)",
+    )
+    stop_margin: float | None = Field(
+        default=None,
+        ge=0,
+        le=10,
+        description="stop early when no untried layout is predicted to beat the best by this share",
+    )
+
+
+if TYPE_CHECKING:
+    MemorySettings = MemoryOptions
+else:
+    # `memory:` is one recipe's options, told apart by `recipe` (filled in from workload.kind by
+    # `SweepFile` when left out); each recipe's class lists what it accepts (sweeper.trainers)
+    MemorySettings = Annotated[Union[option_types()], Field(discriminator="recipe")]  # noqa: UP007
+
+
+class WorkloadSpec(_Strict):
+    """What a trial runs: the built-in trainer, or an external trainer's command."""
+
+    kind: str = Field(default="builtin", description=f"the trainer: {', '.join(TRAINERS)}")
+    command: str = Field(
+        default="",
+        max_length=10_000,
+        description="argv template; {flags} = the layout as the trainer's flags, {tp} ... = values",
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+    cwd: str | None = None
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        if v not in TRAINERS:
+            raise ValueError(f"workload.kind: {v!r} not allowed; allowed: {', '.join(TRAINERS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _command_needed(self) -> WorkloadSpec:
+        if TRAINERS[self.kind].runs_command and not self.command.strip():
+            raise ValueError(f"workload.command is required for kind {self.kind!r} (e.g. 'torchrun ... {{flags}}')")
+        check_workload(self.command, self.env, self.cwd)  # at load, not in every trial
+        return self
+
+
+def _space_field(name: str) -> Any:
+    knob = KNOBS[name]
+    return Field(default=None, min_length=1, max_length=256, description=knob.help)
+
+
+class SpaceSpec(_Strict):
+    """Each knob: the list of values to search. A knob left out takes its default alone."""
+
+    tp: list[int] | None = _space_field("tp")
+    pp: list[int] | None = _space_field("pp")
+    micro_batch_size: list[int] | None = _space_field("micro_batch_size")
+    sequence_parallel: list[bool] | None = _space_field("sequence_parallel")
+    activation_checkpointing: list[str] | None = _space_field("activation_checkpointing")
+    attention: list[str] | None = _space_field("attention")
+    rmsnorm: list[str] | None = _space_field("rmsnorm")
+    sharding: list[str] | None = _space_field("sharding")
+    pp_schedule: list[str] | None = _space_field("pp_schedule")
+    virtual_stages: list[int] | None = _space_field("virtual_stages")
+    compile: list[bool] | None = _space_field("compile")
+    float8: list[bool] | None = _space_field("float8")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scalars_to_lists(cls, data: Any) -> Any:
+        # `tp: 2` is read as `tp: [2]`: a single value is a one-element list.
+        if isinstance(data, dict):
+            return {k: (v if isinstance(v, list) else [v]) for k, v in data.items()}
+        return data
+
+    @model_validator(mode="after")
+    def _values_allowed(self) -> SpaceSpec:
+        for name, knob in KNOBS.items():
+            values = getattr(self, name)
+            if values is None:
+                continue
+            if len(set(values)) != len(values):
+                raise ValueError(f"space.{name} lists a value twice: {values}")
+            if knob.choices:
+                bad = [v for v in values if v not in knob.choices]
+                if bad:
+                    raise ValueError(f"space.{name}: {bad} not allowed; allowed: {', '.join(knob.choices)}")
+            if knob.kind is int:
+                bad = [v for v in values if not 1 <= v <= 1_000_000]
+                if bad:
+                    raise ValueError(f"space.{name} values must be between 1 and 1000000, but got {bad}")
+        return self
+
+    def values(self) -> dict[str, tuple[Any, ...]]:
+        """Every knob with its tuple of values (defaults filled in)."""
+        out = {}
+        for name, knob in KNOBS.items():
+            v = getattr(self, name)
+            out[name] = tuple(v) if v is not None else (knob.default,)
+        return out
+
+
+class SweepFile(_Strict):
+    """The whole sweep file as written."""
+
+    name: str
+    model: str | ModelSpec
+    seq_len: int = Field(ge=1, le=10_000_000)
+    global_batch_size: int = Field(ge=1, le=100_000_000, description="sequences per optimizer step")
+    cluster: ClusterSpec
+    space: SpaceSpec = SpaceSpec()
+    trial: TrialSettings = TrialSettings()
+    search: SearchSettings = SearchSettings()
+    memory: MemorySettings = BuiltinMemory()
+    launcher: str | dict[str, Any] = "local"
+    workload: WorkloadSpec = WorkloadSpec()
+    results_dir: str = "results"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _memory_recipe_from_workload(cls, data: Any) -> Any:
+        # memory.recipe left out: the workload's trainer's, so its options are the ones accepted
+        if not isinstance(data, dict):
+            return data
+        memory = data.get("memory", {})
+        if not isinstance(memory, dict) or memory.get("recipe") is not None:
+            return data
+        workload = data.get("workload")
+        kind = workload.get("kind", "builtin") if isinstance(workload, dict) else "builtin"
+        return {**data, "memory": {**memory, "recipe": default_recipe(kind)}}
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        if not SAFE_NAME.match(v):
+            raise ValueError(f"name must be letters, digits, '_', '.', '-' (a folder name), but got {v!r}")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str | ModelSpec) -> str | ModelSpec:
+        if isinstance(v, str) and v.lower() not in PRESETS:
+            raise ValueError(f"unknown model preset {v!r}; presets: {', '.join(PRESETS)} (or give a mapping)")
+        return v
+
+    @field_validator("launcher")
+    @classmethod
+    def _launcher_name(cls, v: str | dict[str, Any]) -> str | dict[str, Any]:
+        if isinstance(v, str) and not SAFE_NAME.match(v):
+            raise ValueError(f"launcher must be a profile name (letters, digits, '_', '.', '-'), but got {v!r}")
+        if isinstance(v, dict) and not isinstance(v.get("kind"), str):
+            raise ValueError("an inline launcher mapping needs a 'kind' (local, slurm, ...)")
+        return v
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: int
+    gpus_per_node: int
+    gpu: GPU
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A validated sweep: what the planner, the search and the trial runner consume."""
+
+    name: str
+    model: ModelShape
+    seq_len: int
+    global_batch_size: int
+    cluster: Cluster
+    space: dict[str, tuple[Any, ...]]
+    trial: TrialSettings = TrialSettings()
+    search: SearchSettings = SearchSettings()
+    memory: MemoryOptions = BuiltinMemory()
+    launcher: str | dict[str, Any] = "local"
+    results_dir: Path = Path("results")
+    source: Path | None = field(default=None, compare=False)
+    workload: WorkloadSpec = WorkloadSpec()
+
+    @property
+    def results_path(self) -> Path:
+        return self.results_dir / self.name
+
+    @property
+    def trainer(self) -> Trainer:
+        """The trainer that runs the trials (`workload.kind`)."""
+        return TRAINERS[self.workload.kind]
+
+    @property
+    def memory_recipe(self) -> Recipe:
+        """How the trainer holds memory (`memory.recipe`)."""
+        return RECIPES[self.memory.recipe]

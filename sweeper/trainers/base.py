@@ -1,0 +1,188 @@
+"""The common shape of a trainer and of its memory recipe: what every class in this package fills in.
+
+Pure core (numpy and pydantic, no torch). The sweep file and the models read these objects through
+the registry (`sweeper.trainers`): `memory.py` asks `sweep.memory_recipe` for the model states,
+the activations a trainer's checkpointing keeps and its loss; `layout.py` asks `sweep.trainer`
+for its attention kernels; `workloads.py` for its flags, environment and log parser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from sweeper.knobs import KNOBS
+from sweeper.memory import compute_bytes
+from sweeper.perfmodel import MEGATRON_LIKE, TimeTraits
+from sweeper.stages import layer_params_per_rank
+
+if TYPE_CHECKING:
+    from sweeper.layout import Columns
+    from sweeper.spec.schema import Sweep
+
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+Exporter = Callable[[Mapping[str, Any], "Sweep"], str]
+
+
+class _Strict(BaseModel):
+    # as the rest of the sweep file: a typo or a "64" for 64 must not change a sweep quietly
+    # allow_inf_nan=False: .nan and .inf are refused as such ("a finite number"), not by a bound
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class MemoryOptions(_Strict):
+    """`memory:` of the sweep file: the fields every recipe takes. A recipe's subclass narrows
+    `recipe` to its name and adds its own options; the sweep file's `memory` is the union of
+    them, told apart by `recipe` (default: the recipe of `workload.kind`'s trainer)."""
+
+    recipe: str
+    headroom: float = Field(default=0.05, ge=0, lt=1, description="share of the card kept free")
+    overhead_gib: float | None = Field(
+        default=None, ge=0, le=1000, description="fixed per-process overhead; default by device type"
+    )
+    reserved_factor: float | None = Field(
+        default=None, ge=1, le=3, description="reserved / allocated of the caching allocator; default by recipe"
+    )
+    probe_margin: float = Field(
+        default=0.05, ge=0, le=1, description="a pruned layout within this share of the card may get one probe trial"
+    )
+
+
+STATE_PARTS = ("params", "grads", "master", "optimizer")
+
+
+class StateBytes(_Strict):
+    """Bytes per parameter of each model state, and which of them are sharded over data parallel
+    (when the layout's sharding is not none): a table recipe's answer, and `memory.bytes`."""
+
+    params: float = Field(ge=0, le=64, description="the parameters the forward reads (2: bf16)")
+    grads: float = Field(ge=0, le=64, description="the gradients kept between backward and the step")
+    master: float = Field(default=0, ge=0, le=64, description="fp32 master weights held by the optimizer")
+    optimizer: float = Field(ge=0, le=64, description="optimizer states (AdamW: 8 in fp32)")
+    sharded: list[Literal["params", "grads", "master", "optimizer"]] = Field(
+        default_factory=list, description="states divided over data parallel"
+    )
+
+
+class Recipe:
+    """How a trainer holds memory: its model states by sharding mode, and where its activations,
+    loss and allocator differ from the built-in trainer's (the defaults here)."""
+
+    name: ClassVar[str]
+    options: ClassVar[type[MemoryOptions]]  # the `memory:` fields this recipe accepts
+    # reserved / allocated of PyTorch's caching allocator (fragmentation, cached blocks)
+    reserved_factor: ClassVar[float] = 1.10
+
+    def states(self, cols: Columns, sweep: Sweep, params: np.ndarray) -> Arrays:
+        """(weights, grads, optimizer, buffers) bytes of `params` parameters on a rank."""
+        raise NotImplementedError
+
+    def activations(
+        self, cols: Columns, sweep: Sweep, kept: np.ndarray, transient: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(kept, transient) of one block per micro-batch, from the built-in trainer's terms."""
+        return kept, transient
+
+    def loss_bytes(self, cols: Columns, sweep: Sweep) -> tuple[np.ndarray | float, np.ndarray | float]:
+        """(kept, transient) bytes per logit of the loss: the fp32 log-softmax kept, and at the
+        peak the e-byte logits and an fp32 gradient at once."""
+        return 4.0, compute_bytes(sweep) + 4.0
+
+    def summary(self, options: MemoryOptions) -> list[str]:
+        """The recipe's options in a few words, as the dry run prints them."""
+        return []
+
+
+def unit_params(cols: Columns, sweep: Sweep) -> np.ndarray:
+    """The largest unit sharded data parallel gathers at once: a block, or the embedding when larger."""
+    return np.maximum(layer_params_per_rank(cols, sweep), sweep.model.vocab * sweep.model.hidden / cols["tp"])
+
+
+class TableRecipe(Recipe):
+    """A recipe given as bytes per parameter of each state (`table`), sharded or not over dp."""
+
+    def table(self, sweep: Sweep, sharding: str) -> StateBytes:
+        """Bytes per parameter and the sharded states for one value of the sharding knob."""
+        raise NotImplementedError
+
+    def buffers(self, sweep: Sweep, table: StateBytes, params: np.ndarray) -> np.ndarray:
+        """Transient buffers beside the states (gradient-reduction buckets); none by default."""
+        return np.zeros(np.shape(params))
+
+    def states(self, cols: Columns, sweep: Sweep, params: np.ndarray) -> Arrays:
+        """Sharded parameters are gathered a unit at a time: two units in 16 bits (the one
+        computing, the one prefetched) and one unit's gradient before its reduce-scatter."""
+        e = compute_bytes(sweep)
+        dp = np.maximum(cols["dp"], 1).astype(float)
+        unit = unit_params(cols, sweep)
+        out = [np.zeros(np.shape(params)) for _ in range(4)]
+        for value in np.unique(cols["sharding"]):
+            b = self.table(sweep, str(value))
+            rows = cols["sharding"] == value
+
+            def part(name: str, per_param: float, sharded: tuple[str, ...] = tuple(b.sharded)) -> np.ndarray:
+                return per_param * params / np.where(name in sharded, dp, 1.0)
+
+            gathered = np.where("params" in b.sharded, 2 * unit * e + unit * b.grads, 0.0)
+            weights = part("params", b.params) + part("master", b.master) + gathered
+            buffers = self.buffers(sweep, b, params)
+            for i, term in enumerate((weights, part("grads", b.grads), part("optimizer", b.optimizer), buffers)):
+                out[i] = np.where(rows, term, out[i])
+        return out[0], out[1], out[2], out[3]
+
+
+@dataclass
+class ParsedLog:
+    """What a trainer's log says about its steps."""
+
+    step_times_s: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    peak_mem_gib: float | None = None
+    peak_mem_reserved_gib: float | None = None
+    reported_tflops: list[float] = field(default_factory=list)
+
+
+EnvNeeds = tuple[dict[str, str | None], list[str]]
+
+
+class Trainer:
+    """What runs a trial: the built-in trainer or an external one's command (`workload.kind`)."""
+
+    kind: ClassVar[str]
+    recipe: ClassVar[Recipe]  # its memory recipe (what `memory.recipe` defaults to)
+    # the attention kernels it can run; the plan rejects the others (rule kernel_not_in_workload)
+    attention: ClassVar[frozenset[str]] = frozenset(KNOBS["attention"].choices)
+    # whether its non-interleaved 1F1B runs fewer micro-batches than stages (warm-up of
+    # min(pp - rank - 1, m) forwards, the bubble paid). torch.distributed.pipelining's Schedule1F1B
+    # (the built-in trainer, torchtitan) raises "Number of microbatches must be greater than or equal
+    # to the number of stages"; an unknown command is not assumed to run it
+    runs_short_1f1b: ClassVar[bool] = False
+    runs_command: ClassVar[bool] = True  # an external command (workload.command), not the built-in runner
+    exports: ClassVar[Mapping[str, Exporter]] = {}  # `sweep best --format` name -> the winner in its form
+    # where its step time departs from the common model (sweeper.perfmodel); Megatron-LM's by default
+    time: ClassVar[TimeTraits] = MEGATRON_LIKE
+
+    def flags(self, rec: Mapping[str, Any], steps: int) -> list[str]:
+        """`{flags}` of the command: a layout record (`export.layout_record`) as its command-line flags."""
+        return []
+
+    def order_argv(self, argv: list[str], flags: list[str]) -> list[str]:
+        """The filled-in command, reordered where the trainer's parser needs it."""
+        return argv
+
+    def env(self, rec: Mapping[str, Any]) -> EnvNeeds:
+        """Environment a run of this layout needs (None: must be unset), with the reasons."""
+        return {}, []
+
+    def parse_log(self, text: str, sweep: Sweep) -> ParsedLog:
+        """Step times, losses and memory from the trainer's log."""
+        raise NotImplementedError
+
+    def tasks_per_node(self, gpus_per_node: int) -> int:
+        """Processes a launcher starts per node: one per GPU for the built-in runner; one for a
+        command, which starts its own (torchrun ...)."""
+        return 1 if self.runs_command else gpus_per_node

@@ -1,0 +1,76 @@
+"""The built-in trainer (`sweeper.trainer`, torch): its memory recipe is the reference the others depart from."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+import numpy as np
+
+from sweeper.knobs import KNOBS
+from sweeper.memory import compute_bytes
+from sweeper.trainers.base import Arrays, MemoryOptions, ParsedLog, Recipe, Trainer, unit_params
+
+if TYPE_CHECKING:
+    from sweeper.layout import Columns
+    from sweeper.spec.schema import Sweep
+
+# Mixed-precision AdamW as the trainer runs it (fp32 master weights, bf16 compute copies):
+# weights 4 + 2, gradients 4, Adam moments 4 + 4 = 18 bytes per parameter unsharded.
+MASTER_BYTES = 4
+GRAD_BYTES = 4
+ADAM_BYTES = 8
+
+
+class BuiltinMemory(MemoryOptions):
+    recipe: Literal["builtin"] = "builtin"
+
+
+def builtin_state_bytes(cols: Columns, sweep: Sweep, params: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The built-in trainer's (and torchtitan's) model states for `params` parameters on a rank.
+
+    none (DDP): 4 master + 2 compute copy, 4 grad, 8 Adam per parameter. zero1 (DDP with a
+    ZeRO-1 optimizer): Adam states / dp. fsdp (FSDP2): master, grads and Adam / dp, plus the
+    unsharded 16-bit parameters of two blocks (the one computing and the one prefetched) and
+    one block's unsharded gradient (e bytes) with its fp32 reduce-scatter buffer; with pp > 1
+    the stage keeps its parameters unsharded across micro-batches (no re-gather per micro-batch)
+    and its whole unsharded fp32 gradient until the last micro-batch (gradients are reduced
+    once, after the schedule).
+    """
+    e = compute_bytes(sweep)
+    dp = np.maximum(cols["dp"], 1).astype(float)
+    sharding = cols["sharding"]
+    copy = e if e < 4 else 0  # the 16-bit compute copy; none when computing in fp32
+    fsdp = sharding == "fsdp"
+    unit = unit_params(cols, sweep)
+    gathered = np.where(cols["pp"] > 1, params * e, 2 * unit * e)
+    weights = np.where(fsdp, MASTER_BYTES * params / dp + gathered, (MASTER_BYTES + copy) * params)
+    unsharded_grads = np.where(cols["pp"] > 1, GRAD_BYTES * params, unit * (e + 4))
+    grads = np.where(fsdp, GRAD_BYTES * params / dp + unsharded_grads, GRAD_BYTES * params)
+    optimizer = np.where(sharding == "none", ADAM_BYTES * params, ADAM_BYTES * params / dp)
+    return weights, grads, optimizer
+
+
+class BuiltinRecipe(Recipe):
+    """DDP, DDP with a ZeRO-1 optimizer, or FSDP2, as `sweeper.trainer` runs them."""
+
+    name = "builtin"
+    options: ClassVar[type[MemoryOptions]] = BuiltinMemory
+    # the built-in trainer leaves PYTORCH_CUDA_ALLOC_CONF alone: a small gap over allocated
+    reserved_factor = 1.05
+
+    def states(self, cols: Columns, sweep: Sweep, params: np.ndarray) -> Arrays:
+        return (*builtin_state_bytes(cols, sweep, params), np.zeros(np.shape(params)))
+
+
+class Builtin(Trainer):
+    """The built-in PyTorch trainer: one process per GPU, started by the launcher."""
+
+    kind = "builtin"
+    recipe = BuiltinRecipe()
+    # it runs flash1 only where the flash-attn 1.x package is installed, which clusters rarely have
+    # (flash-attn 2 replaced it), so the plan keeps it off the built-in workload
+    attention: ClassVar[frozenset[str]] = frozenset(KNOBS["attention"].choices) - {"flash1"}
+    runs_command = False
+
+    def parse_log(self, text: str, sweep: Sweep) -> ParsedLog:
+        raise TypeError("the built-in trainer reports its steps itself; it has no log to parse")
