@@ -61,8 +61,9 @@ def run_with_kills(spec: Path, *, cycles: int, seed: int, max_delay_s: float) ->
     delays = []
     for _ in range(cycles):
         delay = rng.uniform(0.3, max_delay_s)
-        proc = subprocess.Popen(_cmd(spec), cwd=spec.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                env=_env())
+        proc = subprocess.Popen(
+            _cmd(spec), cwd=spec.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env()
+        )
         try:
             proc.wait(timeout=delay)  # it may finish the whole sweep before its kill
         except subprocess.TimeoutExpired:
@@ -102,8 +103,9 @@ def run_with_start_kills(spec: Path, results: Path, *, cycles: int, parallel: in
     hits, over = 0, 0
     seen: set[int] = set()
     for _ in range(cycles):
-        proc = subprocess.Popen(_cmd(spec), cwd=spec.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                env=_env())
+        proc = subprocess.Popen(
+            _cmd(spec), cwd=spec.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env()
+        )
         while proc.poll() is None:
             now = trial_processes(results)
             over = max(over, len(now) - parallel)
@@ -113,8 +115,9 @@ def run_with_start_kills(spec: Path, results: Path, *, cycles: int, parallel: in
             seen |= now
             time.sleep(0.002)
         proc.wait()
-    final = subprocess.Popen(_cmd(spec), cwd=spec.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True, env=_env())
+    final = subprocess.Popen(
+        _cmd(spec), cwd=spec.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env()
+    )
     while final.poll() is None:
         over = max(over, len(trial_processes(results)) - parallel)
         time.sleep(0.05)
@@ -152,10 +155,12 @@ def check(results: Path, reference: pd.DataFrame) -> Check:
     got, want = key(df), set(key(reference))
     visible = [p.name for p in trials.iterdir() if not p.name.startswith(".") and not p.name.endswith(".parquet")]
     return Check(
-        finished=len(df), expected=len(reference),
+        finished=len(df),
+        expected=len(reference),
         lost=len(want - set(got)),
         duplicates=(len(got) - len(set(got))) + int(df.trial_number.duplicated().sum()),
-        partial_files=visible, statuses=df.status.value_counts().to_dict(),
+        partial_files=visible,
+        statuses=df.status.value_counts().to_dict(),
         duplicate_launches=duplicate_launches(results, results.name),
     )
 
@@ -175,13 +180,20 @@ def main() -> int:
         reference = pd.read_parquet(folder / "results" / "uninterrupted" / "trials")
         per_trial = clean_s / max(1, len(reference))
         t0 = time.perf_counter()
-        delays = run_with_kills(demo_spec(folder, "killed", steps=args.steps, trials=args.trials),
-                                cycles=args.cycles, seed=args.seed, max_delay_s=2.5 * per_trial)
+        delays = run_with_kills(
+            demo_spec(folder, "killed", steps=args.steps, trials=args.trials),
+            cycles=args.cycles,
+            seed=args.seed,
+            max_delay_s=2.5 * per_trial,
+        )
         killed_s = time.perf_counter() - t0
         c = check(folder / "results" / "killed", reference)
         t0 = time.perf_counter()
-        hits, concurrent = run_with_start_kills(demo_spec(folder, "startkill", steps=args.steps, trials=args.trials),
-                                                folder / "results" / "startkill", cycles=args.cycles)
+        hits, concurrent = run_with_start_kills(
+            demo_spec(folder, "startkill", steps=args.steps, trials=args.trials),
+            folder / "results" / "startkill",
+            cycles=args.cycles,
+        )
         start_s = time.perf_counter() - t0
         s = check(folder / "results" / "startkill", reference)
     print(f"{'run':<22} {'wall s':>8} {'rows':>5}  statuses")
@@ -191,15 +203,25 @@ def main() -> int:
     print(f"kill moments (s after start): {', '.join(f'{d:.1f}' for d in delays)} (seed {args.seed})")
     print(f"partial files visible to readers: {len(c.partial_files) + len(s.partial_files)}")
     print(f"trials finished: {c.finished} and {s.finished} of {c.expected}")
-    print(f"extra time for restarts: {killed_s - clean_s:+.1f} s ({100 * (killed_s / clean_s - 1):+.0f} %) random, "
-          f"{start_s - clean_s:+.1f} s ({100 * (start_s / clean_s - 1):+.0f} %) at trial start")
+    print(
+        f"extra time for restarts: {killed_s - clean_s:+.1f} s ({100 * (killed_s / clean_s - 1):+.0f} %) random, "
+        f"{start_s - clean_s:+.1f} s ({100 * (start_s / clean_s - 1):+.0f} %) at trial start"
+    )
     print(f"rows lost: {c.lost + s.lost}")
     print(f"duplicate rows: {c.duplicates + s.duplicates}")
     launches = c.duplicate_launches + s.duplicate_launches + concurrent
-    print(f"duplicate launches: {launches} (a folder started twice: {c.duplicate_launches + s.duplicate_launches}; "
-          f"trial processes at once beyond parallel=1: {concurrent})")
-    ok = (c.lost == s.lost == 0 and c.duplicates == s.duplicates == 0 and launches == 0
-          and not c.partial_files and not s.partial_files and c.finished == s.finished == c.expected)
+    print(
+        f"duplicate launches: {launches} (a folder started twice: {c.duplicate_launches + s.duplicate_launches}; "
+        f"trial processes at once beyond parallel=1: {concurrent})"
+    )
+    ok = (
+        c.lost == s.lost == 0
+        and c.duplicates == s.duplicates == 0
+        and launches == 0
+        and not c.partial_files
+        and not s.partial_files
+        and c.finished == s.finished == c.expected
+    )
     return 0 if ok else 1
 
 

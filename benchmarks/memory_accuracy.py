@@ -120,12 +120,18 @@ def layout_of(row: dict[str, str]) -> Layout:
     # "fused_rmsnorm"`, which keeps the input and rstd): llama_13b.toml at 613bfd0 does
     fused = row["recipe"] == "megatron" or compiled or fused_norm_config(row)
     return Layout(
-        tp=int(row["tp"]), pp=pp, micro_batch_size=int(row["micro_batch_size"]),
+        tp=int(row["tp"]),
+        pp=pp,
+        micro_batch_size=int(row["micro_batch_size"]),
         sequence_parallel=bool(_bool(row["sequence_parallel"])) and int(row["tp"]) > 1,
         activation_checkpointing=row["activation_checkpointing"] or "none",
-        attention=row["attention"] or "flash2", rmsnorm="fused" if fused else "eager",
-        sharding=row["sharding"] or "none", compile=compiled, float8=low_precision,
-        pp_schedule="interleaved" if (pp > 1 and vpp > 1) else "1f1b", virtual_stages=vpp if (pp > 1 and vpp > 1) else 1,
+        attention=row["attention"] or "flash2",
+        rmsnorm="fused" if fused else "eager",
+        sharding=row["sharding"] or "none",
+        compile=compiled,
+        float8=low_precision,
+        pp_schedule="interleaved" if (pp > 1 and vpp > 1) else "1f1b",
+        virtual_stages=vpp if (pp > 1 and vpp > 1) else 1,
     )
 
 
@@ -143,9 +149,13 @@ def sweep_of(row: dict[str, str], layout: Layout) -> Sweep:
     gbs = _int(row["global_batch_size"]) or int(row["micro_batch_size"]) * int(row["dp"])
     knobs = {k: [v] for k, v in layout.as_dict().items()}
     spec = {
-        "name": "accuracy", "model": model_of(row), "seq_len": int(row["seq_len"]), "global_batch_size": gbs,
+        "name": "accuracy",
+        "model": model_of(row),
+        "seq_len": int(row["seq_len"]),
+        "global_batch_size": gbs,
         "cluster": {"nodes": world // per_node, "gpus_per_node": per_node, "gpu": gpu},
-        "space": knobs, "memory": memory_of(row),
+        "space": knobs,
+        "memory": memory_of(row),
     }
     return parse_sweep(yaml.safe_dump(spec))
 
@@ -217,8 +227,10 @@ def inconsistent(by_source: dict[str, list[dict[str, Any]]], spread: float = 0.1
             f"{max(r['measured'] for r in rs if r['sweep'].cluster.gpu.name == g):.1f}"
             for g in gpus
         )
-        print(f"\ninconsistent data: {len(rs)} {source} rows share one layout (estimate {est:.2f} GiB) "
-              f"but measured {lo:.2f}-{hi:.2f} GiB ({100 * (hi / lo - 1):.0f} % apart): {by_gpu}")
+        print(
+            f"\ninconsistent data: {len(rs)} {source} rows share one layout (estimate {est:.2f} GiB) "
+            f"but measured {lo:.2f}-{hi:.2f} GiB ({100 * (hi / lo - 1):.0f} % apart): {by_gpu}"
+        )
         for g in gpus:
             if g in RUN_DIFFERENCES:
                 print(f"  {g}: {RUN_DIFFERENCES[g]}")
@@ -228,7 +240,9 @@ def main(path: Path = DATA) -> int:
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     by_source: dict[str, list[dict[str, Any]]] = {}
-    print(f"{'source':<22} {'model':<14} {'layout':<34} {'what':<5} {'measured':>9} {'estimate':>9} {'error':>7}  verdict")
+    print(
+        f"{'source':<22} {'model':<14} {'layout':<34} {'what':<5} {'measured':>9} {'estimate':>9} {'error':>7}  verdict"
+    )
     for row in rows:
         r = evaluate(row)
         r["source"] = row["source"]
@@ -243,8 +257,10 @@ def main(path: Path = DATA) -> int:
         truth = {True: "fits", False: "oom", None: "?"}[r["fits_true"]]
         pred = "fits" if r["fits_pred"] else "oom"
         mark = "" if r["fits_true"] is None else (" ok" if r["fits_true"] == r["fits_pred"] else " WRONG")
-        print(f"{row['source']:<22} {model:<14} {describe(r['layout']):<34} {r.get('kind', '-'):<5} "
-              f"{measured} {est} {err}  {truth}/{pred}{mark}")
+        print(
+            f"{row['source']:<22} {model:<14} {describe(r['layout']):<34} {r.get('kind', '-'):<5} "
+            f"{measured} {est} {err}  {truth}/{pred}{mark}"
+        )
 
     print(f"\n{'source':<22} {'rows':>5} {'numbers':>8} {'median|err|':>12} {'p90|err|':>9} {'fits/OOM right':>15}")
     all_err: list[float] = []
@@ -259,9 +275,11 @@ def main(path: Path = DATA) -> int:
         print(f"{source:<22} {len(rs):>5} {len(errs):>8} {med:>12} {p:>9} {f'{sum(verdicts)}/{len(verdicts)}':>15}")
     inconsistent(by_source)
     skipped = sum("skipped" in r for rs in by_source.values() for r in rs)
-    print(f"\nall sources: {len(all_err)} measured peaks, median |error| {100 * statistics.median(all_err):.1f}% "
-          f"(goal <= 5%), p90 {100 * p90(all_err):.1f}% (goal <= 15%); fits/OOM right {right}/{total}; "
-          f"{skipped} rows skipped")
+    print(
+        f"\nall sources: {len(all_err)} measured peaks, median |error| {100 * statistics.median(all_err):.1f}% "
+        f"(goal <= 5%), p90 {100 * p90(all_err):.1f}% (goal <= 15%); fits/OOM right {right}/{total}; "
+        f"{skipped} rows skipped"
+    )
     return 0
 
 

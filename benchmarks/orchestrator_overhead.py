@@ -57,8 +57,12 @@ class NoopProcessLauncher(LocalLauncher):
 
         job.workdir.mkdir(parents=True, exist_ok=True)
         with open(job.workdir / "result.json", "w") as out:
-            proc = subprocess.Popen([sys.executable, "-S", "-c", f"print({json.dumps(json.dumps(synthetic_result(job)))})"],
-                                    stdout=out, stderr=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-S", "-c", f"print({json.dumps(json.dumps(synthetic_result(job)))})"],
+                stdout=out,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         return Handle(f"local-{proc.pid}", job, proc, {"started": time.time(), "pid": proc.pid})
 
 

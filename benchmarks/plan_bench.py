@@ -35,19 +35,36 @@ def space(**drop: int) -> dict:
 
 
 CASES = [
-    ("llama-13b, 64 GPUs, paper knobs", "llama-13b", 8, {"tp": [1, 2, 4, 8], "pp": [1, 2, 4, 8], "micro_batch_size": [1, 2, 4, 8],
-      "sequence_parallel": [False, True], "activation_checkpointing": ["none", "full"],
-      "attention": ["eager", "fused_softmax", "flash1", "flash2"], "rmsnorm": ["eager", "fused"]}),
+    (
+        "llama-13b, 64 GPUs, paper knobs",
+        "llama-13b",
+        8,
+        {
+            "tp": [1, 2, 4, 8],
+            "pp": [1, 2, 4, 8],
+            "micro_batch_size": [1, 2, 4, 8],
+            "sequence_parallel": [False, True],
+            "activation_checkpointing": ["none", "full"],
+            "attention": ["eager", "fused_softmax", "flash1", "flash2"],
+            "rmsnorm": ["eager", "fused"],
+        },
+    ),
     ("llama3-70b, 4096 GPUs, ~120k layouts", "llama3-70b", 512, space(attention=4, virtual_stages=2, compile=1)),
     ("llama3-405b, 4096 GPUs, every knob", "llama3-405b", 512, space()),
 ]
 
 
 def bench(label: str, model: str, nodes: int, knobs: dict, repeats: int = 3) -> tuple:
-    text = yaml.safe_dump({
-        "name": "bench", "model": model, "seq_len": 8192, "global_batch_size": 2048,
-        "cluster": {"nodes": nodes, "gpus_per_node": 8, "gpu": "h100-sxm"}, "space": knobs,
-    })
+    text = yaml.safe_dump(
+        {
+            "name": "bench",
+            "model": model,
+            "seq_len": 8192,
+            "global_batch_size": 2048,
+            "cluster": {"nodes": nodes, "gpus_per_node": 8, "gpu": "h100-sxm"},
+            "space": knobs,
+        }
+    )
     sweep = parse_sweep(text)
     make_plan(sweep)  # warm-up: first-call costs of numpy are start-up, not planning
     best = float("inf")

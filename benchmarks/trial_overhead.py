@@ -39,7 +39,10 @@ trial: {steps: %(steps)d, warmup_steps: 1, timeout_min: 10, precision: %(precisi
 def bench_sweep() -> Sweep:
     """The benchmark's sweep: fp32 on CPU; bf16 (and the real peak) when a CUDA GPU is here."""
     gpu, precision = "cpu", "fp32"
-    if subprocess.run([sys.executable, "-c", "import torch, sys; sys.exit(not torch.cuda.is_available())"]).returncode == 0:
+    if (
+        subprocess.run([sys.executable, "-c", "import torch, sys; sys.exit(not torch.cuda.is_available())"]).returncode
+        == 0
+    ):
         gpu, precision = "h100-sxm", "bf16"
     return parse_sweep(SPEC % {"gpu": gpu, "steps": STEPS, "precision": precision})
 
@@ -59,14 +62,23 @@ def plain_loop(sweep: Sweep) -> dict[str, float | list[float]]:
     started = process_start_unix()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     s = sweep.model
-    attend = kernels.attention_kernel(LAYOUT.attention, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim,
-                                      seq_len=sweep.seq_len, dtype=torch.bfloat16 if sweep.trial.precision == "bf16" else torch.float32,
-                                      device=device)
+    attend = kernels.attention_kernel(
+        LAYOUT.attention,
+        heads=s.heads,
+        kv_heads=s.kv_heads,
+        head_dim=s.head_dim,
+        seq_len=sweep.seq_len,
+        dtype=torch.bfloat16 if sweep.trial.precision == "bf16" else torch.float32,
+        device=device,
+    )
     with device:
         model = Transformer(s, sweep.seq_len, attend=attend, norm_fn=kernels.rmsnorm_kernel(LAYOUT.rmsnorm))
     init_weights(model, s, seed=sweep.trial.seed, device=device)
     opt = torch.optim.AdamW(model.parameters(), lr=sweep.trial.lr, fused=True, **ADAMW)
-    x, y = (t.to(device) for t in synthetic_batch(s, batch=sweep.global_batch_size, seq_len=sweep.seq_len, seed=sweep.trial.seed))
+    x, y = (
+        t.to(device)
+        for t in synthetic_batch(s, batch=sweep.global_batch_size, seq_len=sweep.seq_len, seed=sweep.trial.seed)
+    )
     bf16 = sweep.trial.precision == "bf16"
     times = []
     first = time.time()
@@ -118,9 +130,11 @@ def main() -> None:
     means = {k: [statistics.fmean(r["step_times_s"][1:]) for r in v] for k, v in runs.items()}
     medians = {k: statistics.median(t for r in v for t in r["step_times_s"][1:]) for k, v in runs.items()}
     m = sweep.model
-    print(f"model: {m.layers} layers, hidden {m.hidden}, {m.heads} heads ({m.kv_heads} kv), seq {sweep.seq_len}, "
-          f"batch {sweep.global_batch_size}, {sweep.trial.precision} on {sweep.cluster.gpu.name}; "
-          f"{STEPS} steps, first dropped, {args.rounds} alternating rounds")
+    print(
+        f"model: {m.layers} layers, hidden {m.hidden}, {m.heads} heads ({m.kv_heads} kv), seq {sweep.seq_len}, "
+        f"batch {sweep.global_batch_size}, {sweep.trial.precision} on {sweep.cluster.gpu.name}; "
+        f"{STEPS} steps, first dropped, {args.rounds} alternating rounds"
+    )
     print(f"{'':24}{'median step (s)':>16}{'mean step per round (s)':>44}{'tokens/s':>12}")
     tokens = sweep.global_batch_size * sweep.seq_len
     for name, label in (("trainer", "trainer (tp=pp=dp=1)"), ("plain", "plain PyTorch loop")):

@@ -68,9 +68,7 @@ def _ci() -> bool:
 
 
 def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
-    )
+    return subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
 
 
 def _describe(env: dict[str, str]) -> SlurmCluster:
@@ -87,9 +85,7 @@ def _describe(env: dict[str, str]) -> SlurmCluster:
         ["scontrol", "show", "config"], capture_output=True, text=True, check=True, timeout=30
     ).stdout
     name = next(
-        line.split("=", 1)[1].strip()
-        for line in config.splitlines()
-        if line.split("=", 1)[0].strip() == "ClusterName"
+        line.split("=", 1)[1].strip() for line in config.splitlines() if line.split("=", 1)[0].strip() == "ClusterName"
     )
     return SlurmCluster(
         partition=partition,
@@ -132,9 +128,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         # stop what it did start (a half-started cluster would confuse the next session), but
         # keep the logs for the message
         _run(["bash", str(STOP)], env, STOP_TIMEOUT_S)
-        pytest.fail(
-            f"{START} failed (exit {started.returncode}):\n{started.stdout}", pytrace=False
-        )
+        pytest.fail(f"{START} failed (exit {started.returncode}):\n{started.stdout}", pytrace=False)
     print(started.stdout)  # shown with a failing test's report ("Captured stdout setup")
     try:
         yield _describe(env)

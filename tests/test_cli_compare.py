@@ -29,10 +29,24 @@ def write(root: Path, rows: list[dict[str, Any]]) -> ResultsStore:
 def two_sweeps(tmp_path: Path) -> tuple[Path, Path]:
     a = tmp_path / "before"
     b = tmp_path / "after"
-    write(a, [row(0, tp=1, pp=1, mfu=0.40), row(1, tp=2, pp=1, mfu=0.50), row(2, tp=4, pp=1, mfu=0.30),
-              row(3, tp=8, pp=1, mfu=None, status="oom")])
-    write(b, [row(0, tp=1, pp=1, mfu=0.44), row(1, tp=2, pp=1, mfu=0.45), row(2, tp=8, pp=1, mfu=0.20),
-              row(3, tp=2, pp=2, mfu=0.35)])
+    write(
+        a,
+        [
+            row(0, tp=1, pp=1, mfu=0.40),
+            row(1, tp=2, pp=1, mfu=0.50),
+            row(2, tp=4, pp=1, mfu=0.30),
+            row(3, tp=8, pp=1, mfu=None, status="oom"),
+        ],
+    )
+    write(
+        b,
+        [
+            row(0, tp=1, pp=1, mfu=0.44),
+            row(1, tp=2, pp=1, mfu=0.45),
+            row(2, tp=8, pp=1, mfu=0.20),
+            row(3, tp=2, pp=2, mfu=0.35),
+        ],
+    )
     return a, b
 
 
@@ -61,6 +75,15 @@ def test_compare_cli_json_and_table(tmp_path):
 
 
 def test_compare_without_results_is_one_line_error(tmp_path):
-    r = sweep_cli("compare", "a", "b", "--results-a", str(tmp_path / "x"), "--results-b", str(tmp_path / "y"),
-                  cwd=tmp_path, timeout=120)
+    r = sweep_cli(
+        "compare",
+        "a",
+        "b",
+        "--results-a",
+        str(tmp_path / "x"),
+        "--results-b",
+        str(tmp_path / "y"),
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert r.returncode == 2 and "no results under" in r.stderr and "Traceback" not in r.stderr

@@ -13,17 +13,39 @@ import pytest
 from tests.conftest import ROOT, SPACES
 
 PLAN_COLUMNS = [
-    "tp", "pp", "dp", "micro_batch_size", "grad_accum", "sequence_parallel", "activation_checkpointing",
-    "attention", "rmsnorm", "status", "reason", "mem_total_gib", "mem_weights_gib", "mem_grads_gib",
-    "mem_optimizer_gib", "mem_activations_gib", "mem_logits_gib", "mem_overhead_gib", "pred_mfu",
-    "mem_buffers_gib", "mem_allocator_gib", "mem_allocated_gib", "mem_reserved_gib",
+    "tp",
+    "pp",
+    "dp",
+    "micro_batch_size",
+    "grad_accum",
+    "sequence_parallel",
+    "activation_checkpointing",
+    "attention",
+    "rmsnorm",
+    "status",
+    "reason",
+    "mem_total_gib",
+    "mem_weights_gib",
+    "mem_grads_gib",
+    "mem_optimizer_gib",
+    "mem_activations_gib",
+    "mem_logits_gib",
+    "mem_overhead_gib",
+    "pred_mfu",
+    "mem_buffers_gib",
+    "mem_allocator_gib",
+    "mem_allocated_gib",
+    "mem_reserved_gib",
 ]
 
 
 def sweep_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", "from sweeper.cli import main; main()", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=120,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

@@ -18,10 +18,17 @@ def replay_spec(tmp_path: Path, name: str, rows: list[dict]) -> Path:
     """A sweep over tp answered at once by the replay launcher from `rows`."""
     table = tmp_path / f"{name}.csv"
     pd.DataFrame(rows).to_csv(table, index=False)
-    spec = {"name": name, "model": {"layers": 16, "hidden": 2048, "heads": 16, "kv_heads": 8, "ffn": 5632, "vocab": 32000},
-            "seq_len": 4096, "global_batch_size": 512, "cluster": {"nodes": 8, "gpus_per_node": 8, "gpu": "h100-sxm"},
-            "space": {"tp": sorted({r["tp"] for r in rows})}, "search": {"max_trials": len(rows), "parallel": 1},
-            "launcher": {"kind": "replay", "table": str(table)}, "results_dir": str(tmp_path / "results")}
+    spec = {
+        "name": name,
+        "model": {"layers": 16, "hidden": 2048, "heads": 16, "kv_heads": 8, "ffn": 5632, "vocab": 32000},
+        "seq_len": 4096,
+        "global_batch_size": 512,
+        "cluster": {"nodes": 8, "gpus_per_node": 8, "gpu": "h100-sxm"},
+        "space": {"tp": sorted({r["tp"] for r in rows})},
+        "search": {"max_trials": len(rows), "parallel": 1},
+        "launcher": {"kind": "replay", "table": str(table)},
+        "results_dir": str(tmp_path / "results"),
+    }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -35,8 +42,10 @@ def test_no_successful_trial_exits_the_same_non_zero_code_everywhere(tmp_path):
     run = sweep_cli("run", str(spec), cwd=tmp_path)
     assert run.returncode == NO_SUCCESS_EXIT == 1, run.stderr
     assert run.stderr.strip().splitlines()[-1] == "error: no trial succeeded (2 finished)"
-    codes = {fmt: sweep_cli("best", str(spec), "--format", fmt, cwd=tmp_path).returncode
-             for fmt in ("table", "json", "yaml", "torchtitan", "megatron")}
+    codes = {
+        fmt: sweep_cli("best", str(spec), "--format", fmt, cwd=tmp_path).returncode
+        for fmt in ("table", "json", "yaml", "torchtitan", "megatron")
+    }
     assert codes == dict.fromkeys(codes, NO_SUCCESS_EXIT)
     # a sweep with a success: 0 for run and every format
     good = replay_spec(tmp_path, "good", [{"tp": 1, "status": "ok", "mfu": 0.5}, *FAILURES[1:]])
@@ -64,6 +73,9 @@ def test_piped_run_ends_the_progress_panel_before_the_table(tmp_path):
 
 def test_flags_show_as_flags_in_help(tmp_path):
     r = sweep_cli("run", "--help", cwd=tmp_path)
-    flag_lines = [line for line in r.stdout.splitlines()
-                  if any(line.lstrip("│ ").startswith(f) for f in ("--dry-run", "--fresh", "--json", "--yes"))]
+    flag_lines = [
+        line
+        for line in r.stdout.splitlines()
+        if any(line.lstrip("│ ").startswith(f) for f in ("--dry-run", "--fresh", "--json", "--yes"))
+    ]
     assert len(flag_lines) == 4 and not [line for line in flag_lines if "<bool>" in line], flag_lines

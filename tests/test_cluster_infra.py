@@ -62,18 +62,21 @@ def test_more_ranks_than_gpus_on_the_node_is_refused() -> None:
     assert device_index(3, 4, 8) == 3  # torchrun with fewer ranks than GPUs
 
 
-@pytest.mark.parametrize(("table", "detected", "same"), [
-    ("a100-80gb", "NVIDIA A100-SXM4-80GB", True),
-    ("a100-80gb", "NVIDIA A100-SXM4-40GB", False),
-    ("a100-40gb", "NVIDIA A100-PCIE-40GB", True),
-    ("h100-sxm", "NVIDIA H100 80GB HBM3", True),
-    ("h100-sxm", "NVIDIA H100 PCIe", False),
-    ("h100-pcie", "NVIDIA H100 PCIe", True),
-    ("h200", "NVIDIA H200", True),
-    ("h100-sxm", "NVIDIA H200", False),
-    ("mi300x", "AMD Instinct MI300X", True),
-    ("l40s", "NVIDIA L40S", True),
-])
+@pytest.mark.parametrize(
+    ("table", "detected", "same"),
+    [
+        ("a100-80gb", "NVIDIA A100-SXM4-80GB", True),
+        ("a100-80gb", "NVIDIA A100-SXM4-40GB", False),
+        ("a100-40gb", "NVIDIA A100-PCIE-40GB", True),
+        ("h100-sxm", "NVIDIA H100 80GB HBM3", True),
+        ("h100-sxm", "NVIDIA H100 PCIe", False),
+        ("h100-pcie", "NVIDIA H100 PCIe", True),
+        ("h200", "NVIDIA H200", True),
+        ("h100-sxm", "NVIDIA H200", False),
+        ("mi300x", "AMD Instinct MI300X", True),
+        ("l40s", "NVIDIA L40S", True),
+    ],
+)
 def test_detected_gpu_names_match_the_table(table: str, detected: str, same: bool) -> None:
     # names as nvidia-smi / torch.cuda.get_device_name print them
     assert gpu_matches(GPUS[table], detected) is same
@@ -121,8 +124,16 @@ def test_fused_rmsnorm_gives_the_fused_kernel_one_dtype() -> None:
 def test_probe_that_runs_out_of_memory_is_an_oom_not_a_missing_kernel() -> None:
     # the s x s scores of 300k tokens are 360 GB: the allocator refuses at once (nothing is touched)
     with pytest.raises(torch.OutOfMemoryError) as info:
-        kernels.attention_kernel("sdpa_math", batch=1, heads=1, kv_heads=1, head_dim=8, seq_len=300_000,
-                                 dtype=torch.float32, device=torch.device("cpu"))
+        kernels.attention_kernel(
+            "sdpa_math",
+            batch=1,
+            heads=1,
+            kv_heads=1,
+            head_dim=8,
+            seq_len=300_000,
+            dtype=torch.float32,
+            device=torch.device("cpu"),
+        )
     assert classify(info.value, rank=0).status == "oom"
 
 
@@ -130,22 +141,43 @@ def test_flash1_needs_flash_attn_1() -> None:
     if kernels.flash_attn_major() == 1:
         pytest.skip("flash-attn 1.x is installed")
     with pytest.raises(kernels.KernelUnavailable, match="flash-attn 1.x"):
-        kernels.attention_kernel("flash1", batch=1, heads=2, kv_heads=2, head_dim=8, seq_len=16,
-                                 dtype=torch.float32, device=torch.device("cpu"))
+        kernels.attention_kernel(
+            "flash1",
+            batch=1,
+            heads=2,
+            kv_heads=2,
+            head_dim=8,
+            seq_len=16,
+            dtype=torch.float32,
+            device=torch.device("cpu"),
+        )
 
 
 def test_selective_checkpointing_saves_what_torchtitan_saves() -> None:
     # torchtitan's _op_sac_save_list (torchtitan/models/llama3/infra/parallelize.py)
     aten = torch.ops.aten
-    for op in (aten.mm.default, aten.max.default, aten._scaled_dot_product_flash_attention.default,
-               aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_cudnn_attention.default,
-               torch.ops._c10d_functional.reduce_scatter_tensor.default):
+    for op in (
+        aten.mm.default,
+        aten.max.default,
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_cudnn_attention.default,
+        torch.ops._c10d_functional.reduce_scatter_tensor.default,
+    ):
         assert op in SAC_SAVE_OPS, op
 
 
 def test_submission_hides_inherited_launch_variables() -> None:
-    env = {"RANK": "3", "WORLD_SIZE": "8", "MASTER_ADDR": "login1", "LOCAL_RANK": "3",
-           "TORCHELASTIC_RUN_ID": "x", "CUDA_VISIBLE_DEVICES": "0", "PATH": "/bin", "SLURM_ACCOUNT": "a"}
+    env = {
+        "RANK": "3",
+        "WORLD_SIZE": "8",
+        "MASTER_ADDR": "login1",
+        "LOCAL_RANK": "3",
+        "TORCHELASTIC_RUN_ID": "x",
+        "CUDA_VISIBLE_DEVICES": "0",
+        "PATH": "/bin",
+        "SLURM_ACCOUNT": "a",
+    }
     before = dict(env)
     with clean_submit_environment(env) as hidden:
         assert env == {"PATH": "/bin", "SLURM_ACCOUNT": "a"}
@@ -200,11 +232,20 @@ def test_selftest_on_cpu_reports_what_a_cpu_lacks(tmp_path: Path) -> None:
 def test_sweep_run_warns_when_the_gpu_found_is_not_the_sweep_files(tmp_path: Path, detected: str, warned: bool) -> None:
     # a replayed sweep whose rows were measured on `detected`; the sweep file says h100-sxm
     table = tmp_path / "rows.csv"
-    pd.DataFrame([{"tp": t, "status": "ok", "mfu": 0.3 + 0.1 * t, "gpu_name": detected} for t in (1, 2)]).to_csv(table, index=False)
-    spec = {"name": "gpuname", "model": "llama-7b", "seq_len": 2048, "global_batch_size": 512,
-            "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "h100-sxm"}, "space": {"tp": [1, 2]},
-            "search": {"max_trials": 2, "parallel": 1}, "launcher": {"kind": "replay", "table": str(table)},
-            "results_dir": str(tmp_path / "results")}
+    pd.DataFrame([{"tp": t, "status": "ok", "mfu": 0.3 + 0.1 * t, "gpu_name": detected} for t in (1, 2)]).to_csv(
+        table, index=False
+    )
+    spec = {
+        "name": "gpuname",
+        "model": "llama-7b",
+        "seq_len": 2048,
+        "global_batch_size": 512,
+        "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "h100-sxm"},
+        "space": {"tp": [1, 2]},
+        "search": {"max_trials": 2, "parallel": 1},
+        "launcher": {"kind": "replay", "table": str(table)},
+        "results_dir": str(tmp_path / "results"),
+    }
     path = tmp_path / "gpuname.yaml"
     path.write_text(yaml.safe_dump(spec))
     r = sweep_cli("run", str(path), cwd=tmp_path, timeout=300, env=cli_env(COLUMNS="200"))

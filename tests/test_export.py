@@ -29,16 +29,29 @@ def row(**knobs: Any) -> dict[str, Any]:
     """A results row of an ok trial on 64 GPUs with the given knobs (others at their defaults)."""
     values = {k: knob.default for k, knob in KNOBS.items()} | knobs
     dp = 64 // (values["tp"] * values["pp"])
-    return {"trial_number": 3, "status": "ok", "mfu": 0.52, **values, "dp": dp,
-            "grad_accum": 2048 // (values["micro_batch_size"] * dp), "num_devices": 64}
+    return {
+        "trial_number": 3,
+        "status": "ok",
+        "mfu": 0.52,
+        **values,
+        "dp": dp,
+        "grad_accum": 2048 // (values["micro_batch_size"] * dp),
+        "num_devices": 64,
+    }
 
 
 def megatron_parser() -> argparse.ArgumentParser:
     """An argparse parser with the Megatron-LM flags the exporter may emit (types as in arguments.py)."""
     p = argparse.ArgumentParser(allow_abbrev=False)
-    for flag in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--micro-batch-size",
-                 "--global-batch-size", "--seq-length", "--num-layers-per-virtual-pipeline-stage",
-                 "--recompute-num-layers"):
+    for flag in (
+        "--tensor-model-parallel-size",
+        "--pipeline-model-parallel-size",
+        "--micro-batch-size",
+        "--global-batch-size",
+        "--seq-length",
+        "--num-layers-per-virtual-pipeline-stage",
+        "--recompute-num-layers",
+    ):
         p.add_argument(flag, type=int)
     p.add_argument("--recompute-granularity", choices=["full", "selective"])
     p.add_argument("--recompute-method", choices=["uniform", "block"])
@@ -49,8 +62,13 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-parallel-sharding-strategy")
     p.add_argument("--ckpt-format")
     p.add_argument("--fp8-format", choices=["e4m3", "hybrid"])
-    for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--bf16",
-                 "--no-masked-softmax-fusion"):
+    for flag in (
+        "--sequence-parallel",
+        "--use-distributed-optimizer",
+        "--use-megatron-fsdp",
+        "--bf16",
+        "--no-masked-softmax-fusion",
+    ):
         p.add_argument(flag, action="store_true")
     return p
 
@@ -61,8 +79,19 @@ def parse_megatron(text: str) -> argparse.Namespace:
 
 
 def test_torchtitan_toml_parses_to_the_layout():
-    doc = tomllib.loads(to_torchtitan(row(tp=4, pp=2, micro_batch_size=2, sequence_parallel=True,
-                                          activation_checkpointing="selective", compile=True), SWEEP))
+    doc = tomllib.loads(
+        to_torchtitan(
+            row(
+                tp=4,
+                pp=2,
+                micro_batch_size=2,
+                sequence_parallel=True,
+                activation_checkpointing="selective",
+                compile=True,
+            ),
+            SWEEP,
+        )
+    )
     par = doc["parallelism"]
     assert par["tensor_parallel_degree"] == 4 and par["pipeline_parallel_degree"] == 2
     # DDP with tp/pp > 1 is refused by torchtitan: the export shards over dp instead, and says so
@@ -72,16 +101,30 @@ def test_torchtitan_toml_parses_to_the_layout():
     assert par["module_fqns_per_model_part"][0][:2] == ["tok_embeddings", "layers.0"]
     assert par["module_fqns_per_model_part"][1][-3:] == ["layers.39", "norm", "output"]
     # with pipelining, local_batch_size holds every micro-batch of a step: 2 * 128
-    assert doc["training"] == {"local_batch_size": 256, "global_batch_size": 2048, "seq_len": 2048,
-                               "mixed_precision_param": "bfloat16"}
+    assert doc["training"] == {
+        "local_batch_size": 256,
+        "global_batch_size": 2048,
+        "seq_len": 2048,
+        "mixed_precision_param": "bfloat16",
+    }
     assert doc["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
     assert doc["compile"] == {"enable": True, "components": ["model", "loss"]}
     assert "model" not in doc
 
 
 def test_torchtitan_fsdp_interleaved_float8_and_notes():
-    text = to_torchtitan(row(tp=2, pp=4, sharding="fsdp", pp_schedule="interleaved", virtual_stages=2,
-                             activation_checkpointing="ffn", float8=True), SWEEP)
+    text = to_torchtitan(
+        row(
+            tp=2,
+            pp=4,
+            sharding="fsdp",
+            pp_schedule="interleaved",
+            virtual_stages=2,
+            activation_checkpointing="ffn",
+            float8=True,
+        ),
+        SWEEP,
+    )
     doc = tomllib.loads(text)
     par = doc["parallelism"]
     assert par["data_parallel_shard_degree"] == 8 and par["data_parallel_replicate_degree"] == 1
@@ -105,8 +148,19 @@ def test_torchtitan_pp1_accumulates_and_zero1_is_named():
 
 
 def test_megatron_flags_parse_back():
-    args = parse_megatron(to_megatron(row(tp=4, pp=2, micro_batch_size=2, sequence_parallel=True,
-                                          activation_checkpointing="full", sharding="zero1"), SWEEP))
+    args = parse_megatron(
+        to_megatron(
+            row(
+                tp=4,
+                pp=2,
+                micro_batch_size=2,
+                sequence_parallel=True,
+                activation_checkpointing="full",
+                sharding="zero1",
+            ),
+            SWEEP,
+        )
+    )
     assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size) == (4, 2)
     assert (args.micro_batch_size, args.global_batch_size, args.seq_length) == (2, 2048, 2048)
     assert args.sequence_parallel and args.use_distributed_optimizer and args.bf16
@@ -116,8 +170,19 @@ def test_megatron_flags_parse_back():
 
 
 def test_megatron_interleaved_selective_eager_fsdp_float8():
-    text = to_megatron(row(pp=4, pp_schedule="interleaved", virtual_stages=5, activation_checkpointing="selective",
-                           attention="eager", sharding="fsdp", float8=True, compile=True), SWEEP)
+    text = to_megatron(
+        row(
+            pp=4,
+            pp_schedule="interleaved",
+            virtual_stages=5,
+            activation_checkpointing="selective",
+            attention="eager",
+            sharding="fsdp",
+            float8=True,
+            compile=True,
+        ),
+        SWEEP,
+    )
     args = parse_megatron(text)
     assert args.num_layers_per_virtual_pipeline_stage == 2  # 40 layers / (4 stages * 5 chunks)
     assert args.ckpt_format == "fsdp_dtensor"
@@ -137,15 +202,25 @@ def test_megatron_ffn_checkpointing_and_gpipe_named():
 
 
 def test_torchtitan_cli_overrides_are_tyro_style():
-    text = to_torchtitan_cli(row(tp=2, pp=4, pp_schedule="interleaved", virtual_stages=2, compile=False,
-                                 activation_checkpointing="full", float8=True), SWEEP)
+    text = to_torchtitan_cli(
+        row(
+            tp=2,
+            pp=4,
+            pp_schedule="interleaved",
+            virtual_stages=2,
+            compile=False,
+            activation_checkpointing="full",
+            float8=True,
+        ),
+        SWEEP,
+    )
     assert "# torchtitan 0.3.0 overrides" in text
     argv = shlex.split(text.replace("\\\n", " "), comments=True)
     assert "--compile.no-enable" in argv and "--parallelism.no-enable_sequence_parallel" in argv
     assert not any(a.endswith(("=false", "=true")) for a in argv)
     assert argv[-1] == "activation-checkpoint:full" and "--training.disable_cuda_graphs" in argv
     i = argv.index("--parallelism.module_fqns_per_model_part")
-    parts = argv[i + 1:i + 9]  # 8 stages of 5 layers; 0.3 calls the output projection lm_head
+    parts = argv[i + 1 : i + 9]  # 8 stages of 5 layers; 0.3 calls the output projection lm_head
     assert parts[0] == "tok_embeddings,layers.0,layers.1,layers.2,layers.3,layers.4"
     assert parts[-1] == "layers.35,layers.36,layers.37,layers.38,layers.39,norm,lm_head"
     assert argv[argv.index("--parallelism.data_parallel_replicate_degree") + 1] == "8"  # 0.3: no 1-D-only DDP
@@ -176,10 +251,19 @@ def test_data_formats_round_trip(dump, load):
 
 def test_best_exports_the_winner_from_a_results_folder(tmp_path):
     spec = tmp_path / "t.yaml"
-    spec.write_text(yaml.safe_dump({"name": "t", "model": "llama-13b", "seq_len": 2048, "global_batch_size": 2048,
-                                    "cluster": {"nodes": 8, "gpus_per_node": 8, "gpu": "a100-80gb"},
-                                    "space": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4]},
-                                    "results_dir": str(tmp_path / "results")}))
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "t",
+                "model": "llama-13b",
+                "seq_len": 2048,
+                "global_batch_size": 2048,
+                "cluster": {"nodes": 8, "gpus_per_node": 8, "gpu": "a100-80gb"},
+                "space": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4]},
+                "results_dir": str(tmp_path / "results"),
+            }
+        )
+    )
     store = ResultsStore(tmp_path / "results" / "t")
     store.ensure()
     store.write_row(row(tp=2, pp=1) | {"trial_number": 0, "mfu": 0.40})
@@ -199,9 +283,19 @@ def test_best_exports_the_winner_from_a_results_folder(tmp_path):
 
 def test_best_export_without_a_winner_is_one_line_error(tmp_path):
     spec = tmp_path / "t.yaml"
-    spec.write_text(yaml.safe_dump({"name": "t", "model": "llama-13b", "seq_len": 2048, "global_batch_size": 2048,
-                                    "cluster": {"nodes": 8, "gpus_per_node": 8, "gpu": "a100-80gb"},
-                                    "space": {"tp": [1, 2]}, "results_dir": str(tmp_path / "results")}))
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "t",
+                "model": "llama-13b",
+                "seq_len": 2048,
+                "global_batch_size": 2048,
+                "cluster": {"nodes": 8, "gpus_per_node": 8, "gpu": "a100-80gb"},
+                "space": {"tp": [1, 2]},
+                "results_dir": str(tmp_path / "results"),
+            }
+        )
+    )
     store = ResultsStore(tmp_path / "results" / "t")
     store.ensure()
     store.write_row(row(tp=2) | {"trial_number": 0, "status": "oom", "mfu": None})

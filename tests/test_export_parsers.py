@@ -55,14 +55,21 @@ WORLD = 64
 
 def sweep_of(layers: int, **extra: Any) -> Sweep:
     model = {"layers": layers, "hidden": 5120, "heads": 40, "kv_heads": 8, "ffn": 13824, "vocab": 32000}
-    return parse_sweep(yaml.safe_dump(base_spec(model=model, cluster={"nodes": 8, "gpus_per_node": 8,
-                                                                      "gpu": "h100-sxm"}, **extra)))
+    return parse_sweep(
+        yaml.safe_dump(base_spec(model=model, cluster={"nodes": 8, "gpus_per_node": 8, "gpu": "h100-sxm"}, **extra))
+    )
 
 
 def layout_row(sweep: Sweep, **knobs: Any) -> dict[str, Any]:
     lay = Layout(**knobs)
-    return {"trial_number": 1, "mfu": 0.5, **lay.as_dict(), "dp": lay.dp(WORLD),
-            "grad_accum": lay.grad_accum(WORLD, sweep.global_batch_size), "num_devices": WORLD}
+    return {
+        "trial_number": 1,
+        "mfu": 0.5,
+        **lay.as_dict(),
+        "dp": lay.dp(WORLD),
+        "grad_accum": lay.grad_accum(WORLD, sweep.global_batch_size),
+        "num_devices": WORLD,
+    }
 
 
 def grid() -> list[tuple[str, Sweep, dict[str, Any]]]:
@@ -74,13 +81,21 @@ def grid() -> list[tuple[str, Sweep, dict[str, Any]]]:
     for sweep, pairs in ((s40, [(1, 1), (2, 1), (8, 1), (1, 2), (2, 2), (4, 4), (1, 8)]), (s30, [(2, 4), (1, 8)])):
         for tp, pp in pairs:
             for sharding in KNOBS["sharding"].choices:
-                for sched in (KNOBS["pp_schedule"].choices if pp > 1 else ("1f1b",)):
+                for sched in KNOBS["pp_schedule"].choices if pp > 1 else ("1f1b",):
                     i += 1
-                    knobs = {"tp": tp, "pp": pp, "sharding": sharding, "pp_schedule": sched,
-                             "virtual_stages": 2 if sched == "interleaved" else 1,
-                             "activation_checkpointing": KNOBS["activation_checkpointing"].choices[i % 4],
-                             "sequence_parallel": tp > 1 and i % 2 == 0, "compile": i % 3 == 0, "float8": i % 2 == 1,
-                             "micro_batch_size": 1 + i % 2, "attention": ("flash2", "cudnn", "eager")[i % 3]}
+                    knobs = {
+                        "tp": tp,
+                        "pp": pp,
+                        "sharding": sharding,
+                        "pp_schedule": sched,
+                        "virtual_stages": 2 if sched == "interleaved" else 1,
+                        "activation_checkpointing": KNOBS["activation_checkpointing"].choices[i % 4],
+                        "sequence_parallel": tp > 1 and i % 2 == 0,
+                        "compile": i % 3 == 0,
+                        "float8": i % 2 == 1,
+                        "micro_batch_size": 1 + i % 2,
+                        "attention": ("flash2", "cudnn", "eager")[i % 3],
+                    }
                     name = f"L{sweep.model.layers}-" + "-".join(f"{k}={v}" for k, v in knobs.items())
                     cases.append((name, sweep, layout_row(sweep, **knobs)))
     return cases
@@ -94,8 +109,16 @@ def run_harness(script: str, cases: list[dict[str, Any]], pythonpath: str | None
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, str(PARSERS / script)], input="".join(json.dumps(c) + "\n" for c in cases),
-                          capture_output=True, text=True, env=env, timeout=900, cwd=PARSERS, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(PARSERS / script)],
+        input="".join(json.dumps(c) + "\n" for c in cases),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=PARSERS,
+        check=False,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert len(lines) == len(cases), f"{script} answered {len(lines)} of {len(cases)} cases:\n{proc.stderr[-3000:]}"
     return [json.loads(ln) for ln in lines]
@@ -105,8 +128,10 @@ def run_harness(script: str, cases: list[dict[str, Any]], pythonpath: str | None
 def workload_argvs() -> list[list[str]]:
     """`workload: torchtitan` renders the same overrides plus steps and log frequency; booleans tyro-style."""
     sweep = sweep_of(40, workload={"kind": "torchtitan", "command": "train {flags} --training.max_norm 2.0"})
-    layouts = [Layout(tp=2, pp=2, compile=False, activation_checkpointing="full"),
-               Layout(tp=1, pp=1, compile=True, sharding="fsdp")]
+    layouts = [
+        Layout(tp=2, pp=2, compile=False, activation_checkpointing="full"),
+        Layout(tp=1, pp=1, compile=True, sharding="fsdp"),
+    ]
     return [render_command(sweep.workload.command, sweep, lay, "torchtitan")[1:] for lay in layouts]
 
 
@@ -139,8 +164,9 @@ def test_torchtitan_cli_export_is_accepted(titan_cli, name):
     assert got["dp_shard"] == (rec["dp"] if rec["sharding"] == "fsdp" else 1)
     stages = pipeline_stages(rec)
     assert [sum(m.startswith("layers.") for m in p) for p in got["parts"] or []] == list(stages)
-    assert got["ac"] == {"none": "NoneType", "full": "FullAC.Config"}.get(rec["activation_checkpointing"],
-                                                                               "SelectiveAC.Config")
+    assert got["ac"] == {"none": "NoneType", "full": "FullAC.Config"}.get(
+        rec["activation_checkpointing"], "SelectiveAC.Config"
+    )
     assert got["compile"] == rec["compile"]
     if rec["tp"] > 1:
         assert got["sp"] == rec["sequence_parallel"]
@@ -166,9 +192,23 @@ def titan_toml(tmp_path_factory) -> dict[str, dict[str, Any]]:
     root = CACHE / f"torchtitan-{TORCHTITAN_TOML_VERSION}"
     if not (root / "torchtitan" / "config" / "manager.py").exists():
         dl = tmp_path_factory.mktemp("wheel")
-        got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(dl),
-                              f"torchtitan=={TORCHTITAN_TOML_VERSION}"], capture_output=True, text=True, timeout=300,
-                             check=False)
+        got = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "-q",
+                "-d",
+                str(dl),
+                f"torchtitan=={TORCHTITAN_TOML_VERSION}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         wheels = list(dl.glob("*.whl"))
         if got.returncode or not wheels:
             pytest.skip(f"cannot fetch torchtitan {TORCHTITAN_TOML_VERSION} from PyPI: {got.stderr.strip()[-300:]}")
@@ -227,19 +267,45 @@ def megatron_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     try:
         data = urllib.request.urlopen(url, timeout=30).read()
     except OSError as e:
-        pytest.skip(f"Megatron-LM's arguments.py is not on PyPI, {MEGATRON_ARCHIVE} is absent and {url} cannot be "
-                    f"fetched ({e}); set SWEEP_MEGATRON_LM to a tree of NVIDIA/Megatron-LM at {MEGATRON_COMMIT}")
+        pytest.skip(
+            f"Megatron-LM's arguments.py is not on PyPI, {MEGATRON_ARCHIVE} is absent and {url} cannot be "
+            f"fetched ({e}); set SWEEP_MEGATRON_LM to a tree of NVIDIA/Megatron-LM at {MEGATRON_COMMIT}"
+        )
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         return extract_megatron(tar, root)
 
 
 def megatron_model_args(sweep: Sweep) -> list[str]:
     m = sweep.model
-    return ["--num-layers", str(m.layers), "--hidden-size", str(m.hidden), "--num-attention-heads", str(m.heads),
-            "--group-query-attention", "--num-query-groups", str(m.kv_heads), "--ffn-hidden-size", str(m.ffn),
-            "--max-position-embeddings", str(sweep.seq_len), "--position-embedding-type", "rope", "--swiglu",
-            "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--train-iters", "10", "--lr", "1e-4",
-            "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(m.vocab)]
+    return [
+        "--num-layers",
+        str(m.layers),
+        "--hidden-size",
+        str(m.hidden),
+        "--num-attention-heads",
+        str(m.heads),
+        "--group-query-attention",
+        "--num-query-groups",
+        str(m.kv_heads),
+        "--ffn-hidden-size",
+        str(m.ffn),
+        "--max-position-embeddings",
+        str(sweep.seq_len),
+        "--position-embedding-type",
+        "rope",
+        "--swiglu",
+        "--untie-embeddings-and-output-weights",
+        "--disable-bias-linear",
+        "--train-iters",
+        "10",
+        "--lr",
+        "1e-4",
+        "--mock-data",
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        str(m.vocab),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -252,8 +318,13 @@ def megatron(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, An
         cases.append({"argv": megatron_model_args(sweep) + megatron_args(rec)[0], "env": env, "world": WORLD})
     # what the README's workload example used to set, on an FSDP layout: Megatron-FSDP refuses it
     fsdp = next((s, r) for _, s, r in GRID if r["sharding"] == "fsdp")
-    cases.append({"argv": megatron_model_args(fsdp[0]) + megatron_args(layout_record(fsdp[1], fsdp[0]))[0],
-                  "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, "world": WORLD})
+    cases.append(
+        {
+            "argv": megatron_model_args(fsdp[0]) + megatron_args(layout_record(fsdp[1], fsdp[0]))[0],
+            "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+            "world": WORLD,
+        }
+    )
     results = run_harness("megatron_validate.py", cases, pythonpath=str(tree))
     return dict(zip([*IDS, "fsdp-with-max-connections-1"], results))
 
@@ -278,8 +349,14 @@ def test_megatron_fsdp_refuses_one_device_connection(megatron):
 
 
 def test_workload_env_drops_what_megatron_fsdp_refuses(tmp_path):
-    sweep = sweep_of(40, workload={"kind": "megatron", "command": "pretrain_gpt.py {flags}",
-                                   "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}})
+    sweep = sweep_of(
+        40,
+        workload={
+            "kind": "megatron",
+            "command": "pretrain_gpt.py {flags}",
+            "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+        },
+    )
     env, notes = workload_env(sweep, Layout(sharding="fsdp"))
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in env and "Megatron-FSDP refuses it" in notes[0]
     env, notes = workload_env(sweep, Layout(tp=2))

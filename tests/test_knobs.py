@@ -42,8 +42,12 @@ def test_labels_and_no_effect_values_come_from_the_knobs():
     assert label("micro_batch_size") == "mbs" and label("activation_checkpointing") == "ckpt"
     assert label("dp") == "dp" and set(LABELS) == set(KNOBS)
     assert len(set(LABELS.values())) == len(LABELS)  # one label names one knob
-    assert NO_EFFECT_VALUE == {"sequence_parallel": False, "sharding": "none", "pp_schedule": "1f1b",
-                               "virtual_stages": 1}
+    assert NO_EFFECT_VALUE == {
+        "sequence_parallel": False,
+        "sharding": "none",
+        "pp_schedule": "1f1b",
+        "virtual_stages": 1,
+    }
     # the kernels that keep the s x s scores: the memory model asks the knob
     assert set(SCORE_KERNELS) == {"eager", "fused_softmax", "sdpa_math"}
     assert set(SCORE_KERNELS) <= set(KNOBS["attention"].choices)

@@ -28,21 +28,40 @@ def test_derived_values(sweep13b):
     "layout,overrides,code",
     [
         (Layout(tp=8, pp=4), {"cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "a100-80gb"}}, "world_not_divisible"),
-        (Layout(tp=8), {"cluster": {"nodes": 2, "gpus_per_node": 4, "gpu": "a100-80gb"}, "space": {"tp": [1]}}, "tp_exceeds_node"),
+        (
+            Layout(tp=8),
+            {"cluster": {"nodes": 2, "gpus_per_node": 4, "gpu": "a100-80gb"}, "space": {"tp": [1]}},
+            "tp_exceeds_node",
+        ),
         (Layout(tp=8), {"model": "llama-30b", "space": {"tp": [1]}}, "heads_not_divisible"),
-        (Layout(tp=2), {"model": {"layers": 4, "hidden": 96, "heads": 6, "kv_heads": 3, "ffn": 256, "vocab": 64},
-                        "space": {"tp": [1]}}, "kv_heads_not_divisible"),
-        (Layout(tp=2), {"model": {"layers": 4, "hidden": 64, "heads": 4, "ffn": 175, "vocab": 64}, "space": {"tp": [1]}},
-         "ffn_not_divisible"),
-        (Layout(pp=8), {"model": {"layers": 4, "hidden": 64, "heads": 4, "ffn": 256, "vocab": 64}, "space": {"tp": [1]}},
-         "pp_exceeds_layers"),
+        (
+            Layout(tp=2),
+            {
+                "model": {"layers": 4, "hidden": 96, "heads": 6, "kv_heads": 3, "ffn": 256, "vocab": 64},
+                "space": {"tp": [1]},
+            },
+            "kv_heads_not_divisible",
+        ),
+        (
+            Layout(tp=2),
+            {"model": {"layers": 4, "hidden": 64, "heads": 4, "ffn": 175, "vocab": 64}, "space": {"tp": [1]}},
+            "ffn_not_divisible",
+        ),
+        (
+            Layout(pp=8),
+            {"model": {"layers": 4, "hidden": 64, "heads": 4, "ffn": 256, "vocab": 64}, "space": {"tp": [1]}},
+            "pp_exceeds_layers",
+        ),
         (Layout(micro_batch_size=3), {"global_batch_size": 2048}, "batch_not_divisible"),
         (Layout(tp=8, sequence_parallel=True), {"seq_len": 2044}, "seq_not_divisible"),
         (Layout(pp=4, micro_batch_size=8), {"global_batch_size": 512}, "too_few_microbatches"),  # 512/(8*16)=4 ok?
         (Layout(pp=2, pp_schedule="interleaved", virtual_stages=1), {}, "interleaved_virtual_stages"),
         (Layout(pp=4, pp_schedule="interleaved", virtual_stages=16), {}, "interleaved_layers"),  # 64 chunks > 40
-        (Layout(pp=4, pp_schedule="interleaved", virtual_stages=2), {"global_batch_size": 144},
-         "interleaved_microbatches"),
+        (
+            Layout(pp=4, pp_schedule="interleaved", virtual_stages=2),
+            {"global_batch_size": 144},
+            "interleaved_microbatches",
+        ),
         (Layout(float8=True), {}, "float8_unsupported"),  # A100 has no fp8
     ],
 )
@@ -58,14 +77,19 @@ def test_each_rule(layout, overrides, code):
 
 def test_gpipe_runs_with_fewer_microbatches_than_stages():
     lay = Layout(pp=4, micro_batch_size=8, pp_schedule="gpipe")
-    assert reject_code(lay, global_batch_size=512, cluster={"nodes": 16, "gpus_per_node": 8, "gpu": "a100-80gb"}) is None
+    assert (
+        reject_code(lay, global_batch_size=512, cluster={"nodes": 16, "gpus_per_node": 8, "gpu": "a100-80gb"}) is None
+    )
 
 
 def test_interleaved_rounds_follow_torch():
     # grad_accum 24 with pp 4: 6 rounds of 4 -> fine; 96 sequences / 16 dp = 6 micro-batches -> 1 round of 6: fine
     assert reject_code(Layout(pp=4, pp_schedule="interleaved", virtual_stages=2), global_batch_size=384) is None
     # 144 sequences on dp 16 -> 9 micro-batches, 2 rounds of 4.5: rejected
-    assert reject_code(Layout(pp=4, pp_schedule="interleaved", virtual_stages=2), global_batch_size=144) == "interleaved_microbatches"
+    assert (
+        reject_code(Layout(pp=4, pp_schedule="interleaved", virtual_stages=2), global_batch_size=144)
+        == "interleaved_microbatches"
+    )
 
 
 def test_float8_allowed_on_h100():
@@ -103,14 +127,19 @@ def test_schedule_and_virtual_stages_collapse_where_they_have_no_effect():
     cand = f[f.status == "candidate"]
     # pp=1: one layout; pp=2: 1f1b once (virtual stages collapse), interleaved with v=2 and v=4 (40 % 8 == 0)
     assert sorted(zip(cand.pp, cand.pp_schedule, cand.virtual_stages)) == [
-        (1, "1f1b", 2), (2, "1f1b", 2), (2, "interleaved", 2), (2, "interleaved", 4)
+        (1, "1f1b", 2),
+        (2, "1f1b", 2),
+        (2, "interleaved", 2),
+        (2, "interleaved", 4),
     ]
 
 
 def test_sharding_collapses_at_dp1():
     plan = make_plan(
-        make_sweep(cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "a100-80gb"},
-                   space={"tp": [8], "sharding": ["none", "fsdp"]})
+        make_sweep(
+            cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "a100-80gb"},
+            space={"tp": [8], "sharding": ["none", "fsdp"]},
+        )
     )
     assert plan.counts() == {"candidate": 1, "invalid": 1}
 
@@ -131,8 +160,9 @@ def test_plan_rejects_kernels_of_the_workload_only():
     lacking = attention == "flash1"  # fused_softmax: the built-in trainer compiles it (trainer/kernels.py)
     assert (plan.reason_code[lacking] == "kernel_not_in_workload").all() and lacking.sum() == 2
     assert (plan.status[~lacking] == "candidate").all()
-    megatron = make_plan(make_sweep(space=space, cluster=HUGE,
-                                    workload={"kind": "megatron", "command": "pretrain_gpt.py {flags}"}))
+    megatron = make_plan(
+        make_sweep(space=space, cluster=HUGE, workload={"kind": "megatron", "command": "pretrain_gpt.py {flags}"})
+    )
     assert (megatron.status == "candidate").all()
 
 

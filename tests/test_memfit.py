@@ -22,14 +22,18 @@ from tests.conftest import make_sweep
 
 
 def _search(tmp_path, plan, sampler="tpe", max_trials=8):
-    return build_search(plan, storage=f"sqlite:///{tmp_path}/o.db", study_name="t", sampler=sampler,
-                        max_trials=max_trials, seed=0)
+    return build_search(
+        plan, storage=f"sqlite:///{tmp_path}/o.db", study_name="t", sampler=sampler, max_trials=max_trials, seed=0
+    )
 
 
 def megatron_plan():
     # 13B on 64 A100-80GB, the Megatron recipe: many layouts pruned by memory
-    return make_plan(make_sweep(memory={"recipe": "megatron"},
-                                space={"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4]}))
+    return make_plan(
+        make_sweep(
+            memory={"recipe": "megatron"}, space={"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4]}
+        )
+    )
 
 
 def test_refit_recovers_a_known_scale_and_offset():
@@ -54,12 +58,21 @@ def test_megatron_memory_line_refits_and_readmits_a_pruned_layout(tmp_path):
     # (the line as megatron/training/utils.py report_memory prints it)
     ran = int(np.flatnonzero(plan.candidate_mask)[0])
     alloc_mb = 0.55 * float(mem.allocated[ran]) / 2**20
-    log = (f"[Rank 0] (after 10 iterations) memory (MB) | allocated: {alloc_mb * 0.8:.1f} | "
-           f"max allocated: {alloc_mb:.1f} | reserved: {alloc_mb * 1.05:.1f} | max reserved: {alloc_mb * 1.08:.1f}\n")
+    log = (
+        f"[Rank 0] (after 10 iterations) memory (MB) | allocated: {alloc_mb * 0.8:.1f} | "
+        f"max allocated: {alloc_mb:.1f} | reserved: {alloc_mb * 1.05:.1f} | max reserved: {alloc_mb * 1.08:.1f}\n"
+    )
     parsed = parse_megatron(log)
     assert parsed.peak_mem_gib == pytest.approx(alloc_mb / 1024, rel=1e-5)
-    search.observe(ran, status="ok", mfu=0.4, step_time_s=10.0, peak_mem_gib=parsed.peak_mem_gib,
-                   peak_mem_reserved_gib=parsed.peak_mem_reserved_gib, device="megatron workload")
+    search.observe(
+        ran,
+        status="ok",
+        mfu=0.4,
+        step_time_s=10.0,
+        peak_mem_gib=parsed.peak_mem_gib,
+        peak_mem_reserved_gib=parsed.peak_mem_reserved_gib,
+        device="megatron workload",
+    )
     fit = search.learning.memory_fit
     assert fit.points == 1 and fit.act_scale < 1.0
     assert fit.reserved_factor == pytest.approx(1.08, rel=1e-3)
@@ -70,9 +83,11 @@ def test_megatron_memory_line_refits_and_readmits_a_pruned_layout(tmp_path):
         assert total[r] <= mem.capacity_bytes and r in search.untried()
         assert search.learning.readmitted[r].startswith("refit")
     # the refitted estimate explains the measurement it came from
-    assert (float(mem.allocated[ran] - mem.activations[ran] - mem.logits[ran])
-            + fit.act_scale * float(mem.activations[ran] + mem.logits[ran]) + fit.offset_bytes) / GIB \
-        == pytest.approx(parsed.peak_mem_gib, rel=1e-6)
+    assert (
+        float(mem.allocated[ran] - mem.activations[ran] - mem.logits[ran])
+        + fit.act_scale * float(mem.activations[ran] + mem.logits[ran])
+        + fit.offset_bytes
+    ) / GIB == pytest.approx(parsed.peak_mem_gib, rel=1e-6)
 
 
 def test_a_peak_above_the_estimate_excludes_untried_layouts(tmp_path):
@@ -83,12 +98,14 @@ def test_a_peak_above_the_estimate_excludes_untried_layouts(tmp_path):
     order = cands[np.argsort(-mem.total[cands])]
     n_before = len(search.untried())
     # one peak above the estimate excludes nothing yet (a prediction, not a fact)...
-    search.observe(int(order[0]), status="ok", mfu=0.4, peak_mem_gib=1.6 * float(mem.allocated[order[0]]) / GIB,
-                   device="cuda")
+    search.observe(
+        int(order[0]), status="ok", mfu=0.4, peak_mem_gib=1.6 * float(mem.allocated[order[0]]) / GIB, device="cuda"
+    )
     assert not [r for r, why in search.excluded.items() if why.startswith("refit")]
     # ...two do: the hungriest candidates measured at 1.6x the estimate
-    search.observe(int(order[1]), status="ok", mfu=0.4, peak_mem_gib=1.6 * float(mem.allocated[order[1]]) / GIB,
-                   device="cuda")
+    search.observe(
+        int(order[1]), status="ok", mfu=0.4, peak_mem_gib=1.6 * float(mem.allocated[order[1]]) / GIB, device="cuda"
+    )
     refit_total = refitted_total(mem, search.learning.memory_fit)
     assert refit_total[order[0]] > mem.total[order[0]] and refit_total[order[1]] > mem.total[order[1]]
     excluded = [r for r, why in search.excluded.items() if why.startswith("refit")]
@@ -124,8 +141,9 @@ def test_needs_at_most_mirrors_needs_at_least():
     rows = np.flatnonzero(plan.status != "invalid")
     for ref in rows[:20]:
         for r in rows:
-            assert bool(needs_at_most(plan.cols, np.asarray([r]), int(ref))[0]) == \
-                bool(needs_at_least(plan.cols, np.asarray([ref]), int(r))[0])
+            assert bool(needs_at_most(plan.cols, np.asarray([r]), int(ref))[0]) == bool(
+                needs_at_least(plan.cols, np.asarray([ref]), int(r))[0]
+            )
 
 
 def test_probe_only_for_a_clearly_faster_layout_near_the_card():

@@ -156,11 +156,27 @@ def test_torchtitan_published_measurement():
     # torch.compile, 77.0 GiB). The built-in trainer's selective policy keeps every matmul
     # output, so its recipe must sit at or above the measurement.
     def reserved(recipe: str) -> float:
-        s = make_sweep(model="llama3-8b", seq_len=8192, global_batch_size=16,
-                       cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"}, space={"tp": [1]},
-                       memory={"recipe": recipe})
-        return est(Layout(sharding="fsdp", micro_batch_size=2, activation_checkpointing="selective",
-                          attention="flash2", rmsnorm="fused"), s)["reserved"] / GIB
+        s = make_sweep(
+            model="llama3-8b",
+            seq_len=8192,
+            global_batch_size=16,
+            cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"},
+            space={"tp": [1]},
+            memory={"recipe": recipe},
+        )
+        return (
+            est(
+                Layout(
+                    sharding="fsdp",
+                    micro_batch_size=2,
+                    activation_checkpointing="selective",
+                    attention="flash2",
+                    rmsnorm="fused",
+                ),
+                s,
+            )["reserved"]
+            / GIB
+        )
 
     assert 0.85 <= reserved("torchtitan") / 82.4 <= 1.0
     assert 1.0 <= reserved("builtin") / 82.4 <= 1.15

@@ -32,9 +32,14 @@ DP = 8
 
 
 def small(**memory):
-    return make_sweep(model=SMALL, seq_len=128, global_batch_size=64,
-                      cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"},
-                      space={"tp": [1], "pp": [1]}, memory=memory)
+    return make_sweep(
+        model=SMALL,
+        seq_len=128,
+        global_batch_size=64,
+        cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"},
+        space={"tp": [1], "pp": [1]},
+        memory=memory,
+    )
 
 
 def states(sharding: str, **memory) -> tuple[float, ...]:
@@ -110,11 +115,23 @@ def test_reserved_is_allocated_times_the_recipe_gap_and_prunes():
     alloc = float(e.allocated[0] + e.overhead[0]) / GIB
     gap = float(e.allocator[0]) / GIB
     card = {"name": "tight", "memory_gib": (alloc + gap / 2) / 0.95, "peak_tflops": 100}
-    tight = make_sweep(model=SMALL, seq_len=128, global_batch_size=64, space={"tp": [1], "pp": [1], "sharding": ["zero1"]},
-                       cluster={"nodes": 1, "gpus_per_node": 8, "gpu": card}, memory={"recipe": "megatron", "reserved_factor": 1.25})
+    tight = make_sweep(
+        model=SMALL,
+        seq_len=128,
+        global_batch_size=64,
+        space={"tp": [1], "pp": [1], "sharding": ["zero1"]},
+        cluster={"nodes": 1, "gpus_per_node": 8, "gpu": card},
+        memory={"recipe": "megatron", "reserved_factor": 1.25},
+    )
     assert make_plan(tight).counts() == {"pruned": 1}
-    loose = make_sweep(model=SMALL, seq_len=128, global_batch_size=64, space={"tp": [1], "pp": [1], "sharding": ["zero1"]},
-                       cluster={"nodes": 1, "gpus_per_node": 8, "gpu": card}, memory={"recipe": "megatron", "reserved_factor": 1.0})
+    loose = make_sweep(
+        model=SMALL,
+        seq_len=128,
+        global_batch_size=64,
+        space={"tp": [1], "pp": [1], "sharding": ["zero1"]},
+        cluster={"nodes": 1, "gpus_per_node": 8, "gpu": card},
+        memory={"recipe": "megatron", "reserved_factor": 1.0},
+    )
     assert make_plan(loose).counts() == {"candidate": 1}
 
 
@@ -130,9 +147,14 @@ THIRTY = {"layers": 60, "hidden": 6656, "heads": 52, "kv_heads": 52, "ffn": 1792
 
 
 def test_60_layers_at_pp8_is_a_candidate_with_its_most_loaded_stage():
-    s = make_sweep(model=THIRTY, seq_len=2048, global_batch_size=1024,
-                   cluster={"nodes": 16, "gpus_per_node": 8, "gpu": "a100-80gb"},
-                   space={"tp": [4], "pp": [8], "sharding": ["zero1"]}, memory={"recipe": "megatron"})
+    s = make_sweep(
+        model=THIRTY,
+        seq_len=2048,
+        global_batch_size=1024,
+        cluster={"nodes": 16, "gpus_per_node": 8, "gpu": "a100-80gb"},
+        space={"tp": [4], "pp": [8], "sharding": ["zero1"]},
+        memory={"recipe": "megatron"},
+    )
     plan = make_plan(s)
     assert plan.counts() == {"candidate": 1}
     assert stage_layers(60, 8) == (7, 8, 8, 8, 8, 7, 7, 7)
@@ -156,20 +178,34 @@ def test_60_layers_at_pp8_is_a_candidate_with_its_most_loaded_stage():
 def test_uneven_stage_step_time_paces_the_busiest_stage():
     from sweeper.perfmodel import busiest_stage_layers
 
-    s = make_sweep(model=THIRTY, seq_len=2048, global_batch_size=1024,
-                   cluster={"nodes": 16, "gpus_per_node": 8, "gpu": "a100-80gb"}, space={"tp": [4], "pp": [8, 16]})
+    s = make_sweep(
+        model=THIRTY,
+        seq_len=2048,
+        global_batch_size=1024,
+        cluster={"nodes": 16, "gpus_per_node": 8, "gpu": "a100-80gb"},
+        space={"tp": [4], "pp": [8, 16]},
+    )
     cols = make_plan(s).cols
     assert busiest_stage_layers(cols, 60).tolist() == [8, 4]
 
 
-@pytest.mark.parametrize("memory,needle", [
-    ({"recipe": "warp"}, "memory.recipe: 'warp' not allowed; allowed: builtin, megatron, torchtitan, deepspeed, explicit"),
-    ({"recipe": "explicit", "bytes": {"params": -2, "grads": 2, "optimizer": 8}}, "memory.bytes.params"),
-    ({"recipe": "explicit"}, "memory.bytes is required"),
-    ({"recipe": "megatron", "zero_stage": 2}, "memory.zero_stage applies to recipe deepspeed only"),
-    ({"recipe": "deepspeed", "zero_stage": 4}, "memory.zero_stage"),
-    ({"recipe": "builtin", "distributed_optimizer": True}, "memory.distributed_optimizer applies to recipe megatron"),
-])
+@pytest.mark.parametrize(
+    "memory,needle",
+    [
+        (
+            {"recipe": "warp"},
+            "memory.recipe: 'warp' not allowed; allowed: builtin, megatron, torchtitan, deepspeed, explicit",
+        ),
+        ({"recipe": "explicit", "bytes": {"params": -2, "grads": 2, "optimizer": 8}}, "memory.bytes.params"),
+        ({"recipe": "explicit"}, "memory.bytes is required"),
+        ({"recipe": "megatron", "zero_stage": 2}, "memory.zero_stage applies to recipe deepspeed only"),
+        ({"recipe": "deepspeed", "zero_stage": 4}, "memory.zero_stage"),
+        (
+            {"recipe": "builtin", "distributed_optimizer": True},
+            "memory.distributed_optimizer applies to recipe megatron",
+        ),
+    ],
+)
 def test_bad_memory_settings_name_the_field(memory, needle):
     with pytest.raises(SpecError) as e:
         make_sweep(memory=memory)
@@ -177,13 +213,22 @@ def test_bad_memory_settings_name_the_field(memory, needle):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("model,needle", [
-    ({"layers": 2, "hidden": 64, "heads": 4, "ffn": 256, "vocab": 128, "head_dim": 65}, "model.head_dim: 65 does not fit the heads"),
-    ({"layers": 2, "hidden": 64, "heads": 4, "ffn": 256, "vocab": 128, "head_dim": 100}, "model.head_dim: 100 does not fit the heads"),
-    ({"layers": 2, "hidden": 64, "heads": 5, "ffn": 256, "vocab": 128}, "or give model.head_dim"),
-    ({"layers": 2, "hidden": 64, "heads": 4, "ffn": 256, "vocab": 128, "mlp": "relu"}, "model.mlp"),
-    ({"layers": 2, "hidden": 64, "heads": 4, "ffn": 256, "vocab": 128, "max_positions": 8}, "model.max_positions"),
-])
+@pytest.mark.parametrize(
+    "model,needle",
+    [
+        (
+            {"layers": 2, "hidden": 64, "heads": 4, "ffn": 256, "vocab": 128, "head_dim": 65},
+            "model.head_dim: 65 does not fit the heads",
+        ),
+        (
+            {"layers": 2, "hidden": 64, "heads": 4, "ffn": 256, "vocab": 128, "head_dim": 100},
+            "model.head_dim: 100 does not fit the heads",
+        ),
+        ({"layers": 2, "hidden": 64, "heads": 5, "ffn": 256, "vocab": 128}, "or give model.head_dim"),
+        ({"layers": 2, "hidden": 64, "heads": 4, "ffn": 256, "vocab": 128, "mlp": "relu"}, "model.mlp"),
+        ({"layers": 2, "hidden": 64, "heads": 4, "ffn": 256, "vocab": 128, "max_positions": 8}, "model.max_positions"),
+    ],
+)
 def test_bad_model_fields_name_the_field(model, needle):
     with pytest.raises(SpecError) as e:
         make_sweep(model=model, space={"tp": [1], "pp": [1]})
@@ -191,16 +236,44 @@ def test_bad_model_fields_name_the_field(model, needle):
 
 
 def test_head_dim_and_gpt_block_models_plan():
-    qwen = {"layers": 36, "hidden": 2560, "heads": 32, "kv_heads": 8, "head_dim": 128, "ffn": 9728,
-            "vocab": 151936, "tied_embeddings": True, "qk_norm": True}
-    s = make_sweep(model=qwen, seq_len=4096, global_batch_size=256, space={"tp": [1, 2], "pp": [1]},
-                   cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"})
+    qwen = {
+        "layers": 36,
+        "hidden": 2560,
+        "heads": 32,
+        "kv_heads": 8,
+        "head_dim": 128,
+        "ffn": 9728,
+        "vocab": 151936,
+        "tied_embeddings": True,
+        "qk_norm": True,
+    }
+    s = make_sweep(
+        model=qwen,
+        seq_len=4096,
+        global_batch_size=256,
+        space={"tp": [1, 2], "pp": [1]},
+        cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"},
+    )
     assert s.model.num_params == 4_022_468_096  # Qwen3-4B's released total (see test_models)
     assert make_plan(s).counts().get("candidate", 0) > 0
-    gpt = {"layers": 24, "hidden": 2048, "heads": 16, "ffn": 8192, "vocab": 50257, "tied_embeddings": True,
-           "mlp": "gelu", "norm": "layernorm", "position": "learned"}
-    s = make_sweep(model=gpt, seq_len=4096, global_batch_size=256, space={"tp": [1, 2], "pp": [1]},
-                   cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"})
+    gpt = {
+        "layers": 24,
+        "hidden": 2048,
+        "heads": 16,
+        "ffn": 8192,
+        "vocab": 50257,
+        "tied_embeddings": True,
+        "mlp": "gelu",
+        "norm": "layernorm",
+        "position": "learned",
+    }
+    s = make_sweep(
+        model=gpt,
+        seq_len=4096,
+        global_batch_size=256,
+        space={"tp": [1, 2], "pp": [1]},
+        cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"},
+    )
     # the learned table grows to seq_len: 4096 positions
     assert s.model.max_positions == 4096 and s.model.position_params == 4096 * 2048
     assert make_plan(s).counts().get("candidate", 0) > 0
@@ -208,10 +281,18 @@ def test_head_dim_and_gpt_block_models_plan():
 
 def test_unknown_recipe_exits_2_through_the_cli(tmp_path):
     f = tmp_path / "bad.yaml"
-    f.write_text("name: bad\nmodel: llama-7b\nseq_len: 2048\nglobal_batch_size: 64\n"
-                 "cluster: {nodes: 1, gpus_per_node: 8, gpu: a100-80gb}\nmemory: {recipe: warp}\n")
-    r = subprocess.run([sys.executable, "-c", "from sweeper.cli import main; main()", "run", str(f), "--dry-run"],
-                       check=False, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    f.write_text(
+        "name: bad\nmodel: llama-7b\nseq_len: 2048\nglobal_batch_size: 64\n"
+        "cluster: {nodes: 1, gpus_per_node: 8, gpu: a100-80gb}\nmemory: {recipe: warp}\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", "from sweeper.cli import main; main()", "run", str(f), "--dry-run"],
+        check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2
     assert "memory.recipe" in r.stderr and "allowed: builtin, megatron" in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
@@ -249,9 +330,13 @@ def test_torchtitan_eager_selective_replays_the_whole_block():
 
 
 def test_interleaved_last_rank_keeps_one_micro_batch_of_logits():
-    s = make_sweep(model=SMALL | {"layers": 4}, seq_len=128, global_batch_size=64,
-                   cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"},
-                   space={"tp": [1], "pp": [2], "pp_schedule": ["interleaved"], "virtual_stages": [1]})
+    s = make_sweep(
+        model=SMALL | {"layers": 4},
+        seq_len=128,
+        global_batch_size=64,
+        cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"},
+        space={"tp": [1], "pp": [2], "pp_schedule": ["interleaved"], "virtual_stages": [1]},
+    )
     e1 = estimate(Layout(pp=2).columns(s), s, rank=-1)
     e2 = estimate(Layout(pp=2, pp_schedule="interleaved", virtual_stages=2).columns(s), s, rank=-1)
     assert float(e1.logits[0]) == float(e2.logits[0])
@@ -259,12 +344,20 @@ def test_interleaved_last_rank_keeps_one_micro_batch_of_logits():
 
 def test_dry_run_shows_the_recipe_and_allocated_reserved(tmp_path):
     f = tmp_path / "m.yaml"
-    f.write_text("name: m\nmodel: {layers: 60, hidden: 6656, heads: 52, ffn: 17920, vocab: 32000}\n"
-                 "seq_len: 2048\nglobal_batch_size: 1024\ncluster: {nodes: 16, gpus_per_node: 8, gpu: a100-80gb}\n"
-                 "space: {tp: [2, 4], pp: [8, 16], micro_batch_size: [1, 2]}\n"
-                 "workload: {kind: megatron, command: 'python pretrain_gpt.py {flags}'}\n")
-    r = subprocess.run([sys.executable, "-c", "from sweeper.cli import main; main()", "run", str(f), "--dry-run", "--json"],
-                       check=False, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    f.write_text(
+        "name: m\nmodel: {layers: 60, hidden: 6656, heads: 52, ffn: 17920, vocab: 32000}\n"
+        "seq_len: 2048\nglobal_batch_size: 1024\ncluster: {nodes: 16, gpus_per_node: 8, gpu: a100-80gb}\n"
+        "space: {tp: [2, 4], pp: [8, 16], micro_batch_size: [1, 2]}\n"
+        "workload: {kind: megatron, command: 'python pretrain_gpt.py {flags}'}\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", "from sweeper.cli import main; main()", "run", str(f), "--dry-run", "--json"],
+        check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     import json
 
@@ -273,8 +366,14 @@ def test_dry_run_shows_the_recipe_and_allocated_reserved(tmp_path):
     assert "near_card" in data and data["counts"].get("invalid", 0) == 0
     c = data["candidates"][0]
     assert c["mem_reserved_gib"] == pytest.approx(1.10 * c["mem_allocated_gib"], rel=1e-3)
-    r = subprocess.run([sys.executable, "-c", "from sweeper.cli import main; main()", "run", str(f), "--dry-run"],
-                       check=False, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", "from sweeper.cli import main; main()", "run", str(f), "--dry-run"],
+        check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "memory recipe: megatron" in r.stdout and "within 5% of the card" in r.stdout
 
 

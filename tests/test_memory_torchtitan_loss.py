@@ -61,9 +61,14 @@ def inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def model_bytes(compile: bool) -> tuple[float, float]:
-    s = make_sweep(model={"layers": 2, "hidden": HIDDEN, "heads": 4, "ffn": 256, "vocab": VOCAB},
-                   seq_len=TOKENS, global_batch_size=8, space={"tp": [1]}, memory={"recipe": "torchtitan"},
-                   cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"})
+    s = make_sweep(
+        model={"layers": 2, "hidden": HIDDEN, "heads": 4, "ffn": 256, "vocab": VOCAB},
+        seq_len=TOKENS,
+        global_batch_size=8,
+        space={"tp": [1]},
+        memory={"recipe": "torchtitan"},
+        cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"},
+    )
     kept, transient = torchtitan_loss_bytes(Layout(compile=compile).columns(s), s, 2)
     return float(np.asarray(kept)[0]), float(np.asarray(transient)[0])
 

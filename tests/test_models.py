@@ -57,8 +57,12 @@ def test_new_llama_and_mistral_presets_match_release(name):
 # Qwen3 model cards (Qwen/Qwen3-*/README.md, "Number of Parameters" and "(Non-Embedding)"),
 # in billions as the cards round them: the q/k norms and head_dim 128 are needed to hit them.
 QWEN3_CARDS = {
-    "qwen3-0.6b": (0.6, 0.44), "qwen3-1.7b": (1.7, 1.4), "qwen3-4b": (4.0, 3.6),
-    "qwen3-8b": (8.2, 6.95), "qwen3-14b": (14.8, 13.2), "qwen3-32b": (32.8, 31.2),
+    "qwen3-0.6b": (0.6, 0.44),
+    "qwen3-1.7b": (1.7, 1.4),
+    "qwen3-4b": (4.0, 3.6),
+    "qwen3-8b": (8.2, 6.95),
+    "qwen3-14b": (14.8, 13.2),
+    "qwen3-32b": (32.8, 31.2),
 }
 
 
@@ -78,7 +82,13 @@ def test_qwen3_8b_exact_count():
 
 
 # GPT-3 (Brown et al. 2020, Table 2.1, "n_params"), at the precision the paper prints them
-GPT3 = {"gpt3-1.3b": (1.3, 1), "gpt3-2.7b": (2.7, 1), "gpt3-6.7b": (6.7, 1), "gpt3-13b": (13.0, 0), "gpt3-175b": (175.0, 0)}
+GPT3 = {
+    "gpt3-1.3b": (1.3, 1),
+    "gpt3-2.7b": (2.7, 1),
+    "gpt3-6.7b": (6.7, 1),
+    "gpt3-13b": (13.0, 0),
+    "gpt3-175b": (175.0, 0),
+}
 
 
 @pytest.mark.parametrize("name", sorted(GPT3))
@@ -94,8 +104,9 @@ def test_gpt_block_parameters_by_hand():
     # attention 4*8*8 weights + 8+8+8+8 biases = 288; MLP 2*8*32 + 32 + 8 = 552;
     # two LayerNorms 2*(8+8) = 32 -> 872 per block; embedding 80, positions 16*8 = 128,
     # final LayerNorm 16: 2*872 + 80 + 128 + 16 = 1968
-    m = ModelShape(2, 8, 2, 2, 32, 10, tied_embeddings=True, mlp="gelu", norm="layernorm",
-                   position="learned", max_positions=16)
+    m = ModelShape(
+        2, 8, 2, 2, 32, 10, tied_embeddings=True, mlp="gelu", norm="layernorm", position="learned", max_positions=16
+    )
     assert m.layer_params == 872
     assert m.num_params == 1968
 

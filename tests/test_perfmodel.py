@@ -56,18 +56,28 @@ def test_calibration_recovers_scales():
 
 
 def test_an_oom_rules_out_layouts_that_need_more_memory():
-    s = make_sweep(cluster={"nodes": 8, "gpus_per_node": 8, "gpu": {"memory_gib": 10000, "peak_tflops": 1}},
-                   space={"tp": [2], "micro_batch_size": [1, 2, 4], "activation_checkpointing": ["none", "ffn", "selective", "full"],
-                          "sequence_parallel": [False, True]})
+    s = make_sweep(
+        cluster={"nodes": 8, "gpus_per_node": 8, "gpu": {"memory_gib": 10000, "peak_tflops": 1}},
+        space={
+            "tp": [2],
+            "micro_batch_size": [1, 2, 4],
+            "activation_checkpointing": ["none", "ffn", "selective", "full"],
+            "sequence_parallel": [False, True],
+        },
+    )
     plan = make_plan(s)
     rows = np.flatnonzero(plan.candidate_mask)
-    ref = next(int(r) for r in rows if plan.layout(int(r)) == Layout(tp=2, micro_batch_size=2, activation_checkpointing="ffn",
-                                                                       sequence_parallel=True))
+    ref = next(
+        int(r)
+        for r in rows
+        if plan.layout(int(r))
+        == Layout(tp=2, micro_batch_size=2, activation_checkpointing="ffn", sequence_parallel=True)
+    )
     hungrier = {plan.layout(int(r)) for r in rows[needs_at_least(plan.cols, rows, ref)]}
     assert Layout(tp=2, micro_batch_size=4, activation_checkpointing="none", sequence_parallel=False) in hungrier
     assert Layout(tp=2, micro_batch_size=2, activation_checkpointing="ffn", sequence_parallel=False) in hungrier
     assert Layout(tp=2, micro_batch_size=1, activation_checkpointing="ffn", sequence_parallel=True) not in hungrier
-    assert Layout(tp=2, micro_batch_size=4, activation_checkpointing="selective", sequence_parallel=True) not in hungrier
+    assert (
+        Layout(tp=2, micro_batch_size=4, activation_checkpointing="selective", sequence_parallel=True) not in hungrier
+    )
     assert Layout(tp=2, micro_batch_size=4, activation_checkpointing="full", sequence_parallel=True) not in hungrier
-
-

@@ -20,9 +20,15 @@ def test_read_result_takes_the_object_after_stray_text_and_refuses_the_rest(tmp_
 
 
 def test_kill_group_ends_a_session_with_its_children():
-    proc = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
-                             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"],
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)",
+        ],
+        start_new_session=True,
+    )
     time.sleep(0.5)
     assert kill_group(proc.pid)
     assert proc.wait(timeout=10) == -9

@@ -15,8 +15,11 @@ from tests.conftest import SPACES, sweep_cli
 
 def test_replay_reproduces_a_past_sweeps_best(tmp_path):
     spec = yaml.safe_load((SPACES / "llama13b_2k.yaml").read_text())
-    spec.update(name="past", results_dir=str(tmp_path / "results"),
-                space={"tp": [2, 4, 8], "pp": [1, 2], "micro_batch_size": [1, 2], "attention": ["flash2", "eager"]})
+    spec.update(
+        name="past",
+        results_dir=str(tmp_path / "results"),
+        space={"tp": [2, 4, 8], "pp": [1, 2], "micro_batch_size": [1, 2], "attention": ["flash2", "eager"]},
+    )
     past = tmp_path / "past.yaml"
     past.write_text(yaml.safe_dump(spec))
     sweep = load_sweep(past)
@@ -28,11 +31,21 @@ def test_replay_reproduces_a_past_sweeps_best(tmp_path):
     for i, r in enumerate(cands[:-1]):  # a past sweep of all but one candidate: one clearly best, a few OOMs
         lay = plan.layout(r)
         status = "oom" if i % 7 == 3 else "ok"
-        store.write_row(lay.as_dict() | {"trial_number": i, "status": status,
-                                         "mfu": None if status == "oom" else 0.3 + (0.3 if i == 5 else 0.001 * i),
-                                         "started_at": now_utc(), "finished_at": now_utc()})
-    spec.update(name="replayed", launcher={"kind": "replay", "table": str(store.trials_dir)},
-                search={"max_trials": 60, "sampler": "auto", "seed": 0})
+        store.write_row(
+            lay.as_dict()
+            | {
+                "trial_number": i,
+                "status": status,
+                "mfu": None if status == "oom" else 0.3 + (0.3 if i == 5 else 0.001 * i),
+                "started_at": now_utc(),
+                "finished_at": now_utc(),
+            }
+        )
+    spec.update(
+        name="replayed",
+        launcher={"kind": "replay", "table": str(store.trials_dir)},
+        search={"max_trials": 60, "sampler": "auto", "seed": 0},
+    )
     path = tmp_path / "replayed.yaml"
     path.write_text(yaml.safe_dump(spec))
     r = sweep_cli("run", str(path), cwd=tmp_path, timeout=300)

@@ -26,11 +26,21 @@ T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
 def spec_file(tmp_path: Path) -> Path:
     """A 13B sweep on 64 A100s with two attention kernels and two checkpointing modes."""
-    spec = {"name": "r", "model": "llama-13b", "seq_len": 2048, "global_batch_size": 2048,
-            "cluster": {"nodes": 8, "gpus_per_node": 8, "gpu": "a100-80gb"},
-            "space": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2],
-                      "activation_checkpointing": ["none", "full"], "attention": ["flash2", "eager"]},
-            "results_dir": str(tmp_path / "results")}
+    spec = {
+        "name": "r",
+        "model": "llama-13b",
+        "seq_len": 2048,
+        "global_batch_size": 2048,
+        "cluster": {"nodes": 8, "gpus_per_node": 8, "gpu": "a100-80gb"},
+        "space": {
+            "tp": [1, 2, 4, 8],
+            "pp": [1, 2, 4],
+            "micro_batch_size": [1, 2],
+            "activation_checkpointing": ["none", "full"],
+            "attention": ["flash2", "eager"],
+        },
+        "results_dir": str(tmp_path / "results"),
+    }
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -40,21 +50,42 @@ def row(n: int, mfu: float | None, status: str = "ok", **knobs: Any) -> dict[str
     values = {k: knob.default for k, knob in KNOBS.items()} | knobs
     dp = 64 // (values["tp"] * values["pp"])
     step = None if mfu is None else 5.0 * 0.47 / mfu  # 13B on 64 A100s: ~5 s per 4M-token step at 47 % MFU
-    measured = {} if step is None else {"step_time_mean_s": step, "tokens_per_s": 2048 * 2048 / step,
-                                        "tflops_per_gpu": 312.0 * mfu}
-    return {"trial_number": n, "status": status, "mfu": mfu, **values, "dp": dp, **measured,
-            "grad_accum": 2048 // (values["micro_batch_size"] * dp), "num_devices": 64,
-            "pred_mem_gib": 40.0 + 5 * n, "peak_mem_gib": 38.0 + 5 * n if status == "ok" else None,
-            "device": "cuda", "started_at": T0 + timedelta(minutes=10 * n),
-            "finished_at": T0 + timedelta(minutes=10 * n + 6)}
+    measured = (
+        {}
+        if step is None
+        else {"step_time_mean_s": step, "tokens_per_s": 2048 * 2048 / step, "tflops_per_gpu": 312.0 * mfu}
+    )
+    return {
+        "trial_number": n,
+        "status": status,
+        "mfu": mfu,
+        **values,
+        "dp": dp,
+        **measured,
+        "grad_accum": 2048 // (values["micro_batch_size"] * dp),
+        "num_devices": 64,
+        "pred_mem_gib": 40.0 + 5 * n,
+        "peak_mem_gib": 38.0 + 5 * n if status == "ok" else None,
+        "device": "cuda",
+        "started_at": T0 + timedelta(minutes=10 * n),
+        "finished_at": T0 + timedelta(minutes=10 * n + 6),
+    }
 
 
 ROWS = [
     row(0, 0.41, tp=2, pp=1, micro_batch_size=1),
     row(1, 0.47, tp=4, pp=2, micro_batch_size=2),  # the winner
     row(2, 0.45, tp=4, pp=1, micro_batch_size=1, activation_checkpointing="full"),
-    row(3, None, "oom", tp=1, pp=1, micro_batch_size=2, attention="eager", error="CUDA out of memory. Tried to "
-        "allocate 2.00 GiB\nTraceback (most recent call last):"),
+    row(
+        3,
+        None,
+        "oom",
+        tp=1,
+        pp=1,
+        micro_batch_size=2,
+        attention="eager",
+        error="CUDA out of memory. Tried to allocate 2.00 GiB\nTraceback (most recent call last):",
+    ),
     row(4, 0.30, tp=8, pp=1, micro_batch_size=1, attention="eager", activation_checkpointing="full"),
 ]
 
@@ -90,8 +121,16 @@ def run_report(spec: Path, *extra: str) -> subprocess.CompletedProcess:
 def test_report_writes_html_and_pngs(reported):
     out = reported.parent / "results" / "r"
     pngs = {p.name for p in out.glob("*.png")}
-    assert {"heatmap_flash2_none.png", "heatmap_flash2_full.png", "heatmap_eager_full.png", "mfu_vs_mbs.png",
-            "memory_pred_vs_measured.png", "mfu_pred_vs_measured.png", "progress.png", "status.png"} <= pngs
+    assert {
+        "heatmap_flash2_none.png",
+        "heatmap_flash2_full.png",
+        "heatmap_eager_full.png",
+        "mfu_vs_mbs.png",
+        "memory_pred_vs_measured.png",
+        "mfu_pred_vs_measured.png",
+        "progress.png",
+        "status.png",
+    } <= pngs
     assert "heatmap_eager_none.png" in pngs  # its only trial was an OOM: the cell says so
     for name in pngs:
         assert (out / name).read_bytes().startswith(PNG_MAGIC)
@@ -253,8 +292,9 @@ def test_heatmap_label_colour_follows_the_background():
     assert text_color(viridis(1.0)) == "black"  # yellow
     assert text_color(viridis(0.0)) == "white"  # dark purple
     assert text_color((0.95, 0.95, 0.95)) == "black"
-    assert all(text_color(tuple(int(c[i:i + 2], 16) / 255 for i in (1, 3, 5))) == "black"
-               for c in EMPTY_FILLS.values())
+    assert all(
+        text_color(tuple(int(c[i : i + 2], 16) / 255 for i in (1, 3, 5))) == "black" for c in EMPTY_FILLS.values()
+    )
 
 
 def test_cpu_sweep_leaves_the_memory_plot_out(results):
@@ -279,22 +319,44 @@ def _chromium() -> str | None:
         if shutil.which(name):
             return shutil.which(name)
     if os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium",
-                       shell=True, capture_output=True, timeout=900)
+        subprocess.run(
+            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium",
+            shell=True,
+            capture_output=True,
+            timeout=900,
+        )
     return shutil.which("chromium")
 
 
 def test_report_renders_in_headless_chromium(reported, tmp_path):
     browser = _chromium()
     if browser is None:
-        pytest.skip("chromium is not installed and could not be installed (needs root and Debian's apt: "
-                    "apt-get install chromium)")
+        pytest.skip(
+            "chromium is not installed and could not be installed (needs root and Debian's apt: "
+            "apt-get install chromium)"
+        )
     page = reported.parent / "results" / "r" / "report.html"
     shot = tmp_path / "shot.png"
-    r = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                        "--disable-component-update", "--disable-sync", "--no-first-run",
-                        f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars", "--window-size=1280,2400",
-                        f"--screenshot={shot}", page.as_uri()], capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--hide-scrollbars",
+            "--window-size=1280,2400",
+            f"--screenshot={shot}",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert r.returncode == 0 and shot.is_file(), r.stderr[-2000:]
     import matplotlib.image as mpimg
 

@@ -11,10 +11,22 @@ from sweeper.results import COLUMNS, ResultsStore, best_rows, now_utc
 
 
 def _row(n: int, status: str = "ok", mfu: float | None = 0.5) -> dict:
-    return {"trial_number": n, "status": status, "tp": 2, "pp": 1, "micro_batch_size": 1, "sequence_parallel": False,
-            "activation_checkpointing": "none", "attention": "flash2", "rmsnorm": "eager", "mfu": mfu,
-            "step_times_s": [1.0, 0.5, 0.5], "error": None if status == "ok" else "CUDA out of memory",
-            "started_at": now_utc(), "finished_at": now_utc()}
+    return {
+        "trial_number": n,
+        "status": status,
+        "tp": 2,
+        "pp": 1,
+        "micro_batch_size": 1,
+        "sequence_parallel": False,
+        "activation_checkpointing": "none",
+        "attention": "flash2",
+        "rmsnorm": "eager",
+        "mfu": mfu,
+        "step_times_s": [1.0, 0.5, 0.5],
+        "error": None if status == "ok" else "CUDA out of memory",
+        "started_at": now_utc(),
+        "finished_at": now_utc(),
+    }
 
 
 def test_rows_round_trip_and_pandas_reads_the_dataset(tmp_path):
@@ -62,8 +74,9 @@ def test_inflight_records_and_next_number(tmp_path):
     store = ResultsStore(tmp_path)
     store.ensure()
     store.write_row(_row(0))
-    store.record_inflight(1, {"trial_number": 1, "job_id": "123", "optuna_trial": 1, "row": 0, "attempt": 1,
-                              "layout": {"tp": 1}})
+    store.record_inflight(
+        1, {"trial_number": 1, "job_id": "123", "optuna_trial": 1, "row": 0, "attempt": 1, "layout": {"tp": 1}}
+    )
     assert store.next_trial_number() == 2
     assert store.inflight()[0]["job_id"] == "123"
     store.clear_inflight(1)

@@ -12,8 +12,9 @@ from tests.conftest import make_sweep
 
 def _search(tmp_path, sampler: str, max_trials: int, **overrides):
     plan = make_plan(make_sweep(**overrides))
-    search = build_search(plan, storage=f"sqlite:///{tmp_path}/o.db", study_name="t", sampler=sampler,
-                          max_trials=max_trials, seed=0)
+    search = build_search(
+        plan, storage=f"sqlite:///{tmp_path}/o.db", study_name="t", sampler=sampler, max_trials=max_trials, seed=0
+    )
     return plan, search
 
 
@@ -55,8 +56,13 @@ def test_model_based_samplers_never_run_rejected_or_repeated_layouts(tmp_path, s
 def test_equivalent_layout_maps_to_its_candidate(tmp_path):
     from sweeper.layout import Layout
 
-    plan, search = _search(tmp_path, "tpe", 10, space={"tp": [1, 2], "sequence_parallel": [False, True]},
-                           cluster={"nodes": 8, "gpus_per_node": 8, "gpu": {"memory_gib": 10000, "peak_tflops": 1}})
+    plan, search = _search(
+        tmp_path,
+        "tpe",
+        10,
+        space={"tp": [1, 2], "sequence_parallel": [False, True]},
+        cluster={"nodes": 8, "gpus_per_node": 8, "gpu": {"memory_gib": 10000, "peak_tflops": 1}},
+    )
     a = plan.row_of(Layout(tp=1, sequence_parallel=True))
     b = plan.row_of(Layout(tp=1, sequence_parallel=False))
     assert a == b is not None
@@ -77,12 +83,15 @@ def test_search_resumes_from_storage(tmp_path):
     assert study.best_value == 0.4
 
 
-@pytest.mark.parametrize("sampler,n,budget,exploits", [
-    ("auto", 10, 20, [True] * 6),  # every candidate fits: best predicted first, always
-    ("auto", 100, 20, [True] * 6),  # the search's own pick (expected improvement) every trial
-    ("tpe", 100, 20, [False] * 6),
-    ("grid", 100, 20, [True] * 6),
-])
+@pytest.mark.parametrize(
+    "sampler,n,budget,exploits",
+    [
+        ("auto", 10, 20, [True] * 6),  # every candidate fits: best predicted first, always
+        ("auto", 100, 20, [True] * 6),  # the search's own pick (expected improvement) every trial
+        ("tpe", 100, 20, [False] * 6),
+        ("grid", 100, 20, [True] * 6),
+    ],
+)
 def test_schedule(sampler, n, budget, exploits):
     policy = Schedule.of(sampler, n_candidates=n, max_trials=budget)
     assert [policy.exploit(started=i) for i in range(6)] == exploits

@@ -19,8 +19,14 @@ ROWS = [
     {"tp": 1, "pp": 1, "micro_batch_size": 1, "status": "ok", "mfu": 0.55},
     {"tp": 2, "pp": 1, "micro_batch_size": 1, "status": "ok", "mfu": 0.50},
     {"tp": 1, "pp": 2, "micro_batch_size": 1, "status": "oom", "mfu": None, "error": "CUDA out of memory\nTried..."},
-    {"tp": 2, "pp": 2, "micro_batch_size": 1, "status": "failed", "mfu": None,
-     "error": "NCCL error: unhandled system error"},
+    {
+        "tp": 2,
+        "pp": 2,
+        "micro_batch_size": 1,
+        "status": "failed",
+        "mfu": None,
+        "error": "NCCL error: unhandled system error",
+    },
 ]
 
 
@@ -28,12 +34,17 @@ def replay_sweep(tmp_path: Path) -> Path:
     """A finished 4-trial sweep answered by the replay launcher from ROWS; returns its results folder."""
     table = tmp_path / "past.csv"
     pd.DataFrame(ROWS).to_csv(table, index=False)
-    spec = {"name": "dash",
-            "model": {"layers": 16, "hidden": 2048, "heads": 16, "kv_heads": 8, "ffn": 5632, "vocab": 32000},
-            "seq_len": 4096, "global_batch_size": 512, "cluster": {"nodes": 8, "gpus_per_node": 8, "gpu": "h100-sxm"},
-            "space": {"tp": [1, 2], "pp": [1, 2], "micro_batch_size": [1]},
-            "search": {"max_trials": 4, "parallel": 1}, "launcher": {"kind": "replay", "table": str(table)},
-            "results_dir": str(tmp_path / "results")}
+    spec = {
+        "name": "dash",
+        "model": {"layers": 16, "hidden": 2048, "heads": 16, "kv_heads": 8, "ffn": 5632, "vocab": 32000},
+        "seq_len": 4096,
+        "global_batch_size": 512,
+        "cluster": {"nodes": 8, "gpus_per_node": 8, "gpu": "h100-sxm"},
+        "space": {"tp": [1, 2], "pp": [1, 2], "micro_batch_size": [1]},
+        "search": {"max_trials": 4, "parallel": 1},
+        "launcher": {"kind": "replay", "table": str(table)},
+        "results_dir": str(tmp_path / "results"),
+    }
     path = tmp_path / "dash.yaml"
     path.write_text(yaml.safe_dump(spec))
     r = sweep_cli("run", str(path), cwd=tmp_path, timeout=300)
@@ -74,5 +85,6 @@ def test_dashboard_shows_failures_attributes_and_metric_name(tmp_path):
     assert oom["state"] == "Fail" and oom_attrs["error"] == "CUDA out of memory"  # the first line only
     assert all(a["job_id"] and a["trial_number"] in {"0", "1", "2", "3"} for a in attrs.values()), attrs
     # the dashboard's best trial is a measured one, never a failure
-    assert [t["number"] for t in detail["best_trials"]] == [n for n, a in attrs.items() if a["status"] == "ok"
-                                                            and trials[n]["values"][0] == 0.55]
+    assert [t["number"] for t in detail["best_trials"]] == [
+        n for n, a in attrs.items() if a["status"] == "ok" and trials[n]["values"][0] == 0.55
+    ]

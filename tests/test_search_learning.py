@@ -21,11 +21,13 @@ def _plan(**overrides):
 
 
 def test_replay_with_more_candidates_than_budget_runs_the_best_within_a_few_trials(tmp_path):
-    spec = base_spec(name="big", results_dir=str(tmp_path / "results"),
-                     space={"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4],
-                            "attention": ["flash2", "eager"]},
-                     search={"max_trials": 8, "sampler": "auto", "seed": 0},
-                     memory={"probe_margin": 0})  # no probe of a pruned layout: the table holds candidates only
+    spec = base_spec(
+        name="big",
+        results_dir=str(tmp_path / "results"),
+        space={"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4], "attention": ["flash2", "eager"]},
+        search={"max_trials": 8, "sampler": "auto", "seed": 0},
+        memory={"probe_margin": 0},
+    )  # no probe of a pruned layout: the table holds candidates only
     path = tmp_path / "big.yaml"
     path.write_text(yaml.safe_dump(spec))
     sweep = load_sweep(path)
@@ -40,8 +42,10 @@ def test_replay_with_more_candidates_than_budget_runs_the_best_within_a_few_tria
     table.ensure()
     for i, r in enumerate(cands):
         mfu = float(plan.pred_mfu[r]) * (1.3 if r == best else 1.0)
-        table.write_row(plan.layout(int(r)).as_dict() | {"trial_number": i, "status": "ok", "mfu": mfu,
-                                                          "started_at": now_utc(), "finished_at": now_utc()})
+        table.write_row(
+            plan.layout(int(r)).as_dict()
+            | {"trial_number": i, "status": "ok", "mfu": mfu, "started_at": now_utc(), "finished_at": now_utc()}
+        )
     run = prepare(sweep, ReplayLauncher(table.trials_dir, sweep))
     run_loop(run, poll_s=0)
     ran = [run.plan.row_of(_layout_of(r)) for r in sorted(run.rows, key=lambda r: r["trial_number"])]
@@ -108,8 +112,9 @@ def test_measured_peaks_above_the_estimate_tighten_the_memory_check():
             p = search.ask()
             assert p is not None
             ran.append(p.row)
-            search.tell(p.optuna_trial, p.row, status="ok", mfu=0.4, peak_mem_gib=float(1.6 * tensors[p.row]),
-                        device=device)
+            search.tell(
+                p.optuna_trial, p.row, status="ok", mfu=0.4, peak_mem_gib=float(1.6 * tensors[p.row]), device=device
+            )
         if not excludes:  # CPU RSS growth is no allocator peak: nothing learned from it
             assert search.excluded == {}
             continue
@@ -117,8 +122,11 @@ def test_measured_peaks_above_the_estimate_tighten_the_memory_check():
         total = refitted_total(mem, fit)
         assert fit.points == 2 and all(total[r] > mem.total[r] for r in ran)  # the estimate was too low: raised
         margin = plan.sweep.memory.probe_margin
-        over = {int(r) for r in np.flatnonzero(plan.candidate_mask)
-                if total[r] > mem.capacity_bytes * (1 + margin)} - set(ran) - search.learning.proven
+        over = (
+            {int(r) for r in np.flatnonzero(plan.candidate_mask) if total[r] > mem.capacity_bytes * (1 + margin)}
+            - set(ran)
+            - search.learning.proven
+        )
         # (a layout needing no more memory than one that ran is proven to fit, whatever the refit says)
         assert over, "the space must hold candidates that no longer fit after the refit"
         assert set(search.excluded) == over

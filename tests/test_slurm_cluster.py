@@ -29,9 +29,7 @@ def _executor(cluster: SlurmCluster, folder: Path, **params: Any) -> submitit.Au
     assert not folder.exists()
     executor = submitit.AutoExecutor(folder=folder)
     assert executor.cluster == "slurm"  # submitit found sbatch and chose SLURM by itself
-    executor.update_parameters(
-        nodes=1, cpus_per_task=1, slurm_partition=cluster.partition, **params
-    )
+    executor.update_parameters(nodes=1, cpus_per_task=1, slurm_partition=cluster.partition, **params)
     return executor
 
 
@@ -39,7 +37,10 @@ def _sacct(job_id: str, *fields: str) -> dict[str, str]:
     """The job's allocation line in sacct (accounting), as {field: value}."""
     out = subprocess.run(
         ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", ",".join(fields)],
-        capture_output=True, text=True, check=True, timeout=30,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
     ).stdout.strip()
     assert out, f"sacct knows no job {job_id}"
     return dict(zip(fields, out.splitlines()[0].split("|")))
@@ -56,8 +57,7 @@ def _wait_until(what: str, predicate: Any, timeout_s: float, job: submitit.Job[A
             except Exception as e:  # noqa: BLE001 - the message must not hide the timeout
                 stderr = repr(e)
             raise AssertionError(
-                f"job {job.job_id}: not {what} after {timeout_s}s (state {job.state});\n"
-                f"stderr:\n{stderr}"
+                f"job {job.job_id}: not {what} after {timeout_s}s (state {job.state});\nstderr:\n{stderr}"
             )
         time.sleep(0.5)
     return time.monotonic() - t0
@@ -82,9 +82,13 @@ def test_two_task_job_round_trip(slurm_cluster: SlurmCluster, tmp_path: Path) ->
 
         env = submitit.JobEnvironment()
         return {
-            "global_rank": env.global_rank, "local_rank": env.local_rank,
-            "num_tasks": env.num_tasks, "num_nodes": env.num_nodes, "job_id": env.job_id,
-            "hostname": socket.gethostname(), "pid": os.getpid(),
+            "global_rank": env.global_rank,
+            "local_rank": env.local_rank,
+            "num_tasks": env.num_tasks,
+            "num_nodes": env.num_nodes,
+            "job_id": env.job_id,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
         }
 
     executor = _executor(slurm_cluster, tmp_path / "submitit", tasks_per_node=2, timeout_min=2)
@@ -102,7 +106,9 @@ def test_two_task_job_round_trip(slurm_cluster: SlurmCluster, tmp_path: Path) ->
     # It is written in several messages: a job this short can show COMPLETED a moment before
     # its Partition is filled in, so wait for the whole record.
     expected = {
-        "State": "COMPLETED", "AllocCPUS": "2", "NNodes": "1",
+        "State": "COMPLETED",
+        "AllocCPUS": "2",
+        "NNodes": "1",
         "Partition": slurm_cluster.partition,
     }
     fields = tuple(expected)

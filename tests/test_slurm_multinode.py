@@ -23,8 +23,11 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 def spec_file(tmp_path: Path, name: str, *, steps: int = 4, **launcher: Any) -> Path:
     """One trial of the tiny CPU sweep (2 tasks, tp=1 pp=1) through the slurm launcher."""
     spec = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
-    spec.update(name=name, results_dir=str(tmp_path / "results"),
-                launcher={"kind": "slurm", "poll_s": 0.5, "exclusive": False, **launcher})
+    spec.update(
+        name=name,
+        results_dir=str(tmp_path / "results"),
+        launcher={"kind": "slurm", "poll_s": 0.5, "exclusive": False, **launcher},
+    )
     spec["space"] = {"tp": [1], "pp": [1], "micro_batch_size": [1], "attention": ["sdpa_math"]}
     spec["trial"].update(steps=steps, timeout_min=5)
     spec["search"] = {"max_trials": 1, "parallel": 1, "seed": 0}
@@ -42,11 +45,15 @@ def running_job(results: Path, proc: subprocess.Popen[str], timeout_s: float = 1
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         assert proc.poll() is None, f"sweep run ended early: {proc.communicate()[1][-2000:]}"
-        records = [json.loads(p.read_text()) for p in sorted((results / "inflight").glob("trial-*.json"))] \
-            if (results / "inflight").is_dir() else []
+        records = (
+            [json.loads(p.read_text()) for p in sorted((results / "inflight").glob("trial-*.json"))]
+            if (results / "inflight").is_dir()
+            else []
+        )
         if records and records[0].get("job_id"):  # a record is saved before its job is submitted (job_id null)
-            out = subprocess.run(["squeue", "-h", "-j", records[0]["job_id"], "-o", "%T|%N"],
-                                 capture_output=True, text=True).stdout.strip()
+            out = subprocess.run(
+                ["squeue", "-h", "-j", records[0]["job_id"], "-o", "%T|%N"], capture_output=True, text=True
+            ).stdout.strip()
             if out.startswith("RUNNING|") and out.split("|")[1]:
                 return records[0] | {"node": out.split("|")[1]}
         time.sleep(0.2)
@@ -71,8 +78,12 @@ def test_node_failure_is_retried_without_the_failed_node(slurm_cluster, tmp_path
         # ReturnToService=2 brings it back when its slurmd registers; make sure of it
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True)
     assert proc.returncode == 0, err[-3000:] + slurm_cluster.logs()
-    acct = subprocess.run(["sacct", "-n", "-X", "-P", "-j", first["job_id"], "-o", "State,NodeList"],
-                          capture_output=True, text=True, check=True).stdout.split()
+    acct = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-j", first["job_id"], "-o", "State,NodeList"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert acct[0] == f"NODE_FAIL|{node}", acct
     df = rows(results)
     assert len(df) == 1, df[["status", "error"]].to_string()
@@ -100,8 +111,12 @@ def test_reattach_after_sweep_run_is_killed_while_the_job_runs(slurm_cluster, tm
     assert len(df) == 1 and df.status.iloc[0] == "ok", df[["status", "error"]].to_string()
     assert df.job_id.iloc[0] == first["job_id"] and df.attempt.iloc[0] == 1  # the same job, not a rerun
     assert not list((results / "inflight").iterdir())
-    jobs = subprocess.run(["sacct", "-n", "-X", "-P", "-S", since, "--name", "sweep-reattach-0", "-o", "JobID"],
-                          capture_output=True, text=True, check=True).stdout.split()
+    jobs = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-S", since, "--name", "sweep-reattach-0", "-o", "JobID"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert jobs == [first["job_id"]], jobs
 
 
@@ -131,12 +146,14 @@ def test_job_still_running_after_its_result_is_cancelled(slurm_cluster, tmp_path
     row = rows(tmp_path / "results" / "linger").iloc[0]
     assert row.status == "ok", row.error
     assert grace <= elapsed < 240, elapsed
-    state = subprocess.run(["sacct", "-n", "-X", "-P", "-j", row.job_id, "-o", "State"], capture_output=True,
-                           text=True, check=True).stdout.split()
+    state = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-j", row.job_id, "-o", "State"], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert state and state[0].startswith("CANCELLED"), state
     # the grace was waited out: the job ended no sooner than `grace` after rank 0 wrote the result
     # (sacct's End has whole seconds)
-    end = subprocess.run(["sacct", "-n", "-X", "-P", "-j", row.job_id, "-o", "End"], capture_output=True,
-                         text=True, check=True).stdout.split()[0]
+    end = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-j", row.job_id, "-o", "End"], capture_output=True, text=True, check=True
+    ).stdout.split()[0]
     written = (tmp_path / "results" / "linger" / "jobs" / "trial-00000-a1" / "result.json").stat().st_mtime
     assert grace - 1 <= datetime.fromisoformat(end).timestamp() - written < grace + 60, (end, written)

@@ -49,7 +49,11 @@ def test_find_by_bare_name_from_any_directory(tmp_path, monkeypatch):
 
 BAD = [
     # (what is wrong, the override, words the message must contain)
-    ("unknown knob", {"space": {"tp": [1], "warp_drive": [1, 2]}}, ["space.warp_drive", "unknown field", "micro_batch_size"]),
+    (
+        "unknown knob",
+        {"space": {"tp": [1], "warp_drive": [1, 2]}},
+        ["space.warp_drive", "unknown field", "micro_batch_size"],
+    ),
     ("unknown top-level field", {"nodes": 3}, ["nodes", "unknown field", "cluster"]),
     ("negative size", {"seq_len": -5}, ["seq_len", "greater than or equal to 1"]),
     ("zero batch", {"global_batch_size": 0}, ["global_batch_size"]),
@@ -58,15 +62,21 @@ BAD = [
     ("bad knob value", {"space": {"attention": ["flash9"]}}, ["space.attention", "flash9", "flash2"]),
     ("wrong type", {"space": {"tp": ["two"]}}, ["space.tp", "integer"]),
     ("tp no layout can use", {"space": {"tp": [3]}}, ["space.tp", "3", "heads = 40"]),
-    ("tp beyond a node", {"cluster": {"nodes": 2, "gpus_per_node": 4, "gpu": "a100-80gb"}, "space": {"tp": [8]}},
-     ["space.tp", "gpus_per_node = 4"]),
+    (
+        "tp beyond a node",
+        {"cluster": {"nodes": 2, "gpus_per_node": 4, "gpu": "a100-80gb"}, "space": {"tp": [8]}},
+        ["space.tp", "gpus_per_node = 4"],
+    ),
     ("pp beyond layers", {"space": {"pp": [64]}}, ["space.pp", "layers=40"]),
     ("missing field", {"seq_len": None}, ["seq_len"]),
     ("warmup too long", {"trial": {"steps": 3, "warmup_steps": 3}}, ["trial", "warmup_steps must be smaller"]),
     ("unsafe name", {"name": "../etc"}, ["name", "folder name"]),
     ("duplicate value", {"space": {"tp": [2, 2]}}, ["space.tp", "twice"]),
-    ("heads not multiple of kv", {"model": {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 3, "ffn": 8, "vocab": 8}},
-     ["model", "kv_heads"]),
+    (
+        "heads not multiple of kv",
+        {"model": {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 3, "ffn": 8, "vocab": 8}},
+        ["model", "kv_heads"],
+    ),
     ("launcher with shell", {"launcher": "slurm; rm -rf /"}, ["launcher", "profile name"]),
 ]
 

@@ -19,8 +19,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 def slurm_spec(tmp_path: Path, name: str, *, trial: dict, max_trials: int, parallel: int) -> Path:
     spec = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
-    spec.update(name=name, results_dir=str(tmp_path / "results"),
-                launcher={"kind": "slurm", "poll_s": 1.0, "exclusive": False})
+    spec.update(
+        name=name, results_dir=str(tmp_path / "results"), launcher={"kind": "slurm", "poll_s": 1.0, "exclusive": False}
+    )
     spec["trial"].update(trial)
     spec["search"] = {"max_trials": max_trials, "parallel": parallel, "seed": 0}
     path = tmp_path / f"{name}.yaml"
@@ -49,15 +50,25 @@ def test_time_limit_and_scancel_become_rows(slurm_cluster, tmp_path):
     deadline = time.time() + 120
     records: list[dict] = []
     # a record is saved before its job is submitted (job_id null), then again with the job id
-    while time.time() < deadline and proc.poll() is None and (len(records) < 2 or not all(r.get("job_id") for r in records)):
-        records = [json.loads(p.read_text()) for p in sorted(inflight.glob("trial-*.json"))] if inflight.is_dir() else []
+    while (
+        time.time() < deadline
+        and proc.poll() is None
+        and (len(records) < 2 or not all(r.get("job_id") for r in records))
+    ):
+        records = (
+            [json.loads(p.read_text()) for p in sorted(inflight.glob("trial-*.json"))] if inflight.is_dir() else []
+        )
         time.sleep(0.5)
-    assert len(records) == 2, f"two trials should be in flight: {proc.poll()} {proc.stderr.read() if proc.poll() is not None else ''}"
+    assert len(records) == 2, (
+        f"two trials should be in flight: {proc.poll()} {proc.stderr.read() if proc.poll() is not None else ''}"
+    )
     victim = records[0]
     # wait until it runs, then cancel it as an operator would
     deadline = time.time() + 60
     while time.time() < deadline:
-        state = subprocess.run(["squeue", "-h", "-j", victim["job_id"], "-o", "%T"], capture_output=True, text=True).stdout
+        state = subprocess.run(
+            ["squeue", "-h", "-j", victim["job_id"], "-o", "%T"], capture_output=True, text=True
+        ).stdout
         if "RUNNING" in state:
             break
         time.sleep(0.5)
@@ -72,7 +83,9 @@ def test_time_limit_and_scancel_become_rows(slurm_cluster, tmp_path):
     assert not list(inflight.iterdir())
     # nothing of the sweep still pending or running (a job that just hit its limit may linger a
     # few seconds in SLURM's COMPLETING state, which is SLURM's epilog, not a leftover)
-    left = subprocess.run(["squeue", "-h", "-t", "PENDING,RUNNING", "-o", "%A"], capture_output=True, text=True).stdout.split()
+    left = subprocess.run(
+        ["squeue", "-h", "-t", "PENDING,RUNNING", "-o", "%A"], capture_output=True, text=True
+    ).stdout.split()
     assert not set(left) & {r["job_id"] for r in records}
 
 

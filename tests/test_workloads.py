@@ -47,13 +47,20 @@ def test_parse_torchtitan():
     assert p.losses == [8.1661, 6.1098] and p.peak_mem_reserved_gib == 2.49
 
 
-@pytest.mark.parametrize("log,status,word", [
-    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "oom", "out of memory"),
-    ("slurmstepd: error: *** JOB 12 ON n1 CANCELLED AT 2025-01-01 DUE TO TIME LIMIT ***", "timeout", "time limit"),
-    ("[E ProcessGroupNCCL.cpp:475] Watchdog caught collective operation timeout: WorkNCCL(...)", "timeout", "collective"),
-    ("n1:1234:1300 [0] NCCL WARN Net : Connection closed by remote peer", "failed", "NCCL"),
-    ("Segmentation fault", "failed", "too few steps"),
-])
+@pytest.mark.parametrize(
+    "log,status,word",
+    [
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "oom", "out of memory"),
+        ("slurmstepd: error: *** JOB 12 ON n1 CANCELLED AT 2025-01-01 DUE TO TIME LIMIT ***", "timeout", "time limit"),
+        (
+            "[E ProcessGroupNCCL.cpp:475] Watchdog caught collective operation timeout: WorkNCCL(...)",
+            "timeout",
+            "collective",
+        ),
+        ("n1:1234:1300 [0] NCCL WARN Net : Connection closed by remote peer", "failed", "NCCL"),
+        ("Segmentation fault", "failed", "too few steps"),
+    ],
+)
 def test_failures_are_classified_from_the_log(log, status, word):
     got, reason = classify_failure(log)
     assert got == status and word in reason
@@ -67,7 +74,13 @@ def sweep_with(workload: dict, tmp_path: Path, **trial):
 
 
 def test_command_template_fills_flags_and_values_without_a_shell(tmp_path):
-    s = sweep_with({"kind": "megatron", "command": "torchrun --nproc-per-node {nproc} --nnodes {nnodes} pretrain_gpt.py {flags} --name 'a b;{tp}'"}, tmp_path)
+    s = sweep_with(
+        {
+            "kind": "megatron",
+            "command": "torchrun --nproc-per-node {nproc} --nnodes {nnodes} pretrain_gpt.py {flags} --name 'a b;{tp}'",
+        },
+        tmp_path,
+    )
     argv = render_command(s.workload.command, s, Layout(tp=4, pp=2, sequence_parallel=True), "megatron")
     assert argv[:5] == ["torchrun", "--nproc-per-node", "8", "--nnodes", "8"]
     i = argv.index("--tensor-model-parallel-size")
@@ -78,12 +91,19 @@ def test_command_template_fills_flags_and_values_without_a_shell(tmp_path):
 
 def test_workload_needs_a_command():
     with pytest.raises(SpecError, match="workload.command is required"):
-        parse_sweep(yaml.safe_dump(yaml.safe_load((SPACES / "llama13b_2k.yaml").read_text()) | {"workload": {"kind": "megatron"}}))
+        parse_sweep(
+            yaml.safe_dump(
+                yaml.safe_load((SPACES / "llama13b_2k.yaml").read_text()) | {"workload": {"kind": "megatron"}}
+            )
+        )
 
 
 def test_megatron_standin_measured_with_our_mfu(tmp_path):
-    s = sweep_with({"kind": "megatron", "command": f"{sys.executable} {STANDINS / 'megatron_pretrain.py'} {{flags}}"},
-                   tmp_path, steps=5)
+    s = sweep_with(
+        {"kind": "megatron", "command": f"{sys.executable} {STANDINS / 'megatron_pretrain.py'} {{flags}}"},
+        tmp_path,
+        steps=5,
+    )
     lay = Layout(tp=2, pp=2)
     r = run_external(s, lay, workdir=tmp_path / "w")
     assert r.status == "ok", r.error
@@ -95,8 +115,15 @@ def test_megatron_standin_measured_with_our_mfu(tmp_path):
 
 
 def test_megatron_standin_oom_and_timeout(tmp_path):
-    s = sweep_with({"kind": "megatron", "command": f"{sys.executable} {STANDINS / 'megatron_pretrain.py'} {{flags}}",
-                    "env": {"STANDIN_FAIL": "oom"}}, tmp_path, steps=5)
+    s = sweep_with(
+        {
+            "kind": "megatron",
+            "command": f"{sys.executable} {STANDINS / 'megatron_pretrain.py'} {{flags}}",
+            "env": {"STANDIN_FAIL": "oom"},
+        },
+        tmp_path,
+        steps=5,
+    )
     r = run_external(s, Layout(tp=2), workdir=tmp_path / "w")
     assert r.status == "oom" and "CUDA out of memory" in r.error
     s = sweep_with({"kind": "command", "command": f"{sys.executable} -c 'import time; time.sleep(30)'"}, tmp_path)
@@ -105,8 +132,11 @@ def test_megatron_standin_oom_and_timeout(tmp_path):
 
 
 def test_torchtitan_standin(tmp_path):
-    s = sweep_with({"kind": "torchtitan", "command": f"{sys.executable} {STANDINS / 'torchtitan_train.py'} {{flags}}"},
-                   tmp_path, steps=4)
+    s = sweep_with(
+        {"kind": "torchtitan", "command": f"{sys.executable} {STANDINS / 'torchtitan_train.py'} {{flags}}"},
+        tmp_path,
+        steps=4,
+    )
     r = run_external(s, Layout(tp=2), workdir=tmp_path / "w")
     assert r.status == "ok", r.error
     # tps 25,000 per device after the first step: 2048 x 2048 tokens over 64 devices
@@ -116,11 +146,15 @@ def test_torchtitan_standin(tmp_path):
 @pytest.mark.slow
 def test_megatron_sweep_end_to_end_through_the_local_launcher(tmp_path):
     spec = yaml.safe_load((SPACES / "llama13b_2k.yaml").read_text())
-    spec.update(name="mega", results_dir=str(tmp_path / "results"), launcher="local",
-                workload={"kind": "megatron", "command": f"{sys.executable} {STANDINS / 'megatron_pretrain.py'} {{flags}}"},
-                space={"tp": [2, 4], "pp": [1, 2], "micro_batch_size": [1]},
-                cluster={"nodes": 8, "gpus_per_node": 8, "gpu": {"memory_gib": 1000, "peak_tflops": 312}},
-                search={"max_trials": 4, "parallel": 2})
+    spec.update(
+        name="mega",
+        results_dir=str(tmp_path / "results"),
+        launcher="local",
+        workload={"kind": "megatron", "command": f"{sys.executable} {STANDINS / 'megatron_pretrain.py'} {{flags}}"},
+        space={"tp": [2, 4], "pp": [1, 2], "micro_batch_size": [1]},
+        cluster={"nodes": 8, "gpus_per_node": 8, "gpu": {"memory_gib": 1000, "peak_tflops": 312}},
+        search={"max_trials": 4, "parallel": 2},
+    )
     spec["trial"].update(steps=4)
     path = tmp_path / "mega.yaml"
     path.write_text(yaml.safe_dump(spec))

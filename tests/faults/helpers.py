@@ -21,8 +21,15 @@ LAYOUT_KNOBS = ["tp", "pp", "micro_batch_size", "activation_checkpointing"]
 cli, env_with, sweep, start = cli_command, cli_env, sweep_cli, start_cli
 
 
-def spec_file(tmp_path: Path, name: str, *, trial: dict | None = None, search: dict | None = None,
-              space: dict | None = None, launcher: Any = "local") -> Path:
+def spec_file(
+    tmp_path: Path,
+    name: str,
+    *,
+    trial: dict | None = None,
+    search: dict | None = None,
+    space: dict | None = None,
+    launcher: Any = "local",
+) -> Path:
     """The shipped tiny CPU sweep (2 processes), renamed, with its results under tmp_path."""
     spec = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
     spec.update(name=name, results_dir=str(tmp_path / "results"), launcher=launcher)

@@ -24,8 +24,11 @@ from sweeper.results import ResultsStore
 from sweeper.spec import parse_sweep
 from tests.faults.helpers import env_with, sweep
 
-ROWS = [{"tp": tp, "pp": pp, "micro_batch_size": 1, "status": "ok", "mfu": 0.1 * (tp + 2 * pp)}
-        for tp in (1, 2) for pp in (1, 2)]
+ROWS = [
+    {"tp": tp, "pp": pp, "micro_batch_size": 1, "status": "ok", "mfu": 0.1 * (tp + 2 * pp)}
+    for tp in (1, 2)
+    for pp in (1, 2)
+]
 
 
 def replay_spec(tmp_path: Path, name: str = "ex", **extra) -> Path:
@@ -35,7 +38,8 @@ def replay_spec(tmp_path: Path, name: str = "ex", **extra) -> Path:
     spec = {
         "name": name,
         "model": {"layers": 16, "hidden": 2048, "heads": 16, "kv_heads": 8, "ffn": 5632, "vocab": 32000},
-        "seq_len": 4096, "global_batch_size": 512,
+        "seq_len": 4096,
+        "global_batch_size": 512,
         "cluster": {"nodes": 8, "gpus_per_node": 8, "gpu": "h100-sxm"},
         "space": {"tp": [1, 2], "pp": [1, 2], "micro_batch_size": [1]},
         "search": {"max_trials": 4, "parallel": 1},
@@ -166,11 +170,14 @@ def test_deleted_study_is_rebuilt_and_said_so(tmp_path: Path):
     assert [t.user_attrs.get("kind") for t in study.trials[:2]] == ["rebuilt", "rebuilt"]
 
 
-@pytest.mark.parametrize("storage, words", [
-    ("not a url", "is not an Optuna storage URL"),
-    ("sqlite:////nonexistent/folder/optuna.db", "does not exist"),
-    ("/nonexistent/folder/study.journal", "does not exist"),
-])
+@pytest.mark.parametrize(
+    "storage, words",
+    [
+        ("not a url", "is not an Optuna storage URL"),
+        ("sqlite:////nonexistent/folder/optuna.db", "does not exist"),
+        ("/nonexistent/folder/study.journal", "does not exist"),
+    ],
+)
 def test_bad_storage_is_one_line_and_creates_nothing(tmp_path: Path, storage: str, words: str):
     spec = replay_spec(tmp_path, search={"max_trials": 4, "parallel": 1, "storage": storage})
     msg = one_line_error(sweep("run", str(spec), cwd=tmp_path))
@@ -250,9 +257,14 @@ def test_integers_are_strict(tmp_path: Path, value: str):
 
 def test_huge_space_is_refused_before_allocating(tmp_path: Path):
     spec = yaml.safe_load(replay_spec(tmp_path).read_text())
-    spec["space"] = {"tp": [1, 2, 4, 8], "pp": [1, 2, 4, 8], "micro_batch_size": list(range(1, 257)),
-                     "virtual_stages": list(range(1, 257)), "activation_checkpointing": ["none", "full"],
-                     "attention": ["eager", "flash2"]}  # 4*4*256*256*2*2 = 4,194,304 layouts
+    spec["space"] = {
+        "tp": [1, 2, 4, 8],
+        "pp": [1, 2, 4, 8],
+        "micro_batch_size": list(range(1, 257)),
+        "virtual_stages": list(range(1, 257)),
+        "activation_checkpointing": ["none", "full"],
+        "attention": ["eager", "flash2"],
+    }  # 4*4*256*256*2*2 = 4,194,304 layouts
     t0 = time.perf_counter()
     with pytest.raises(SpecError) as e:
         parse_sweep(yaml.safe_dump(spec))
@@ -261,12 +273,18 @@ def test_huge_space_is_refused_before_allocating(tmp_path: Path):
     assert "4,194,304 layouts" in msg and "micro_batch_size (256 values)" in msg and "virtual_stages" in msg, msg
 
 
-@pytest.mark.parametrize("workload, words", [
-    ({"kind": "command", "command": "python train.py --tp {tp} --oops {nonsense}"}, "unknown placeholder {nonsense}"),
-    ({"kind": "command", "command": "python train.py {tp", "env": {}}, "bad braces"),
-    ({"kind": "command", "command": "python train.py", "env": {"A-B": "1"}}, "not an environment variable name"),
-    ({"kind": "command", "command": "python train.py", "cwd": "/nonexistent/folder"}, "not an existing folder"),
-])
+@pytest.mark.parametrize(
+    "workload, words",
+    [
+        (
+            {"kind": "command", "command": "python train.py --tp {tp} --oops {nonsense}"},
+            "unknown placeholder {nonsense}",
+        ),
+        ({"kind": "command", "command": "python train.py {tp", "env": {}}, "bad braces"),
+        ({"kind": "command", "command": "python train.py", "env": {"A-B": "1"}}, "not an environment variable name"),
+        ({"kind": "command", "command": "python train.py", "cwd": "/nonexistent/folder"}, "not an existing folder"),
+    ],
+)
 def test_workload_is_checked_at_load(tmp_path: Path, workload: dict, words: str):
     spec = replay_spec(tmp_path, workload=workload)
     msg = one_line_error(sweep("run", str(spec), "--dry-run", cwd=tmp_path))
@@ -283,11 +301,14 @@ def test_local_launcher_without_the_processes_a_layout_needs_is_refused_before_i
 
 
 # ---- 9: launcher injection ----------------------------------------------------------------
-@pytest.mark.parametrize("inline", [
-    {"kind": "slurm", "setup": ["echo $(touch /tmp/pwned)"]},
-    {"kind": "slurm", "sbatch_extra": {"output": "/root/.bashrc", "open-mode": "append"}},
-    {"kind": "slurm", "srun_args": ["--export=ALL,LD_PRELOAD=/tmp/x.so"]},
-])
+@pytest.mark.parametrize(
+    "inline",
+    [
+        {"kind": "slurm", "setup": ["echo $(touch /tmp/pwned)"]},
+        {"kind": "slurm", "sbatch_extra": {"output": "/root/.bashrc", "open-mode": "append"}},
+        {"kind": "slurm", "srun_args": ["--export=ALL,LD_PRELOAD=/tmp/x.so"]},
+    ],
+)
 def test_inline_launcher_may_not_carry_job_script_lines(tmp_path: Path, inline: dict):
     spec = replay_spec(tmp_path, launcher=inline)
     msg = one_line_error(sweep("run", str(spec), "--dry-run", cwd=tmp_path))
@@ -300,16 +321,19 @@ def _profile_sweep(tmp_path: Path, profile: dict):
     return parse_sweep(replay_spec(tmp_path, launcher="site").read_text())
 
 
-@pytest.mark.parametrize("extra, denied", [
-    ({"sbatch_extra": {"output": "/root/.bashrc"}}, "output"),
-    ({"sbatch_extra": {"error": "/tmp/e"}}, "error"),
-    ({"sbatch_extra": {"export": "ALL,LD_PRELOAD=/x.so"}}, "export"),
-    ({"sbatch_extra": {"chdir": "/tmp"}}, "chdir"),
-    ({"sbatch_extra": {"requeue": True}}, "requeue"),
-    ({"sbatch_extra": {"wrap": "id"}}, "wrap"),
-    ({"srun_args": ["--export=ALL,LD_PRELOAD=/x.so"]}, "export"),
-    ({"srun_args": ["-o", "/root/.bashrc"]}, "output"),
-])
+@pytest.mark.parametrize(
+    "extra, denied",
+    [
+        ({"sbatch_extra": {"output": "/root/.bashrc"}}, "output"),
+        ({"sbatch_extra": {"error": "/tmp/e"}}, "error"),
+        ({"sbatch_extra": {"export": "ALL,LD_PRELOAD=/x.so"}}, "export"),
+        ({"sbatch_extra": {"chdir": "/tmp"}}, "chdir"),
+        ({"sbatch_extra": {"requeue": True}}, "requeue"),
+        ({"sbatch_extra": {"wrap": "id"}}, "wrap"),
+        ({"srun_args": ["--export=ALL,LD_PRELOAD=/x.so"]}, "export"),
+        ({"srun_args": ["-o", "/root/.bashrc"]}, "output"),
+    ],
+)
 def test_profiles_deny_redirecting_directives_unless_allowed(tmp_path: Path, monkeypatch, extra: dict, denied: str):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SpecError, match=f"the '{denied}' option .* is denied"):
@@ -320,17 +344,35 @@ def test_profiles_deny_redirecting_directives_unless_allowed(tmp_path: Path, mon
 
 def test_site_profiles_keep_setup_and_safe_options(tmp_path: Path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    p = resolve_profile(_profile_sweep(tmp_path, {"kind": "slurm", "setup": ["module load cuda"],
-                                                  "sbatch_extra": {"gres-flags": "enforce-binding"},
-                                                  "srun_args": ["--cpu-bind=cores"]}))
+    p = resolve_profile(
+        _profile_sweep(
+            tmp_path,
+            {
+                "kind": "slurm",
+                "setup": ["module load cuda"],
+                "sbatch_extra": {"gres-flags": "enforce-binding"},
+                "srun_args": ["--cpu-bind=cores"],
+            },
+        )
+    )
     assert p.setup == ["module load cuda"] and p.srun_args == ["--cpu-bind=cores"]
 
 
 # ---- 10: permissions and pickles ---------------------------------------------------------
 def test_results_folder_is_private_under_a_permissive_umask(tmp_path: Path):
     spec = replay_spec(tmp_path)
-    r = subprocess.run(["bash", "-c", f"umask 000; exec {' '.join(__import__('tests.faults.helpers', fromlist=['cli']).cli('run', str(spec)))}"],
-                       cwd=tmp_path, capture_output=True, text=True, env=env_with(), timeout=300)
+    r = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f"umask 000; exec {' '.join(__import__('tests.faults.helpers', fromlist=['cli']).cli('run', str(spec)))}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env_with(),
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     root = tmp_path / "results" / "ex"
     modes = {str(p.relative_to(root)): stat.S_IMODE(p.stat().st_mode) for p in [root, *root.rglob("*")]}

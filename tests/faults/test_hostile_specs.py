@@ -17,12 +17,26 @@ from sweeper.spec import parse_sweep
 from tests.conftest import SPACES, sweep_cli
 
 BASE = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
-FIELDS = ["name", "model", "seq_len", "global_batch_size", "cluster", "space", "trial", "search", "launcher",
-          "memory", "results_dir"]
+FIELDS = [
+    "name",
+    "model",
+    "seq_len",
+    "global_batch_size",
+    "cluster",
+    "space",
+    "trial",
+    "search",
+    "launcher",
+    "memory",
+    "results_dir",
+]
 SHELL = ["; touch /tmp/pwned", "$(touch /tmp/pwned)", "`id`", "a b", "x|y", "x&&y", "x\ny", "'q'", '"q"', "a>b", "*"]
 
 junk = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(10**30), max_value=10**30) | st.floats(allow_nan=True)
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.floats(allow_nan=True)
     | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12,
@@ -53,10 +67,24 @@ def test_wrong_types_in_any_field(field, value):
 
 
 @settings(max_examples=40, deadline=None)
-@given(path=st.sampled_from([("seq_len",), ("global_batch_size",), ("cluster", "nodes"), ("cluster", "gpus_per_node"),
-                             ("model", "layers"), ("model", "hidden"), ("model", "vocab"), ("trial", "steps"),
-                             ("trial", "timeout_min"), ("search", "max_trials"), ("search", "parallel")]),
-       value=huge)
+@given(
+    path=st.sampled_from(
+        [
+            ("seq_len",),
+            ("global_batch_size",),
+            ("cluster", "nodes"),
+            ("cluster", "gpus_per_node"),
+            ("model", "layers"),
+            ("model", "hidden"),
+            ("model", "vocab"),
+            ("trial", "steps"),
+            ("trial", "timeout_min"),
+            ("search", "max_trials"),
+            ("search", "parallel"),
+        ]
+    ),
+    value=huge,
+)
 def test_huge_and_out_of_range_numbers(path, value):
     spec = copy.deepcopy(BASE)
     spec[path[0]] = dict(spec[path[0]]) if len(path) > 1 else spec[path[0]]
@@ -86,11 +114,18 @@ def test_arbitrary_bytes_and_non_utf8(data):
 
 
 @settings(max_examples=60, deadline=None)
-@given(field=st.sampled_from(["partition", "account", "qos", "constraint"]),
-       bad=st.sampled_from(SHELL) | st.text(min_size=1, max_size=30).filter(lambda s: any(c in s for c in " ;|&$`'\"<>()\n*\\!")))
+@given(
+    field=st.sampled_from(["partition", "account", "qos", "constraint"]),
+    bad=st.sampled_from(SHELL)
+    | st.text(min_size=1, max_size=30).filter(lambda s: any(c in s for c in " ;|&$`'\"<>()\n*\\!")),
+)
 def test_shell_metacharacters_in_sbatch_fields_are_refused(field, bad):
-    for launcher in ({"kind": "slurm", field: bad}, {"kind": "slurm", "sbatch_extra": {"gres": bad}},
-                     {"kind": "slurm", "srun_args": [bad]}, {"kind": "slurm", "sbatch_extra": {bad: "1"}}):
+    for launcher in (
+        {"kind": "slurm", field: bad},
+        {"kind": "slurm", "sbatch_extra": {"gres": bad}},
+        {"kind": "slurm", "srun_args": [bad]},
+        {"kind": "slurm", "sbatch_extra": {bad: "1"}},
+    ):
         sweep = parse_sweep(yaml.safe_dump({**BASE, "launcher": launcher}))
         with pytest.raises(SpecError):
             resolve_profile(sweep)
@@ -98,7 +133,8 @@ def test_shell_metacharacters_in_sbatch_fields_are_refused(field, bad):
 
 def test_yaml_alias_bomb_is_refused_quickly():
     bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi")
+    )
     with pytest.raises(SpecError, match="alias"):
         parse_sweep(bomb)
 

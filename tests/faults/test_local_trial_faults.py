@@ -51,8 +51,13 @@ def test_oom_on_one_rank_is_oom_not_retried_and_the_sweep_goes_on(tmp_path):
 
 def test_a_stopped_rank_ends_as_timeout_and_no_rank_survives(tmp_path):
     # 3 steps take ~1 s; the 20 s limit is hit only because rank 1 is stopped
-    spec = spec_file(tmp_path, "hang", trial={"timeout_min": 20 / 60}, search={"max_trials": 1},
-                     space={"tp": [1], "pp": [2], "micro_batch_size": [1], "attention": ["flash2"]})
+    spec = spec_file(
+        tmp_path,
+        "hang",
+        trial={"timeout_min": 20 / 60},
+        search={"max_trials": 1},
+        space={"tp": [1], "pp": [2], "micro_batch_size": [1], "attention": ["flash2"]},
+    )
     root = results(tmp_path, "hang")
     proc = start("run", str(spec), cwd=tmp_path)
     try:
@@ -79,10 +84,15 @@ def test_trial_process_killed_is_retried_once_then_failed_with_the_cause(tmp_pat
     proc = start("run", str(spec), cwd=tmp_path)
     try:
         for attempt in (1, 2):  # kill the trial's own process (not a rank) on both attempts
-            rec = wait_for(lambda a=attempt: (r := inflight_record(root)) and r["attempt"] == a and r.get("job_id") and r, timeout=60,
-                           what=f"attempt {attempt} in flight")
+            rec = wait_for(
+                lambda a=attempt: (r := inflight_record(root)) and r["attempt"] == a and r.get("job_id") and r,
+                timeout=60,
+                what=f"attempt {attempt} in flight",
+            )
             trial_dir = root / "jobs" / f"trial-00000-a{attempt}"
-            ranks = wait_for(lambda d=trial_dir: (p := rank_pids(d)) and len(p) == 2 and p, timeout=60, what="two ranks")
+            ranks = wait_for(
+                lambda d=trial_dir: (p := rank_pids(d)) and len(p) == 2 and p, timeout=60, what="two ranks"
+            )
             kill(int(rec["job_id"].removeprefix("local-")))
             wait_for(lambda r=ranks: not any(alive(p) for p in r), timeout=10, what="ranks to end with their trial")
         out, err = proc.communicate(timeout=180)

@@ -16,8 +16,17 @@ from tests.faults.helpers import spec_file, sweep
 
 
 def fake_row(n: int, mfu: float) -> dict:
-    return {"trial_number": n, "status": "ok", "tp": 1, "pp": 1, "micro_batch_size": 1 + n, "mfu": mfu,
-            "launcher": "local", "optuna_trial": n, "attempt": 1}
+    return {
+        "trial_number": n,
+        "status": "ok",
+        "tp": 1,
+        "pp": 1,
+        "micro_batch_size": 1 + n,
+        "mfu": mfu,
+        "launcher": "local",
+        "optuna_trial": n,
+        "attempt": 1,
+    }
 
 
 def test_truncated_and_foreign_parquet_are_named_and_skipped(tmp_path: Path):

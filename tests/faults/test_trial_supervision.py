@@ -64,8 +64,7 @@ def test_oom_needs_evidence():
 
 def test_a_killed_rank_is_seen_at_once_retried_once_and_never_called_oom(tmp_path: Path):
     # 200 steps take about a minute here; the 3-minute limit is never what ends a trial
-    spec = spec_file(tmp_path, "rankkill", trial={"steps": 200, "timeout_min": 3}, search={"max_trials": 2},
-                     space=ONE)
+    spec = spec_file(tmp_path, "rankkill", trial={"steps": 200, "timeout_min": 3}, search={"max_trials": 2}, space=ONE)
     root = results(tmp_path, "rankkill")
     proc = start("run", str(spec), cwd=tmp_path)
     killed_at = []
@@ -74,7 +73,12 @@ def test_a_killed_rank_is_seen_at_once_retried_once_and_never_called_oom(tmp_pat
             trial_dir = root / "jobs" / f"trial-00000-a{attempt}"
             pids = wait_for(lambda d=trial_dir: (p := rank_pids(d)) and len(p) == 2 and p, timeout=90, what="two ranks")
             time.sleep(4)  # both ranks past start-up, in the training loop's collectives
-            ordered = sorted(pids, key=lambda p: "RANK=0" not in Path(f"/proc/{p}/environ").read_bytes().decode(errors="replace").split("\0"))
+            ordered = sorted(
+                pids,
+                key=lambda p: (
+                    "RANK=0" not in Path(f"/proc/{p}/environ").read_bytes().decode(errors="replace").split("\0")
+                ),
+            )
             kill(ordered[rank])
             killed_at.append(time.time())
             wait_for(lambda ps=pids: not any(alive(p) for p in ps), timeout=60, what="the other rank to be ended")
@@ -91,7 +95,7 @@ def test_a_killed_rank_is_seen_at_once_retried_once_and_never_called_oom(tmp_pat
     assert "oom" not in set(df.status) and "timeout" not in set(df.status), df[["status", "error"]]
     assert df.loc[1].status == "ok"  # the sweep went on; no layout was excluded as an OOM
     # each death was seen within the exit grace (15 s), not at the 3-minute limit
-    finished = (first.finished_at.timestamp() if hasattr(first.finished_at, "timestamp") else 0)
+    finished = first.finished_at.timestamp() if hasattr(first.finished_at, "timestamp") else 0
     assert finished - killed_at[1] < 60, (finished, killed_at)
     assert_no_processes_left(root)
 

@@ -47,8 +47,12 @@ for line in sys.stdin:
             if isinstance(layout, str):
                 layout = PipelineParallelLayerLayout(layout, args.pipeline_model_parallel_size)
             layout.validate_layer_layout(args.num_layers, 0)
-        out = {"ok": True, "dp": args.data_parallel_size, "vpp": args.virtual_pipeline_model_parallel_size,
-               "ckpt_format": args.ckpt_format}
+        out = {
+            "ok": True,
+            "dp": args.data_parallel_size,
+            "vpp": args.virtual_pipeline_model_parallel_size,
+            "ckpt_format": args.ckpt_format,
+        }
     except (AssertionError, ValueError, SystemExit, TypeError) as e:
         out = {"ok": False, "error": f"{type(e).__name__}: {e} {err.getvalue()[-500:]}"}
     print(json.dumps(out), flush=True)

@@ -41,9 +41,18 @@ for line in sys.stdin:
                 raise ValueError(f"{len(parts)} stages for pp={dims.pp} and schedule {par.pipeline_parallel_schedule}")
             for rank in range(dims.pp):
                 _get_pp_rank_to_stage_indices_mapping(rank, dims.pp, par.pipeline_parallel_schedule, len(parts))
-        out = {"ok": True, "dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "tp": dims.tp, "pp": dims.pp,
-               "parts": parts, "ac": type(cfg.activation_checkpoint).__qualname__, "compile": cfg.compile.enable,
-               "sp": par.enable_sequence_parallel, "local_batch_size": cfg.training.local_batch_size}
+        out = {
+            "ok": True,
+            "dp_replicate": dims.dp_replicate,
+            "dp_shard": dims.dp_shard,
+            "tp": dims.tp,
+            "pp": dims.pp,
+            "parts": parts,
+            "ac": type(cfg.activation_checkpoint).__qualname__,
+            "compile": cfg.compile.enable,
+            "sp": par.enable_sequence_parallel,
+            "local_batch_size": cfg.training.local_batch_size,
+        }
     except (AssertionError, ValueError, SystemExit, TypeError) as e:
         out = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     print(json.dumps(out), flush=True)

@@ -29,10 +29,16 @@ for line in sys.stdin:
     try:
         cfg = ConfigManager().parse_args(["--job.config_file", case["toml"]])
         par = cfg.parallelism
-        dims = ParallelDims(dp_replicate=par.data_parallel_replicate_degree, dp_shard=par.data_parallel_shard_degree,
-                            cp=par.context_parallel_degree, tp=par.tensor_parallel_degree,
-                            pp=par.pipeline_parallel_degree, ep=par.expert_parallel_degree,
-                            etp=par.expert_tensor_parallel_degree, world_size=case["world"])
+        dims = ParallelDims(
+            dp_replicate=par.data_parallel_replicate_degree,
+            dp_shard=par.data_parallel_shard_degree,
+            cp=par.context_parallel_degree,
+            tp=par.tensor_parallel_degree,
+            pp=par.pipeline_parallel_degree,
+            ep=par.expert_parallel_degree,
+            etp=par.expert_tensor_parallel_degree,
+            world_size=case["world"],
+        )
         if dims.dp_replicate_enabled and not dims.fsdp_enabled and dims.world_size != dims.dp_replicate:
             raise RuntimeError("DDP has not supported > 1D parallelism")
         parts = par.module_fqns_per_model_part
@@ -40,9 +46,15 @@ for line in sys.stdin:
             single = issubclass(get_schedule_class(par.pipeline_parallel_schedule), PipelineScheduleSingle)
             if len(parts) % dims.pp or single != (len(parts) == dims.pp):
                 raise ValueError(f"{len(parts)} stages for pp={dims.pp} and schedule {par.pipeline_parallel_schedule}")
-        out = {"ok": True, "dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "parts": parts,
-               "ac": cfg.activation_checkpoint.mode, "converters": cfg.model.converters,
-               "float8": getattr(getattr(cfg, "quantize", None), "linear", None) is not None}
+        out = {
+            "ok": True,
+            "dp_replicate": dims.dp_replicate,
+            "dp_shard": dims.dp_shard,
+            "parts": parts,
+            "ac": cfg.activation_checkpoint.mode,
+            "converters": cfg.model.converters,
+            "float8": getattr(getattr(cfg, "quantize", None), "linear", None) is not None,
+        }
     except (AssertionError, ValueError, RuntimeError, SystemExit, TypeError) as e:
         out = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     print(json.dumps(out), flush=True)

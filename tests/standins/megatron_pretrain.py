@@ -27,8 +27,12 @@ step_s = 0.02 * (1 + 0.3 * (tp - 1) + 0.2 * (pp - 1)) / (1 + 0.2 * (mbs - 1))
 print("> building GPT model ...", flush=True)
 for it in range(1, args.train_iters + 1):
     if os.environ.get("STANDIN_FAIL") == "oom" and it == 2:
-        print("Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
-              " GPU 0 has a total capacity of 79.15 GiB of which 1.02 GiB is free.", file=sys.stderr, flush=True)
+        print(
+            "Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+            " GPU 0 has a total capacity of 79.15 GiB of which 1.02 GiB is free.",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.exit(1)
     time.sleep(step_s * (3 if it == 1 else 1))
     ms = step_s * (3 if it == 1 else 1) * 1000
@@ -45,5 +49,8 @@ for it in range(1, args.train_iters + 1):
     line += f" number of nan iterations: {0:3d} |"
     print(line, flush=True)
     if it == 1:
-        print(f"[Rank 0] (after {it} iterations) memory (MB) | allocated: 20480.5 | max allocated: 40960.25"
-              f" | reserved: 45056.0 | max reserved: 45056.0", flush=True)
+        print(
+            f"[Rank 0] (after {it} iterations) memory (MB) | allocated: 20480.5 | max allocated: 40960.25"
+            f" | reserved: 45056.0 | max reserved: 45056.0",
+            flush=True,
+        )

@@ -21,6 +21,9 @@ tp = int(opts["parallelism.tensor_parallel_degree"])
 tps = 50_000 // tp
 for step in range(1, steps + 1):
     time.sleep(0.01)
-    print(f"[rank0]:[titan] 2025-10-30 14:32:58,897 - root - INFO - step: {step:2}  loss: {8.0 - 0.1 * step:7.4f}  "
-          f"grad_norm: {1.5:7.4f}  memory: {30.12:5.2f}GiB({31.70:.2f}%)  tps: {round(tps if step > 1 else tps / 3):,}  "
-          f"tflops: {123.45:,.2f}  mfu: {12.48:.2f}%", flush=True)
+    print(
+        f"[rank0]:[titan] 2025-10-30 14:32:58,897 - root - INFO - step: {step:2}  loss: {8.0 - 0.1 * step:7.4f}  "
+        f"grad_norm: {1.5:7.4f}  memory: {30.12:5.2f}GiB({31.70:.2f}%)  tps: {round(tps if step > 1 else tps / 3):,}  "
+        f"tflops: {123.45:,.2f}  mfu: {12.48:.2f}%",
+        flush=True,
+    )

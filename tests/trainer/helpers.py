@@ -34,8 +34,9 @@ MODELS: dict[str, dict[str, Any]] = {
 }
 
 
-def tiny_sweep(world: int, *, tied: bool = False, precision: str = "fp32", seq_len: int = 32, extra: str = "",
-               model: str = "llama") -> Sweep:
+def tiny_sweep(
+    world: int, *, tied: bool = False, precision: str = "fp32", seq_len: int = 32, extra: str = "", model: str = "llama"
+) -> Sweep:
     """The tiny LLaMA of the issue (4 layers, dim 64, 4 heads, 2 kv heads, ffn 176, vocab 256) on `world` CPU ranks,
     or one of its `MODELS` variants."""
     sweep = _tiny_sweep(world, tied=tied, precision=precision, seq_len=seq_len, extra=extra)
@@ -57,12 +58,14 @@ trial: {{steps: 10, warmup_steps: 1, timeout_min: 5, precision: {precision}, lr:
 """)
 
 
-def run_workers(target: str, *, nprocs: int, workdir: Path, timeout_s: float = 300, env: dict[str, str] | None = None,
-                **kwargs: Any) -> Any:
+def run_workers(
+    target: str, *, nprocs: int, workdir: Path, timeout_s: float = 300, env: dict[str, str] | None = None, **kwargs: Any
+) -> Any:
     """Run `tests.trainer.workers:<target>` on `nprocs` processes; fail the test with the logs if a rank failed."""
     task = {"kind": "call", "target": f"tests.trainer.workers:{target}", "kwargs": kwargs}
-    done = launch(task, nprocs=nprocs, timeout_s=timeout_s, workdir=workdir,
-                  extra_env={"PYTHONPATH": str(ROOT), **(env or {})})
+    done = launch(
+        task, nprocs=nprocs, timeout_s=timeout_s, workdir=workdir, extra_env={"PYTHONPATH": str(ROOT), **(env or {})}
+    )
     if done.timed_out or any(done.returncodes):
         logs = "\n".join(f"--- rank {r} (rc {rc})\n{done.log_tail(r, 40)}" for r, rc in enumerate(done.returncodes))
         pytest.fail(f"{target} on {nprocs} ranks: rc={done.returncodes} timed_out={done.timed_out}\n{logs}")
@@ -72,16 +75,24 @@ def run_workers(target: str, *, nprocs: int, workdir: Path, timeout_s: float = 3
 def plain_model(sweep: Sweep, *, attention: str = "flash2", rmsnorm: str = "eager") -> Transformer:
     """The whole model in one process, materialised with the layout-independent init."""
     s = sweep.model
-    attend = kernels.attention_kernel(attention, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim,
-                                      seq_len=sweep.seq_len, dtype=torch.float32, device=CPU)
+    attend = kernels.attention_kernel(
+        attention,
+        heads=s.heads,
+        kv_heads=s.kv_heads,
+        head_dim=s.head_dim,
+        seq_len=sweep.seq_len,
+        dtype=torch.float32,
+        device=CPU,
+    )
     model = build_model(s, sweep.seq_len, attend=attend, norm_fn=norm_kernel(s, rmsnorm))
     materialize(model, s, seed=sweep.trial.seed, device=CPU)
     return model
 
 
 @cache
-def reference(tied: bool = False, attention: str = "flash2", rmsnorm: str = "eager", steps: int = 10,
-              model: str = "llama") -> dict[str, Any]:
+def reference(
+    tied: bool = False, attention: str = "flash2", rmsnorm: str = "eager", steps: int = 10, model: str = "llama"
+) -> dict[str, Any]:
     """The single-process run every layout must reproduce: the whole global batch in one micro-batch."""
     sweep = tiny_sweep(1, tied=tied, model=model)
     model = plain_model(sweep, attention=attention, rmsnorm=rmsnorm)

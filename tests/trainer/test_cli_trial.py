@@ -13,19 +13,30 @@ from tests.conftest import ROOT, SPACES
 
 
 def sweep_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from sweeper.cli import main; main()", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", "from sweeper.cli import main; main()", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-@pytest.mark.parametrize(("sets", "message"), [
-    (["tp=3"], "invalid layout (world_not_divisible): tp*pp = 3*1 does not divide world = 2"),
-    (["attention=flash3"], "attention takes one of eager, fused_softmax, sdpa_math, flash1, flash2, sdpa_efficient, cudnn"),
-    (["warp_drive=1"], "unknown knob 'warp_drive'; knobs: tp, pp,"),
-    (["tp"], "expected KNOB=VALUE"),
-    (["compile=maybe"], "compile takes true or false"),
-    (["pp=0"], "pp takes a positive integer"),
-    (["pp=2", "micro_batch_size=8"], "too_few_microbatches"),
-])
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["tp=3"], "invalid layout (world_not_divisible): tp*pp = 3*1 does not divide world = 2"),
+        (
+            ["attention=flash3"],
+            "attention takes one of eager, fused_softmax, sdpa_math, flash1, flash2, sdpa_efficient, cudnn",
+        ),
+        (["warp_drive=1"], "unknown knob 'warp_drive'; knobs: tp, pp,"),
+        (["tp"], "expected KNOB=VALUE"),
+        (["compile=maybe"], "compile takes true or false"),
+        (["pp=0"], "pp takes a positive integer"),
+        (["pp=2", "micro_batch_size=8"], "too_few_microbatches"),
+    ],
+)
 def test_user_errors_name_the_knob_and_exit_2(sets: list[str], message: str) -> None:
     r = sweep_cli("trial", str(SPACES / "tiny_cpu.yaml"), *[a for s in sets for a in ("--set", s)], timeout=60)
     assert r.returncode == 2, r.stderr

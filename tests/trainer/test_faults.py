@@ -27,7 +27,9 @@ def _rank_views(workdir: Path, world: int) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("knobs", [{"tp": 2, "micro_batch_size": 4}, {"pp": 2, "micro_batch_size": 2}], ids=["tp2", "pp2"])
+@pytest.mark.parametrize(
+    "knobs", [{"tp": 2, "micro_batch_size": 4}, {"pp": 2, "micro_batch_size": 2}], ids=["tp2", "pp2"]
+)
 def test_oom_on_one_rank_ends_as_oom_on_every_rank(tmp_path: Path, knobs: dict) -> None:
     sweep = tiny_sweep(2)
     start = time.monotonic()
@@ -46,8 +48,13 @@ def test_oom_on_one_rank_ends_as_oom_on_every_rank(tmp_path: Path, knobs: dict) 
 @pytest.mark.slow
 def test_rank_stuck_when_a_peer_fails_is_ended_by_the_watcher(tmp_path: Path) -> None:
     """Rank 1 blocks where gloo cannot wake it (as NCCL never would): the watcher ends it as oom."""
-    result = launch_trial(tiny_sweep(2), Layout(pp=2, micro_batch_size=2), workdir=tmp_path, timeout_s=120,
-                          extra_env={"SWEEP_FAULT": "oom:0:2,hang:1:2"})
+    result = launch_trial(
+        tiny_sweep(2),
+        Layout(pp=2, micro_batch_size=2),
+        workdir=tmp_path,
+        timeout_s=120,
+        extra_env={"SWEEP_FAULT": "oom:0:2,hang:1:2"},
+    )
     assert result.status == OOM
     views = _rank_views(tmp_path, 2)
     assert [v["status"] for v in views] == [OOM, OOM]
@@ -56,8 +63,13 @@ def test_rank_stuck_when_a_peer_fails_is_ended_by_the_watcher(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_other_exception_is_failed_with_its_message(tmp_path: Path) -> None:
-    result = launch_trial(tiny_sweep(2), Layout(sharding="fsdp", micro_batch_size=2), workdir=tmp_path, timeout_s=120,
-                          extra_env={"SWEEP_FAULT": "error:0:1"})
+    result = launch_trial(
+        tiny_sweep(2),
+        Layout(sharding="fsdp", micro_batch_size=2),
+        workdir=tmp_path,
+        timeout_s=120,
+        extra_env={"SWEEP_FAULT": "error:0:1"},
+    )
     assert result.status == FAILED
     assert "rank 0: RuntimeError: injected by SWEEP_FAULT: failure at step 1" in result.error
     assert [v["status"] for v in _rank_views(tmp_path, 2)] == [FAILED, FAILED]
@@ -66,8 +78,13 @@ def test_other_exception_is_failed_with_its_message(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_rank_dying_without_a_word_fails_the_trial_without_hanging(tmp_path: Path) -> None:
     start = time.monotonic()
-    result = launch_trial(tiny_sweep(2), Layout(tp=2, micro_batch_size=4), workdir=tmp_path, timeout_s=120,
-                          extra_env={"SWEEP_FAULT": "exit:1:1"})
+    result = launch_trial(
+        tiny_sweep(2),
+        Layout(tp=2, micro_batch_size=4),
+        workdir=tmp_path,
+        timeout_s=120,
+        extra_env={"SWEEP_FAULT": "exit:1:1"},
+    )
     assert result.status == FAILED
     assert result.error
     assert time.monotonic() - start < 60
@@ -76,8 +93,13 @@ def test_rank_dying_without_a_word_fails_the_trial_without_hanging(tmp_path: Pat
 @pytest.mark.slow
 def test_hung_trial_is_killed_at_its_wall_clock_limit(tmp_path: Path) -> None:
     start = time.monotonic()
-    result = launch_trial(tiny_sweep(2), Layout(pp=2, micro_batch_size=2), workdir=tmp_path, timeout_s=12,
-                          extra_env={"SWEEP_FAULT": "hang:0:1"})
+    result = launch_trial(
+        tiny_sweep(2),
+        Layout(pp=2, micro_batch_size=2),
+        workdir=tmp_path,
+        timeout_s=12,
+        extra_env={"SWEEP_FAULT": "hang:0:1"},
+    )
     elapsed = time.monotonic() - start
     assert result.status == TIMEOUT
     assert "12 s" in result.error
@@ -99,7 +121,9 @@ def test_every_kernel_missing_here_ends_kernel_unavailable_in_the_trainer(tmp_pa
 
 @pytest.mark.slow
 def test_unavailable_kernel_ends_the_trial_kernel_unavailable_on_every_rank(tmp_path: Path) -> None:
-    result = launch_trial(tiny_sweep(2), Layout(tp=2, attention="sdpa_efficient", micro_batch_size=4), workdir=tmp_path, timeout_s=120)
+    result = launch_trial(
+        tiny_sweep(2), Layout(tp=2, attention="sdpa_efficient", micro_batch_size=4), workdir=tmp_path, timeout_s=120
+    )
     assert result.status == KERNEL_UNAVAILABLE
     assert "attention=sdpa_efficient cannot run on cpu" in result.error
     assert [v["status"] for v in _rank_views(tmp_path, 2)] == [KERNEL_UNAVAILABLE] * 2

@@ -45,11 +45,14 @@ def test_eager_attention_is_causal() -> None:
     torch.testing.assert_close(kernels.eager_attention(q, k, v2)[:, :, :10], out[:, :, :10])
 
 
-@pytest.mark.parametrize(("name", "reason"), [
-    ("sdpa_efficient", "cannot run on cpu"),
-    ("cudnn", "cannot run on cpu"),
-    ("flash1", "needs the flash-attn 1.x package"),
-])
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("sdpa_efficient", "cannot run on cpu"),
+        ("cudnn", "cannot run on cpu"),
+        ("flash1", "needs the flash-attn 1.x package"),
+    ],
+)
 def test_kernels_missing_here_are_unavailable_with_a_reason(name: str, reason: str) -> None:
     with pytest.raises(KernelUnavailable, match=reason) as info:
         kernels.attention_kernel(name, **GQA)
@@ -64,7 +67,10 @@ def test_float8_is_unavailable_without_a_cuda_gpu() -> None:
 
 def test_out_of_memory_errors_are_classified_oom() -> None:
     assert classify(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), rank=3).status == OOM
-    assert classify(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB"), rank=0).status == OOM
+    assert (
+        classify(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB"), rank=0).status
+        == OOM
+    )
     failed = classify(ValueError("bad shape"), rank=1)
     assert failed.status == "failed" and failed.error.startswith("rank 1: ValueError: bad shape")
 
@@ -72,7 +78,9 @@ def test_out_of_memory_errors_are_classified_oom() -> None:
 def test_fused_rmsnorm_matches_eager() -> None:
     x = torch.randn(2, 8, 64, requires_grad=True)
     w = torch.rand(64, requires_grad=True)
-    torch.testing.assert_close(kernels.fused_rmsnorm(x, w, 1e-5), kernels.eager_rmsnorm(x, w, 1e-5), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        kernels.fused_rmsnorm(x, w, 1e-5), kernels.eager_rmsnorm(x, w, 1e-5), atol=1e-6, rtol=1e-5
+    )
 
 
 def test_rope_in_real_arithmetic_equals_the_complex_rotation() -> None:
@@ -83,7 +91,7 @@ def test_rope_in_real_arithmetic_equals_the_complex_rotation() -> None:
     ours = apply_rope(x, cos, sin)
     freqs = 1.0 / 10000.0 ** (torch.arange(0, d, 2).float() / d)
     rot = torch.polar(torch.ones(s, d // 2), torch.outer(torch.arange(s).float(), freqs))
-    pairs = torch.stack((x[..., : d // 2], x[..., d // 2:]), dim=-1)  # (i, i + d/2) as one complex number
+    pairs = torch.stack((x[..., : d // 2], x[..., d // 2 :]), dim=-1)  # (i, i + d/2) as one complex number
     theirs = torch.view_as_real(torch.view_as_complex(pairs.contiguous()) * rot)
     torch.testing.assert_close(ours, torch.cat((theirs[..., 0], theirs[..., 1]), dim=-1), atol=1e-5, rtol=1e-5)
 
@@ -98,7 +106,10 @@ def test_model_has_the_parameters_the_shape_counts(tied: bool) -> None:
 
 def test_wrapper_prefixes_do_not_change_a_parameter_name() -> None:
     shape = ModelShape(4, 64, 4, 2, 176, 256, tied_embeddings=True)
-    assert canonical_name("layers.1._checkpoint_wrapped_module._orig_mod.mlp.ffn.w1.weight", shape) == "layers.1.mlp.ffn.w1.weight"
+    assert (
+        canonical_name("layers.1._checkpoint_wrapped_module._orig_mod.mlp.ffn.w1.weight", shape)
+        == "layers.1.mlp.ffn.w1.weight"
+    )
     assert canonical_name("module.output.weight", shape) == "tok_embeddings.weight"
 
 

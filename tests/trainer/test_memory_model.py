@@ -37,32 +37,59 @@ TOL = 0.02
 MBS = 2  # micro-batch size of every activation case: 64 tokens
 
 
-
 MODES = ("none", "selective", "ffn", "full")
 
 
 def _act_cases() -> dict[int, list[tuple[str, dict[str, Any]]]]:
     """(model variant of helpers.MODELS, knobs) per world size: the LLaMA and GPT blocks over the whole
     grid; the head_dim block (q_dim 128 on hidden 64) over every kernel and mode, norms and tp2 in part."""
-    one = [(model, dict(attention=a, activation_checkpointing=c, rmsnorm=n, micro_batch_size=MBS))
-           for model in ("llama", "gpt") for a in ("eager", "sdpa_math", "flash2") for c in MODES for n in ("eager", "fused")]
-    one += [("head_dim", dict(attention=a, activation_checkpointing=c, micro_batch_size=MBS))
-            for a in ("eager", "sdpa_math", "flash2") for c in MODES]
-    two = [(model, dict(tp=2, sequence_parallel=sp, attention=a, activation_checkpointing=c, micro_batch_size=MBS))
-           for model in ("llama", "gpt") for sp in (False, True) for a in ("eager", "flash2") for c in MODES]
-    two += [("gpt", dict(tp=2, sequence_parallel=True, rmsnorm="fused", activation_checkpointing=c, micro_batch_size=MBS))
-            for c in MODES]
-    two += [("head_dim", dict(tp=2, sequence_parallel=sp, attention=a, activation_checkpointing=c, micro_batch_size=MBS))
-            for sp in (False, True) for a in ("eager", "flash2") for c in ("none", "selective")]
+    one = [
+        (model, dict(attention=a, activation_checkpointing=c, rmsnorm=n, micro_batch_size=MBS))
+        for model in ("llama", "gpt")
+        for a in ("eager", "sdpa_math", "flash2")
+        for c in MODES
+        for n in ("eager", "fused")
+    ]
+    one += [
+        ("head_dim", dict(attention=a, activation_checkpointing=c, micro_batch_size=MBS))
+        for a in ("eager", "sdpa_math", "flash2")
+        for c in MODES
+    ]
+    two = [
+        (model, dict(tp=2, sequence_parallel=sp, attention=a, activation_checkpointing=c, micro_batch_size=MBS))
+        for model in ("llama", "gpt")
+        for sp in (False, True)
+        for a in ("eager", "flash2")
+        for c in MODES
+    ]
+    two += [
+        ("gpt", dict(tp=2, sequence_parallel=True, rmsnorm="fused", activation_checkpointing=c, micro_batch_size=MBS))
+        for c in MODES
+    ]
+    two += [
+        ("head_dim", dict(tp=2, sequence_parallel=sp, attention=a, activation_checkpointing=c, micro_batch_size=MBS))
+        for sp in (False, True)
+        for a in ("eager", "flash2")
+        for c in ("none", "selective")
+    ]
     return {1: one, 2: two}
 
 
 STATE_CASES: dict[int, list[dict[str, Any]]] = {
-    2: [dict(sharding="none", micro_batch_size=2), dict(sharding="zero1", micro_batch_size=2), dict(sharding="fsdp", micro_batch_size=2),
-        dict(tp=2, micro_batch_size=4), dict(pp=2, micro_batch_size=2)],
-    4: [dict(tp=2, sharding="fsdp", micro_batch_size=2), dict(tp=2, sharding="none", micro_batch_size=2),
-        dict(tp=2, sharding="zero1", micro_batch_size=2), dict(pp=2, sharding="fsdp", micro_batch_size=2),
-        dict(pp=2, sharding="none", micro_batch_size=2)],
+    2: [
+        dict(sharding="none", micro_batch_size=2),
+        dict(sharding="zero1", micro_batch_size=2),
+        dict(sharding="fsdp", micro_batch_size=2),
+        dict(tp=2, micro_batch_size=4),
+        dict(pp=2, micro_batch_size=2),
+    ],
+    4: [
+        dict(tp=2, sharding="fsdp", micro_batch_size=2),
+        dict(tp=2, sharding="none", micro_batch_size=2),
+        dict(tp=2, sharding="zero1", micro_batch_size=2),
+        dict(pp=2, sharding="fsdp", micro_batch_size=2),
+        dict(pp=2, sharding="none", micro_batch_size=2),
+    ],
 }
 
 
@@ -118,7 +145,9 @@ def _act_params() -> list[Any]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("world", "model", "knobs"), _act_params())
-def test_block_activations_match_layer_activation_bytes(measured: dict, world: int, model: str, knobs: dict[str, Any]) -> None:
+def test_block_activations_match_layer_activation_bytes(
+    measured: dict, world: int, model: str, knobs: dict[str, Any]
+) -> None:
     m = measured[(world, "activations", _name(knobs, model))]
     sweep = m["sweep"]
     cols = _cols(knobs, sweep)
@@ -130,8 +159,10 @@ def test_block_activations_match_layer_activation_bytes(measured: dict, world: i
     head = m["ranks"][0]["loss"] + m["ranks"][0]["final"]  # loss + final norm + head input
     r_loss = _ratio(head, float(logit_kept[0]))
     tokens = sweep.seq_len * MBS
-    print(f"{_name(knobs, model)}: block {blocks[0] / tokens:.0f} B/token measured vs {kept[0] / tokens:.0f} estimated "
-          f"({r_block:.3f}); output layer (final norm, head input, loss) {r_loss:.3f}")
+    print(
+        f"{_name(knobs, model)}: block {blocks[0] / tokens:.0f} B/token measured vs {kept[0] / tokens:.0f} estimated "
+        f"({r_block:.3f}); output layer (final norm, head input, loss) {r_loss:.3f}"
+    )
     assert abs(r_block - 1) <= TOL, f"per block: measured {blocks[0]} B, layer_activation_bytes {kept[0]:.0f} B"
     assert abs(r_loss - 1) <= TOL, f"output layer: measured {head} B, logits_bytes {logit_kept[0]:.0f} B"
     # the embedding (and a learned position table's rows added to it) keeps nothing but the
@@ -140,7 +171,9 @@ def test_block_activations_match_layer_activation_bytes(measured: dict, world: i
     assert m["ranks"][0]["embed"] <= tokens, f"embedding keeps {m['ranks'][0]['embed']} B"
 
 
-def _stage_params(knobs: dict[str, Any], sweep: Sweep, rank_file: dict[str, Any]) -> tuple[dict[str, np.ndarray], float]:
+def _stage_params(
+    knobs: dict[str, Any], sweep: Sweep, rank_file: dict[str, Any]
+) -> tuple[dict[str, np.ndarray], float]:
     cols = _cols(knobs, sweep)
     first, last = stages.stage_params(cols, sweep)
     is_last = rank_file["num_stages"] - 1 in rank_file["stages"] and 0 not in rank_file["stages"]
@@ -148,8 +181,12 @@ def _stage_params(knobs: dict[str, Any], sweep: Sweep, rank_file: dict[str, Any]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("world", "knobs"), [pytest.param(w, k, id=f"w{w}:{_name(k)}") for w, g in STATE_CASES.items() for k in g])
-def test_parameter_gradient_and_optimizer_bytes_match_state_bytes(measured: dict, world: int, knobs: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("world", "knobs"), [pytest.param(w, k, id=f"w{w}:{_name(k)}") for w, g in STATE_CASES.items() for k in g]
+)
+def test_parameter_gradient_and_optimizer_bytes_match_state_bytes(
+    measured: dict, world: int, knobs: dict[str, Any]
+) -> None:
     m = measured[(world, "states", _name(knobs))]
     sweep = m["sweep"]
     for rank, got in enumerate(m["ranks"]):
@@ -162,8 +199,10 @@ def test_parameter_gradient_and_optimizer_bytes_match_state_bytes(measured: dict
             # FSDP's gathered parameters and unsharded gradient are transient (during a unit's
             # compute); what stays between steps is the sharded part of each term
             weights, grads = builtin.MASTER_BYTES * params / dp, builtin.GRAD_BYTES * params / dp
-        print(f"{_name(knobs)} rank {rank}: weights {got['weights'] / weights:.4f}, grads {got['grads'] / grads:.4f}, "
-              f"optimizer {got['optimizer'] / optimizer:.4f} (measured / state_bytes)")
+        print(
+            f"{_name(knobs)} rank {rank}: weights {got['weights'] / weights:.4f}, grads {got['grads'] / grads:.4f}, "
+            f"optimizer {got['optimizer'] / optimizer:.4f} (measured / state_bytes)"
+        )
         assert got["weights"] == pytest.approx(weights, rel=TOL)
         assert got["grads"] == pytest.approx(grads, rel=TOL)
         assert got["optimizer"] == pytest.approx(optimizer, rel=TOL)

@@ -32,20 +32,30 @@ def _model(shape: ModelShape, layers: int | None = None) -> torch.nn.Module:
 
 
 def _block(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
-    return {k.removeprefix("layers.0."): tuple(p.shape) for k, p in model.named_parameters() if k.startswith("layers.0.")}
+    return {
+        k.removeprefix("layers.0."): tuple(p.shape) for k, p in model.named_parameters() if k.startswith("layers.0.")
+    }
 
 
 def test_gpt_block_parameters() -> None:
     """h=64, ffn=256, 4 heads of 16: LayerNorm weight+bias twice, Q/K/V/O with biases, fc1/fc2 with biases."""
     assert _block(_model(GPT)) == {
-        "attn.norm.weight": (64,), "attn.norm.bias": (64,),
-        "attn.attention.wq.weight": (64, 64), "attn.attention.wq.bias": (64,),
-        "attn.attention.wk.weight": (64, 64), "attn.attention.wk.bias": (64,),
-        "attn.attention.wv.weight": (64, 64), "attn.attention.wv.bias": (64,),
-        "attn.attention.wo.weight": (64, 64), "attn.attention.wo.bias": (64,),
-        "mlp.norm.weight": (64,), "mlp.norm.bias": (64,),
-        "mlp.ffn.fc1.weight": (256, 64), "mlp.ffn.fc1.bias": (256,),
-        "mlp.ffn.fc2.weight": (64, 256), "mlp.ffn.fc2.bias": (64,),
+        "attn.norm.weight": (64,),
+        "attn.norm.bias": (64,),
+        "attn.attention.wq.weight": (64, 64),
+        "attn.attention.wq.bias": (64,),
+        "attn.attention.wk.weight": (64, 64),
+        "attn.attention.wk.bias": (64,),
+        "attn.attention.wv.weight": (64, 64),
+        "attn.attention.wv.bias": (64,),
+        "attn.attention.wo.weight": (64, 64),
+        "attn.attention.wo.bias": (64,),
+        "mlp.norm.weight": (64,),
+        "mlp.norm.bias": (64,),
+        "mlp.ffn.fc1.weight": (256, 64),
+        "mlp.ffn.fc1.bias": (256,),
+        "mlp.ffn.fc2.weight": (64, 256),
+        "mlp.ffn.fc2.bias": (64,),
     }
     model = _model(GPT)
     h, q, kv, f, v, layers = 64, 64, 64, 256, 256, 4
@@ -60,10 +70,14 @@ def test_head_dim_block_parameters() -> None:
     """4 heads of 32 on hidden 64: wq 64 -> 128, wo 128 -> 64, wk/wv 64 -> 2*32; no biases, no q/k norms."""
     assert _block(_model(HEAD_DIM)) == {
         "attn.norm.weight": (64,),
-        "attn.attention.wq.weight": (128, 64), "attn.attention.wk.weight": (64, 64),
-        "attn.attention.wv.weight": (64, 64), "attn.attention.wo.weight": (64, 128),
+        "attn.attention.wq.weight": (128, 64),
+        "attn.attention.wk.weight": (64, 64),
+        "attn.attention.wv.weight": (64, 64),
+        "attn.attention.wo.weight": (64, 128),
         "mlp.norm.weight": (64,),
-        "mlp.ffn.w1.weight": (176, 64), "mlp.ffn.w3.weight": (176, 64), "mlp.ffn.w2.weight": (64, 176),
+        "mlp.ffn.w1.weight": (176, 64),
+        "mlp.ffn.w3.weight": (176, 64),
+        "mlp.ffn.w2.weight": (64, 176),
     }
     model = _model(HEAD_DIM)
     assert model.rope_cos.shape == (SEQ, 32)  # RoPE over the 32-wide heads
@@ -94,17 +108,24 @@ def test_norm_kernel_follows_the_model_norm() -> None:
         norm_kernel(GPT, "apex")
 
 
-@pytest.mark.parametrize(("layers", "stages", "expected"), [
-    (5, 2, [[0, 1], [2, 3, 4]]),
-    (7, 4, [[0], [1, 2], [3, 4], [5, 6]]),
-    (4, 2, [[0, 1], [2, 3]]),
-])
+@pytest.mark.parametrize(
+    ("layers", "stages", "expected"),
+    [
+        (5, 2, [[0, 1], [2, 3, 4]]),
+        (7, 4, [[0], [1, 2], [3, 4], [5, 6]]),
+        (4, 2, [[0, 1], [2, 3]]),
+    ],
+)
 def test_stages_hold_the_uneven_split(layers: int, stages: int, expected: list[list[int]]) -> None:
     model = _model(GPT, layers)
     parts = [split_stage(model, stage=i, num_stages=stages) for i in range(stages)]
     assert [[int(k) for k in p.layers] for p in parts] == expected
-    assert [(p.tok_embeddings is not None, p.pos_embeddings is not None) for p in parts] == [(True, True)] + [(False, False)] * (stages - 1)
-    assert [(p.norm is not None, p.output is not None) for p in parts] == [(False, False)] * (stages - 1) + [(True, True)]
+    assert [(p.tok_embeddings is not None, p.pos_embeddings is not None) for p in parts] == [(True, True)] + [
+        (False, False)
+    ] * (stages - 1)
+    assert [(p.norm is not None, p.output is not None) for p in parts] == [(False, False)] * (stages - 1) + [
+        (True, True)
+    ]
 
 
 def test_layernorm_bytes_follow_autocast() -> None:

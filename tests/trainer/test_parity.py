@@ -27,7 +27,10 @@ TWO_RANKS: dict[str, tuple[dict[str, Any], bool]] = {
     "tp2_sp_fused_rmsnorm": ({"tp": 2, "sequence_parallel": True, "rmsnorm": "fused", "micro_batch_size": 4}, False),
     "tp2_eager_attention": ({"tp": 2, "attention": "eager", "micro_batch_size": 4}, False),
     "tp2_sdpa_math": ({"tp": 2, "attention": "sdpa_math", "micro_batch_size": 4}, False),
-    "tp2_sp_selective_ac": ({"tp": 2, "sequence_parallel": True, "activation_checkpointing": "selective", "micro_batch_size": 4}, False),
+    "tp2_sp_selective_ac": (
+        {"tp": 2, "sequence_parallel": True, "activation_checkpointing": "selective", "micro_batch_size": 4},
+        False,
+    ),
     "pp2_1f1b": ({"pp": 2, "micro_batch_size": 2}, False),
     "pp2_gpipe": ({"pp": 2, "pp_schedule": "gpipe", "micro_batch_size": 2}, False),
     "pp2_interleaved": ({"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2, "micro_batch_size": 2}, False),
@@ -44,13 +47,19 @@ FOUR_RANKS: dict[str, tuple[dict[str, Any], bool]] = {
     "dp2_tp2_replicate": ({"tp": 2, "sharding": "none", "micro_batch_size": 2}, False),
     "dp2_tp2_zero1": ({"tp": 2, "sharding": "zero1", "micro_batch_size": 2}, False),
     "pp2_tp2_sp": ({"tp": 2, "pp": 2, "sequence_parallel": True, "micro_batch_size": 4}, False),
-    "pp2_tp2_interleaved": ({"tp": 2, "pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2, "micro_batch_size": 4}, False),
+    "pp2_tp2_interleaved": (
+        {"tp": 2, "pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2, "micro_batch_size": 4},
+        False,
+    ),
     "dp2_pp2_fsdp": ({"pp": 2, "sharding": "fsdp", "micro_batch_size": 2}, False),
     "dp2_pp2_replicate": ({"pp": 2, "sharding": "none", "micro_batch_size": 2}, False),
     "dp2_pp2_fsdp_tied": ({"pp": 2, "sharding": "fsdp", "micro_batch_size": 2}, True),
 }
 EIGHT_RANKS = {
-    "dp2_pp2_tp2_sp_fsdp": ({"tp": 2, "pp": 2, "sequence_parallel": True, "sharding": "fsdp", "micro_batch_size": 2}, False),
+    "dp2_pp2_tp2_sp_fsdp": (
+        {"tp": 2, "pp": 2, "sequence_parallel": True, "sharding": "fsdp", "micro_batch_size": 2},
+        False,
+    ),
 }
 COMPILED = {
     "tp2_sp_compile": ({"tp": 2, "sequence_parallel": True, "compile": True, "micro_batch_size": 4}, False),
@@ -59,14 +68,25 @@ COMPILED = {
 
 def _run(cases: dict[str, tuple[Any, ...]], world: int, workdir: Path, timeout_s: float = 400) -> Path:
     """Cases are (knobs, tied) or (knobs, tied, model variant of helpers.MODELS)."""
-    specs = [{"id": cid, "sweep": tiny_sweep(world, tied=c[1], model=c[2] if len(c) > 2 else "llama"), "knobs": c[0]}
-             for cid, c in cases.items()]
+    specs = [
+        {"id": cid, "sweep": tiny_sweep(world, tied=c[1], model=c[2] if len(c) > 2 else "llama"), "knobs": c[0]}
+        for cid, c in cases.items()
+    ]
     done = run_workers("parity", nprocs=world, workdir=workdir, timeout_s=timeout_s, cases=specs)
     return done.out_dir
 
 
-def _check(out_dir: Path, case_id: str, knobs: dict[str, Any], tied: bool, model: str = "llama", *,
-           loss_tol: float = LOSS_TOL, grad_rtol: float = GRAD_RTOL, param_tol: float = PARAM_TOL) -> None:
+def _check(
+    out_dir: Path,
+    case_id: str,
+    knobs: dict[str, Any],
+    tied: bool,
+    model: str = "llama",
+    *,
+    loss_tol: float = LOSS_TOL,
+    grad_rtol: float = GRAD_RTOL,
+    param_tol: float = PARAM_TOL,
+) -> None:
     got = merged(out_dir, case_id)
     ref = reference(tied, knobs.get("attention", "flash2"), knobs.get("rmsnorm", "eager"), model=model)
     dloss = max(abs(a - b) for a, b in zip(got["losses"], ref["losses"]))

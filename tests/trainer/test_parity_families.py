@@ -29,22 +29,42 @@ from .test_parity import _check, _run
 TWO_RANKS: dict[str, tuple[dict[str, Any], bool, str]] = {
     "gpt_tp2_sp": ({"tp": 2, "sequence_parallel": True, "micro_batch_size": 4}, False, "gpt"),
     "gpt_tp2_fused_layernorm": ({"tp": 2, "rmsnorm": "fused", "micro_batch_size": 4}, False, "gpt"),
-    "gpt_tp2_sp_selective_ac": ({"tp": 2, "sequence_parallel": True, "activation_checkpointing": "selective", "micro_batch_size": 4}, False, "gpt"),
-    "gpt_tp2_eager_full_ac": ({"tp": 2, "attention": "eager", "activation_checkpointing": "full", "micro_batch_size": 4}, False, "gpt"),
+    "gpt_tp2_sp_selective_ac": (
+        {"tp": 2, "sequence_parallel": True, "activation_checkpointing": "selective", "micro_batch_size": 4},
+        False,
+        "gpt",
+    ),
+    "gpt_tp2_eager_full_ac": (
+        {"tp": 2, "attention": "eager", "activation_checkpointing": "full", "micro_batch_size": 4},
+        False,
+        "gpt",
+    ),
     "gpt_pp2_ffn_ac": ({"pp": 2, "activation_checkpointing": "ffn", "micro_batch_size": 2}, False, "gpt"),
     "gpt_dp2_fsdp": ({"sharding": "fsdp", "micro_batch_size": 2}, False, "gpt"),
     "gpt_tied_pp2": ({"pp": 2, "micro_batch_size": 4}, True, "gpt"),
     "head_dim_tp2_sp": ({"tp": 2, "sequence_parallel": True, "micro_batch_size": 4}, False, "head_dim"),
     "head_dim_pp2": ({"pp": 2, "micro_batch_size": 2}, False, "head_dim"),
-    "head_dim_dp2_fsdp_selective_ac": ({"sharding": "fsdp", "activation_checkpointing": "selective", "micro_batch_size": 2}, False, "head_dim"),
+    "head_dim_dp2_fsdp_selective_ac": (
+        {"sharding": "fsdp", "activation_checkpointing": "selective", "micro_batch_size": 2},
+        False,
+        "head_dim",
+    ),
     "uneven5_pp2_1f1b": ({"pp": 2, "micro_batch_size": 2}, False, "layers5"),
     "uneven5_pp2_gpipe": ({"pp": 2, "pp_schedule": "gpipe", "micro_batch_size": 2}, False, "layers5"),
-    "uneven7_pp2_interleaved": ({"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2, "micro_batch_size": 2}, False, "layers7"),
+    "uneven7_pp2_interleaved": (
+        {"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2, "micro_batch_size": 2},
+        False,
+        "layers7",
+    ),
     "gpt_uneven5_pp2": ({"pp": 2, "micro_batch_size": 2}, False, "gpt_layers5"),
 }
 # every parallelism at once: dp2 (FSDP) x pp2 x tp2 with sequence parallelism
 EIGHT_RANKS: dict[str, tuple[dict[str, Any], bool, str]] = {
-    f"{model}_dp2_pp2_tp2_sp_fsdp": ({"tp": 2, "pp": 2, "sequence_parallel": True, "sharding": "fsdp", "micro_batch_size": 2}, False, model)
+    f"{model}_dp2_pp2_tp2_sp_fsdp": (
+        {"tp": 2, "pp": 2, "sequence_parallel": True, "sharding": "fsdp", "micro_batch_size": 2},
+        False,
+        model,
+    )
     for model in ("gpt", "head_dim")
 }
 

@@ -40,8 +40,15 @@ def start() -> tuple[DistEnv, torch.device]:
 def trainer_for(sweep: Sweep, layout: Layout, device: torch.device, world: int) -> Trainer:
     mesh = build_mesh(device, pp=layout.pp, dp=layout.dp(world), tp=layout.tp)
     return build_trainer(
-        sweep.model, layout, mesh=mesh, device=device, seq_len=sweep.seq_len, global_batch_size=sweep.global_batch_size,
-        precision=sweep.trial.precision, seed=sweep.trial.seed, lr=sweep.trial.lr,
+        sweep.model,
+        layout,
+        mesh=mesh,
+        device=device,
+        seq_len=sweep.seq_len,
+        global_batch_size=sweep.global_batch_size,
+        precision=sweep.trial.precision,
+        seed=sweep.trial.seed,
+        lr=sweep.trial.lr,
     )
 
 
@@ -71,6 +78,7 @@ def parity(*, out_dir: Path, cases: list[dict[str, Any]], steps: int = 10) -> No
 
 # ---- memory check: what autograd keeps, by storage ------------------------------------------
 
+
 def _local_tensor(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
@@ -87,7 +95,9 @@ def _is_param_copy(t: torch.Tensor) -> bool:
     fn = t.grad_fn
     while fn is not None and fn.name() in VIEW_NODES:
         fn = fn.next_functions[0][0]
-    return fn is not None and fn.name() == "ToCopyBackward0" and type(fn.next_functions[0][0]).__name__ == "AccumulateGrad"
+    return (
+        fn is not None and fn.name() == "ToCopyBackward0" and type(fn.next_functions[0][0]).__name__ == "AccumulateGrad"
+    )
 
 
 class SavedBytes:
@@ -183,8 +193,13 @@ def measure_activations(trainer: Trainer, micro_batch: int) -> dict[str, Any]:
             h.remove()
     del loss, logits
     blocks = [saved.total(f"block{k}") + (sac[i] if i < len(sac) else 0) for i, k in enumerate(model.layers)]
-    return {"blocks": blocks, "sac_cache": sac, "final": saved.total("final"), "loss": saved.total("loss"),
-            "embed": saved.total("embed")}
+    return {
+        "blocks": blocks,
+        "sac_cache": sac,
+        "final": saved.total("final"),
+        "loss": saved.total("loss"),
+        "embed": saved.total("embed"),
+    }
 
 
 def _next_region(saved: SavedBytes, region: str) -> None:
