@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 TERA = 1e12
 GIB = 1024**3
@@ -28,6 +29,9 @@ class GPU:
     gemm_share: float = 0.75
     flash2_share: float = 0.50
     fused_attention_share: float = 0.55
+    # what the throughput model assumes of the card, not what the card is: left out of a sweep's
+    # identity (sweeper.identity), so refining the model keeps existing results folders usable
+    MODEL_FIELDS: ClassVar[tuple[str, ...]] = ("gemm_share", "flash2_share", "fused_attention_share")
 
     def peak_flops(self, precision: str) -> float:
         """Peak FLOP/s that MFU divides by for a run in `precision` (bf16 for float8 runs too, as torchtitan does)."""

@@ -12,14 +12,17 @@ import hashlib
 import json
 from typing import Any
 
+from sweeper.hardware import GPU
 from sweeper.spec import Sweep
 from sweeper.trainers import memory_record
 
 
 def _plain(value: Any) -> Any:
-    """Dataclasses, pydantic models and tuples as JSON-able plain data (deterministic order)."""
+    """Dataclasses, pydantic models and tuples as JSON-able plain data (deterministic order); a
+    GPU without the fields that are the throughput model's assumptions (GPU.MODEL_FIELDS)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        skip = value.MODEL_FIELDS if isinstance(value, GPU) else ()
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.name not in skip}
     if hasattr(value, "model_dump"):
         return _plain(value.model_dump())
     if isinstance(value, dict):

@@ -66,7 +66,8 @@ def test_out_writes_every_layout(tmp_path, ext):
     plan = pd.read_parquet(out) if ext == "parquet" else pd.read_csv(out)
     assert len(plan) == 4 * 4 * 4 * 2 * 2 * 4 * 2  # the whole cross product
     assert set(PLAN_COLUMNS) <= set(plan.columns)
-    assert set(plan.status) == {"candidate", "invalid", "pruned"}
+    # uncertain: over the card by less than the memory estimate's measured error, tried, not pruned
+    assert set(plan.status) == {"candidate", "invalid", "pruned", "uncertain"}
     pruned = plan[plan.status == "pruned"]
     assert (pruned.mem_total_gib > 80 * 0.95).all()
     assert (plan[plan.status == "candidate"].mem_total_gib <= 80 * 0.95).all()

@@ -123,7 +123,8 @@ def test_reserved_is_allocated_times_the_recipe_gap_and_prunes():
         cluster={"nodes": 1, "gpus_per_node": 8, "gpu": card},
         memory={"recipe": "megatron", "reserved_factor": 1.25},
     )
-    assert make_plan(tight).counts() == {"pruned": 1}
+    # just over the card by the recipe's gap: within the estimate's error band, so tried as uncertain
+    assert make_plan(tight).counts() == {"uncertain": 1}
     loose = make_sweep(
         model=SMALL,
         seq_len=128,

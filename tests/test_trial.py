@@ -49,7 +49,7 @@ def test_a_failed_trial_has_no_metrics_and_round_trips_through_json() -> None:
     assert TrialResult.from_dict(data | {"a_future_column": 1}) == r
     with pytest.raises(ValueError, match="status must be one of"):
         without_run(tiny_sweep(2), Layout(), status="exploded", error=None)
-    assert set(STATUSES) == {"ok", "oom", "kernel_unavailable", "timeout", "failed"}
+    assert set(STATUSES) == {"ok", "oom", "kernel_unavailable", "timeout", "failed", "stopped_early"}
 
 
 def test_trial_results_and_the_launcher_do_not_import_torch() -> None:

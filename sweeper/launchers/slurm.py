@@ -9,11 +9,9 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import submitit
 from pydantic import Field, StringConstraints
-from submitit.core.utils import FailedJobError, UncompletedJobError
 
 from sweeper.errors import SpecError, SweepError
 from sweeper.folder import check_trusted_file
@@ -23,6 +21,11 @@ from sweeper.process import read_result
 from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
 from sweeper.trial import TrialResult
+
+# submitit is imported where a job is submitted or read: the launcher registry imports this module
+# for every sweep, and a local sweep or a dry run should not pay for (or need) submitit
+if TYPE_CHECKING:
+    import submitit
 
 # Values that end up on an sbatch/srun line: no spaces, quotes or shell metacharacters.
 _SAFE = r"^[A-Za-z0-9_.,:=/+@%-]*$"
@@ -176,6 +179,8 @@ class SlurmLauncher(Launcher):
         self.result_grace_s = profile.result_grace_s
 
     def _executor(self, job: TrialJob) -> submitit.AutoExecutor:
+        import submitit
+
         p, cluster = self.profile, self.sweep.cluster
         ex = submitit.AutoExecutor(folder=job.workdir / "slurm", cluster="slurm")
         tasks = tasks_per_node(self.sweep)
@@ -217,6 +222,8 @@ class SlurmLauncher(Launcher):
         return Handle(str(sj.job_id), job, sj)
 
     def poll(self, handle: Handle) -> JobOutcome | None:
+        from submitit.core.utils import FailedJobError, UncompletedJobError
+
         sj: submitit.Job = handle.native
         job = handle.job
         written = read_result(job.workdir / "result.json")
@@ -284,6 +291,8 @@ class SlurmLauncher(Launcher):
         folder = job.workdir / "slurm"
         if not folder.is_dir():
             return None
+        import submitit
+
         ntasks = task_count(self.sweep)  # as many as `submit` started
         sj: submitit.SlurmJob[Any] = submitit.SlurmJob(folder=folder, job_id=job_id, tasks=tuple(range(ntasks)))
         return Handle(job_id, job, sj)

@@ -233,9 +233,10 @@ def mfu_points(df: pd.DataFrame, plan: Plan, sweep: Sweep) -> MfuPoints:
 
 
 def layout_counts(df: pd.DataFrame, plan: Plan) -> dict[str, int]:
-    """The plan's layouts by what became of them: candidates run and not run, pruned, invalid."""
+    """The plan's layouts by what became of them: candidates run and not run (uncertain ones, which
+    may run, among them), pruned, invalid."""
     counts = plan.counts()
-    cands = counts.get(CANDIDATE, 0)
+    cands = counts.get(CANDIDATE, 0) + counts.get(PlanStatus.UNCERTAIN, 0)
     return {
         "candidate, run": min(len(df), cands),
         "candidate, not run": max(cands - len(df), 0),
