@@ -29,7 +29,7 @@ from sweeper.results import ResultsStore
 from sweeper.spec import load_sweep, parse_sweep
 from tests.conftest import ROOT
 from tests.faults.helpers import env_with, spec_file, sweep
-from tests.faults.test_hardening import one_line_error, ran, replay_spec
+from tests.faults.test_hardening import one_line_error, replay_spec
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="handing a folder to another user needs root")
 
@@ -40,8 +40,8 @@ def files_under(root: Path) -> list[str]:
 
 # ---- 1: --fresh and --rebuild-study only after the trust check ----------------------------
 @ROOT_ONLY
-def test_fresh_and_rebuild_study_on_another_users_folder_change_nothing(tmp_path: Path):
-    spec = ran(tmp_path)
+def test_fresh_and_rebuild_study_on_another_users_folder_change_nothing(ran_ex: Path, tmp_path: Path):
+    spec = ran_ex
     root = tmp_path / "results" / "ex"
     before = files_under(root)
     subprocess.run(["chown", "-R", "4242:4242", str(root)], check=True)
@@ -54,8 +54,8 @@ def test_fresh_and_rebuild_study_on_another_users_folder_change_nothing(tmp_path
     assert {p.stat().st_uid for p in root.rglob("*")} == {4242}
 
 
-def test_fresh_on_a_folder_writable_by_others_is_refused_not_chmodded(tmp_path: Path):
-    spec = ran(tmp_path)
+def test_fresh_on_a_folder_writable_by_others_is_refused_not_chmodded(ran_ex: Path, tmp_path: Path):
+    spec = ran_ex
     root = tmp_path / "results" / "ex"
     before = files_under(root)
     os.chmod(root, 0o777)
@@ -82,8 +82,8 @@ def test_an_existing_folder_that_sweep_did_not_make_is_refused_and_left_as_it_wa
 
 
 # ---- 3: nothing under the results folder is followed through a link ------------------------
-def test_links_in_jobs_inflight_and_beside_the_study_are_refused_or_skipped(tmp_path: Path):
-    spec = ran(tmp_path)
+def test_links_in_jobs_inflight_and_beside_the_study_are_refused_or_skipped(ran_ex: Path, tmp_path: Path):
+    spec = ran_ex
     root = tmp_path / "results" / "ex"
     victim = tmp_path / "victim"
     victim.mkdir()
@@ -118,8 +118,8 @@ def test_links_in_jobs_inflight_and_beside_the_study_are_refused_or_skipped(tmp_
 
 # ---- 5: a damaged study names --rebuild-study, which repairs it -------------------------
 @pytest.mark.parametrize("damage", ["truncated", "overwritten"])
-def test_a_damaged_study_names_rebuild_study_which_repairs_it(tmp_path: Path, damage: str):
-    spec = ran(tmp_path)
+def test_a_damaged_study_names_rebuild_study_which_repairs_it(ran_ex: Path, tmp_path: Path, damage: str):
+    spec = ran_ex
     root = tmp_path / "results" / "ex"
     db = root / "optuna.db"
     if damage == "truncated":
@@ -141,8 +141,8 @@ def test_a_damaged_study_names_rebuild_study_which_repairs_it(tmp_path: Path, da
 
 # ---- 6: a message never cuts a path or a name, whatever the width -----------------------
 @pytest.mark.parametrize("columns", ["40", "80"])
-def test_warnings_keep_paths_whole_whatever_columns_says(tmp_path: Path, columns: str):
-    spec = ran(tmp_path)
+def test_warnings_keep_paths_whole_whatever_columns_says(ran_ex: Path, tmp_path: Path, columns: str):
+    spec = ran_ex
     trials = tmp_path / "results" / "ex" / "trials"
     stray = trials / "a-stray-copy-with-a-rather-long-name-indeed.parquet"
     shutil.copy(sorted(trials.glob("trial-*.parquet"))[0], stray)
@@ -275,8 +275,8 @@ def test_number_fields_refuse_nan_and_inf_as_such(tmp_path: Path, value: str):
     assert "10000" not in str(e.value)
 
 
-def test_the_terminal_table_says_cpu_memory_is_rss_growth(tmp_path: Path):
-    spec = ran(tmp_path)
+def test_the_terminal_table_says_cpu_memory_is_rss_growth(ran_ex: Path, tmp_path: Path):
+    spec = ran_ex
     store = ResultsStore(tmp_path / "cpu")
     store.ensure()
     store.write_row(

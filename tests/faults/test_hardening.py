@@ -69,8 +69,8 @@ def ran(tmp_path: Path, name: str = "ex") -> Path:
 
 
 # ---- 3: stray files ------------------------------------------------------------------
-def test_stray_copies_and_bad_inflight_records_are_named_and_skipped(tmp_path: Path):
-    spec = ran(tmp_path)
+def test_stray_copies_and_bad_inflight_records_are_named_and_skipped(ran_ex: Path, tmp_path: Path):
+    spec = ran_ex
     root = tmp_path / "results" / "ex"
     first = sorted((root / "trials").glob("trial-*.parquet"))[0]
     shutil.copy(first, root / "trials" / "trial-00001 (copy).parquet")
@@ -84,8 +84,8 @@ def test_stray_copies_and_bad_inflight_records_are_named_and_skipped(tmp_path: P
     assert len(list((root / "trials").glob("trial-?????.parquet"))) == 4  # nothing rerun, nothing mixed in
 
 
-def test_a_row_of_another_sweep_is_refused_by_run_and_skipped_by_best(tmp_path: Path):
-    spec = ran(tmp_path)
+def test_a_row_of_another_sweep_is_refused_by_run_and_skipped_by_best(ran_ex: Path, tmp_path: Path):
+    spec = ran_ex
     other = tmp_path / "other"
     other.mkdir()
     replay_spec(other, "ex", seq_len=2048, results_dir=str(other / "results"))  # same name, another experiment
@@ -101,8 +101,8 @@ def test_a_row_of_another_sweep_is_refused_by_run_and_skipped_by_best(tmp_path: 
 
 
 # ---- 4: no identity to compare ----------------------------------------------------------
+@pytest.mark.usefixtures("ran_ex")
 def test_a_changed_sweep_is_refused_even_without_the_recorded_sweep_file(tmp_path: Path):
-    ran(tmp_path)
     root = tmp_path / "results" / "ex"
     (root / "sweep.yaml").unlink()
     changed = replay_spec(tmp_path, "ex", seq_len=8192)
@@ -121,8 +121,8 @@ def test_rows_without_identity_and_without_sweep_file_are_refused(tmp_path: Path
 
 
 # ---- 5: --fresh deletes only the tool's files -------------------------------------------
-def test_fresh_refuses_and_deletes_nothing_when_foreign_files_are_there(tmp_path: Path):
-    spec = ran(tmp_path)
+def test_fresh_refuses_and_deletes_nothing_when_foreign_files_are_there(ran_ex: Path, tmp_path: Path):
+    spec = ran_ex
     root = tmp_path / "results" / "ex"
     (root / "notes.txt").write_text("keep")
     (root / "trials" / "analysis.csv").write_text("keep")
@@ -138,8 +138,8 @@ def test_fresh_refuses_and_deletes_nothing_when_foreign_files_are_there(tmp_path
 
 
 # ---- 6 and 7: the study ---------------------------------------------------------------
-def test_corrupt_study_is_one_line_then_rebuilt_from_rows(tmp_path: Path):
-    spec = ran(tmp_path)
+def test_corrupt_study_is_one_line_then_rebuilt_from_rows(ran_ex: Path, tmp_path: Path):
+    spec = ran_ex
     root = tmp_path / "results" / "ex"
     (root / "optuna.db").write_bytes(b"garbage")
     msg = one_line_error(sweep("run", str(spec), cwd=tmp_path))
@@ -379,8 +379,8 @@ def test_results_folder_is_private_under_a_permissive_umask(tmp_path: Path):
     assert all(m & 0o077 == 0 for m in modes.values()), modes
 
 
-def test_results_folder_writable_by_others_is_refused(tmp_path: Path):
-    spec = ran(tmp_path)
+def test_results_folder_writable_by_others_is_refused(ran_ex: Path, tmp_path: Path):
+    spec = ran_ex
     root = tmp_path / "results" / "ex"
     os.chmod(root, 0o777)
     msg = one_line_error(sweep("run", str(spec), cwd=tmp_path))
