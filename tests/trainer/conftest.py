@@ -26,8 +26,8 @@ def private_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     tempfile.tempdir = None
 
 
-# Each launch starts its ranks (torch, gloo, the model) once for all its cases: the 8-rank and the
-# compiled cases of both parity modules run in one launch each, not one per module.
+# Each launch starts its ranks (torch, gloo, the model) once for all its cases: the 8-rank cases and
+# the 2-rank cases (compiled or not) of both parity modules run in one launch each, not one per module.
 @pytest.fixture(scope="session")
 def eight_ranks_parity(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from .test_parity import EIGHT_RANKS, _run
@@ -38,9 +38,12 @@ def eight_ranks_parity(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def compiled_parity(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from .test_parity import COMPILED, _run
-    from .test_parity_families import COMPILED as FAMILIES
+def two_ranks_parity(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every 2-rank parity case of both modules, the compiled ones included, in one launch."""
+    from . import test_parity as p
+    from . import test_parity_families as f
 
-    assert not COMPILED.keys() & FAMILIES.keys()
-    return _run(COMPILED | FAMILIES, 2, tmp_path_factory.mktemp("compiled2"), timeout_s=600)
+    groups = [p.TWO_RANKS, p.COMPILED, f.TWO_RANKS, f.COMPILED]
+    cases = {cid: case for group in groups for cid, case in group.items()}
+    assert len(cases) == sum(len(g) for g in groups)  # no case id shared, none overwritten
+    return p._run(cases, 2, tmp_path_factory.mktemp("parity2"), timeout_s=900)

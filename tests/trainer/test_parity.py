@@ -103,19 +103,14 @@ def _check(
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _run(TWO_RANKS, 2, tmp_path_factory.mktemp("parity2"))
-
-
-@pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _run(FOUR_RANKS, 4, tmp_path_factory.mktemp("parity4"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case_id", list(TWO_RANKS))
-def test_two_ranks_match_single_process(two_ranks: Path, case_id: str) -> None:
-    _check(two_ranks, case_id, *TWO_RANKS[case_id])
+def test_two_ranks_match_single_process(two_ranks_parity: Path, case_id: str) -> None:
+    _check(two_ranks_parity, case_id, *TWO_RANKS[case_id])
 
 
 @pytest.mark.slow
@@ -130,5 +125,5 @@ def test_eight_ranks_dp_pp_tp_match_single_process(eight_ranks_parity: Path) -> 
 
 
 @pytest.mark.slow
-def test_compiled_blocks_under_tp_match_single_process(compiled_parity: Path) -> None:
-    _check(compiled_parity, "tp2_sp_compile", *COMPILED["tp2_sp_compile"])
+def test_compiled_blocks_under_tp_match_single_process(two_ranks_parity: Path) -> None:
+    _check(two_ranks_parity, "tp2_sp_compile", *COMPILED["tp2_sp_compile"])

@@ -24,7 +24,7 @@ import pytest
 
 from sweeper.stages import split_layers
 
-from .test_parity import _check, _run
+from .test_parity import _check
 
 TWO_RANKS: dict[str, tuple[dict[str, Any], bool, str]] = {
     "gpt_tp2_sp": ({"tp": 2, "sequence_parallel": True, "micro_batch_size": 4}, False, "gpt"),
@@ -78,15 +78,10 @@ def test_the_uneven_cases_really_are_uneven() -> None:
     assert split_layers(7, 4) == (1, 2, 2, 2)
 
 
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _run(TWO_RANKS, 2, tmp_path_factory.mktemp("families2"), timeout_s=600)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("case_id", list(TWO_RANKS))
-def test_two_ranks_match_single_process(two_ranks: Path, case_id: str) -> None:
-    _check(two_ranks, case_id, *TWO_RANKS[case_id], **_tolerances(TWO_RANKS[case_id][2]))
+def test_two_ranks_match_single_process(two_ranks_parity: Path, case_id: str) -> None:
+    _check(two_ranks_parity, case_id, *TWO_RANKS[case_id], **_tolerances(TWO_RANKS[case_id][2]))
 
 
 @pytest.mark.slow
@@ -101,5 +96,5 @@ COMPILED: dict[str, tuple[dict[str, Any], bool, str]] = {
 
 
 @pytest.mark.slow
-def test_compiled_gpt_blocks_under_tp_match_single_process(compiled_parity: Path) -> None:
-    _check(compiled_parity, "gpt_tp2_sp_compile", *COMPILED["gpt_tp2_sp_compile"], **_tolerances("gpt"))
+def test_compiled_gpt_blocks_under_tp_match_single_process(two_ranks_parity: Path) -> None:
+    _check(two_ranks_parity, "gpt_tp2_sp_compile", *COMPILED["gpt_tp2_sp_compile"], **_tolerances("gpt"))
