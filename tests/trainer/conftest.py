@@ -47,3 +47,23 @@ def two_ranks_parity(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cases = {cid: case for group in groups for cid, case in group.items()}
     assert len(cases) == sum(len(g) for g in groups)  # no case id shared, none overwritten
     return p._run(cases, 2, tmp_path_factory.mktemp("parity2"), timeout_s=900)
+
+
+@pytest.fixture(scope="session")
+def cp_ep_parity(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 2-rank launch of test_context_parallel and test_moe: one start-up for both."""
+    from sweeper.launchers.ranks import launch
+
+    from .helpers import ROOT, tiny_sweep
+    from .test_context_parallel import MODEL_CASES, STEPS
+    from .test_moe import CASES, MODEL_EP2
+
+    assert not (CASES.keys() | MODEL_EP2.keys()) & MODEL_CASES.keys() and "cp" not in CASES
+    cp = {"sweep": tiny_sweep(2), "steps": STEPS, "model_cases": list(MODEL_CASES.values())}
+    ep = {"cases": [case | {"id": cid} for cid, case in CASES.items()] + list(MODEL_EP2.values())}
+    task = {"kind": "call", "target": "tests.trainer.cp_ep_workers:cp_and_ep_parity", "kwargs": {"cp": cp, "ep": ep}}
+    workdir = tmp_path_factory.mktemp("cp_ep2")
+    done = launch(task, nprocs=2, timeout_s=600, workdir=workdir, extra_env={"PYTHONPATH": str(ROOT)})
+    if done.timed_out or any(done.returncodes):
+        pytest.fail("\n".join(done.log_tail(r, 40) for r in range(2)))
+    return done.out_dir

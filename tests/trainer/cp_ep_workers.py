@@ -17,6 +17,7 @@ from sweeper.models import ModelShape
 from sweeper.spec import Sweep
 from sweeper.trainer import kernels, parallel
 from sweeper.trainer.context import ContextParallel, apply_cp
+from sweeper.trainer.env import DistEnv
 from sweeper.trainer.model import Transformer, build_model, canonical_name, loss_fn, materialize, norm_kernel
 from sweeper.trainer.moe import MoE, apply_ep, expert_slice, is_expert_param
 from sweeper.trainer.train import make_optimizer, synthetic_batch
@@ -26,11 +27,21 @@ from .workers import start
 # ---- context parallel: the tiny LLaMA of the dense parity tests, its sequence split over cp ranks
 
 
-def cp_parity(*, out_dir: Path, sweep: Sweep, steps: int, model_cases: list[dict[str, Any]]) -> None:
+def cp_and_ep_parity(*, out_dir: Path, cp: dict[str, Any], ep: dict[str, Any]) -> None:
+    """The context-parallel cases, then the expert-parallel ones, in one 2-rank launch: the ranks start
+    up once for test_context_parallel and test_moe."""
+    env, device = start()
+    _cp_parity(env, device, out_dir=out_dir, **cp)
+    _ep_parity(env, device, out_dir=out_dir, **ep)
+    dist.destroy_process_group()
+
+
+def _cp_parity(
+    env: DistEnv, device: torch.device, *, out_dir: Path, sweep: Sweep, steps: int, model_cases: list[dict[str, Any]]
+) -> None:
     """Train the whole batch, each rank holding its 2 of the 2*cp sequence chunks; save losses,
     step-0 gradients and final parameters (rank 0: every parameter is replicated over cp).
     Then the `model_cases` (see `model_parity`)."""
-    env, device = start()
     for case in model_cases:
         _model_case(case, out_dir, env.rank, device)
     group = dist.group.WORLD
@@ -58,7 +69,6 @@ def cp_parity(*, out_dir: Path, sweep: Sweep, steps: int, model_cases: list[dict
         state = {k: p.detach().clone() for k, p in model.named_parameters()}
         torch.save({"losses": losses, "grads": grads, "params": state}, out_dir / "cp_rank0.pt")
     dist.barrier()
-    dist.destroy_process_group()
 
 
 def _average(tensors: list[torch.Tensor | None], n: int) -> None:
@@ -145,9 +155,8 @@ def train_tiny_moe(
     return {"losses": losses, "grads": grads, "params": params}
 
 
-def ep_parity(*, out_dir: Path, cases: list[dict[str, Any]]) -> None:
+def _ep_parity(env: DistEnv, device: torch.device, *, out_dir: Path, cases: list[dict[str, Any]]) -> None:
     """ep = world = dp: each rank trains its share of the batch; its experts see every rank's tokens."""
-    env, device = start()
     group = dist.group.WORLD
     try:  # 3 experts cannot be split over 2 ranks
         MoE(hidden=8, experts=3, top_k=1, moe_ffn=8, ep_group=group)
@@ -167,7 +176,6 @@ def ep_parity(*, out_dir: Path, cases: list[dict[str, Any]]) -> None:
         out = train_tiny_moe(model, x[rows], y[rows], case, sync=_ep_sync)
         torch.save(out, out_dir / f"{case['id']}_rank{env.rank}.pt")
         dist.barrier()
-    dist.destroy_process_group()
 
 
 def _ep_sync(model: nn.Module, loss: torch.Tensor) -> float:

@@ -9,16 +9,16 @@ with an explicit mask over the gathered keys (another kernel), so equality is to
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from sweeper.launchers.ranks import launch
 from sweeper.trainer.context import chunk_ids, local_positions, shard_sequence
 
 from .cp_ep_workers import TINY_GPT, TINY_MOE, model_case, model_reference, parity_diffs
-from .helpers import ROOT, max_diff, reference, tiny_sweep
+from .helpers import max_diff, reference
 
 LOSS_TOL, GRAD_TOL, GRAD_RTOL, PARAM_TOL = 1e-6, 1e-8, 1e-6, 1e-4
 STEPS = 10
@@ -56,19 +56,11 @@ def test_sequence_not_divisible_by_two_cp_is_refused() -> None:
 
 
 @pytest.fixture(scope="module")
-def cp2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    workdir = tmp_path_factory.mktemp("cp2")
-    task = {
-        "kind": "call",
-        "target": "tests.trainer.cp_ep_workers:cp_parity",
-        "kwargs": {"sweep": tiny_sweep(2), "steps": STEPS, "model_cases": list(MODEL_CASES.values())},
-    }
-    done = launch(task, nprocs=2, timeout_s=300, workdir=workdir, extra_env={"PYTHONPATH": str(ROOT)})
-    if done.timed_out or any(done.returncodes):
-        pytest.fail("\n".join(done.log_tail(r, 40) for r in range(2)))
-    out: dict[str, Any] = torch.load(done.out_dir / "cp_rank0.pt")
+def cp2(cp_ep_parity: Path) -> dict[str, Any]:
+    """What the session's 2-rank launch (conftest) saved for the context-parallel cases."""
+    out: dict[str, Any] = torch.load(cp_ep_parity / "cp_rank0.pt")
     out["model_cases"] = {
-        cid: [torch.load(done.out_dir / f"{cid}_rank{r}.pt") for r in range(2)] for cid in MODEL_CASES
+        cid: [torch.load(cp_ep_parity / f"{cid}_rank{r}.pt") for r in range(2)] for cid in MODEL_CASES
     }
     return out
 

@@ -16,7 +16,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sweeper.launchers.ranks import launch
 from sweeper.trainer.moe import MoE, Router, _regroup
 
 from .cp_ep_workers import (
@@ -29,7 +28,6 @@ from .cp_ep_workers import (
     tiny_batch,
     train_tiny_moe,
 )
-from .helpers import ROOT
 
 LOSS_TOL, GRAD_TOL, GRAD_RTOL, PARAM_TOL = 1e-6, 1e-8, 1e-6, 1e-5
 BASE = dict(vocab=64, hidden=32, moe_ffn=16, batch=4, seq=16, steps=5)
@@ -115,14 +113,8 @@ def _reference(case: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def ep2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    workdir = tmp_path_factory.mktemp("ep2")
-    cases = [case | {"id": cid} for cid, case in CASES.items()] + list(MODEL_EP2.values())
-    task = {"kind": "call", "target": "tests.trainer.cp_ep_workers:ep_parity", "kwargs": {"cases": cases}}
-    done = launch(task, nprocs=2, timeout_s=300, workdir=workdir, extra_env={"PYTHONPATH": str(ROOT)})
-    if done.timed_out or any(done.returncodes):
-        pytest.fail("\n".join(done.log_tail(r, 40) for r in range(2)))
-    return done.out_dir
+def ep2(cp_ep_parity: Path) -> Path:
+    return cp_ep_parity  # the session's 2-rank launch ran the expert-parallel cases (conftest)
 
 
 @pytest.mark.slow
