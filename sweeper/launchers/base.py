@@ -85,7 +85,7 @@ class Launcher(ABC):
     @classmethod
     def from_profile(cls, profile: LauncherProfile, sweep: Sweep) -> Launcher:
         """The launcher a validated profile asks for; refuse (`SpecError`) a sweep it cannot run."""
-        raise NotImplementedError(f"{cls.__name__} has no profile")
+        raise NotImplementedError(f"{cls.__name__} must say how a profile makes it (from_profile)")
 
     @abstractmethod
     def submit(self, job: TrialJob) -> Handle:

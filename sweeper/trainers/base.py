@@ -8,6 +8,7 @@ for its attention kernels; `workloads.py` for its flags, environment and log par
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -68,7 +69,7 @@ class StateBytes(_Strict):
     )
 
 
-class Recipe:
+class Recipe(ABC):
     """How a trainer holds memory: its model states by sharding mode, and where its activations,
     loss and allocator differ from the built-in trainer's (the defaults here)."""
 
@@ -77,9 +78,9 @@ class Recipe:
     # reserved / allocated of PyTorch's caching allocator (fragmentation, cached blocks)
     reserved_factor: ClassVar[float] = 1.10
 
+    @abstractmethod
     def states(self, cols: Columns, sweep: Sweep, params: np.ndarray) -> Arrays:
         """(weights, grads, optimizer, buffers) bytes of `params` parameters on a rank."""
-        raise NotImplementedError
 
     def activations(
         self, cols: Columns, sweep: Sweep, kept: np.ndarray, transient: np.ndarray
@@ -105,9 +106,9 @@ def unit_params(cols: Columns, sweep: Sweep) -> np.ndarray:
 class TableRecipe(Recipe):
     """A recipe given as bytes per parameter of each state (`table`), sharded or not over dp."""
 
+    @abstractmethod
     def table(self, sweep: Sweep, sharding: str) -> StateBytes:
         """Bytes per parameter and the sharded states for one value of the sharding knob."""
-        raise NotImplementedError
 
     def buffers(self, sweep: Sweep, table: StateBytes, params: np.ndarray) -> np.ndarray:
         """Transient buffers beside the states (gradient-reduction buckets); none by default."""
@@ -179,8 +180,8 @@ class Trainer:
         return {}, []
 
     def parse_log(self, text: str, sweep: Sweep) -> ParsedLog:
-        """Step times, losses and memory from the trainer's log."""
-        raise NotImplementedError
+        """Step times, losses and memory from the trainer's log (a trainer that runs a command)."""
+        raise NotImplementedError(f"the {self.kind} trainer runs no command of its own: it writes no log to parse")
 
     def tasks_per_node(self, gpus_per_node: int) -> int:
         """Processes a launcher starts per node: one per GPU for the built-in runner; one for a
