@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import yaml
+from throughput_accuracy import mpt_spec  # one builder of the MPT sweep files (benchmarks/ is on sys.path)
 
 from sweeper.launchers.replay import ReplayLauncher
 from sweeper.orchestrator import prepare, run_loop
@@ -222,42 +223,21 @@ def quirk(tmp: Path) -> tuple[int | None, str]:
     return (int(idx[0]) + 1 if idx.size else None), f"pp={slow_pp} runs {QUIRK:g}x slower than predicted"
 
 
-FOUNDRY_GPU = {"h100_80gb": "h100-sxm", "a100_80gb": "a100-80gb", "a100_40gb": "a100-40gb"}
-
-
 def foundry(recipe: str) -> Counter:
     """Plan status of every published MPT layout, each as a one-layout sweep (as benchmarks of throughput build it)."""
     d = pd.read_csv(DATA / "llm-foundry" / "runs.csv")
     c: Counter = Counter()
     for i, r in d.iterrows():
-        g = int(r.gpus)
-        spec = {
-            "name": f"mpt{i}",
-            "seq_len": int(r.seq_len),
-            "global_batch_size": int(r.global_batch_size),
-            "model": {
-                "layers": int(r.layers),
-                "hidden": int(r.hidden),
-                "heads": int(r.heads),
-                "kv_heads": int(r.kv_heads),
-                "ffn": int(r.ffn),
-                "vocab": int(r.vocab),
-                "tied_embeddings": True,
-                "mlp": "gelu",
-                "norm": "layernorm",
-            },
-            "cluster": {"nodes": max(g // 8, 1), "gpus_per_node": min(8, g), "gpu": FOUNDRY_GPU[r.gpu_type]},
-            "memory": {"recipe": recipe},
-            "space": {
-                "tp": [1],
-                "pp": [1],
-                "micro_batch_size": [int(r.micro_batch_size)],
-                "sharding": ["fsdp"],
-                "attention": ["flash2"],
-                "float8": ["fp8" in str(r.precision)],
-                "activation_checkpointing": ["full" if str(r.activation_checkpointing).startswith("full") else "none"],
-            },
+        space = {
+            "tp": [1],
+            "pp": [1],
+            "micro_batch_size": [int(r.micro_batch_size)],
+            "sharding": ["fsdp"],
+            "attention": ["flash2"],
+            "float8": ["fp8" in str(r.precision)],
+            "activation_checkpointing": ["full" if str(r.activation_checkpointing).startswith("full") else "none"],
         }
+        spec = mpt_spec(r, f"mpt{i}", {"recipe": recipe}, space)
         c[str(make_plan(parse_sweep(yaml.safe_dump(spec))).status[0])] += 1
     return c
 

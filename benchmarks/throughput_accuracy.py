@@ -219,14 +219,7 @@ def nvidia(skipped: list[tuple[str, str, str]]) -> Iterator[Group]:
                     "name": "acc",
                     "seq_len": int(r.seq_len),
                     "global_batch_size": int(r.global_batch_size),
-                    "model": {
-                        "layers": int(r.layers),
-                        "hidden": int(r.hidden),
-                        "heads": int(r.heads),
-                        "kv_heads": int(r.kv_heads),
-                        "ffn": int(r.ffn),
-                        "vocab": VOCAB[family],
-                    },
+                    "model": shape(r) | {"vocab": VOCAB[family]},
                     "cluster": {"nodes": max(gpus // per_node, 1), "gpus_per_node": min(per_node, gpus), "gpu": gpu},
                     "space": {"tp": [1], "attention": ["cudnn"]},
                     "memory": {"recipe": "megatron"},
@@ -266,38 +259,33 @@ def nvidia(skipped: list[tuple[str, str, str]]) -> Iterator[Group]:
 FOUNDRY_GPU = {"h100_80gb": "h100-sxm", "a100_80gb": "a100-80gb", "a100_40gb": "a100-40gb"}
 
 
+def shape(r: Any) -> dict[str, int]:
+    """The transformer shape every public row states (a data row with these columns)."""
+    return {k: int(getattr(r, k)) for k in ("layers", "hidden", "heads", "kv_heads", "ffn")}
+
+
+def mpt_spec(r: Any, name: str, memory: dict[str, Any], space: dict[str, Any]) -> dict[str, Any]:
+    """One llm-foundry row (an MPT run) as a sweep file; search_public.py builds its plans from it too."""
+    gpus = int(r.gpus)
+    return {
+        "name": name,
+        "seq_len": int(r.seq_len),
+        "global_batch_size": int(r.global_batch_size),
+        # MPT: GELU MLP (4h), LayerNorm, tied embeddings, ALiBi (no position table)
+        "model": shape(r) | {"vocab": int(r.vocab), "tied_embeddings": True, "mlp": "gelu", "norm": "layernorm"},
+        "cluster": {"nodes": max(gpus // 8, 1), "gpus_per_node": min(8, gpus), "gpu": FOUNDRY_GPU[r.gpu_type]},
+        "space": space,
+        "memory": memory,
+    }
+
+
 def foundry(skipped: list[tuple[str, str, str]]) -> Iterator[Group]:
     d = pd.read_csv(os.path.join(DATA, "llm-foundry", "runs.csv"))
     for i, r in d.iterrows():
         rid = f"mpt{i} {r.model} {r.gpu_type} {r.gpus}g seq{r.seq_len}"
         gpus = int(r.gpus)
         try:
-            sweep = parse(
-                {
-                    "name": "acc",
-                    "seq_len": int(r.seq_len),
-                    "global_batch_size": int(r.global_batch_size),
-                    # MPT: GELU MLP (4h), LayerNorm, tied embeddings, ALiBi (no position table)
-                    "model": {
-                        "layers": int(r.layers),
-                        "hidden": int(r.hidden),
-                        "heads": int(r.heads),
-                        "kv_heads": int(r.kv_heads),
-                        "ffn": int(r.ffn),
-                        "vocab": int(r.vocab),
-                        "tied_embeddings": True,
-                        "mlp": "gelu",
-                        "norm": "layernorm",
-                    },
-                    "cluster": {
-                        "nodes": max(gpus // 8, 1),
-                        "gpus_per_node": min(8, gpus),
-                        "gpu": FOUNDRY_GPU[r.gpu_type],
-                    },
-                    "space": {"tp": [1]},
-                    "memory": {"recipe": "torchtitan"},
-                }
-            )
+            sweep = parse(mpt_spec(r, "acc", {"recipe": "torchtitan"}, {"tp": [1]}))
         except SpecError as e:
             skipped.append(("llm-foundry", rid, str(e).splitlines()[-1]))
             continue
