@@ -8,11 +8,13 @@ from sweeper.models import ModelShape
 def model_flops_per_token(model: ModelShape, seq_len: int) -> float:
     """6N + 12*L*H*Q*T: matmuls with the weights (fwd 2N, bwd 4N) plus attention scores and values.
 
-    N counts every parameter, embeddings and output head included (as DESIGN.md specifies);
+    N counts every parameter, embeddings and output head included (as DESIGN.md specifies); in a
+    mixture of experts only the parameters a token passes through (its top-k and the shared
+    experts, `ModelShape.active_params`), as Megatron-LM and the MoE papers count MFU;
     H*Q is the width of the queries, heads x head_dim (the hidden size unless head_dim is set,
     as in Qwen3), even under grouped-query attention (the queries set the work).
     """
-    return 6.0 * model.num_params + 12.0 * model.layers * model.q_dim * seq_len
+    return 6.0 * model.active_params + 12.0 * model.layers * model.q_dim * seq_len
 
 
 def recompute_flops_per_token(model: ModelShape, seq_len: int, activation_checkpointing: str) -> float:
@@ -22,10 +24,13 @@ def recompute_flops_per_token(model: ModelShape, seq_len: int, activation_checkp
     forward again; selective: our policy keeps every matmul and attention output, so only
     cheap elementwise ops are recomputed (counted as zero, like PaLM ignores them); none: zero.
     """
+    dense = model.layers - model.moe_layers
     if activation_checkpointing == "full":
-        return 2.0 * model.layers * model.layer_params + 4.0 * model.layers * model.q_dim * seq_len
+        blocks = dense * model.layer_params + model.moe_layers * model.moe_layer_active_params
+        return 2.0 * blocks + 4.0 * model.layers * model.q_dim * seq_len
     if activation_checkpointing == "ffn":
-        return 2.0 * model.layers * model.mlp_params
+        experts = model.experts_per_token + model.shared_experts
+        return 2.0 * (dense * model.mlp_params + model.moe_layers * experts * model.expert_params)
     return 0.0
 
 

@@ -13,6 +13,8 @@ import json
 from typing import Any
 
 from sweeper.hardware import GPU
+from sweeper.knobs import KNOBS
+from sweeper.models import ModelShape
 from sweeper.spec import Sweep
 from sweeper.trainers import memory_record
 
@@ -21,7 +23,7 @@ def _plain(value: Any) -> Any:
     """Dataclasses, pydantic models and tuples as JSON-able plain data (deterministic order); a
     GPU without the fields that are the throughput model's assumptions (GPU.MODEL_FIELDS)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        skip = value.MODEL_FIELDS if isinstance(value, GPU) else ()
+        skip = _skipped(value)
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.name not in skip}
     if hasattr(value, "model_dump"):
         return _plain(value.model_dump())
@@ -30,6 +32,21 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+def _skipped(value: Any) -> tuple[str, ...]:
+    # a GPU's model assumptions, and a dense model's (empty) mixture-of-experts fields, which
+    # identities written before those fields existed did not hold
+    if isinstance(value, GPU):
+        return value.MODEL_FIELDS
+    if isinstance(value, ModelShape) and not value.is_moe:
+        return ModelShape.MOE_FIELDS
+    return ()
+
+
+def _space(space: dict[str, tuple[Any, ...]]) -> dict[str, tuple[Any, ...]]:
+    """The space without the knobs that are not searched and joined the identity late (`Knob.identity_if_searched`)."""
+    return {k: v for k, v in space.items() if not (KNOBS[k].identity_if_searched and v == (KNOBS[k].default,))}
 
 
 def sweep_identity(sweep: Sweep) -> str:
@@ -41,7 +58,7 @@ def sweep_identity(sweep: Sweep) -> str:
         "seq_len": sweep.seq_len,
         "global_batch_size": sweep.global_batch_size,
         "cluster": sweep.cluster,
-        "space": sweep.space,
+        "space": _space(sweep.space),
         "trial": sweep.trial,
         "memory": memory_record(sweep.memory),  # flat over the recipes' options, as before they were split
         "workload": sweep.workload,

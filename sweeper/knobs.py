@@ -31,6 +31,12 @@ class Knob:
     always_shown: bool = False
     # One-line summaries of a layout name it (the live display of `sweep run`, `sweep status`).
     in_summary: bool = False
+    # Left out of a sweep's identity while the space holds only its default: knobs added after
+    # results folders existed, so that those folders keep their identity (sweeper.identity).
+    identity_if_searched: bool = False
+    # Where the space does not list this knob, each layout takes the value of the named knob
+    # (etp follows tp, as Megatron-LM's --expert-tensor-parallel-size defaults to the tp size).
+    follows: str = ""
 
     @property
     def short(self) -> str:
@@ -114,6 +120,28 @@ KNOBS: dict[str, Knob] = {
         ),
         Knob("compile", bool, False, "torch.compile each transformer block"),
         Knob("float8", bool, False, "float8 matmuls (torchao; GPUs with fp8 only)"),
+        Knob(
+            "cp",
+            int,
+            1,
+            "context-parallel degree: each sequence split over cp ranks in 2*cp load-balanced chunks",
+            identity_if_searched=True,
+        ),
+        Knob(
+            "ep",
+            int,
+            1,
+            "expert-parallel degree: the experts split over ep ranks inside dp*cp (MoE models only)",
+            identity_if_searched=True,
+        ),
+        Knob(
+            "etp",
+            int,
+            0,
+            "tensor-parallel degree inside each expert (MoE models only); default: tp, as Megatron-LM",
+            identity_if_searched=True,
+            follows="tp",
+        ),
     ]
 }
 

@@ -38,10 +38,19 @@ class Layout:
     virtual_stages: int = KNOBS["virtual_stages"].default
     compile: bool = KNOBS["compile"].default
     float8: bool = KNOBS["float8"].default
+    cp: int = KNOBS["cp"].default
+    ep: int = KNOBS["ep"].default
+    etp: int = KNOBS["etp"].default
+
+    def __post_init__(self) -> None:
+        # a knob that follows another (etp follows tp) holds that knob's value when left at its default
+        for name, value in following({k: np.asarray(getattr(self, k)) for k in KNOBS}).items():
+            object.__setattr__(self, name, np.asarray(value).item())
 
     def dp(self, world: int) -> int:
-        """Data-parallel degree: what is left of the world after tensor and pipeline parallelism (0: does not divide)."""
-        return int(data_parallel(np.asarray(self.tp), np.asarray(self.pp), world))
+        """Data-parallel degree: what is left of the world after tensor, context and pipeline
+        parallelism (0: does not divide)."""
+        return int(data_parallel(np.asarray(self.tp), np.asarray(self.pp), world, np.asarray(self.cp)))
 
     def grad_accum(self, world: int, global_batch_size: int) -> int:
         """Micro-batches per optimizer step on each data-parallel rank (the pipeline's micro-batches)."""
@@ -121,10 +130,27 @@ class Rejection:
     message: str
 
 
-def data_parallel(tp: np.ndarray, pp: np.ndarray, world: int) -> np.ndarray:
-    """dp = world / (tp*pp); 0 where tp*pp does not divide the world (a rule flags those)."""
-    model_par = tp * pp
+def data_parallel(tp: np.ndarray, pp: np.ndarray, world: int, cp: np.ndarray | int = 1) -> np.ndarray:
+    """dp = world / (tp*cp*pp), as Megatron-LM derives it; 0 where tp*cp*pp does not divide the
+    world (a rule flags those)."""
+    model_par = tp * cp * pp
     return np.where(world % model_par == 0, world // np.maximum(model_par, 1), 0)
+
+
+def expert_data_parallel(etp: np.ndarray, ep: np.ndarray, pp: np.ndarray, world: int) -> np.ndarray:
+    """Expert data parallel = world / (etp*ep*pp): the ranks an expert's gradients are reduced
+    over (Megatron-LM's expert mesh); 0 where etp*ep*pp does not divide the world."""
+    return data_parallel(etp, pp, world, ep)
+
+
+def following(cols: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The knobs that follow another (`Knob.follows`), resolved: the followed knob's value where
+    left at their default."""
+    return {
+        k: np.where(cols[k] == knob.default, cols[knob.follows], cols[k])
+        for k, knob in KNOBS.items()
+        if knob.follows and k in cols
+    }
 
 
 def micro_batches(micro_batch_size: np.ndarray, dp: np.ndarray, global_batch_size: int) -> np.ndarray:
@@ -139,11 +165,14 @@ def chunks_per_rank(pp_schedule: np.ndarray, pp: np.ndarray, virtual_stages: np.
 
 
 def with_derived(cols: dict[str, np.ndarray], sweep: Sweep) -> dict[str, np.ndarray]:
-    """Add the derived columns: dp, grad_accum, chunks (per pipeline rank), effective_sp (SP in effect)."""
-    dp = data_parallel(cols["tp"], cols["pp"], sweep.cluster.world)
+    """Add the derived columns: dp, grad_accum, chunks (per pipeline rank), effective_sp (SP in
+    effect), edp (expert data parallel); knobs that follow another (etp) are resolved."""
+    cols = {**cols, **following(cols)}
+    dp = data_parallel(cols["tp"], cols["pp"], sweep.cluster.world, cols["cp"])
     return {
         **cols,
         "dp": dp,
+        "edp": expert_data_parallel(cols["etp"], cols["ep"], cols["pp"], sweep.cluster.world),
         "grad_accum": micro_batches(cols["micro_batch_size"], dp, sweep.global_batch_size),
         "chunks": chunks_per_rank(cols["pp_schedule"], cols["pp"], cols["virtual_stages"]),
         "effective_sp": cols["sequence_parallel"].astype(bool) & (cols["tp"] > 1),
@@ -162,6 +191,12 @@ class Rule:
 
 def _i(cols: Columns, name: str, i: int) -> Any:
     return _python(cols[name][i])
+
+
+def _product(c: Columns, i: int, knobs: tuple[str, ...]) -> str:
+    """`tp*cp*pp = 2*2*4`, leaving out the factors at 1 that are not always shown (cp of a dense run)."""
+    shown = [k for k in knobs if KNOBS[k].always_shown or _i(c, k, i) != 1]
+    return f"{'*'.join(shown)} = {'*'.join(str(_i(c, k, i)) for k in shown)}"
 
 
 def _microbatch_rounds_ok(cols: Columns) -> np.ndarray:
@@ -183,9 +218,9 @@ def _short_1f1b_refused(c: Columns, s: Sweep) -> np.ndarray:
 RULES: tuple[Rule, ...] = (
     Rule(
         PlanReason.WORLD_NOT_DIVISIBLE,
-        "tp*pp does not divide the number of GPUs",
-        lambda c, s: s.cluster.world % (c["tp"] * c["pp"]) != 0,
-        lambda c, s, i: f"tp*pp = {_i(c, 'tp', i)}*{_i(c, 'pp', i)} does not divide world = {s.cluster.world} GPUs",
+        "tp*cp*pp does not divide the number of GPUs",
+        lambda c, s: s.cluster.world % (c["tp"] * c["cp"] * c["pp"]) != 0,
+        lambda c, s, i: f"{_product(c, i, ('tp', 'cp', 'pp'))} does not divide world = {s.cluster.world} GPUs",
     ),
     Rule(
         PlanReason.TP_EXCEEDS_NODE,
@@ -230,9 +265,81 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         PlanReason.SEQ_NOT_DIVISIBLE,
-        "sequence parallel needs tp to divide seq_len",
-        lambda c, s: c["sequence_parallel"].astype(bool) & (s.seq_len % c["tp"] != 0),
-        lambda c, s, i: f"sequence_parallel with tp = {_i(c, 'tp', i)} needs it to divide seq_len = {s.seq_len}",
+        "sequence parallel needs tp to divide each cp rank's part of seq_len",
+        lambda c, s: c["sequence_parallel"].astype(bool) & (s.seq_len % (c["tp"] * c["cp"]) != 0),
+        lambda c, s, i: (
+            f"sequence_parallel with tp = {_i(c, 'tp', i)} needs it to divide seq_len/cp = {s.seq_len}/{_i(c, 'cp', i)}"
+        ),
+    ),
+    # Megatron-LM and torchtitan cut each sequence into 2*cp chunks, rank i holding chunks i and
+    # 2*cp-1-i, so that every rank gets the same causal-attention work
+    Rule(
+        PlanReason.CP_SEQ_NOT_DIVISIBLE,
+        "context parallel needs 2*cp to divide seq_len",
+        lambda c, s: (c["cp"] > 1) & (s.seq_len % (2 * c["cp"]) != 0),
+        lambda c, s, i: (
+            f"cp = {_i(c, 'cp', i)} needs 2*cp = {2 * _i(c, 'cp', i)} to divide seq_len = {s.seq_len} "
+            "(each rank holds two of 2*cp equal chunks)"
+        ),
+    ),
+    Rule(
+        PlanReason.CP_NOT_IN_WORKLOAD,
+        "context parallel with an attention kernel the workload's trainer does not run it with",
+        lambda c, s: (c["cp"] > 1) & ~np.isin(c["attention"], sorted(s.trainer.cp_attention) or [""]),
+        lambda c, s, i: _cp_kernel_message(s, _i(c, "attention", i)),
+    ),
+    Rule(
+        PlanReason.EP_WITHOUT_EXPERTS,
+        "expert parallel on a model without experts",
+        lambda c, s: (c["ep"] > 1) & (s.model.experts == 0),
+        lambda c, s, i: f"ep = {_i(c, 'ep', i)} needs a model with experts (model.experts); {s.model.name} is dense",
+    ),
+    Rule(
+        PlanReason.EP_EXPERTS_NOT_DIVISIBLE,
+        "ep does not divide the experts",
+        lambda c, s: (s.model.experts > 0) & (s.model.experts % c["ep"] != 0),
+        lambda c, s, i: f"ep = {_i(c, 'ep', i)} does not divide experts = {s.model.experts}",
+    ),
+    # Megatron-LM folds the expert-parallel group into the data- and context-parallel ranks
+    Rule(
+        PlanReason.EP_NOT_IN_DP_CP,
+        "ep does not divide dp*cp",
+        lambda c, s: (c["ep"] > 1) & ((c["dp"] == 0) | ((c["dp"] * c["cp"]) % c["ep"] != 0)),
+        lambda c, s, i: (
+            f"ep = {_i(c, 'ep', i)} does not divide dp*cp = {_i(c, 'dp', i)}*{_i(c, 'cp', i)} "
+            "(the experts are split over data- and context-parallel ranks)"
+        ),
+    ),
+    Rule(
+        PlanReason.ETP_FFN_NOT_DIVISIBLE,
+        "etp does not divide each expert's width",
+        lambda c, s: (s.model.experts > 0) & (s.model.expert_ffn % c["etp"] != 0),
+        lambda c, s, i: f"etp = {_i(c, 'etp', i)} does not divide moe_ffn = {s.model.expert_ffn}",
+    ),
+    Rule(
+        PlanReason.EXPERT_WORLD_NOT_DIVISIBLE,
+        "etp*ep*pp does not divide the number of GPUs",
+        lambda c, s: (s.model.experts > 0) & (s.cluster.world % (c["etp"] * c["ep"] * c["pp"]) != 0),
+        lambda c, s, i: (
+            f"etp*ep*pp = {_i(c, 'etp', i)}*{_i(c, 'ep', i)}*{_i(c, 'pp', i)} does not divide world = "
+            f"{s.cluster.world} GPUs (the experts' own mesh)"
+        ),
+    ),
+    Rule(
+        PlanReason.EXPERTS_NOT_IN_WORKLOAD,
+        "an expert layout the workload's trainer does not run",
+        lambda c, s: (s.model.experts > 0) & ~s.trainer.runs_experts(c),
+        lambda c, s, i: s.trainer.experts_refusal(_i(c, "etp", i), _i(c, "tp", i)),
+    ),
+    # Megatron-LM: "When using expert parallelism and tensor parallelism, sequence parallelism must be used"
+    Rule(
+        PlanReason.EP_NEEDS_SP,
+        "expert and tensor parallel without sequence parallel, where the trainer needs it",
+        lambda c, s: (c["ep"] > 1) & (c["tp"] > 1) & ~c["sequence_parallel"].astype(bool) & s.trainer.ep_tp_needs_sp,
+        lambda c, s, i: (
+            f"the {s.workload.kind} trainer runs ep = {_i(c, 'ep', i)} with tp = {_i(c, 'tp', i)} only "
+            "with sequence_parallel"
+        ),
     ),
     Rule(
         PlanReason.TOO_FEW_MICROBATCHES,
@@ -284,6 +391,14 @@ RULES: tuple[Rule, ...] = (
     ),
 )
 
+
+def _cp_kernel_message(s: Sweep, attention: str) -> str:
+    kernels = sorted(s.trainer.cp_attention)
+    if not kernels:
+        return f"the {s.workload.kind} trainer runs no context parallelism (cp > 1)"
+    return f"the {s.workload.kind} trainer runs cp > 1 only with attention {', '.join(kernels)}, not {attention}"
+
+
 # The rules one value of tp or pp breaks on its own, whatever the other knobs hold: a searched value
 # that breaks one can never be used, and the sweep file is refused (see `unusable`).
 DECIDED_ALONE: dict[str, tuple[PlanReason, ...]] = {
@@ -294,6 +409,9 @@ DECIDED_ALONE: dict[str, tuple[PlanReason, ...]] = {
         PlanReason.KV_HEADS_NOT_DIVISIBLE,
     ),
     "pp": (PlanReason.WORLD_NOT_DIVISIBLE,),
+    "cp": (PlanReason.WORLD_NOT_DIVISIBLE, PlanReason.CP_SEQ_NOT_DIVISIBLE),
+    "ep": (PlanReason.EP_WITHOUT_EXPERTS, PlanReason.EP_EXPERTS_NOT_DIVISIBLE),
+    "etp": (PlanReason.ETP_FFN_NOT_DIVISIBLE,),
 }
 
 

@@ -1,4 +1,5 @@
-"""Transformer shapes: presets (LLaMA 1/2/3.x, Qwen3, Mistral, GPT-3) and the parameter counts derived from a shape.
+"""Transformer shapes: presets (LLaMA 1/2/3.x, Qwen3, Mistral, GPT-3, and the mixture-of-experts
+Mixtral and Qwen3-MoE) and the parameter counts derived from a shape.
 
 Two block families: LLaMA-style (RMSNorm weight only, RoPE, SwiGLU, no biases) and GPT-style
 (LayerNorm weight and bias, learned positions, GELU MLP of two matrices, and, as in GPT-2/3 and
@@ -32,6 +33,18 @@ class ModelShape:
     # seq_len is longer grows it to seq_len (see spec.build_sweep), as Megatron-LM requires
     # --max-position-embeddings >= --seq-length
     max_positions: int = 0
+    # Mixture of experts (0 experts: a dense model). Past the `dense_layers` leading blocks, each
+    # block's MLP is `experts` MLPs of width `moe_ffn` (0: ffn) of which a router picks
+    # `experts_per_token` per token, plus `shared_experts` of the same width that see every token.
+    experts: int = 0
+    experts_per_token: int = 0
+    moe_ffn: int = 0
+    shared_experts: int = 0
+    dense_layers: int = 0
+    router: str = "softmax"  # softmax (Mixtral, Qwen3) | sigmoid (DeepSeek-V3): the gate's scores
+
+    # the fields only a mixture of experts sets: left out of a dense model's identity (sweeper.identity)
+    MOE_FIELDS = ("experts", "experts_per_token", "moe_ffn", "shared_experts", "dense_layers", "router")
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -66,6 +79,44 @@ class ModelShape:
         return 3 * self.hidden * self.ffn
 
     @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def expert_ffn(self) -> int:
+        """Width of one expert's MLP: moe_ffn, or ffn when not given."""
+        return self.moe_ffn or self.ffn
+
+    @property
+    def moe_layers(self) -> int:
+        """Blocks whose MLP is a mixture of experts (none in a dense model)."""
+        return self.layers - self.dense_layers if self.is_moe else 0
+
+    @property
+    def expert_params(self) -> int:
+        """One expert: an MLP of the block's kind at the experts' width."""
+        if self.mlp == "gelu":
+            return 2 * self.hidden * self.expert_ffn + self.expert_ffn + self.hidden
+        return 3 * self.hidden * self.expert_ffn
+
+    @property
+    def router_params(self) -> int:
+        """The router's gate: hidden x experts."""
+        return self.hidden * self.experts
+
+    @property
+    def moe_layer_params(self) -> int:
+        """One mixture-of-experts block: attention, router, every expert (shared ones included), norms."""
+        experts = (self.experts + self.shared_experts) * self.expert_params
+        return self.attention_params + self.router_params + experts + self.layer_norm_params
+
+    @property
+    def moe_layer_active_params(self) -> int:
+        """The parameters of one mixture-of-experts block a token passes through: the top-k and shared experts."""
+        experts = (self.experts_per_token + self.shared_experts) * self.expert_params
+        return self.attention_params + self.router_params + experts + self.layer_norm_params
+
+    @property
     def norm_params(self) -> int:
         """One norm over hidden: RMSNorm a weight, LayerNorm a weight and a bias."""
         return (2 if self.norm == "layernorm" else 1) * self.hidden
@@ -95,15 +146,21 @@ class ModelShape:
         return 0 if self.tied_embeddings else self.vocab * self.hidden
 
     @property
+    def _outside_blocks(self) -> int:
+        return self.embedding_params + self.head_params + self.position_params + self.norm_params  # final norm
+
+    @property
     def num_params(self) -> int:
-        """All parameters, embeddings and output head included (the N of the PaLM MFU formula)."""
-        return (
-            self.layers * self.layer_params
-            + self.embedding_params
-            + self.head_params
-            + self.position_params
-            + self.norm_params  # final norm
-        )
+        """All parameters, embeddings, output head and every expert included (the total a model card states)."""
+        dense = self.layers - self.moe_layers
+        return dense * self.layer_params + self.moe_layers * self.moe_layer_params + self._outside_blocks
+
+    @property
+    def active_params(self) -> int:
+        """The parameters one token passes through: every expert not picked left out (the N of the
+        PaLM MFU formula; Megatron-LM and the MoE papers count MFU over these). num_params when dense."""
+        dense = self.layers - self.moe_layers
+        return dense * self.layer_params + self.moe_layers * self.moe_layer_active_params + self._outside_blocks
 
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int) -> ModelShape:
@@ -114,6 +171,23 @@ def _qwen3(name: str, layers: int, hidden: int, heads: int, ffn: int, tied: bool
     # every Qwen3 dense model: 8 kv heads, head_dim 128, vocab 151936, q/k RMSNorm
     return ModelShape(
         layers, hidden, heads, 8, ffn, 151936, tied_embeddings=tied, name=name, head_dim=128, qk_norm=True
+    )
+
+
+def _qwen3_moe(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, moe_ffn: int) -> ModelShape:
+    return ModelShape(
+        layers,
+        hidden,
+        heads,
+        kv_heads,
+        ffn,
+        151936,
+        name=name,
+        head_dim=128,
+        qk_norm=True,
+        experts=128,
+        experts_per_token=8,
+        moe_ffn=moe_ffn,
     )
 
 
@@ -178,5 +252,11 @@ PRESETS: dict[str, ModelShape] = {
         _gpt3("gpt3-6.7b", 32, 4096, 32),
         _gpt3("gpt3-13b", 40, 5140, 40),
         _gpt3("gpt3-175b", 96, 12288, 96),
+        # mistralai/Mixtral-8x7B-v0.1/config.json: 8 experts of 14336, top-2, every block
+        ModelShape(32, 4096, 32, 8, 14336, 32000, name="mixtral-8x7b", experts=8, experts_per_token=2, moe_ffn=14336),
+        # Qwen/Qwen3-30B-A3B and Qwen/Qwen3-235B-A22B config.json: 128 experts, top-8, no shared
+        # expert, every block sparse (decoder_sparse_step 1, mlp_only_layers []), softmax router
+        _qwen3_moe("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 768),
+        _qwen3_moe("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 1536),
     ]
 }

@@ -74,6 +74,15 @@ class PlanReason(StrEnum):
     INTERLEAVED_MICROBATCHES = "interleaved_microbatches"
     KERNEL_NOT_IN_WORKLOAD = "kernel_not_in_workload"
     FLOAT8_UNSUPPORTED = "float8_unsupported"
+    CP_SEQ_NOT_DIVISIBLE = "cp_seq_not_divisible"
+    CP_NOT_IN_WORKLOAD = "cp_not_in_workload"
+    EP_WITHOUT_EXPERTS = "ep_without_experts"
+    EP_EXPERTS_NOT_DIVISIBLE = "ep_experts_not_divisible"
+    EP_NOT_IN_DP_CP = "ep_not_in_dp_cp"
+    ETP_FFN_NOT_DIVISIBLE = "etp_ffn_not_divisible"
+    EXPERT_WORLD_NOT_DIVISIBLE = "expert_world_not_divisible"
+    EXPERTS_NOT_IN_WORKLOAD = "experts_not_in_workload"
+    EP_NEEDS_SP = "ep_needs_sp"
     DUPLICATE = "duplicate"  # runs identically to another layout (a knob with no effect there)
     MEMORY = "memory"  # predicted not to fit: the layout is pruned, not invalid
     MEMORY_UNCERTAIN = "memory_uncertain"  # predicted over the card within the estimate's error: uncertain

@@ -58,6 +58,9 @@ class TrialResult:
     virtual_stages: int | None = None
     compile: bool | None = None
     float8: bool | None = None
+    cp: int | None = None
+    ep: int | None = None
+    etp: int | None = None
     dp: int | None = None
     grad_accum: int | None = None
     num_devices: int | None = None

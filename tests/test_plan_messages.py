@@ -20,8 +20,13 @@ TWO_VALUES = {
 }
 
 
+# a mixture of experts, so that ep and etp may take two values
+MOE = {"layers": 4, "hidden": 256, "heads": 8, "kv_heads": 4, "ffn": 512, "vocab": 1024, "experts": 4}
+MOE |= {"experts_per_token": 2}
+
+
 def _columns():
-    sweep = make_sweep(space=TWO_VALUES)
+    sweep = make_sweep(space=TWO_VALUES, model=MOE)
     raw, codes = cross_product(sweep.space)
     return sweep, with_derived(raw, sweep), codes
 

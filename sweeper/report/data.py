@@ -15,7 +15,7 @@ import numpy as np
 
 from sweeper.hardware import GIB
 from sweeper.knobs import KNOBS, label, layout_line
-from sweeper.layout import RULE_SUMMARIES
+from sweeper.layout import RULE_SUMMARIES, Layout
 from sweeper.plan import CANDIDATE, Plan
 from sweeper.spec import Sweep
 from sweeper.statuses import PlanReason, PlanStatus, TrialStatus
@@ -47,10 +47,17 @@ def fmt_value(v: Any) -> str:
     return str(bool(v)).lower() if isinstance(v, (bool, np.bool_)) else str(v)
 
 
+def _row_layout(r: pd.Series) -> Layout:
+    """A result row's layout: a knob the row lacks (results written before it existed) at its
+    default, and knobs that follow another resolved (etp)."""
+    values = {k: r[k] for k in KNOBS if k in r and not (r[k] is None or (isinstance(r[k], float) and math.isnan(r[k])))}
+    return Layout.from_mapping(values)
+
+
 def match_plan_rows(plan: Plan, df: pd.DataFrame) -> np.ndarray | None:
     """For each result row, the index of the plan row with the same knob values; None if any is missing."""
     index = {tuple(fmt_value(plan.cols[k][i]) for k in KNOBS): i for i in range(len(plan))}
-    found = [index.get(tuple(fmt_value(r[k]) for k in KNOBS)) for _, r in df.iterrows()]
+    found = [index.get(tuple(fmt_value(v) for v in _row_layout(r).as_dict().values())) for _, r in df.iterrows()]
     if not found or any(i is None for i in found):
         return None
     return np.asarray(found, dtype=np.int64)

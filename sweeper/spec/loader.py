@@ -12,7 +12,8 @@ import yaml
 from pydantic import ValidationError
 
 from sweeper.errors import SpecError
-from sweeper.layout import unusable
+from sweeper.knobs import KNOBS
+from sweeper.layout import DECIDED_ALONE, unusable
 from sweeper.models import PRESETS
 from sweeper.spec.messages import format_validation_error
 from sweeper.spec.schema import MAX_LAYOUTS, Cluster, Sweep, SweepFile
@@ -50,17 +51,20 @@ def build_sweep(raw: SweepFile, *, source: Path | None = None) -> Sweep:
 
 
 def _check_usable(sweep: Sweep) -> None:
-    """A tp or pp value that no layout can use is a typo, not a search dimension: say so.
+    """A tp, pp, cp, ep or etp value that no layout can use is a typo, not a search dimension: say so.
 
     The rules are the plan's own (`sweeper.layout.unusable`), written once.
     """
-    for knob in ("tp", "pp"):
+    for knob in DECIDED_ALONE:
         for v in sweep.space[knob]:
             why = unusable(knob, v, sweep)
             if knob == "pp" and v > sweep.model.layers:
                 why.append(f"it exceeds layers={sweep.model.layers}")
             if why:
                 raise SpecError(f"space.{knob}: value {v} can never be used: {'; '.join(why)}")
+    # ep > 1 on a dense model is refused above by its rule; etp has no value that means anything there
+    if not sweep.model.is_moe and sweep.space["etp"] != (KNOBS["etp"].default,):
+        raise SpecError(f"space.etp: {sweep.model.name} has no experts; etp applies to MoE models only")
     gbs = sweep.global_batch_size
     for v in sweep.space["micro_batch_size"]:
         if v > gbs:

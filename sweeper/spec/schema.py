@@ -62,6 +62,16 @@ class ModelSpec(_Strict):
         le=100_000_000,
         description="rows of a learned position table; default (and at least) seq_len",
     )
+    experts: int = Field(default=0, ge=0, le=100_000, description="routed experts per MoE block (0: a dense model)")
+    experts_per_token: int | None = Field(
+        default=None, ge=1, le=100_000, description="experts the router picks per token (top-k)"
+    )
+    moe_ffn: int | None = Field(default=None, ge=1, le=10_000_000, description="one expert's MLP width; default ffn")
+    shared_experts: int = Field(default=0, ge=0, le=1_000, description="experts every token passes through")
+    dense_layers: int = Field(default=0, ge=0, le=100_000, description="leading blocks with a dense MLP of width ffn")
+    router: Literal["softmax", "sigmoid"] = Field(
+        default="softmax", description="the router's scores: softmax (Mixtral, Qwen3) or sigmoid (DeepSeek-V3)"
+    )
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelSpec:
@@ -84,7 +94,28 @@ class ModelSpec(_Strict):
             raise ValueError(f"heads must be a multiple of kv_heads, but got heads={self.heads}, kv_heads={kv}")
         if self.max_positions is not None and self.position != "learned":
             raise ValueError("model.max_positions: only a learned position table has rows; set position: learned")
+        self._experts_fit()
         return self
+
+    def _experts_fit(self) -> None:
+        moe_only = {"experts_per_token": self.experts_per_token, "moe_ffn": self.moe_ffn}
+        moe_only |= {"shared_experts": self.shared_experts or None, "dense_layers": self.dense_layers or None}
+        if not self.experts:
+            given = [k for k, v in moe_only.items() if v is not None]
+            if given:
+                raise ValueError(f"model.{given[0]}: only a mixture of experts has it; set model.experts")
+            return
+        if self.experts < 2:
+            raise ValueError(f"model.experts: {self.experts}; a mixture of experts has at least 2 (0: dense)")
+        if self.experts_per_token is None:
+            raise ValueError("model.experts_per_token: a mixture of experts needs its top-k (1 to experts)")
+        if self.experts_per_token > self.experts:
+            raise ValueError(
+                f"model.experts_per_token: {self.experts_per_token} exceeds experts={self.experts}; "
+                "allowed: 1 to experts"
+            )
+        if self.dense_layers >= self.layers:
+            raise ValueError(f"model.dense_layers: {self.dense_layers}; allowed: 0 to layers-1 = {self.layers - 1}")
 
     def shape(self, name: str = "custom") -> ModelShape:
         return ModelShape(
@@ -102,6 +133,12 @@ class ModelSpec(_Strict):
             position=self.position,
             qk_norm=self.qk_norm,
             max_positions=self.max_positions or 0,
+            experts=self.experts,
+            experts_per_token=self.experts_per_token or 0,
+            moe_ffn=self.moe_ffn or 0,
+            shared_experts=self.shared_experts,
+            dense_layers=self.dense_layers,
+            router=self.router,
         )
 
 
@@ -242,6 +279,9 @@ class SpaceSpec(_Strict):
     virtual_stages: list[int] | None = _space_field("virtual_stages")
     compile: list[bool] | None = _space_field("compile")
     float8: list[bool] | None = _space_field("float8")
+    cp: list[int] | None = _space_field("cp")
+    ep: list[int] | None = _space_field("ep")
+    etp: list[int] | None = _space_field("etp")
 
     @model_validator(mode="before")
     @classmethod

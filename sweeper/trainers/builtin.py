@@ -71,6 +71,9 @@ class Builtin(Trainer):
     # (flash-attn 2 replaced it), so the plan keeps it off the built-in workload
     attention: ClassVar[frozenset[str]] = frozenset(KNOBS["attention"].choices) - {"flash1"}
     runs_command = False
+    # sweeper.trainer.context: each rank gathers the cp group's keys and values and runs SDPA
+    cp_attention = frozenset({"flash2", "sdpa_efficient", "cudnn", "sdpa_math"})
+    expert_tp = "one"  # sweeper.trainer.moe keeps each expert whole on one rank
 
     def parse_log(self, text: str, sweep: Sweep) -> ParsedLog:
         raise TypeError("the built-in trainer reports its steps itself; it has no log to parse")

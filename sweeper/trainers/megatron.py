@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import Field
 
-from sweeper.export import megatron_args, megatron_env, to_megatron
+from sweeper.export import MEGATRON_ATTENTION, megatron_args, megatron_env, to_megatron
 from sweeper.memory import compute_bytes
 from sweeper.trainers.base import EnvNeeds, MemoryOptions, ParsedLog, StateBytes, TableRecipe, Trainer
 
@@ -112,6 +112,11 @@ class Megatron(Trainer):
     # warms up min(pp - rank - 1, m) forwards: fewer micro-batches than stages run, bubble paid
     runs_short_1f1b = True
     exports = {"megatron": to_megatron}
+    # Transformer Engine's DotProductAttention runs context parallelism in its flash and fused
+    # (cuDNN) backends only, not in the unfused one (--attention-backend, see export.MEGATRON_ATTENTION)
+    cp_attention = frozenset(k for k, backend in MEGATRON_ATTENTION.items() if backend != "unfused")
+    expert_tp = "any"  # --expert-tensor-parallel-size is free of --tensor-model-parallel-size
+    ep_tp_needs_sp = True  # validate_args: expert and tensor parallelism need --sequence-parallel
 
     def flags(self, rec: Mapping[str, Any], steps: int) -> list[str]:
         args, _ = megatron_args(rec)

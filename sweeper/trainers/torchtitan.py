@@ -135,6 +135,10 @@ class Torchtitan(Trainer):
     kind = "torchtitan"
     recipe = TorchtitanRecipe()
     exports = {"torchtitan": to_torchtitan, "torchtitan-cli": to_torchtitan_cli}
+    # torch's context_parallel shards SDPA (flash, memory-efficient, cuDNN); the math backend too
+    cp_attention = frozenset({"flash2", "sdpa_efficient", "cudnn", "sdpa_math"})
+    # parallelize: expert tensor parallel is either 1 or the dense tensor-parallel degree
+    expert_tp = "one_or_tp"
 
     def flags(self, rec: Mapping[str, Any], steps: int) -> list[str]:
         args, _ = torchtitan_cli_args(rec)
