@@ -73,6 +73,7 @@ class PlanReason(StrEnum):
     INTERLEAVED_LAYERS = "interleaved_layers"
     INTERLEAVED_MICROBATCHES = "interleaved_microbatches"
     KERNEL_NOT_IN_WORKLOAD = "kernel_not_in_workload"
+    KNOB_NOT_IN_TRAINER = "knob_not_in_trainer"
     FLOAT8_UNSUPPORTED = "float8_unsupported"
     DUPLICATE = "duplicate"  # runs identically to another layout (a knob with no effect there)
     MEMORY = "memory"  # predicted not to fit: the layout is pruned, not invalid
