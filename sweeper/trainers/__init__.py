@@ -30,7 +30,9 @@ from sweeper.trainers.nanotron import Nanotron
 from sweeper.trainers.torchtitan import Torchtitan
 
 # workload.kind -> the trainer; the first is the default kind
-TRAINERS: dict[str, Trainer] = {t.kind: t for t in (Builtin(), Megatron(), Torchtitan(), Nanotron(), DeepSpeed(), Command())}
+TRAINERS: dict[str, Trainer] = {
+    t.kind: t for t in (Builtin(), Megatron(), Torchtitan(), Nanotron(), DeepSpeed(), Command())
+}
 
 # memory.recipe -> the recipe: every trainer's own, and those no trainer defaults to
 RECIPES: dict[str, Recipe] = {r.name: r for r in (*(t.recipe for t in TRAINERS.values()), ExplicitRecipe())}
