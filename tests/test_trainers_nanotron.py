@@ -16,11 +16,13 @@ from sweeper.export import layout_record
 from sweeper.layout import Layout
 from sweeper.perfmodel import MEGATRON_LIKE, predict
 from sweeper.plan import make_plan
+from sweeper.results import ResultsStore
 from sweeper.spec import Sweep
 from sweeper.trainers import TRAINERS
 from sweeper.trainers.megatron import MegatronRecipe
 from sweeper.trainers.nanotron import NANOTRON_TIME, parse_nanotron, to_nanotron
-from tests.conftest import make_sweep
+from tests.conftest import make_sweep, sweep_cli
+from tests.test_export import row as results_row
 
 H100 = {"nodes": 8, "gpus_per_node": 8, "gpu": "h100-sxm"}
 
@@ -190,3 +192,31 @@ def test_its_export_is_a_config_with_its_launch_command():
     assert "# no nanotron field: rmsnorm=eager" in text  # its Llama runs TritonRMSNorm whatever the knob says
     assert TRAINERS["nanotron"].env(rec)[0] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     assert TRAINERS["nanotron"].flags(rec, 10) == []  # run_train.py takes --config-file only
+
+
+def test_sweep_best_writes_the_winner_as_nanotron_config(tmp_path):
+    spec = tmp_path / "t.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "t",
+                "model": "llama-13b",
+                "seq_len": 2048,
+                "global_batch_size": 2048,
+                "cluster": {"nodes": 8, "gpus_per_node": 8, "gpu": "h100-sxm"},
+                "space": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4]},
+                "workload": {"kind": "nanotron", "command": "torchrun run_train.py --config-file cfg.yaml"},
+                "results_dir": str(tmp_path / "results"),
+            }
+        )
+    )
+    store = ResultsStore(tmp_path / "results" / "t")
+    store.ensure()
+    store.write_row(results_row(tp=2, pp=1) | {"trial_number": 0, "mfu": 0.40})
+    store.write_row(results_row(tp=4, pp=2, sequence_parallel=True) | {"trial_number": 1, "mfu": 0.55})
+    got = sweep_cli("best", str(spec), "--format", "nanotron", cwd=tmp_path)
+    assert got.returncode == 0, got.stderr
+    cfg = yaml.safe_load(got.stdout)
+    assert (cfg["parallelism"]["tp"], cfg["parallelism"]["pp"], cfg["parallelism"]["dp"]) == (4, 2, 8)
+    assert cfg["parallelism"]["tp_mode"] == "REDUCE_SCATTER" and cfg["tokens"]["batch_accumulation_per_replica"] == 256
+    assert got.stdout.startswith("# nanotron config: sweep t, trial 1, MFU 55.00%")
