@@ -6,6 +6,8 @@ check of the export is tests/test_export_nanotron.py.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +23,7 @@ from sweeper.spec import Sweep
 from sweeper.trainers import TRAINERS
 from sweeper.trainers.megatron import MegatronRecipe
 from sweeper.trainers.nanotron import NANOTRON_TIME, parse_nanotron, to_nanotron
+from sweeper.workloads import run_external
 from tests.conftest import make_sweep, sweep_cli
 from tests.test_export import row as results_row
 
@@ -220,3 +223,22 @@ def test_sweep_best_writes_the_winner_as_nanotron_config(tmp_path):
     assert (cfg["parallelism"]["tp"], cfg["parallelism"]["pp"], cfg["parallelism"]["dp"]) == (4, 2, 8)
     assert cfg["parallelism"]["tp_mode"] == "REDUCE_SCATTER" and cfg["tokens"]["batch_accumulation_per_replica"] == 256
     assert got.stdout.startswith("# nanotron config: sweep t, trial 1, MFU 55.00%")
+
+
+def test_a_trial_writes_its_config_and_reads_its_log(tmp_path):
+    """`workload.kind: nanotron` end to end through `run_external`, nanotron's run_train.py stood in
+    by tests/standins/nanotron_run_train.py (its config read, its log lines printed)."""
+    standin = Path(__file__).parent / "standins" / "nanotron_run_train.py"
+    s = make_sweep(
+        cluster=H100,
+        workload={"kind": "nanotron", "command": f"{sys.executable} {standin} --config-file {{workdir}}/nanotron.yaml"},
+        trial={"steps": 4},
+    )
+    r = run_external(s, Layout(tp=8, sequence_parallel=True), workdir=tmp_path / "w")
+    assert r.status == "ok", r.error
+    cfg = yaml.safe_load((tmp_path / "w" / "nanotron.yaml").read_text())
+    assert cfg["parallelism"]["tp"] == 8 and cfg["tokens"]["train_steps"] == 4
+    accum = cfg["tokens"]["batch_accumulation_per_replica"]
+    assert accum == 2048 // 8  # 2048 sequences over dp 8, one per micro-batch
+    assert r.step_time_mean_s == pytest.approx(0.1 * accum)  # the stand-in's 100 ms per micro-batch
+    assert r.peak_mem_gib == pytest.approx(2.0)

@@ -178,6 +178,11 @@ class Trainer:
         """`{flags}` of the command: a layout record (`export.layout_record`) as its command-line flags."""
         return []
 
+    def files(self, rec: Mapping[str, Any], sweep: Sweep) -> dict[str, str]:
+        """Files a run of this layout reads (name -> text), written into the trial's folder
+        (`{workdir}` of the command) before the command starts: a trainer configured by a file."""
+        return {}
+
     def order_argv(self, argv: list[str], flags: list[str]) -> list[str]:
         """The filled-in command, reordered where the trainer's parser needs it."""
         return argv

@@ -8,8 +8,8 @@ parallel/pipeline_parallel/engine.py and models/llama.py. Its memory is held as 
 recipe holds it (`MegatronRecipe`, see `Nanotron.recipe`).
 
 A nanotron run reads one YAML file (`run_train.py --config-file F`; no other command-line
-option), so as a workload it takes no `{flags}`: the command writes its config from the
-placeholders (`{tp}`, `{micro_batch_size}`, ...) or `sweep best --format nanotron` gives the file.
+option), so as a workload it takes no `{flags}`: each trial's config is written into its folder as
+`nanotron.yaml` (`Nanotron.files`), which the command names as `{workdir}/nanotron.yaml`.
 """
 
 from __future__ import annotations
@@ -179,7 +179,8 @@ def to_nanotron(row: Mapping[str, Any], sweep: Sweep) -> str:
     rec = layout_record(row, sweep)
     config, notes = nanotron_config(rec, sweep)
     lines = [
-        f"# nanotron config: sweep {sweep.name}, trial {rec['trial_number']}"
+        f"# nanotron config: sweep {sweep.name}"
+        + (f", trial {rec['trial_number']}" if rec["trial_number"] is not None else "")
         + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else ""),
         f"# fields of huggingface/nanotron src/nanotron/config/ at {NANOTRON_COMMIT[:8]}",
         f"# launch, on every node, from nanotron's repository: {launch_command(rec, sweep)}",
@@ -277,6 +278,9 @@ class Nanotron(Trainer):
                 "CUDA_DEVICE_MAX_CONNECTIONS=1: nanotron's async tensor-parallel linear layers assert it"
             ]
         return {}, []
+
+    def files(self, rec: Mapping[str, Any], sweep: Sweep) -> dict[str, str]:
+        return {"nanotron.yaml": to_nanotron(rec, sweep)}
 
     def parse_log(self, text: str, sweep: Sweep) -> ParsedLog:
         return parse_nanotron(text)
