@@ -31,10 +31,10 @@ if TYPE_CHECKING:
 
 NANOTRON_COMMIT = "c252843039cc167ff8d6894b87172af4637eb14b"  # 2025-03-10
 
-# How nanotron's steps depart from Megatron-LM's (sweeper.perfmodel.TimeTraits). The three costs
-# were chosen on the FIT cells of the ultrascale sweep only (benchmarks/throughput_accuracy.py
-# reports the held-out cells apart), by a grid over their values; each is a measured behaviour,
-# not a mechanism traced to a line of nanotron.
+# How nanotron's steps depart from Megatron-LM's (sweeper.perfmodel.TimeTraits). The costs were
+# chosen on the FIT cells of the ultrascale sweep only (benchmarks/throughput_accuracy.py reports
+# the held-out cells apart), by grids over their values; each is a measured behaviour, not a
+# mechanism traced to a line of nanotron.
 NANOTRON_TIME = TimeTraits(
     # ZeRO-0 with pp > 1 pays its data-parallel gradient reduction every micro-batch: in the sweep,
     # ZeRO-1 over ZeRO-0 at the same layout is 1.0x (median) at pp = 1 and up to 63x at pp > 1,
@@ -48,8 +48,8 @@ NANOTRON_TIME = TimeTraits(
     # held-out 0.81 -> 0.82, held-out median |error| 39 % -> 35 %; microbatch_s stays 1 ms)
     tp_collective_s=1e-4,
     tp_collective_pp_s=3e-4,
-    # at pp > 1 each micro-batch pays a cost growing with the square of the nodes (~1.3 s per step
-    # at 64 nodes, at any model size)
+    # at pp > 1 each micro-batch pays a cost growing with the square of the nodes (0.4 s per
+    # micro-batch at 64 nodes, at any model size)
     pp_microbatch_s_per_node_sq=1e-4,
     # within 10 % of the card its steps run up to 2x slower (the caching allocator's retries; the
     # sweep shows 4x at the median there, 1x chosen)
