@@ -3,10 +3,10 @@
 Reads ../shared/data/ (each folder's README names every source and says what is inferred):
 
 - `ultrascale`: the Ultra-Scale Playbook sweep (nanotron, 1-64 nodes of 8xH100); each (model,
-  nodes) cell is one sweep, written as `../shared/checks/_ultrascale.py` writes it (megatron
-  memory recipe, SP at tp > 1, flash2, no checkpointing; tp above a node or more stages than
-  layers left out, counted) with `workload.kind: nanotron`, the trainer that measured it: its
-  rules and its step-time traits (`sweeper.trainers.nanotron`). The same rows predicted with the
+  nodes) cell is one sweep, written as `../shared/checks/_ultrascale.py` writes it (SP at tp > 1,
+  flash2, no checkpointing; tp above a node or more stages than layers left out, counted) with
+  `workload.kind: nanotron`, the trainer that measured it: its rules, memory recipe and step-time
+  traits (`sweeper.trainers.nanotron`). The same rows predicted with the
   built-in trainer's traits (what `../shared/checks/throughput` measures, its sweep files having
   no workload) are printed beside them. Ranked by tokens/s/GPU (the data's MFU counts tied
   embeddings twice at pp > 1);
@@ -143,9 +143,10 @@ def ultrascale(skipped: list[tuple[str, str, str]]) -> Iterator[Group]:
             },
             "cluster": {"nodes": int(nodes), "gpus_per_node": 8, "gpu": "h100-sxm"},
             "space": {"tp": [1], "sequence_parallel": [True], "attention": ["flash2"]},
-            "memory": {"recipe": "megatron"},
         }
-        sweep, builtin = parse(spec | {"workload": NANOTRON_WORKLOAD}), parse(spec)
+        # nanotron's sweep takes its trainer's memory recipe; the built-in one's as the check writes it
+        sweep = parse(spec | {"workload": NANOTRON_WORKLOAD})
+        builtin = parse(spec | {"memory": {"recipe": "megatron"}})
         lays = [
             Layout(
                 tp=int(r.tp),

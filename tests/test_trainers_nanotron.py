@@ -16,13 +16,13 @@ import yaml
 
 from sweeper.export import layout_record
 from sweeper.layout import Layout
+from sweeper.memory import estimate
 from sweeper.perfmodel import MEGATRON_LIKE, predict
 from sweeper.plan import make_plan
 from sweeper.results import ResultsStore
 from sweeper.spec import Sweep
 from sweeper.trainers import TRAINERS
-from sweeper.trainers.megatron import MegatronRecipe
-from sweeper.trainers.nanotron import NANOTRON_TIME, parse_nanotron, to_nanotron
+from sweeper.trainers.nanotron import NANOTRON_TIME, NanotronRecipe, parse_nanotron, to_nanotron
 from sweeper.workloads import run_external
 from tests.conftest import make_sweep, sweep_cli
 from tests.test_export import row as results_row
@@ -46,8 +46,21 @@ def rejection(layout: Layout, sweep: Sweep) -> tuple[str | None, str]:
 def test_the_trainer_object_carries_its_recipe_kernels_and_traits():
     s = nanotron_sweep()
     assert s.trainer is TRAINERS["nanotron"] and s.trainer.time is NANOTRON_TIME
-    # memory as Megatron-LM's recipe holds it: 2 + 4 + (4 + 8) bytes, master and Adam sharded by ZeRO-1
-    assert isinstance(s.trainer.recipe, MegatronRecipe) and s.memory.recipe == "megatron"
+    assert isinstance(s.trainer.recipe, NanotronRecipe) and s.memory.recipe == "nanotron"
+    # model states as Megatron-LM's table: 2 + 4 + (4 + 8) bytes, master and Adam sharded by ZeRO-1
+    megatron = make_sweep(cluster=H100, workload={"kind": "megatron", "command": "run {flags}"})
+    for sharding in ("none", "zero1"):
+        assert s.trainer.recipe.table(s, sharding) == megatron.trainer.recipe.table(megatron, sharding)
+    assert s.trainer.recipe.table(s, "zero1").sharded == ["master", "optimizer"]
+    # its loss keeps an fp32 cast beside the kept softmax at the peak: 4 bytes per logit more than Megatron-LM's
+    cols = Layout().columns(s)
+    assert s.trainer.recipe.loss_bytes(cols, s) == (4.0, 6.0)
+    assert megatron.trainer.recipe.loss_bytes(cols, megatron) == (4.0, 2.0)
+    est, est_mg = estimate(cols, s), estimate(cols, megatron)
+    assert float(est.logits[0]) > float(est_mg.logits[0])
+    assert float(est.weights[0] + est.grads[0] + est.optimizer[0]) == pytest.approx(
+        float(est_mg.weights[0] + est_mg.grads[0] + est_mg.optimizer[0])
+    )
     assert s.trainer.attention == {"flash2"}
     assert NANOTRON_TIME != MEGATRON_LIKE and NANOTRON_TIME.grad_sync_per_microbatch_pp
 
