@@ -3,16 +3,19 @@
 Reads ../shared/data/ (each folder's README names every source and says what is inferred):
 
 - `ultrascale`: the Ultra-Scale Playbook sweep (nanotron, 1-64 nodes of 8xH100); each (model,
-  nodes) cell is one sweep, written as `../shared/checks/_ultrascale.py` writes it (megatron
-  memory recipe, SP at tp > 1, flash2, no checkpointing; tp above a node or more stages than
-  layers left out, counted). Ranked by tokens/s/GPU (the data's MFU counts tied embeddings twice
-  at pp > 1);
+  nodes) cell is one sweep, written as `../shared/checks/_ultrascale.py` writes it (SP at tp > 1,
+  flash2, no checkpointing; tp above a node or more stages than layers left out, counted) with
+  `workload.kind: nanotron`, the trainer that measured it: its rules, memory recipe and step-time
+  traits (`sweeper.trainers.nanotron`). The same rows predicted with the
+  built-in trainer's traits (what `../shared/checks/throughput` measures, its sweep files having
+  no workload) are printed beside them. Ranked by tokens/s/GPU (the data's MFU counts tied
+  embeddings twice at pp > 1);
 - `nvidia-perf`: NVIDIA's tuned Megatron-Core layouts (dense Llama rows with a stated layout);
 - `llm-foundry`: MosaicML's MPT FSDP tables (A100 40/80 GB, H100);
 - `small-matched`: torchtitan's vanilla-TP rows and Megatron-Bridge's Llama 3 70B SFT rows.
 
 Measured step time = global batch x sequence / (tokens/s/GPU x GPUs) (TFLOP/s rows: our FLOPs per
-token over the measured TFLOP/s). Predicted: `perfmodel.predict(...).total`, uncalibrated.
+token over the measured TFLOP/s). Predicted: `perfmodel.predict(...).total`, uncalibrated, with the sweep's trainer's traits.
 
 Hold-out: every row belongs to the FIT part or the HELD-OUT part by a CRC32 of its sweep's id
 (ultrascale: the whole (model, nodes) cell; other sources: the row), fixed for ever. The model's
@@ -39,18 +42,12 @@ import yaml
 from sweeper.errors import SpecError
 from sweeper.flops import model_flops_per_token
 from sweeper.layout import RULES, Layout, with_derived
-from sweeper.perfmodel import Calibration, StepTime, TimeTraits, calibrate, predict
+from sweeper.perfmodel import Calibration, StepTime, calibrate, predict
 from sweeper.spec import Sweep, parse_sweep
+from sweeper.trainers import TRAINERS
 
-# nanotron's time traits, as the ultrascale sweep measures them (chosen on its FIT cells only, by a
-# grid over the three values): ZeRO-0 with pp > 1 reduces gradients every micro-batch (up to 40x
-# slower than ZeRO-1); its TP collectives under the pipeline engine cost ~0.3 ms each; at pp > 1
-# each micro-batch pays a cost growing with the square of the nodes (~1.3 s at 64 nodes, at any
-# model size); within 10 % of the card its steps run up to 2x slower (allocator retries; 4x median
-# in the data, 1x chosen). For a nanotron trainer object to carry (sweeper.perfmodel.TimeTraits).
-NANOTRON = TimeTraits(
-    tp_collective_pp_s=3e-4, grad_sync_per_microbatch_pp=True, pp_microbatch_s_per_node_sq=1e-4, memory_pressure=1.0
-)
+# the trainer that measured the ultrascale sweep (its rules and step-time traits come with it)
+NANOTRON_WORKLOAD = {"kind": "nanotron", "command": "torchrun run_train.py --config-file config.yaml"}
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")
 SOURCES = ("ultrascale", "nvidia-perf", "llm-foundry", "small-matched")
 
@@ -66,8 +63,9 @@ class Group:
     measured_s: np.ndarray
     labels: list[str]
     invalid: list[str] = field(default_factory=list)  # rule messages for measured rows our rules refuse
-    pred: StepTime | None = None
-    pred_trainer: StepTime | None = None  # with the measuring trainer's traits (nanotron for ultrascale)
+    invalid_builtin: list[str] = field(default_factory=list)  # the same under the built-in trainer's rules
+    pred: StepTime | None = None  # with the sweep's trainer's traits (nanotron for ultrascale)
+    pred_builtin: StepTime | None = None  # with the built-in trainer's traits
 
     @property
     def held_out(self) -> bool:
@@ -130,25 +128,25 @@ def ultrascale(skipped: list[tuple[str, str, str]]) -> Iterator[Group]:
         if g.empty:
             continue
         f = g.iloc[0]
-        sweep = parse(
-            {
-                "name": "acc",
-                "seq_len": int(f.seq_len),
-                "global_batch_size": int(f.global_batch_size),
-                "model": {
-                    "layers": int(f.layers),
-                    "hidden": int(f.hidden),
-                    "heads": int(f.heads),
-                    "kv_heads": int(f.heads),
-                    "ffn": int(f.ffn),
-                    "vocab": int(f.vocab),
-                    "tied_embeddings": bool(f.tied_embeddings),
-                },
-                "cluster": {"nodes": int(nodes), "gpus_per_node": 8, "gpu": "h100-sxm"},
-                "space": {"tp": [1], "sequence_parallel": [True], "attention": ["flash2"]},
-                "memory": {"recipe": "megatron"},
-            }
-        )
+        spec = {
+            "name": "acc",
+            "seq_len": int(f.seq_len),
+            "global_batch_size": int(f.global_batch_size),
+            "model": {
+                "layers": int(f.layers),
+                "hidden": int(f.hidden),
+                "heads": int(f.heads),
+                "kv_heads": int(f.heads),
+                "ffn": int(f.ffn),
+                "vocab": int(f.vocab),
+                "tied_embeddings": bool(f.tied_embeddings),
+            },
+            "cluster": {"nodes": int(nodes), "gpus_per_node": 8, "gpu": "h100-sxm"},
+            "space": {"tp": [1], "sequence_parallel": [True], "attention": ["flash2"]},
+        }
+        # nanotron's sweep takes its trainer's memory recipe; the built-in one's as the check writes it
+        sweep = parse(spec | {"workload": NANOTRON_WORKLOAD})
+        builtin = parse(spec | {"memory": {"recipe": "megatron"}})
         lays = [
             Layout(
                 tp=int(r.tp),
@@ -163,7 +161,7 @@ def ultrascale(skipped: list[tuple[str, str, str]]) -> Iterator[Group]:
         measured = (g.global_batch_size * g.seq_len / (g.tps * g.gpus)).to_numpy(float)
         cols = columns(lays, sweep)
         labels = [f"tp{r.tp} pp{r.pp} mbs{r.micro_batch_size} {r.sharding}" for r in g.itertuples()]
-        yield Group("ultrascale", cell, sweep, cols, measured, labels, refused(cols, sweep))
+        yield Group("ultrascale", cell, sweep, cols, measured, labels, refused(cols, sweep), refused(cols, builtin))
 
 
 # ---- nvidia-perf ------------------------------------------------------------------------------
@@ -426,8 +424,9 @@ def main() -> int:
     groups: list[Group] = []
     for make in (ultrascale, nvidia, foundry, small):
         for g in make(skipped):
-            g.pred = predict(g.cols, g.sweep)
-            g.pred_trainer = predict(g.cols, g.sweep, traits=NANOTRON) if g.source == "ultrascale" else g.pred
+            g.pred = predict(g.cols, g.sweep)  # the sweep's trainer's traits
+            builtin = TRAINERS["builtin"]
+            g.pred_builtin = g.pred if g.sweep.trainer is builtin else predict(g.cols, g.sweep, traits=builtin.time)
             groups.append(g)
 
     # calibration scales fitted per source on its FIT part (what the search does within one sweep)
@@ -467,22 +466,22 @@ def main() -> int:
         + ", ".join(f"{s} compute x{k.compute_scale:.2f} comm x{k.comm_scale:.2f}" for s, k in fitted.items())
     )
 
-    nano = [g for g in groups if g.source == "ultrascale" and g.pred_trainer is not None]
+    us_groups = [g for g in groups if g.source == "ultrascale" and g.pred_builtin is not None]
     for part, sel in (("fit", False), ("held-out", True)):
-        err = np.concatenate([g.pred_trainer.total / g.measured_s - 1 for g in nano if g.held_out == sel])
-        print(error_line(f"ultrascale {part}, nanotron traits", err))
+        err = np.concatenate([g.pred_builtin.total / g.measured_s - 1 for g in us_groups if g.held_out == sel])
+        print(error_line(f"ultrascale {part}, built-in's traits", err))
 
     print(
         f"\n{'sweep':<34} {'part':<9} {'rows':>5} {'spearman':>9} {'pred-best/best':>15} {'rank of best':>13}"
-        "   | with the trainer's traits"
+        "   | with the built-in trainer's traits"
     )
     cells: list[dict[str, Any]] = []
     for g in groups:
-        if len(g.measured_s) < 3 or g.pred is None or g.pred_trainer is None:
+        if len(g.measured_s) < 3 or g.pred is None or g.pred_builtin is None:
             continue
         tps = 1 / g.measured_s
         c = {"source": g.source, "sweep": g.sweep_id, "held_out": g.held_out, "rows": len(tps)}
-        for tag, pred in (("", g.pred), ("t_", g.pred_trainer)):
+        for tag, pred in (("", g.pred), ("b_", g.pred_builtin)):
             pred_tps = 1 / pred.total
             order = np.argsort(-pred_tps, kind="stable")
             c[tag + "rank"] = int(np.flatnonzero(order == int(np.argmax(tps)))[0]) + 1
@@ -492,7 +491,7 @@ def main() -> int:
         part = "held-out" if g.held_out else "fit"
         print(
             f"{g.source + ' ' + g.sweep_id:<34} {part:<9} {c['rows']:>5} {c['rho']:>9.2f} {c['best']:>15.3f} "
-            f"{c['rank']:>13}   | {c['t_rho']:>5.2f} {c['t_best']:>6.3f} {c['t_rank']:>4}"
+            f"{c['rank']:>13}   | {c['b_rho']:>5.2f} {c['b_best']:>6.3f} {c['b_rank']:>4}"
         )
     if show_rows:
         for g in groups:
@@ -508,30 +507,35 @@ def main() -> int:
     for why, n in reasons.items():
         print(f"  {n:>4}  {why}")
     refusals = [(g.source, m) for g in groups for m in g.invalid]
-    print(f"measured rows our validity rules refuse (predicted anyway): {len(refusals)}")
+    print(f"measured rows our validity rules refuse for the trainer that ran them (predicted anyway): {len(refusals)}")
     for why, n in pd.Series([f"{s}: {m}" for s, m in refusals]).value_counts().head(8).items():
+        print(f"  {n:>4}  {why}")
+    builtin_refusals = pd.Series([m for g in groups for m in g.invalid_builtin]).value_counts()
+    print(f"ultrascale rows the built-in trainer's rules would refuse: {int(builtin_refusals.sum())}")
+    for why, n in builtin_refusals.head(4).items():
         print(f"  {n:>4}  {why}")
 
     us = pd.DataFrame([c for c in cells if c["source"] == "ultrascale"])
     print("")
     for part, sel in (("fit", False), ("held-out", True)):
         p = us[us.held_out == sel]
-        for tag, name in (("", "default traits"), ("t_", "nanotron traits")):
+        for tag, name in (("", "nanotron trainer"), ("b_", "built-in trainer's traits")):
             print(
                 f"ultrascale {part} cells ({len(p)}), {name}: spearman median {p[tag + 'rho'].median():.2f}, "
                 f"worst {p[tag + 'rho'].min():.2f}; predicted best {p[tag + 'best'].median():.3f} of the best "
                 f"(worst {p[tag + 'best'].min():.3f})"
             )
-    nano_err = np.concatenate([g.pred_trainer.total / g.measured_s - 1 for g in nano])
+    builtin_err = np.concatenate([g.pred_builtin.total / g.measured_s - 1 for g in us_groups])
     print(
-        f"ultrascale all {len(us)} cells with nanotron's traits: spearman median {us.t_rho.median():.2f}, worst "
-        f"{us.t_rho.min():.2f}; predicted best {us.t_best.median():.3f} of the best, worst {us.t_best.min():.3f}; "
-        f"median |step-time error| {100 * np.median(np.abs(nano_err)):.1f}%"
+        f"ultrascale all {len(us)} cells with the built-in trainer's traits (as ../shared/checks/throughput): "
+        f"spearman median {us.b_rho.median():.2f}, worst {us.b_rho.min():.2f}; predicted best "
+        f"{us.b_best.median():.3f} of the best, worst {us.b_best.min():.3f}; "
+        f"median |step-time error| {100 * np.median(np.abs(builtin_err)):.1f}%"
     )
     errs = ", ".join(f"{s} {m:.1f}% (p90 {q:.1f}%)" for s, (m, q) in lines.items())
     print(f"median |step-time error| uncalibrated (goal <= 15% each): {errs}")
     print(
-        f"ultrascale all {len(us)} cells: spearman median {us.rho.median():.2f} (goal >= 0.8), worst {us.rho.min():.2f} "
+        f"ultrascale all {len(us)} cells, nanotron trainer: spearman median {us.rho.median():.2f} (goal >= 0.8), worst {us.rho.min():.2f} "
         f"(goal >= 0.6); predicted best reaches {us.best.median():.3f} of the best, worst {us.best.min():.3f} "
         f"(goal >= 0.9 everywhere); best ranked first in {int((us['rank'] == 1).sum())}/{len(us)}"
     )

@@ -27,6 +27,7 @@ PLACEHOLDERS = frozenset(
         "node_rank",
         "master_addr",
         "master_port",
+        "workdir",
         "flags",
         *KNOBS,
     }

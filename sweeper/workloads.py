@@ -3,7 +3,8 @@
 The sweep file says `workload: {kind: megatron | torchtitan | deepspeed | command, command: "..."}`. The
 command is a template: `{flags}` expands to the layout as the trainer's own flags, and
 `{tp}`, `{pp}`, `{dp}`, `{micro_batch_size}`, `{grad_accum}`, `{global_batch_size}`,
-`{seq_len}`, `{steps}`, `{nproc}`, `{nnodes}`, `{node_rank}`, `{master_addr}`, `{master_port}`
+`{seq_len}`, `{steps}`, `{nproc}`, `{nnodes}`, `{node_rank}`, `{master_addr}`, `{master_port}`,
+`{workdir}` (the trial's folder, where the files a trainer reads are written: `Trainer.files`)
 and every knob to their values. Locally the command runs once; on SLURM once per node (one
 task per node, e.g. `torchrun --nnodes {nnodes} --node-rank {node_rank} ...`). It is split like a shell line but run without a shell, so a value can never inject
 a command. Its log is parsed in the trainer's own format, the 10-step protocol applied
@@ -50,7 +51,7 @@ def classify_failure(text: str) -> tuple[str, str]:
     return FAILED, f"the workload produced too few steps\n{tail}".strip()
 
 
-def placeholders(sweep: Sweep, layout: Layout) -> dict[str, str]:
+def placeholders(sweep: Sweep, layout: Layout, workdir: Path | None = None) -> dict[str, str]:
     """Values a command template may use."""
     world = sweep.cluster.world
     resolved = layout.resolve(sweep)
@@ -68,14 +69,15 @@ def placeholders(sweep: Sweep, layout: Layout) -> dict[str, str]:
         node_rank=os.environ.get("SLURM_NODEID", "0"),
         master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
         master_port=os.environ.get("MASTER_PORT") or free_port(),
+        workdir=str(workdir.resolve()) if workdir is not None else ".",
     )
     return {k: str(v) for k, v in values.items()}
 
 
-def render_command(template: str, sweep: Sweep, layout: Layout, kind: str) -> list[str]:
+def render_command(template: str, sweep: Sweep, layout: Layout, kind: str, workdir: Path | None = None) -> list[str]:
     """argv of the workload: the template split like a shell line, each word filled in; `{flags}`
     (a word of its own) becomes the layout's flags for the trainer of `kind`."""
-    values = placeholders(sweep, layout)
+    values = placeholders(sweep, layout, workdir)
     trainer = TRAINERS[kind]
     # the layout as the trainer's command-line flags (the same mapping as `sweep best --format`)
     flags = trainer.flags(layout_record(layout.resolve(sweep).as_fields(), sweep), sweep.trial.steps)
@@ -124,8 +126,14 @@ def run_external(sweep: Sweep, layout: Layout, *, workdir: Path, timeout_s: floa
     limit = timeout_s if timeout_s is not None else sweep.trial.timeout_min * 60
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "workload.log"
+    rec = layout_record(layout.resolve(sweep).as_fields(), sweep)
+    for name, text in sweep.trainer.files(rec, sweep).items():
+        # on SLURM every node's task writes the same text: a whole file replaces, never half of one
+        tmp = workdir / f".{name}.{os.getpid()}"
+        tmp.write_text(text)
+        os.replace(tmp, workdir / name)
     try:
-        argv = render_command(wl.command, sweep, layout, wl.kind)
+        argv = render_command(wl.command, sweep, layout, wl.kind, workdir)
     except ValueError as e:
         return without_run(sweep, layout, status=FAILED, error=str(e))
     env, env_notes = workload_env(sweep, layout)

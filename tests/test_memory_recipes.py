@@ -195,7 +195,7 @@ def test_uneven_stage_step_time_paces_the_busiest_stage():
     [
         (
             {"recipe": "warp"},
-            "memory.recipe: 'warp' not allowed; allowed: builtin, megatron, torchtitan, deepspeed, explicit",
+            "memory.recipe: 'warp' not allowed; allowed: builtin, megatron, torchtitan, nanotron, deepspeed, explicit",
         ),
         ({"recipe": "explicit", "bytes": {"params": -2, "grads": 2, "optimizer": 8}}, "memory.bytes.params"),
         ({"recipe": "explicit"}, "memory.bytes is required"),

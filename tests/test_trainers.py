@@ -39,6 +39,14 @@ TITAN_LOG = (
     "step:  2  loss:  6.1098  grad_norm:  4.6416  memory:  2.49GiB(3.14%)  tps: 177,138  tflops: 96.17  mfu: 9.72%\n"
 )
 
+# src/nanotron/logging.py LoggerWriter.add_scalars_from_list at c2528430 (tests/test_trainers_nanotron.py)
+NANOTRON_LOG = (
+    "11/24/2026 19:00:01 [INFO|DP=0|PP=1|TP=0]: iteration: 1 / 10 | consumed_tokens: 3.15M | "
+    "elapsed_time_per_iteration_ms: 4.57K | tokens_per_sec: 689K | lm_loss: 11.9 | model_tflops_per_gpu: 98.4\n"
+    "11/24/2026 19:00:02 [INFO|DP=0|PP=1|TP=0]: iteration: 2 / 10 | consumed_tokens: 6.29M | "
+    "elapsed_time_per_iteration_ms: 1.23K | tokens_per_sec: 2.55M | lm_loss: 10.9 | model_tflops_per_gpu: 389\n"
+)
+
 
 def sweep_of(kind: str, **memory: Any):
     command = kind not in TRAINERS or TRAINERS[kind].runs_command
@@ -55,7 +63,7 @@ def sweep_of(kind: str, **memory: Any):
 
 
 def test_registry_keys_are_the_allowed_workload_kinds():
-    assert {"builtin", "megatron", "torchtitan", "deepspeed", "command"} <= set(TRAINERS)
+    assert {"builtin", "megatron", "torchtitan", "nanotron", "deepspeed", "command"} <= set(TRAINERS)
     assert next(iter(TRAINERS)) == "builtin" and sweep_of("builtin").workload.kind == "builtin"  # the default
     with pytest.raises(SpecError) as e:
         sweep_of("nope")
@@ -104,7 +112,7 @@ def test_trainer_contract(kind: str):
     # processes per node, and the log it reads
     assert trainer.tasks_per_node(8) == (1 if trainer.runs_command else 8)
     if trainer.runs_command:
-        parsed = trainer.parse_log(MEGATRON_LOG + TITAN_LOG, s)
+        parsed = trainer.parse_log(MEGATRON_LOG + TITAN_LOG + NANOTRON_LOG, s)
         assert isinstance(parsed, ParsedLog) and len(parsed.step_times_s) == 2 and len(parsed.losses) == 2
 
 

@@ -20,6 +20,7 @@ class Format(StrEnum):
     torchtitan = "torchtitan"
     torchtitan_cli = "torchtitan-cli"
     megatron = "megatron"
+    nanotron = "nanotron"
 
 
 def best(
@@ -30,7 +31,7 @@ def best(
         typer.Option(
             "--format",
             "-f",
-            help="table, json, yaml (the winner's layout), torchtitan (0.2.x TOML), torchtitan-cli (0.3.x overrides) or megatron (flags)",
+            help="table, json, yaml (the winner's layout), torchtitan (0.2.x TOML), torchtitan-cli (0.3.x overrides), megatron (flags) or nanotron (YAML config)",
         ),
     ] = Format.table,
     results: Annotated[
@@ -61,7 +62,7 @@ def best(
             "layout": _winner_layout(rows, root, spec),
         }
         typer.echo(json.dumps(doc, indent=2))
-    elif fmt in (Format.yaml, Format.torchtitan, Format.torchtitan_cli, Format.megatron):
+    elif fmt in (Format.yaml, Format.torchtitan, Format.torchtitan_cli, Format.megatron, Format.nanotron):
         typer.echo(_export_winner(rows, root, spec, fmt.value), nl=False)
     else:
         from sweeper.cli.render import print_best

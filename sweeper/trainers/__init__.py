@@ -26,10 +26,13 @@ from sweeper.trainers.command import Command
 from sweeper.trainers.deepspeed import DeepSpeed
 from sweeper.trainers.explicit import ExplicitRecipe
 from sweeper.trainers.megatron import Megatron
+from sweeper.trainers.nanotron import Nanotron
 from sweeper.trainers.torchtitan import Torchtitan
 
 # workload.kind -> the trainer; the first is the default kind
-TRAINERS: dict[str, Trainer] = {t.kind: t for t in (Builtin(), Megatron(), Torchtitan(), DeepSpeed(), Command())}
+TRAINERS: dict[str, Trainer] = {
+    t.kind: t for t in (Builtin(), Megatron(), Torchtitan(), Nanotron(), DeepSpeed(), Command())
+}
 
 # memory.recipe -> the recipe: every trainer's own, and those no trainer defaults to
 RECIPES: dict[str, Recipe] = {r.name: r for r in (*(t.recipe for t in TRAINERS.values()), ExplicitRecipe())}

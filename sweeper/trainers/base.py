@@ -162,6 +162,8 @@ class Trainer:
     # (the built-in trainer, torchtitan) raises "Number of microbatches must be greater than or equal
     # to the number of stages"; an unknown command is not assumed to run it
     runs_short_1f1b: ClassVar[bool] = False
+    # knob values it has no way to run, each with the reason the plan gives (rule knob_not_in_trainer)
+    lacks: ClassVar[Mapping[str, Mapping[Any, str]]] = {}
     runs_command: ClassVar[bool] = True  # an external command (workload.command), not the built-in runner
     exports: ClassVar[Mapping[str, Exporter]] = {}  # `sweep best --format` name -> the winner in its form
     # where its step time departs from the common model (sweeper.perfmodel); Megatron-LM's by default
@@ -187,9 +189,19 @@ class Trainer:
         allowed = "1" if self.expert_tp == "one" else f"1 or tp = {tp}"
         return f"the {self.kind} trainer runs etp = {allowed} only, not etp = {etp} (tp = {tp})"
 
+    def fewest_1f1b_microbatches(self, pp: np.ndarray) -> np.ndarray:
+        """The fewest micro-batches its non-interleaved 1F1B runs with `pp` stages: one where it
+        runs fewer than stages (`runs_short_1f1b`), else one per stage."""
+        return np.where(self.runs_short_1f1b, 1, pp)
+
     def flags(self, rec: Mapping[str, Any], steps: int) -> list[str]:
         """`{flags}` of the command: a layout record (`export.layout_record`) as its command-line flags."""
         return []
+
+    def files(self, rec: Mapping[str, Any], sweep: Sweep) -> dict[str, str]:
+        """Files a run of this layout reads (name -> text), written into the trial's folder
+        (`{workdir}` of the command) before the command starts: a trainer configured by a file."""
+        return {}
 
     def order_argv(self, argv: list[str], flags: list[str]) -> list[str]:
         """The filled-in command, reordered where the trainer's parser needs it."""
