@@ -34,6 +34,7 @@ from sweeper.perfmoe import (
     moe_permute_bytes,
     reduction_groups,
     routed_flops_per_token,
+    tp_block_share,
 )
 from sweeper.stages import pipeline_shapes, stage_layers
 
@@ -115,7 +116,7 @@ PART_LABELS = {
     "optimizer": "optimizer step",
     "tp_comm": "tensor-parallel comm",
     "cp_comm": "context-parallel K/V exchange (exposed)",
-    "ep_comm": "expert all-to-all",
+    "ep_comm": "expert dispatch (all-to-all, expert-tp gathers)",
     "pp_comm": "pipeline comm",
     "dp_comm": "data-parallel comm (exposed)",
     "dp_hidden": "data-parallel comm (hidden)",
@@ -191,11 +192,15 @@ def predict(
     q = m.q_dim
     routed = routed_flops_per_token(m)  # the routed experts: grouped GEMMs at their own size
     matmul = (model_flops_per_token(m, s) - 12.0 * L * q * s - routed) * per_flop
-    expert_matmul = np.zeros(len(tp))
+    expert_per_flop = np.zeros(len(tp))
     if routed:
         expert_eff = gemm_efficiency_at(expert_gemm_size(cols, sweep), cols, sweep)
-        expert_matmul = routed * tokens_gpu * imbalance * expert_imbalance(cols) / (peak * expert_eff)
-    re_flops = np.select([full, mode == "ffn"], [recompute_flops_per_token(m, s, "full"), 2.0 * L * m.mlp_params], 0.0)
+        expert_per_flop = tokens_gpu * imbalance * expert_imbalance(cols) / (peak * expert_eff)
+    expert_matmul = routed * expert_per_flop
+    re_flops = np.select(
+        [full, mode == "ffn"], [recompute_flops_per_token(m, s, "full"), recompute_flops_per_token(m, s, "ffn")], 0.0
+    )
+    re_routed = np.where(full | (mode == "ffn"), routed / 3.0, 0.0)  # the routed experts' forward again
 
     # --- attention: flash-like at a share of peak; score kernels add s x s HBM traffic -------
     kernel = cols["attention"]
@@ -212,7 +217,8 @@ def predict(
         gpu.hbm_gbps * GIGA
     )
     re_attention = np.where(full, 4.0 * L * q * s, 0.0) * attn_per_flop
-    recompute_matmul = (re_flops - np.where(full, 4.0 * L * q * s, 0.0)) * per_flop
+    recompute_matmul = (re_flops - np.where(full, 4.0 * L * q * s, 0.0) - re_routed) * per_flop
+    recompute_matmul = recompute_matmul + re_routed * expert_per_flop
 
     # --- elementwise: norms (replicated over tp without sequence parallel), RoPE, SwiGLU ----
     sp = cols["effective_sp"]
@@ -255,7 +261,7 @@ def predict(
         4.0 * np.where(full, 1.5, 1.0) * 2 * (tp - 1) / tp * act_bytes / (intra * GIGA) + n_coll * latency,
         0.0,
     )
-    tp_comm = tp_per_block * per_mb_layers * (1 + bubble_share)
+    tp_comm = tp_per_block * per_mb_layers * (1 + bubble_share) * tp_block_share(m)
 
     # --- context parallel's K/V exchange (a ring hides behind the attention of the remote chunks)
     # and the experts' token all-to-alls (sweeper.perfmoe) ------------------------------------

@@ -89,6 +89,13 @@ def moe_permute_bytes(m: ModelShape, e: float) -> float:
     return moe_block_share(m) * 4 * (m.experts_per_token + 1) * m.hidden * e
 
 
+def tp_block_share(m: ModelShape) -> float:
+    """Share of a dense block's tensor-parallel traffic an average block pays: a MoE block's MLP
+    runs none (its sequence-parallel tokens go to the router and the all-to-all as they are; the
+    expert-tp gathers are the dispatch's, `ep_alltoall`), only its attention's half."""
+    return 1.0 - moe_block_share(m) / 2
+
+
 def mlp_elementwise_width(m: ModelShape) -> float:
     """Width of the MLP's elementwise work per token, averaged over blocks: ffn in a dense block,
     the top-k and shared experts' widths in a MoE block."""
@@ -135,8 +142,12 @@ def ep_alltoall(cols: Columns, sweep: Sweep, e: float, passes: np.ndarray) -> np
         return np.zeros(len(cols["ep"]))
     tokens = rank_tokens(cols, sweep) / np.where(cols["effective_sp"], cols["tp"], 1)
     nbytes = tokens * m.experts_per_token * m.hidden * e
-    one = alltoall_s(nbytes, cols["ep"].astype(float), cols["etp"].astype(float), cl.gpu, cl.gpus_per_node)
-    return passes * moe_block_share(m) * 2 * one * expert_imbalance(cols)
+    etp = cols["etp"].astype(float)
+    one = alltoall_s(nbytes, cols["ep"].astype(float), etp, cl.gpu, cl.gpus_per_node)
+    # etp > 1: the tokens an expert receives are all-gathered over its etp ranks after the
+    # dispatch and reduce-scattered before the combine (Megatron-LM's MoEAlltoAllTokenDispatcher)
+    gathered = gather_s(nbytes * etp, etp, bus_gbps(cl.gpu, cl.gpus_per_node, etp, np.ones_like(etp), gather=True))
+    return passes * moe_block_share(m) * 2 * (one + gathered) * expert_imbalance(cols)
 
 
 def reduction_groups(cols: Columns, sweep: Sweep) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:

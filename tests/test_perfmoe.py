@@ -58,15 +58,17 @@ def test_parts_sum_to_the_total_with_cp_and_ep(traits):
         for cp in (1, 2)
         for ep in (1, 4, 16)
     ]
-    pred = predict(cols_of(sweep, layouts), sweep, traits=traits)
+    cols = cols_of(sweep, layouts)
+    pred = predict(cols, sweep, traits=traits)
     assert set(pred.parts) == set(PARTS) == set(COMPUTE_PARTS) | set(COMM_PARTS) | set(HIDDEN_PARTS)
     assert np.allclose(sum(pred.parts[k] for k in COMPUTE_PARTS), pred.compute, rtol=1e-12)
     assert np.allclose(sum(pred.parts[k] for k in COMM_PARTS), pred.comm, rtol=1e-12)
     exposed = sum(pred.parts[k] for k in PARTS if k not in HIDDEN_PARTS)
     assert np.allclose(exposed, pred.total, rtol=1e-12)
     assert all((pred.parts[k] >= 0).all() and np.isfinite(pred.parts[k]).all() for k in PARTS)
-    ep = np.array([lay["ep"] for lay in layouts])
-    assert (pred.parts["ep_comm"][ep == 1] == 0).all() and (pred.parts["ep_comm"][ep > 1] > 0).all()
+    # no dispatch traffic only where the experts are neither split (ep) nor tensor-parallel (etp follows tp)
+    alone = (cols["ep"] == 1) & (cols["etp"] == 1)
+    assert alone.any() and (pred.parts["ep_comm"][alone] == 0).all() and (pred.parts["ep_comm"][~alone] > 0).all()
     assert (pred.parts["expert_matmul"] > 0).all()
 
 
@@ -171,3 +173,26 @@ def test_gradients_reduce_dense_over_dp_cp_and_experts_over_edp():
     per_block = m.attention_params / 2 + m.layer_norm_params + m.router_params
     outside = m.vocab * m.hidden / 2 * 2 + m.norm_params  # embedding and head, vocab-parallel
     assert dense_params[0] == pytest.approx(48 * per_block + outside)
+
+
+def test_a_moe_blocks_mlp_runs_no_tensor_parallel_collective():
+    shape = {"layers": 48, "hidden": 2048, "heads": 32, "kv_heads": 4, "head_dim": 128, "ffn": 6144, "vocab": 151936}
+    moe = shape | {"experts": 128, "experts_per_token": 8, "moe_ffn": 768}
+    lay = [{"tp": 2, "etp": 1, "sequence_parallel": True}, {"tp": 2, "etp": 2, "sequence_parallel": True}]
+    tp_comm = {}
+    for name, model in (("dense", shape), ("moe", moe)):
+        sweep = make_sweep(
+            model=model,
+            seq_len=4096,
+            global_batch_size=64,
+            cluster={"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"},
+            space={"tp": [2]},
+            workload=MEGATRON,
+        )
+        parts = predict(cols_of(sweep, lay), sweep).parts
+        tp_comm[name] = parts["tp_comm"]
+        if name == "moe":
+            # expert tp gathers the tokens an expert receives: dispatch traffic even at ep = 1
+            assert parts["ep_comm"][0] == 0.0 < parts["ep_comm"][1]
+    # attention's half of the block's collectives is left in every block of this all-MoE model
+    assert np.allclose(tp_comm["moe"], tp_comm["dense"] / 2, rtol=1e-12)
