@@ -10,8 +10,12 @@ What the tables do not state is assumed as Megatron-Bridge's perf recipes set it
   the dense CP rows' Llama shapes are in the table. DeepSeek-V3 and Kimi K2 use multi-head
   latent attention and Nemotron 3 is a hybrid of Mamba-2 and attention blocks: no model field
   describes them; DeepSeek-V4 Flash's shape is not read here (all left out, counted);
-- expert tensor parallelism 1 (the recipes' `expert_tensor_parallel_size`), sequence parallelism
-  with tp > 1, TE fused norms, the distributed optimizer, cuDNN attention, no recompute;
+- expert tensor parallelism 1 (`expert_tensor_parallel_size=1` in Megatron-Bridge's
+  scripts/performance/configs/qwen/qwen3_workload_base_configs.py and gpt_oss_workload_base_configs.py),
+  sequence parallelism with tp > 1, TE fused norms, the distributed optimizer, cuDNN attention, no
+  recompute. Not priced: those recipes' `moe_a2a_overlap=True` on H100 for Qwen3-235B (the
+  all-to-all hidden behind another micro-batch's compute: no knob says so), the HybridEP
+  dispatcher and CUDA graphs of the Blackwell recipes;
 - precision: FP8 (per-tensor) and MXFP8 both as the `float8` knob (Blackwell runs MXFP8 GEMMs at
   the FP8 rate; the figures are printed with and without the MXFP8 rows), NVFP4 left out;
   token-dropping runs left out (the model prices dropless routing, no knob caps an expert);
