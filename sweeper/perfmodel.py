@@ -6,7 +6,9 @@ attention (flash-like at a measured share, or with s x s traffic), memory-bound 
 work, fixed costs per block and per micro-batch, recomputation, the pipeline bubble
 `(pp-1)/(v*m)` of the work, the optimizer step, and exposed communication: tensor-parallel
 collectives, pipeline sends and the data-parallel reduction at NCCL bus bandwidths
-(sweeper.comm) less what hides behind backward. `breakdown` and the report read those parts;
+(sweeper.comm) less what hides behind backward; with context or expert parallelism, the cp
+group's K/V exchange, the routed experts' grouped GEMMs and their all-to-alls (sweeper.perfmoe).
+`breakdown` and the report read those parts;
 how a trainer departs from Megatron-LM's behaviour is a `TimeTraits` value passed in. Two scale
 factors, compute and communication, are fitted to measured step times as trials finish.
 Measured against public step times by benchmarks/throughput_accuracy.py.
