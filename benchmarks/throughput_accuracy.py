@@ -189,6 +189,8 @@ def fp8(precision: str) -> bool | None:
 def nvidia(skipped: list[tuple[str, str, str]]) -> Iterator[Group]:
     d = pd.read_csv(os.path.join(DATA, "nvidia-perf", "runs.csv"))
     for i, r in d.iterrows():
+        if r.ep > 1 or r.cp > 1:  # expert / context parallel: benchmarks/throughput_moe.py prices them
+            continue
         rid = f"nv{i} {r.model} {r.gpu_type} {r.gpus}g {r.release}"
         why = None
         if pd.isna(r.layers):
@@ -197,8 +199,6 @@ def nvidia(skipped: list[tuple[str, str, str]]) -> Iterator[Group]:
             why = "layout or throughput not stated"
         elif "LoRA" in r.task:
             why = "LoRA: frozen base weights, a step the model does not price"
-        elif int(r.cp) > 1:
-            why = "context parallelism is not a knob"
         elif fp8(str(r.precision)) is None:
             why = f"precision {r.precision} (block-scaled MX/NV formats) has no knob"
         elif r.gpu_type not in NV_GPU:
@@ -466,6 +466,11 @@ def main() -> int:
         + ", ".join(f"{s} compute x{k.compute_scale:.2f} comm x{k.comm_scale:.2f}" for s, k in fitted.items())
     )
 
+    # NVIDIA's expert- and context-parallel rows, their own sources (imported here: it imports this module)
+    from throughput_moe import report as moe_cp_report
+
+    refusal_groups = moe_cp_report(skipped)
+
     us_groups = [g for g in groups if g.source == "ultrascale" and g.pred_builtin is not None]
     for part, sel in (("fit", False), ("held-out", True)):
         err = np.concatenate([g.pred_builtin.total / g.measured_s - 1 for g in us_groups if g.held_out == sel])
@@ -506,7 +511,7 @@ def main() -> int:
     reasons = pd.Series([f"{s}: {why}" for s, _, why in skipped]).value_counts()
     for why, n in reasons.items():
         print(f"  {n:>4}  {why}")
-    refusals = [(g.source, m) for g in groups for m in g.invalid]
+    refusals = [(g.source, m) for g in groups + refusal_groups for m in g.invalid]
     print(f"measured rows our validity rules refuse for the trainer that ran them (predicted anyway): {len(refusals)}")
     for why, n in pd.Series([f"{s}: {m}" for s, m in refusals]).value_counts().head(8).items():
         print(f"  {n:>4}  {why}")

@@ -78,3 +78,35 @@ def allreduce_s(nbytes: np.ndarray, ranks: np.ndarray, busbw: np.ndarray) -> np.
 def gather_s(nbytes: np.ndarray, ranks: np.ndarray, busbw: np.ndarray) -> np.ndarray:
     """All-gather or reduce-scatter of a `nbytes` full buffer: (n-1)/n of it at the bus bandwidth."""
     return np.where(ranks > 1, (ranks - 1) / np.maximum(ranks, 1) * nbytes / (busbw * GIGA) + COLLECTIVE_LATENCY_S, 0.0)
+
+
+# ---- point-to-point and all-to-all traffic (context-parallel ring, expert dispatch) ----------
+# All-to-all reaches ~96 % of NVLink inside a node and ~86 % of the NIC across nodes: DeepEP's
+# normal kernels (github.com/deepseek-ai/DeepEP README, H800, EP8 dispatch 153 of ~160 GB/s NVLink;
+# EP16 dispatch and combine 43 of ~50 GB/s RDMA, the figure without its NVLink forwarding gains)
+ALLTOALL_NVLINK_SHARE = 153.0 / 160.0
+ALLTOALL_NIC_SHARE = 43.0 / 50.0
+
+
+def link_domain(gpu: GPU, gpus_per_node: int) -> int:
+    """GPUs that talk over NVLink: the node, or the NVLink fabric when it joins more (NVL72 racks)."""
+    return max(gpus_per_node, gpu.nvlink_domain)
+
+
+def link_gbps(gpu: GPU, gpus_per_node: int, span: np.ndarray) -> np.ndarray:
+    """Per-GPU bandwidth (GB/s, one direction) of point-to-point traffic in a group covering `span`
+    consecutive ranks: NVLink when the span stays in one NVLink domain, else the GPU's own NIC
+    (a ring's step waits for its slowest hop, the one that leaves the node)."""
+    return np.where(span <= link_domain(gpu, gpus_per_node), gpu.intra_gbps, gpu.inter_gbps)
+
+
+def alltoall_s(nbytes: np.ndarray, ranks: np.ndarray, stride: np.ndarray, gpu: GPU, gpus_per_node: int) -> np.ndarray:
+    """All-to-all of `nbytes` per rank over `ranks` members `stride` ranks apart: each rank keeps
+    1/n of its buffer and sends the rest; what goes to members in its NVLink domain moves over
+    NVLink, the rest through its NIC, both at once (the slower one sets the time)."""
+    n = np.maximum(ranks, 1)
+    domain = link_domain(gpu, gpus_per_node)
+    local = np.clip(domain // np.maximum(stride, 1), 1, n)  # members sharing this rank's NVLink domain
+    nvlink = (local - 1) / n * nbytes / (gpu.intra_gbps * ALLTOALL_NVLINK_SHARE * GIGA)
+    nic = (n - local) / n * nbytes / (gpu.inter_gbps * ALLTOALL_NIC_SHARE * GIGA)
+    return np.where(ranks > 1, np.maximum(nvlink, nic) + COLLECTIVE_LATENCY_S, 0.0)

@@ -29,9 +29,12 @@ class GPU:
     gemm_share: float = 0.75
     flash2_share: float = 0.50
     fused_attention_share: float = 0.55
+    # GPUs one NVLink fabric joins when more than a node (GB200/GB300 NVL72: 72); 0: the node.
+    # Point-to-point and all-to-all traffic inside it runs at NVLink speed (sweeper.comm.link_gbps)
+    nvlink_domain: int = 0
     # what the throughput model assumes of the card, not what the card is: left out of a sweep's
     # identity (sweeper.identity), so refining the model keeps existing results folders usable
-    MODEL_FIELDS: ClassVar[tuple[str, ...]] = ("gemm_share", "flash2_share", "fused_attention_share")
+    MODEL_FIELDS: ClassVar[tuple[str, ...]] = ("gemm_share", "flash2_share", "fused_attention_share", "nvlink_domain")
 
     def peak_flops(self, precision: str) -> float:
         """Peak FLOP/s that MFU divides by for a run in `precision` (bf16 for float8 runs too, as torchtitan does)."""
@@ -66,8 +69,8 @@ GPUS: dict[str, GPU] = {
         # HBM3e): 2.5 PFLOPS bf16 and 5 fp8 dense per GPU. A "node" is a 4-GPU compute tray; trays of
         # one rack talk over NVLink 5 (900 GB/s per GPU), so 4 x 225 GB/s between trays reaches it
         # (past 72 GPUs the InfiniBand/ConnectX fabric is slower: not modelled)
-        GPU("gb200", 184.0, 2500.0, 1250.0, 5000.0, "GB200 NVL72 186GB", 8000, 900, 225, 0.70, 0.30, 0.55),
-        GPU("gb300", 268.2, 2500.0, 1250.0, 5000.0, "GB300 NVL72 288GB", 8000, 900, 225, 0.70, 0.30, 0.60),
+        GPU("gb200", 184.0, 2500.0, 1250.0, 5000.0, "GB200 NVL72 186GB", 8000, 900, 225, 0.70, 0.30, 0.55, 72),
+        GPU("gb300", 268.2, 2500.0, 1250.0, 5000.0, "GB300 NVL72 288GB", 8000, 900, 225, 0.70, 0.30, 0.60, 72),
         GPU("mi300x", 192.0, 1307.4, 653.7, 2614.9, "AMD Instinct MI300X", 5300, 448, 50, 0.55, 0.30, 0.40),
         GPU("l40s", 45.0, 362.1, 183.0, 733.0, "L40S 48GB", 864, 32, 12.5, 0.70, 0.40, 0.45),
         # Not a GPU: one CPU process per "device" in tests and the demo. The peak is a nominal

@@ -6,7 +6,9 @@ attention (flash-like at a measured share, or with s x s traffic), memory-bound 
 work, fixed costs per block and per micro-batch, recomputation, the pipeline bubble
 `(pp-1)/(v*m)` of the work, the optimizer step, and exposed communication: tensor-parallel
 collectives, pipeline sends and the data-parallel reduction at NCCL bus bandwidths
-(sweeper.comm) less what hides behind backward. `breakdown` and the report read those parts;
+(sweeper.comm) less what hides behind backward; with context or expert parallelism, the cp
+group's K/V exchange, the routed experts' grouped GEMMs and their all-to-alls (sweeper.perfmoe).
+`breakdown` and the report read those parts;
 how a trainer departs from Megatron-LM's behaviour is a `TimeTraits` value passed in. Two scale
 factors, compute and communication, are fitted to measured step times as trials finish.
 Measured against public step times by benchmarks/throughput_accuracy.py.
@@ -24,7 +26,19 @@ from sweeper.comm import allreduce_s, bus_gbps, gather_s
 from sweeper.flops import model_flops_per_token, recompute_flops_per_token
 from sweeper.layout import Columns
 from sweeper.memory import SCORE_KERNELS, compute_bytes, estimate
-from sweeper.stages import pipeline_shapes, stage_layers, stage_params
+from sweeper.perfmoe import (
+    CP_RING_HIDDEN,
+    cp_exchange,
+    ep_alltoall,
+    expert_gemm_size,
+    expert_imbalance,
+    mlp_elementwise_width,
+    moe_permute_bytes,
+    reduction_groups,
+    routed_flops_per_token,
+    tp_block_share,
+)
+from sweeper.stages import pipeline_shapes, stage_layers
 
 if TYPE_CHECKING:
     from sweeper.spec import Sweep
@@ -61,6 +75,9 @@ class TimeTraits:
     # near the card the caching allocator frees and retries (torch.cuda.memory_stats'
     # num_alloc_retries): the work slows by up to this share between 90 % and 100 % of the card
     memory_pressure: float = 0.0
+    # context parallel's K/V exchange: a ring that overlaps the attention kernel (Megatron-LM / TE
+    # p2p) or an all-gather before it (PyTorch's context_parallel "allgather" rotation)
+    cp_ring: bool = True
 
 
 MEGATRON_LIKE = TimeTraits()
@@ -77,12 +94,22 @@ class Calibration:
 
 # The parts of a step, in seconds (uncalibrated). COMPUTE_PARTS scale with compute_scale,
 # COMM_PARTS with comm_scale; HIDDEN_PARTS are overlapped (not on the step's path, not in total).
-COMPUTE_PARTS = ("matmul", "attention", "memory_bound", "framework", "recompute", "bubble", "optimizer")
-COMM_PARTS = ("tp_comm", "pp_comm", "dp_comm")
-HIDDEN_PARTS = ("dp_hidden",)
+COMPUTE_PARTS = (
+    "matmul",
+    "expert_matmul",
+    "attention",
+    "memory_bound",
+    "framework",
+    "recompute",
+    "bubble",
+    "optimizer",
+)
+COMM_PARTS = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
+HIDDEN_PARTS = ("dp_hidden", "cp_hidden")
 PARTS = COMPUTE_PARTS + COMM_PARTS + HIDDEN_PARTS
 PART_LABELS = {
     "matmul": "matmul compute",
+    "expert_matmul": "expert matmuls (grouped)",
     "attention": "attention",
     "memory_bound": "memory-bound (norms, elementwise)",
     "framework": "launch / framework",
@@ -90,9 +117,12 @@ PART_LABELS = {
     "bubble": "pipeline bubble",
     "optimizer": "optimizer step",
     "tp_comm": "tensor-parallel comm",
+    "cp_comm": "context-parallel K/V exchange (exposed)",
+    "ep_comm": "expert dispatch (all-to-all, expert-tp gathers)",
     "pp_comm": "pipeline comm",
     "dp_comm": "data-parallel comm (exposed)",
     "dp_hidden": "data-parallel comm (hidden)",
+    "cp_hidden": "context-parallel K/V exchange (hidden)",
 }
 
 
@@ -123,11 +153,16 @@ class StepTime:
 def gemm_efficiency(cols: Columns, sweep: Sweep) -> np.ndarray:
     """Share of peak a block's matmuls reach: the GPU's large-GEMM share, lower for small GEMMs.
 
-    The size is tokens x width per rank (micro-batch x sequence x hidden / tp), which Anthony et
-    al. 2024 (arXiv:2401.14489, sec. 4) show sets the efficiency well below a few million elements.
+    The size is tokens x width per rank (micro-batch x sequence / cp x hidden / tp), which Anthony
+    et al. 2024 (arXiv:2401.14489, sec. 4) show sets the efficiency well below a few million elements.
     """
+    gemm = cols["micro_batch_size"] * sweep.seq_len / cols["cp"] * (sweep.model.hidden / cols["tp"]) / 2**20
+    return gemm_efficiency_at(gemm, cols, sweep)
+
+
+def gemm_efficiency_at(gemm: np.ndarray, cols: Columns, sweep: Sweep) -> np.ndarray:
+    """`gemm_efficiency` of GEMMs of `gemm` x 2^20 output elements (an expert's grouped GEMM too)."""
     gpu = sweep.cluster.gpu
-    gemm = cols["micro_batch_size"] * sweep.seq_len * (sweep.model.hidden / cols["tp"]) / 2**20
     eff = gpu.gemm_share * gemm / (gemm + GEMM_HALF_SIZE)
     eff = eff * np.where(cols["compile"].astype(bool), 1.03, 1.0)
     return eff * np.where(cols["float8"].astype(bool) & gpu.supports_fp8, FLOAT8_SPEEDUP, 1.0)
@@ -157,8 +192,17 @@ def predict(
     eff = gemm_efficiency(cols, sweep)
     per_flop = tokens_gpu * imbalance / (peak * eff)
     q = m.q_dim
-    matmul = (model_flops_per_token(m, s) - 12.0 * L * q * s) * per_flop
-    re_flops = np.select([full, mode == "ffn"], [recompute_flops_per_token(m, s, "full"), 2.0 * L * m.mlp_params], 0.0)
+    routed = routed_flops_per_token(m)  # the routed experts: grouped GEMMs at their own size
+    matmul = (model_flops_per_token(m, s) - 12.0 * L * q * s - routed) * per_flop
+    expert_per_flop = np.zeros(len(tp))
+    if routed:
+        expert_eff = gemm_efficiency_at(expert_gemm_size(cols, sweep), cols, sweep)
+        expert_per_flop = tokens_gpu * imbalance * expert_imbalance(cols) / (peak * expert_eff)
+    expert_matmul = routed * expert_per_flop
+    re_flops = np.select(
+        [full, mode == "ffn"], [recompute_flops_per_token(m, s, "full"), recompute_flops_per_token(m, s, "ffn")], 0.0
+    )
+    re_routed = np.where(full | (mode == "ffn"), routed / 3.0, 0.0)  # the routed experts' forward again
 
     # --- attention: flash-like at a share of peak; score kernels add s x s HBM traffic -------
     kernel = cols["attention"]
@@ -175,13 +219,14 @@ def predict(
         gpu.hbm_gbps * GIGA
     )
     re_attention = np.where(full, 4.0 * L * q * s, 0.0) * attn_per_flop
-    recompute_matmul = (re_flops - np.where(full, 4.0 * L * q * s, 0.0)) * per_flop
+    recompute_matmul = (re_flops - np.where(full, 4.0 * L * q * s, 0.0) - re_routed) * per_flop
+    recompute_matmul = recompute_matmul + re_routed * expert_per_flop
 
     # --- elementwise: norms (replicated over tp without sequence parallel), RoPE, SwiGLU ----
     sp = cols["effective_sp"]
     norm_passes = np.where(cols["rmsnorm"] == "fused", NORM_PASSES["fused"], NORM_PASSES["eager"])
     norm_bytes = 2 * norm_passes * h * e * np.where(sp, 1.0, tp)  # per token per layer, this GPU's share x tp
-    other_bytes = (12 * (h + 2 * m.kv_dim) + 18 * m.ffn + 12 * h) * e
+    other_bytes = (12 * (h + 2 * m.kv_dim) + 18 * mlp_elementwise_width(m) + 12 * h) * e + moe_permute_bytes(m, e)
     memory_bound = L * (norm_bytes + other_bytes) * tokens_gpu * imbalance / (gpu.hbm_gbps * GIGA)
     memory_bound = memory_bound * np.where(cols["compile"].astype(bool), COMPILE_ELEMENTWISE, 1.0)
 
@@ -193,8 +238,8 @@ def predict(
     if traits.memory_pressure > 0:  # counted as framework time: the allocator's, not the model's
         share = estimate(cols, sweep).total / (gpu.memory_gib * 2**30)
         slow = traits.memory_pressure * np.clip((share - 0.9) / 0.1, 0.0, 1.0)
-        framework = framework + slow * (matmul + attention + memory_bound + framework + recompute)
-    work = matmul + attention + memory_bound + framework + recompute
+        framework = framework + slow * (matmul + expert_matmul + attention + memory_bound + framework + recompute)
+    work = matmul + expert_matmul + attention + memory_bound + framework + recompute
 
     # --- pipeline bubble: (pp-1)/(v*m) of the work (Megatron-LM, Narayanan et al. 2021, sec. 2.2);
     # with fewer micro-batches than stages the same formula prices the longer fill and drain
@@ -205,7 +250,8 @@ def predict(
     # --- tensor parallel: with SP 2 all-gathers + 2 reduce-scatters per block forward and as
     # many backward (the volume of 4 all-reduces); without SP 4 all-reduces (6 with full recompute)
     intra = np.full(len(tp), gpu.intra_gbps)
-    act_bytes = mbs * s * h * e
+    cp = cols["cp"].astype(float)
+    act_bytes = mbs * s / cp * h * e  # a rank's seq/cp tokens
     n_coll = np.where(sp, 8.0, 4.0) * np.where(full, 1.5, 1.0)
     latency = (
         traits.tp_collective_s
@@ -217,10 +263,18 @@ def predict(
         4.0 * np.where(full, 1.5, 1.0) * 2 * (tp - 1) / tp * act_bytes / (intra * GIGA) + n_coll * latency,
         0.0,
     )
-    tp_comm = tp_per_block * per_mb_layers * (1 + bubble_share)
+    tp_comm = tp_per_block * per_mb_layers * (1 + bubble_share) * tp_block_share(m)
+
+    # --- context parallel's K/V exchange (a ring hides behind the attention of the remote chunks)
+    # and the experts' token all-to-alls (sweeper.perfmoe) ------------------------------------
+    moves = per_mb_layers * (3.0 + full) * (1 + bubble_share)
+    cp_raw, cp_hideable = cp_exchange(cols, sweep, e, moves, ring=traits.cp_ring)
+    remote = (attention + re_attention) * (cp - 1) / cp * (1 + bubble_share)
+    cp_comm = cp_raw - np.minimum(cp_hideable, CP_RING_HIDDEN * remote)
+    ep_comm = ep_alltoall(cols, sweep, e, per_mb_layers * (2.0 + full) * (1 + bubble_share))
 
     # --- pipeline sends: activations forward, gradients back, per micro-batch per boundary ---
-    ranks_per_stage = tp * dp
+    ranks_per_stage = tp * cp * dp
     pp_gbps = np.where(ranks_per_stage >= cl.gpus_per_node, gpu.inter_gbps, gpu.intra_gbps)
     sends = 2 * accum * chunks + 2 * (pp - 1) * chunks  # the steady state plus fill and drain
     pp_bytes = act_bytes / np.where(sp, tp, 1.0)
@@ -228,21 +282,28 @@ def predict(
 
     # --- data parallel: fp32 gradient all-reduce (DDP), reduce-scatter + bf16 all-gather
     # (ZeRO-1 / distributed optimizer), or FSDP's per-use gathers and reductions -------------
-    first, last = stage_params(cols, sweep)
-    params = np.maximum(first, last)
-    ar_bw = bus_gbps(gpu, cl.gpus_per_node, dp, tp, gather=False)
-    ag_bw = bus_gbps(gpu, cl.gpus_per_node, dp, tp, gather=True)
+    # dense parameters over dp*cp, a mixture's routed experts over expert data parallel (perfmoe)
+    groups = reduction_groups(cols, sweep)
     sharding = cols["sharding"]
     zero1 = sharding == "zero1"
     fsdp = sharding == "fsdp"
-    reduce_raw = np.where(
-        zero1, gather_s(params * 4.0, dp, ag_bw) + gather_s(params * e, dp, ag_bw), allreduce_s(params * 4.0, dp, ar_bw)
-    )
+    reduce_raw = np.zeros(len(tp))
+    for group_params, ranks, stride in groups:
+        ar_bw = bus_gbps(gpu, cl.gpus_per_node, ranks, stride, gather=False)
+        ag_bw = bus_gbps(gpu, cl.gpus_per_node, ranks, stride, gather=True)
+        reduce_raw = reduce_raw + np.where(
+            zero1,
+            gather_s(group_params * 4.0, ranks, ag_bw) + gather_s(group_params * e, ranks, ag_bw),
+            allreduce_s(group_params * 4.0, ranks, ar_bw),
+        )
+    params = sum(g[0] for g in groups)
+    replicas = dp * cp  # what FSDP shards over
+    ag_bw = bus_gbps(gpu, cl.gpus_per_node, replicas, tp, gather=True)
     per_mb_sync = (sharding == "none") & (pp > 1) & traits.grad_sync_per_microbatch_pp
     reduce_raw = np.where(per_mb_sync, reduce_raw * accum, reduce_raw)
     last_backward = (2.0 / 3.0) * work / accum
     fsdp_volume = np.where(pp > 1, 1.0, accum) * (2 * params * e) + params * 4.0  # gathers (+per micro-batch) + RS
-    fsdp_raw = np.where(dp > 1, (dp - 1) / np.maximum(dp, 1) * fsdp_volume / (ag_bw * GIGA), 0.0)
+    fsdp_raw = np.where(replicas > 1, (replicas - 1) / np.maximum(replicas, 1) * fsdp_volume / (ag_bw * GIGA), 0.0)
     dp_raw = np.where(fsdp, fsdp_raw, reduce_raw)
     dp_comm = np.where(
         fsdp,
@@ -251,11 +312,12 @@ def predict(
     )
 
     # --- optimizer: fused AdamW streams its states once per step (sharded by ZeRO-1 and FSDP) --
-    opt_params = params / np.where(sharding == "none", 1.0, np.maximum(dp, 1))
+    opt_params = sum(p / np.where(sharding == "none", 1.0, np.maximum(n, 1)) for p, n, _ in groups)
     optimizer = opt_params * OPTIMIZER_BYTES / (gpu.hbm_gbps * GIGA)
 
     parts = {
         "matmul": matmul,
+        "expert_matmul": expert_matmul,
         "attention": attention,
         "memory_bound": memory_bound,
         "framework": framework,
@@ -263,9 +325,12 @@ def predict(
         "bubble": bubble,
         "optimizer": optimizer,
         "tp_comm": tp_comm,
+        "cp_comm": cp_comm,
+        "ep_comm": ep_comm,
         "pp_comm": pp_comm,
         "dp_comm": dp_comm,
         "dp_hidden": np.maximum(dp_raw - dp_comm, 0.0),
+        "cp_hidden": cp_raw - cp_comm,
     }
     compute = sum(parts[k] for k in COMPUTE_PARTS)
     comm = sum(parts[k] for k in COMM_PARTS)

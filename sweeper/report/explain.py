@@ -31,7 +31,7 @@ class Explained:
 def explain_top(df: pd.DataFrame, plan: Plan, sweep: Sweep, top: int = TOP_EXPLAINED) -> Explained | None:
     """Breakdown of the top ok trials with measured step times; None when they cannot be matched to the plan."""
     from sweeper.flops import model_flops_per_token
-    from sweeper.perfmodel import PARTS, breakdown, calibrate, predict
+    from sweeper.perfmodel import HIDDEN_PARTS, PARTS, breakdown, calibrate, predict
 
     ok = df[(df["status"] == TrialStatus.OK) & df["mfu"].notna() & (df["mfu"] > 0)].copy()
     ok = ok.sort_values(["mfu", "trial_number"], ascending=[False, True])
@@ -49,13 +49,13 @@ def explain_top(df: pd.DataFrame, plan: Plan, sweep: Sweep, top: int = TOP_EXPLA
     rows = idx[:top]
     cols = {k: v[rows] for k, v in plan.cols.items()}
     parts = breakdown(cols, sweep, calibration)
-    predicted = sum(parts[k] for k in PARTS if k != "dp_hidden")
+    predicted = sum(parts[k] for k in PARTS if k not in HIDDEN_PARTS)
     return Explained(ok.head(top).reset_index(drop=True), parts, np.asarray(predicted))
 
 
 def runner_up_sentences(ex: Explained, knobs: list[str], sweep: Sweep) -> list[str]:
     """One sentence per runner-up: how much slower it measured, and the part of the model that costs it most."""
-    from sweeper.perfmodel import PART_LABELS, PARTS, model_misses
+    from sweeper.perfmodel import HIDDEN_PARTS, PART_LABELS, PARTS, model_misses
 
     w = ex.trials.iloc[0]
     out = []
@@ -81,7 +81,7 @@ def runner_up_sentences(ex: Explained, knobs: list[str], sweep: Sweep) -> list[s
                 + ", so the gap is not attributed to a modelled part."
             )
             continue
-        gaps = {k: float(ex.parts[k][i] - ex.parts[k][0]) for k in PARTS if k != "dp_hidden"}
+        gaps = {k: float(ex.parts[k][i] - ex.parts[k][0]) for k in PARTS if k not in HIDDEN_PARTS}
         part = max(gaps, key=lambda k: gaps[k])
         if gaps[part] <= 0:
             out.append(

@@ -297,9 +297,9 @@ BAR_COLORS = (
 
 
 def plot_breakdown(ex: Explained, knobs: list[str], out_dir: Path) -> Plot:
-    """Per top layout: the model's stacked step time (exposed parts; hidden DP traffic hatched after
-    it) and, below it, the measured step time."""
-    from sweeper.perfmodel import PART_LABELS, PARTS
+    """Per top layout: the model's stacked step time (exposed parts; hidden DP and cp-ring traffic
+    hatched after it) and, below it, the measured step time."""
+    from sweeper.perfmodel import HIDDEN_PARTS, PART_LABELS, PARTS
 
     plt = _pyplot()
     n = len(ex.trials)
@@ -321,7 +321,7 @@ def plot_breakdown(ex: Explained, knobs: list[str], out_dir: Path) -> Plot:
                 color=colors[k],
                 edgecolor="white",
                 linewidth=0.5,
-                hatch="//" if k == "dp_hidden" else None,
+                hatch="//" if k in HIDDEN_PARTS else None,
                 label=PART_LABELS[k],
             )
             left += w
@@ -340,7 +340,7 @@ def plot_breakdown(ex: Explained, knobs: list[str], out_dir: Path) -> Plot:
 
     used = [k for k in PARTS if float(ex.parts[k].max()) > 0]  # the legend in the bars' order
     ax.legend(
-        [Patch(facecolor=colors[k], hatch="//" if k == "dp_hidden" else None) for k in used],
+        [Patch(facecolor=colors[k], hatch="//" if k in HIDDEN_PARTS else None) for k in used],
         [PART_LABELS[k] for k in used],
         fontsize=8,
         loc="upper left",
@@ -348,7 +348,10 @@ def plot_breakdown(ex: Explained, knobs: list[str], out_dir: Path) -> Plot:
     )
     ax.set_xlim(
         0,
-        max(float(ex.predicted_s.max() + ex.parts["dp_hidden"].max()), float(ex.trials["step_time_mean_s"].max()))
+        max(
+            float((ex.predicted_s + sum(ex.parts[k] for k in HIDDEN_PARTS)).max()),
+            float(ex.trials["step_time_mean_s"].max()),
+        )
         * 1.25,
     )
     ax.grid(axis="x", alpha=0.3)

@@ -8,6 +8,7 @@ import numpy as np
 
 from sweeper.knobs import KNOBS
 from sweeper.memory import compute_bytes
+from sweeper.perfmodel import TimeTraits
 from sweeper.trainers.base import Arrays, MemoryOptions, ParsedLog, Recipe, Trainer, unit_params
 
 if TYPE_CHECKING:
@@ -74,6 +75,9 @@ class Builtin(Trainer):
     # sweeper.trainer.context: each rank gathers the cp group's keys and values and runs SDPA
     cp_attention = frozenset({"flash2", "sdpa_efficient", "cudnn", "sdpa_math"})
     expert_tp = "one"  # sweeper.trainer.moe keeps each expert whole on one rank
+    # cp gathers the group's keys and values before the attention kernel (torchtitan's default
+    # context_parallel_rotate_method "allgather"; the built-in trainer's CPU path likewise)
+    time: ClassVar[TimeTraits] = TimeTraits(cp_ring=False)
 
     def parse_log(self, text: str, sweep: Sweep) -> ParsedLog:
         raise TypeError("the built-in trainer reports its steps itself; it has no log to parse")

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
 
 from sweeper.export import to_torchtitan, to_torchtitan_cli, torchtitan_cli_args
 from sweeper.memory import compute_bytes, per_token_terms
+from sweeper.perfmodel import TimeTraits
 from sweeper.trainers.base import MemoryOptions, ParsedLog, Trainer
 from sweeper.trainers.builtin import BuiltinRecipe
 
@@ -139,6 +140,9 @@ class Torchtitan(Trainer):
     cp_attention = frozenset({"flash2", "sdpa_efficient", "cudnn", "sdpa_math"})
     # parallelize: expert tensor parallel is either 1 or the dense tensor-parallel degree
     expert_tp = "one_or_tp"
+    # cp gathers the group's keys and values before the attention kernel (torchtitan's default
+    # context_parallel_rotate_method "allgather"; the built-in trainer's CPU path likewise)
+    time: ClassVar[TimeTraits] = TimeTraits(cp_ring=False)
 
     def flags(self, rec: Mapping[str, Any], steps: int) -> list[str]:
         args, _ = torchtitan_cli_args(rec)

@@ -1,0 +1,184 @@
+"""The step-time terms of context parallelism and of mixtures of experts (`perfmodel.predict`'s
+`expert_matmul`, `cp_comm` and `ep_comm` parts, and the gradient reductions' groups).
+
+- Context parallel (cp): each rank holds seq/cp tokens of every sequence (two of 2*cp chunks, so
+  causal attention is balanced), so every per-token term of a rank counts seq/cp tokens and the
+  attention work per rank is 1/cp of a sequence's. Keys and values travel between the cp ranks:
+  a ring (Megatron-LM / Transformer Engine `cp_comm_type="p2p"`) sends cp-1 K/V chunks per block
+  forward and twice that backward (K/V again and their gradients), each transfer issued while
+  the attention kernel of the previous chunk runs; an all-gather (PyTorch's `context_parallel`
+  with torchtitan's default rotate method "allgather", the built-in trainer's CPU path) gathers
+  K/V before the kernel and reduce-scatters their gradients after it, exposed.
+- Mixture of experts: the routed experts' matmuls run as grouped GEMMs whose rows are the tokens
+  each local expert receives, at `perfmodel.gemm_efficiency_at` of that size; the busiest
+  expert-parallel rank sets the pace (EXPERT_IMBALANCE); every MoE block dispatches and combines
+  its tokens by all-to-all over ep (two forward, two backward).
+- Rank placement, as Megatron-LM orders its meshes (`parallel_state`, order "tp-cp-ep-dp-pp"):
+  the cp group is cp ranks tp apart, inside one NVLink domain when tp*cp fits; the expert mesh
+  is etp-ep-dp-pp, so the ep group is ep ranks etp apart, in one domain when etp*ep fits, and the
+  expert data-parallel group is edp ranks etp*ep apart.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sweeper.comm import COLLECTIVE_LATENCY_S, alltoall_s, bus_gbps, gather_s, link_gbps
+from sweeper.layout import Columns
+from sweeper.stages import stage_layers, stage_params, stage_params_at
+
+if TYPE_CHECKING:
+    from sweeper.models import ModelShape
+    from sweeper.spec import Sweep
+
+GIGA = 1e9
+# The busiest expert-parallel rank receives this much more than the mean of routed tokens. With a
+# load-balancing loss the busiest of 8 experts carried 1.02-1.22x the mean token count across the
+# 16 layers logged in github.com/shawntan/scattermoe issue 10 (median 1.08); a rank holding
+# several experts averages some of that out, a top-k router with k > 1 adds correlated picks:
+# 1.1 is taken. Applied to the routed experts' matmuls and to the all-to-alls (the busiest
+# receiver finishes last); not at ep = 1, where one rank runs every token whatever the routing.
+EXPERT_IMBALANCE = 1.1
+# share of the ring's K/V transfers that can hide behind the attention kernel of the chunk in
+# flight: all of it (TE's `AttnFuncWithCPAndKVP2P` posts step i+1's send/receive on its own
+# stream before step i's kernel); what exceeds that kernel's time is exposed
+CP_RING_HIDDEN = 1.0
+
+
+def rank_tokens(cols: Columns, sweep: Sweep) -> np.ndarray:
+    """Tokens of one micro-batch on one rank: micro-batch x seq_len / cp (before tensor parallelism)."""
+    return cols["micro_batch_size"] * sweep.seq_len / cols["cp"]
+
+
+def routed_flops_per_token(m: ModelShape) -> float:
+    """Matmul FLOPs (fwd 2, bwd 4 per weight) per token in the routed experts: top-k experts per MoE block.
+    Shared experts see every token, as a dense MLP does: they stay with the dense matmuls."""
+    return 6.0 * m.moe_layers * m.experts_per_token * m.expert_params
+
+
+def expert_rows(cols: Columns, sweep: Sweep) -> np.ndarray:
+    """Rows of each grouped expert GEMM per micro-batch: the tokens one local expert receives.
+
+    A rank's tokens (seq/cp, 1/tp of them under sequence parallelism) go top-k times each to
+    `experts` experts; an expert on this rank gets them from the ep ranks of its group and, with
+    etp > 1, from the etp ranks that share its weights: tokens x top-k x ep x etp / experts.
+    """
+    m = sweep.model
+    tokens = rank_tokens(cols, sweep) / np.where(cols["effective_sp"], cols["tp"], 1)
+    return tokens * m.experts_per_token * cols["ep"] * cols["etp"] / max(m.experts, 1)
+
+
+def expert_gemm_size(cols: Columns, sweep: Sweep) -> np.ndarray:
+    """M x N of an expert's up-projection in 2^20 elements (the size `gemm_efficiency_at` reads)."""
+    return expert_rows(cols, sweep) * (sweep.model.expert_ffn / cols["etp"]) / 2**20
+
+
+def expert_imbalance(cols: Columns) -> np.ndarray:
+    return np.where(cols["ep"] > 1, EXPERT_IMBALANCE, 1.0)
+
+
+def moe_block_share(m: ModelShape) -> float:
+    return m.moe_layers / m.layers
+
+
+def moe_permute_bytes(m: ModelShape, e: float) -> float:
+    """HBM bytes per token per block, averaged over blocks, of sorting tokens by expert and back:
+    permute reads a token and writes its k copies, unpermute the reverse, forward and backward."""
+    return moe_block_share(m) * 4 * (m.experts_per_token + 1) * m.hidden * e
+
+
+def tp_block_share(m: ModelShape) -> float:
+    """Share of a dense block's tensor-parallel traffic an average block pays: a MoE block's MLP
+    runs none (its sequence-parallel tokens go to the router and the all-to-all as they are; the
+    expert-tp gathers are the dispatch's, `ep_alltoall`), only its attention's half."""
+    return 1.0 - moe_block_share(m) / 2
+
+
+def mlp_elementwise_width(m: ModelShape) -> float:
+    """Width of the MLP's elementwise work per token, averaged over blocks: ffn in a dense block,
+    the top-k and shared experts' widths in a MoE block."""
+    moe = (m.experts_per_token + m.shared_experts) * m.expert_ffn
+    share = moe_block_share(m)
+    return (1 - share) * m.ffn + share * moe
+
+
+def cp_exchange(
+    cols: Columns, sweep: Sweep, e: float, moves: np.ndarray, *, ring: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds per step of the cp group's K/V exchange on one rank: (raw, hideable).
+
+    `moves`: how often a block's K/V cross the group per step: per block pass forward once,
+    backward twice (K/V again, and their gradients), once more when the forward is recomputed.
+    The ring's `raw` may hide behind attention (the caller caps it by the kernel's time); the
+    all-gather's hideable part is zero.
+    """
+    m, cl = sweep.model, sweep.cluster
+    cp, tp = cols["cp"].astype(float), cols["tp"].astype(float)
+    kv_heads_split = np.minimum(tp, m.kv_heads)  # fewer kv heads than tp: replicated
+    chunk = rank_tokens(cols, sweep) * 2 * m.kv_dim / kv_heads_split * e  # this rank's K and V
+    if ring:
+        bw = link_gbps(cl.gpu, cl.gpus_per_node, tp * cp)
+        step = (cp - 1) * (chunk / (bw * GIGA) + COLLECTIVE_LATENCY_S)
+        raw = np.where(cp > 1, moves * step, 0.0)
+        return raw, raw
+    bw = bus_gbps(cl.gpu, cl.gpus_per_node, cp, tp, gather=True)
+    raw = moves * gather_s(chunk * cp, cp, bw)
+    return raw, np.zeros_like(raw)
+
+
+def ep_alltoall(cols: Columns, sweep: Sweep, e: float, passes: np.ndarray) -> np.ndarray:
+    """Seconds per step of the MoE blocks' token dispatch and combine on one rank.
+
+    Per MoE block pass, two all-to-alls forward (dispatch, combine) and two backward, each of the
+    rank's routed tokens (tokens x top-k x hidden x bytes, (ep-1)/ep of it leaving the rank) over
+    ep ranks etp apart; the busiest receiver (EXPERT_IMBALANCE) sets the time. `passes`: block
+    passes per step, forward and backward counted apart (2 per block per micro-batch, 3 when the
+    forward is recomputed).
+    """
+    m, cl = sweep.model, sweep.cluster
+    if not m.is_moe:
+        return np.zeros(len(cols["ep"]))
+    tokens = rank_tokens(cols, sweep) / np.where(cols["effective_sp"], cols["tp"], 1)
+    nbytes = tokens * m.experts_per_token * m.hidden * e
+    etp = cols["etp"].astype(float)
+    one = alltoall_s(nbytes, cols["ep"].astype(float), etp, cl.gpu, cl.gpus_per_node)
+    # etp > 1: the tokens an expert receives are all-gathered over its etp ranks after the
+    # dispatch and reduce-scattered before the combine (Megatron-LM's MoEAlltoAllTokenDispatcher)
+    gathered = gather_s(nbytes * etp, etp, bus_gbps(cl.gpu, cl.gpus_per_node, etp, np.ones_like(etp), gather=True))
+    return passes * moe_block_share(m) * 2 * (one + gathered) * expert_imbalance(cols)
+
+
+def reduction_groups(cols: Columns, sweep: Sweep) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(parameters per rank, group size, stride) of each data-parallel gradient reduction.
+
+    Dense parameters are reduced over dp*cp (the cp ranks hold the same weights), tp apart;
+    a mixture's routed experts over expert data parallel (edp), etp*ep apart. Parameters are the
+    most loaded of the first and last pipeline stages (`stages.stage_params` for a dense model).
+    """
+    m = sweep.model
+    dp_cp = cols["dp"] * cols["cp"]
+    if not m.is_moe:
+        first, last = stage_params(cols, sweep)
+        return [(np.maximum(first, last), dp_cp, cols["tp"])]
+    tp, ep, etp = (cols[k].astype(float) for k in ("tp", "ep", "etp"))
+    n = len(tp)
+    first_layers, last_layers = np.zeros(n), np.zeros(n)
+    for p in np.unique(cols["pp"]):
+        split = stage_layers(m.layers, int(p)) if p <= m.layers else (np.nan,)
+        first_layers[cols["pp"] == p], last_layers[cols["pp"] == p] = split[0], split[-1]
+    single = cols["pp"] == 1
+    moe_first = np.maximum(first_layers - m.dense_layers, 0.0)
+    moe_last = np.where(single, moe_first, np.minimum(last_layers, m.moe_layers))
+    block = m.attention_params / tp + m.layer_norm_params
+    moe_dense = block + m.router_params + m.shared_experts * m.expert_params / tp
+    dense_block = block + m.mlp_params / tp
+
+    def dense_at(layers: np.ndarray, moe: np.ndarray, first: np.ndarray | bool, last: np.ndarray | bool) -> np.ndarray:
+        outside = stage_params_at(cols, sweep, 0.0, first=first, last=last)
+        return outside + moe * moe_dense + (layers - moe) * dense_block
+
+    dense = np.maximum(dense_at(first_layers, moe_first, True, single), dense_at(last_layers, moe_last, single, True))
+    expert = np.maximum(moe_first, moe_last) * m.experts / ep * m.expert_params / etp
+    return [(dense, dp_cp, tp), (expert, cols["edp"], etp * ep)]
