@@ -323,11 +323,14 @@ RULES: tuple[Rule, ...] = (
         lambda c, s: (s.model.experts > 0) & (s.model.experts % c["ep"] != 0),
         lambda c, s, i: f"ep = {_i(c, 'ep', i)} does not divide experts = {s.model.experts}",
     ),
-    # Megatron-LM folds the expert-parallel group into the data- and context-parallel ranks
+    # torchtitan and the built-in trainer take the expert-parallel group from the data- and
+    # context-parallel ranks; Megatron-LM's parallel folding lays the experts' mesh over the world apart
     Rule(
         PlanReason.EP_NOT_IN_DP_CP,
-        "ep does not divide dp*cp",
-        lambda c, s: (c["ep"] > 1) & ((c["dp"] == 0) | ((c["dp"] * c["cp"]) % c["ep"] != 0)),
+        "ep does not divide dp*cp, where the trainer takes ep from them",
+        lambda c, s: (
+            (c["ep"] > 1) & s.trainer.ep_inside_dp_cp & ((c["dp"] == 0) | ((c["dp"] * c["cp"]) % c["ep"] != 0))
+        ),
         lambda c, s, i: (
             f"ep = {_i(c, 'ep', i)} does not divide dp*cp = {_i(c, 'dp', i)}*{_i(c, 'cp', i)} "
             "(the experts are split over data- and context-parallel ranks)"
