@@ -77,6 +77,10 @@ class Recipe(ABC):
     options: ClassVar[type[MemoryOptions]]  # the `memory:` fields this recipe accepts
     # reserved / allocated of PyTorch's caching allocator (fragmentation, cached blocks)
     reserved_factor: ClassVar[float] = 1.10
+    # context parallel exchanges keys and values around a ring (Transformer Engine's p2p
+    # attention in Megatron-LM, PyTorch's ring attention in torchtitan), holding a few K/V
+    # chunks; False: each rank all-gathers the whole sequence's (sweeper.memory.cp_exchange_terms)
+    cp_ring: ClassVar[bool] = True
 
     @abstractmethod
     def states(self, cols: Columns, sweep: Sweep, params: np.ndarray) -> Arrays:

@@ -57,6 +57,7 @@ class BuiltinRecipe(Recipe):
     options: ClassVar[type[MemoryOptions]] = BuiltinMemory
     # the built-in trainer leaves PYTORCH_CUDA_ALLOC_CONF alone: a small gap over allocated
     reserved_factor = 1.05
+    cp_ring = False  # sweeper.trainer.context all-gathers the cp group's keys and values
 
     def states(self, cols: Columns, sweep: Sweep, params: np.ndarray) -> Arrays:
         return (*builtin_state_bytes(cols, sweep, params), np.zeros(np.shape(params)))

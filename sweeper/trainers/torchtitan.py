@@ -63,6 +63,7 @@ class TorchtitanRecipe(BuiltinRecipe):
     options = TorchtitanMemory
     # run_train.sh sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which keeps the gap small
     reserved_factor = 1.03
+    cp_ring = True  # PyTorch's context_parallel: ring attention over SDPA
 
     def activations(
         self, cols: Columns, sweep: Sweep, kept: np.ndarray, transient: np.ndarray
