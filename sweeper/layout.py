@@ -300,14 +300,18 @@ RULES: tuple[Rule, ...] = (
         lambda c, s: (s.model.experts > 0) & (s.model.experts % c["ep"] != 0),
         lambda c, s, i: f"ep = {_i(c, 'ep', i)} does not divide experts = {s.model.experts}",
     ),
-    # Megatron-LM folds the expert-parallel group into the data- and context-parallel ranks
+    # The expert-parallel group folds into the ranks of a pipeline stage outside the expert's own
+    # tensor-parallel group, dp*cp*tp/etp of them (Megatron-LM's "MoE parallel folding":
+    # parallel_state.py builds the expert grid etp x ep x edp x pp over the same world; torchtitan's
+    # ParallelDims borrows ep from dp_shard*cp, and from tp too when etp = 1). With etp = tp: dp*cp.
     Rule(
         PlanReason.EP_NOT_IN_DP_CP,
-        "ep does not divide dp*cp",
-        lambda c, s: (c["ep"] > 1) & ((c["dp"] == 0) | ((c["dp"] * c["cp"]) % c["ep"] != 0)),
+        "ep*etp does not divide dp*cp*tp",
+        lambda c, s: (c["ep"] > 1) & ((c["dp"] == 0) | ((c["dp"] * c["cp"] * c["tp"]) % (c["ep"] * c["etp"]) != 0)),
         lambda c, s, i: (
-            f"ep = {_i(c, 'ep', i)} does not divide dp*cp = {_i(c, 'dp', i)}*{_i(c, 'cp', i)} "
-            "(the experts are split over data- and context-parallel ranks)"
+            f"ep*etp = {_i(c, 'ep', i)}*{_i(c, 'etp', i)} does not divide dp*cp*tp = {_i(c, 'dp', i)}*"
+            f"{_i(c, 'cp', i)}*{_i(c, 'tp', i)} (the experts are split over a stage's data- and context-parallel "
+            "ranks, and its tensor-parallel ranks where etp < tp)"
         ),
     ),
     Rule(
