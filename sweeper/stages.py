@@ -112,7 +112,8 @@ def stage_param_groups_at(
     dense: np.ndarray | float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(non-expert, expert) parameters on a rank of a stage holding `layers` blocks, `dense` of
-    them dense (default: all, in a dense model; the rest are mixture-of-experts blocks).
+    them dense (default: the model's dense leading blocks, as on the first stage; the rest are
+    mixture-of-experts blocks).
 
     The first stage holds the embedding (vocab-parallel under tp) and a learned position table
     (replicated, as Megatron-LM keeps it); the last the final norm and the output head (or,
@@ -127,7 +128,7 @@ def stage_param_groups_at(
     dense_block = (m.attention_params + m.mlp_params) / cols["tp"] + m.layer_norm_params
     if not m.is_moe:
         return layers * dense_block + outside, np.zeros(np.shape(outside))
-    n_dense = layers if dense is None else dense
+    n_dense = np.minimum(layers, m.dense_layers) if dense is None else dense
     shared, experts = moe_block_params_per_rank(cols, sweep)
     moe = layers - n_dense
     return n_dense * dense_block + moe * shared + outside, moe * experts
