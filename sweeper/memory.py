@@ -12,6 +12,13 @@ value of the `sharding` knob costs in that trainer. Around the tensors: transien
 allocated peak; the caching allocator's gap on top of it makes the reserved peak, which plus
 the fixed per-process overhead is what must fit the card. Pipeline stages need not be even
 (`sweeper.stages.split_layers`): every stage is estimated and the most loaded one reported.
+
+Context parallel: a rank holds seq/cp tokens of every micro-batch (activations, logits, pipeline
+buffers), plus its key/value exchange (`cp_exchange_terms`). Mixture of experts: a stage's
+experts are split by ep and etp and their states sharded over expert data parallel, the rest
+over dp*cp (`stage_state_bytes`); a sparse block keeps the router's scores, the routed token
+copies with their expert MLP tensors and the combine's inputs, and passes the all-to-all
+buffers (`moe_block_extra_bytes`).
 """
 
 from __future__ import annotations
