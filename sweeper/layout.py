@@ -303,7 +303,7 @@ RULES: tuple[Rule, ...] = (
     # The expert-parallel group folds into the ranks of a pipeline stage outside the expert's own
     # tensor-parallel group, dp*cp*tp/etp of them (Megatron-LM's "MoE parallel folding":
     # parallel_state.py builds the expert grid etp x ep x edp x pp over the same world; torchtitan's
-    # ParallelDims borrows ep from dp_shard*cp, and from tp too when etp = 1). With etp = tp: dp*cp.
+    # ParallelDims: "expert_parallel_degree must divide dp_shard * cp * tp"). With etp = tp: dp*cp.
     Rule(
         PlanReason.EP_NOT_IN_DP_CP,
         "ep*etp does not divide dp*cp*tp",
