@@ -12,8 +12,8 @@ counted as fit, with the setting it needs in the table.
 How a row becomes a sweep (Megatron-LM, `memory.recipe: megatron`): its model (the preset for
 Qwen3-30B-A3B, Qwen3-235B-A22B, GPT-OSS-120B and GPT-3 175B, the stated shape for Llama), seq_len,
 global batch, GPU count and card; tp, pp, virtual stages (interleaved), cp, ep, micro-batch; etp = 1
-for a mixture of experts (Megatron-Bridge's Qwen3 and GPT-OSS recipes set
-expert_tensor_parallel_size 1; the tables do not state it); sequence parallel with tp > 1;
+for a mixture of experts (the tables do not state it; Megatron-Bridge's recipe helpers default it
+to 1, e.g. recipes/qwen/qwen3_moe.py `_qwen3_moe_common`); sequence parallel with tp > 1;
 TE's fused attention (`cudnn`) and norms; the distributed optimizer (`zero1`), or Megatron FSDP
 where the FSDP column is set. The precision is no memory term (float8 keeps the bf16 tensors:
 see benchmarks/memory_accuracy.py), so MXFP8 and NVFP4 rows are planned as float8 and counted in
