@@ -189,6 +189,21 @@ class Rule:
     explain: Callable[[Columns, Sweep, int], str]
 
 
+# trainers whose expert-parallel groups may take tensor-parallel ranks where etp < tp
+FOLDS_OVER_TP = ("any", "one_or_tp")
+
+
+def _expert_ranks(c: Columns, s: Sweep) -> np.ndarray:
+    """Ranks of a pipeline stage the experts are split over: dp*cp, times tp where the trainer folds."""
+    base = c["dp"] * c["cp"]
+    return base * c["tp"] if s.trainer.expert_tp in FOLDS_OVER_TP else base
+
+
+def _expert_tp(c: Columns, s: Sweep) -> np.ndarray:
+    """The expert tensor-parallel degree those ranks also hold, where the trainer folds over tp (else 1)."""
+    return c["etp"] if s.trainer.expert_tp in FOLDS_OVER_TP else np.ones_like(c["etp"])
+
+
 def _i(cols: Columns, name: str, i: int) -> Any:
     return _python(cols[name][i])
 
@@ -304,14 +319,18 @@ RULES: tuple[Rule, ...] = (
     # tensor-parallel group, dp*cp*tp/etp of them (Megatron-LM's "MoE parallel folding":
     # parallel_state.py builds the expert grid etp x ep x edp x pp over the same world; torchtitan's
     # ParallelDims: "expert_parallel_degree must divide dp_shard * cp * tp"). With etp = tp: dp*cp.
+    # The built-in trainer (expert_tp "one") keeps its ep groups inside dp*cp.
     Rule(
         PlanReason.EP_NOT_IN_DP_CP,
-        "ep*etp does not divide dp*cp*tp",
-        lambda c, s: (c["ep"] > 1) & ((c["dp"] == 0) | ((c["dp"] * c["cp"] * c["tp"]) % (c["ep"] * c["etp"]) != 0)),
+        "ep does not divide the data- and context-parallel ranks (times tp/etp where the trainer folds experts over tp)",
+        lambda c, s: (c["ep"] > 1) & ((c["dp"] == 0) | (_expert_ranks(c, s) % (c["ep"] * _expert_tp(c, s)) != 0)),
         lambda c, s, i: (
             f"ep*etp = {_i(c, 'ep', i)}*{_i(c, 'etp', i)} does not divide dp*cp*tp = {_i(c, 'dp', i)}*"
             f"{_i(c, 'cp', i)}*{_i(c, 'tp', i)} (the experts are split over a stage's data- and context-parallel "
             "ranks, and its tensor-parallel ranks where etp < tp)"
+            if s.trainer.expert_tp in FOLDS_OVER_TP
+            else f"ep = {_i(c, 'ep', i)} does not divide dp*cp = {_i(c, 'dp', i)}*{_i(c, 'cp', i)} (the "
+            f"{s.workload.kind} trainer splits the experts over data- and context-parallel ranks)"
         ),
     ),
     Rule(

@@ -178,3 +178,14 @@ def test_nvidias_published_moe_layouts_are_kept(model):
     }
     plan = make_plan(sweep_of(model, gpus, space, gbs=gbs))
     assert plan.candidate_mask.any(), list(zip(plan.status, plan.reason, plan.memory.total / GIB, strict=True))
+
+
+def test_the_built_in_trainer_keeps_its_expert_groups_inside_dp_cp():
+    # the built-in trainer (sweeper/trainer/moe.py, expert_tp "one") splits experts over the data-
+    # and context-parallel ranks only; Megatron-LM folds them over tp as well when etp = 1
+    model = {"layers": 2, "hidden": 64, "heads": 4, "ffn": 128, "vocab": 256, "experts": 8, "experts_per_token": 2}
+    knobs = {"tp": 2, "ep": 8, "etp": 1, "sequence_parallel": True}
+    builtin = sweep_of(model, 8, knobs, seq=64, gbs=8, workload={"kind": "builtin"}, memory={"recipe": "builtin"})
+    why = Layout(**knobs).rejection(builtin)
+    assert why is not None and "ep = 8 does not divide dp*cp = 4*1" in why.message
+    assert Layout(**knobs).rejection(sweep_of(model, 8, knobs, seq=64, gbs=8)) is None
