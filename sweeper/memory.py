@@ -234,8 +234,8 @@ def moe_block_extra_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.n
       experts    the rank's routed copies, c*k*etp*r per local token (an all-to-all over ep, then
                  an all-gather over etp), each keeping its input e*h and m*e*f/etp of the MLP
       combine    the k expert outputs per token returned, kept to weight them by the router's probabilities
-      shared     a shared expert as a dense MLP of width f split by tp
-    minus the dense MLP's e*h + m*e*ffn/t (the norm is common). Transient: the all-to-all's
+      shared     a shared expert as a dense MLP of width f split by tp, on the gathered input
+    and the router's input e*h*r, minus the dense MLP's e*h + m*e*ffn/t (the norm is common). Transient: the all-to-all's
     send and receive buffers (k*r + c*k*etp*r tokens of e*h). Kept under none and selective
     (Megatron-LM's selective recompute covers core attention only), recomputed under full and ffn.
     """
@@ -247,7 +247,11 @@ def moe_block_extra_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.n
     r = np.where(cols["effective_sp"], 1.0 / t, 1.0)
     routed = MOE_CAPACITY * k * etp * r
     moe = r * (e + 4) * E + routed * (e * h + mlp_tensors * e * f / etp) + k * r * e * h
-    moe = moe + m.shared_experts * mlp_tensors * e * f / t + e * h
+    # the block's input as the router and the dispatcher read it: the rank's own tokens (Megatron-LM
+    # does not gather the sequence-parallel tokens for the MoE layer); a shared expert, a dense MLP,
+    # reads them gathered
+    shared = np.where(m.shared_experts > 0, e * h + m.shared_experts * mlp_tensors * e * f / t, 0.0)
+    moe = moe + e * h * r + shared
     dense = e * h + mlp_tensors * e * m.ffn / t
     a2a = (k * r + routed) * e * h
     mode = cols["activation_checkpointing"]
