@@ -12,7 +12,9 @@ GPUs, memory recipe), its layout, and the estimate of what the source measured:
 - `outcome` (fits | oom) against the plan's verdict: a candidate fits, a pruned layout does not.
 
 Prints one line per row, then per source: rows with a number, median and p90 |error|, and
-how many fits/OOM verdicts agree. Usage: python benchmarks/memory_accuracy.py [CSV]
+how many fits/OOM verdicts agree. The mixture-of-experts and context-parallel rows are sources of
+their own (megatron-ci-moe, megatron-ci-cp, torchtitan-cp), so their errors print apart; no
+constant of the MoE or cp terms (sweeper.memory.MOE_CAPACITY, RING_KV_BUFFERS) was set on them. Usage: python benchmarks/memory_accuracy.py [CSV]
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ from sweeper.spec import Sweep, parse_sweep
 
 DATA = Path(__file__).parent / "data" / "memory_measurements.csv"
 SHAPE = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
+MOE_SHAPE = ("experts", "experts_per_token", "moe_ffn")
+
+
+def degree(row: dict[str, str], knob: str) -> int:
+    """cp, ep or etp of a row (1, or 0 for etp: follows tp, where the source leaves it unset)."""
+    return _int(row.get(knob, "")) or (0 if knob == "etp" else 1)
 
 
 def _int(v: str) -> int | None:
@@ -61,6 +69,9 @@ def model_of(row: dict[str, str]) -> str | dict[str, Any]:
             m[k] = row[k]
     if _bool(row["tied_embeddings"]) is not None:
         m["tied_embeddings"] = _bool(row["tied_embeddings"])
+    for k in MOE_SHAPE:
+        if row.get(k, "").strip():
+            m[k] = int(row[k])
     return m
 
 
@@ -132,11 +143,14 @@ def layout_of(row: dict[str, str]) -> Layout:
         float8=low_precision,
         pp_schedule="interleaved" if (pp > 1 and vpp > 1) else "1f1b",
         virtual_stages=vpp if (pp > 1 and vpp > 1) else 1,
+        cp=degree(row, "cp"),
+        ep=degree(row, "ep"),
+        etp=degree(row, "etp"),
     )
 
 
 def sweep_of(row: dict[str, str], layout: Layout) -> Sweep:
-    world = int(row["tp"]) * int(row["pp"]) * int(row["dp"])
+    world = int(row["tp"]) * int(row["pp"]) * int(row["dp"]) * degree(row, "cp")
     per_node = _int(row["gpus_per_node"]) or min(8, world)
     per_node = per_node if world % per_node == 0 else world
     gpu: str | dict[str, Any] = row["gpu"]
@@ -148,6 +162,8 @@ def sweep_of(row: dict[str, str], layout: Layout) -> Sweep:
             gpu["fp8_tflops"] = 2000.0
     gbs = _int(row["global_batch_size"]) or int(row["micro_batch_size"]) * int(row["dp"])
     knobs = {k: [v] for k, v in layout.as_dict().items()}
+    if not row.get("experts", "").strip():
+        del knobs["etp"]  # a dense model's sweep file cannot name it
     spec = {
         "name": "accuracy",
         "model": model_of(row),
@@ -157,6 +173,9 @@ def sweep_of(row: dict[str, str], layout: Layout) -> Sweep:
         "space": knobs,
         "memory": memory_of(row),
     }
+    if row["trainer"] == "megatron" and (layout.cp > 1 or row.get("experts", "").strip()):
+        # context parallel and experts are checked against the trainer that ran them
+        spec["workload"] = {"kind": "megatron", "command": "torchrun pretrain_gpt.py {flags}"}
     return parse_sweep(yaml.safe_dump(spec))
 
 
@@ -190,6 +209,7 @@ def evaluate(row: dict[str, str]) -> dict[str, Any]:
 def describe(layout: Layout) -> str:
     d = layout
     s = f"tp{d.tp} pp{d.pp}{'v' + str(d.virtual_stages) if d.virtual_stages > 1 else ''} mbs{d.micro_batch_size}"
+    s += "".join(f" {k}{getattr(d, k)}" for k in ("cp", "ep") if getattr(d, k) > 1)
     return s + f" {d.activation_checkpointing} {d.sharding}{' sp' if d.sequence_parallel else ''}"
 
 

@@ -35,12 +35,13 @@ def _plain(value: Any) -> Any:
 
 
 def _skipped(value: Any) -> tuple[str, ...]:
-    # a GPU's model assumptions, and a dense model's (empty) mixture-of-experts fields, which
-    # identities written before those fields existed did not hold
+    # a GPU's model assumptions, a dense model's (empty) mixture-of-experts fields and the unset
+    # late fields (GPT-OSS's biases and sinks), which identities written before those fields existed did not hold
     if isinstance(value, GPU):
         return value.MODEL_FIELDS
-    if isinstance(value, ModelShape) and not value.is_moe:
-        return ModelShape.MOE_FIELDS
+    if isinstance(value, ModelShape):
+        late = tuple(f for f in ModelShape.LATE_FIELDS if not getattr(value, f))
+        return late + (ModelShape.MOE_FIELDS if not value.is_moe else ())
     return ()
 
 

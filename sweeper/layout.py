@@ -189,6 +189,21 @@ class Rule:
     explain: Callable[[Columns, Sweep, int], str]
 
 
+# trainers whose expert-parallel groups may take tensor-parallel ranks where etp < tp
+FOLDS_OVER_TP = ("any", "one_or_tp")
+
+
+def _expert_ranks(c: Columns, s: Sweep) -> np.ndarray:
+    """Ranks of a pipeline stage the experts are split over: dp*cp, times tp where the trainer folds."""
+    base = c["dp"] * c["cp"]
+    return base * c["tp"] if s.trainer.expert_tp in FOLDS_OVER_TP else base
+
+
+def _expert_tp(c: Columns, s: Sweep) -> np.ndarray:
+    """The expert tensor-parallel degree those ranks also hold, where the trainer folds over tp (else 1)."""
+    return c["etp"] if s.trainer.expert_tp in FOLDS_OVER_TP else np.ones_like(c["etp"])
+
+
 def _i(cols: Columns, name: str, i: int) -> Any:
     return _python(cols[name][i])
 
@@ -209,33 +224,10 @@ def _microbatch_rounds_ok(cols: Columns) -> np.ndarray:
 def _short_1f1b_refused(c: Columns, s: Sweep) -> np.ndarray:
     short = (c["pp"] > 1) & (c["grad_accum"] < c["pp"])
     interleaved = c["pp_schedule"] == "interleaved"
-    # how few micro-batches a plain 1F1B may run is the trainer's (Trainer.fewest_1f1b_microbatches);
+    # whether a plain 1F1B may run fewer micro-batches than stages is the trainer's (Trainer.runs_short_1f1b);
     # interleaved schedules (Megatron-LM's and torch's) need at least pp everywhere; GPipe runs any number
-    plain = (c["pp_schedule"] == "1f1b") & (c["grad_accum"] < s.trainer.fewest_1f1b_microbatches(c["pp"]))
+    plain = (c["pp_schedule"] == "1f1b") & (not s.trainer.runs_short_1f1b)
     return short & (interleaved | plain)
-
-
-def _fewest(c: Columns, s: Sweep, i: int) -> str:
-    pp = _i(c, "pp", i)
-    need = pp if _i(c, "pp_schedule", i) == "interleaved" else _python(s.trainer.fewest_1f1b_microbatches(c["pp"])[i])
-    return "one per stage" if need == pp else str(need)
-
-
-def _knob_not_in_trainer(c: Columns, s: Sweep) -> np.ndarray:
-    out = np.zeros(len(c["tp"]), dtype=bool)
-    for knob, values in s.trainer.lacks.items():
-        out |= np.isin(c[knob], list(values))
-    return out
-
-
-def _knob_not_in_trainer_why(c: Columns, s: Sweep, i: int) -> str:
-    lacking = [
-        f"{knob} = {_python(c[knob][i])}: {why}"
-        for knob, values in s.trainer.lacks.items()
-        for value, why in values.items()
-        if _python(c[knob][i]) == value
-    ]
-    return f"the {s.workload.kind} trainer cannot run " + "; ".join(lacking)
 
 
 RULES: tuple[Rule, ...] = (
@@ -323,17 +315,22 @@ RULES: tuple[Rule, ...] = (
         lambda c, s: (s.model.experts > 0) & (s.model.experts % c["ep"] != 0),
         lambda c, s, i: f"ep = {_i(c, 'ep', i)} does not divide experts = {s.model.experts}",
     ),
-    # torchtitan and the built-in trainer take the expert-parallel group from the data- and
-    # context-parallel ranks; Megatron-LM's parallel folding lays the experts' mesh over the world apart
+    # The expert-parallel group folds into the ranks of a pipeline stage outside the expert's own
+    # tensor-parallel group, dp*cp*tp/etp of them (Megatron-LM's "MoE parallel folding":
+    # parallel_state.py builds the expert grid etp x ep x edp x pp over the same world; torchtitan's
+    # ParallelDims: "expert_parallel_degree must divide dp_shard * cp * tp"). With etp = tp: dp*cp.
+    # The built-in trainer (expert_tp "one") keeps its ep groups inside dp*cp.
     Rule(
         PlanReason.EP_NOT_IN_DP_CP,
-        "ep does not divide dp*cp, where the trainer takes ep from them",
-        lambda c, s: (
-            (c["ep"] > 1) & s.trainer.ep_inside_dp_cp & ((c["dp"] == 0) | ((c["dp"] * c["cp"]) % c["ep"] != 0))
-        ),
+        "ep does not divide the data- and context-parallel ranks (times tp/etp where the trainer folds experts over tp)",
+        lambda c, s: (c["ep"] > 1) & ((c["dp"] == 0) | (_expert_ranks(c, s) % (c["ep"] * _expert_tp(c, s)) != 0)),
         lambda c, s, i: (
-            f"ep = {_i(c, 'ep', i)} does not divide dp*cp = {_i(c, 'dp', i)}*{_i(c, 'cp', i)} "
-            "(the experts are split over data- and context-parallel ranks)"
+            f"ep*etp = {_i(c, 'ep', i)}*{_i(c, 'etp', i)} does not divide dp*cp*tp = {_i(c, 'dp', i)}*"
+            f"{_i(c, 'cp', i)}*{_i(c, 'tp', i)} (the experts are split over a stage's data- and context-parallel "
+            "ranks, and its tensor-parallel ranks where etp < tp)"
+            if s.trainer.expert_tp in FOLDS_OVER_TP
+            else f"ep = {_i(c, 'ep', i)} does not divide dp*cp = {_i(c, 'dp', i)}*{_i(c, 'cp', i)} (the "
+            f"{s.workload.kind} trainer splits the experts over data- and context-parallel ranks)"
         ),
     ),
     Rule(
@@ -373,7 +370,7 @@ RULES: tuple[Rule, ...] = (
         lambda c, s: _short_1f1b_refused(c, s),
         lambda c, s, i: (
             f"grad_accum = {_i(c, 'grad_accum', i)} micro-batches is fewer than pp = {_i(c, 'pp', i)} stages: "
-            f"the {s.workload.kind} trainer's {_i(c, 'pp_schedule', i)} schedule needs at least {_fewest(c, s, i)}"
+            f"the {s.workload.kind} trainer's {_i(c, 'pp_schedule', i)} schedule needs at least one per stage"
         ),
     ),
     Rule(
@@ -408,12 +405,6 @@ RULES: tuple[Rule, ...] = (
             f"the {s.workload.kind} trainer has no attention kernel "
             f"{' or '.join(sorted(set(KNOBS['attention'].choices) - s.trainer.attention))}"
         ),
-    ),
-    Rule(
-        PlanReason.KNOB_NOT_IN_TRAINER,
-        "a knob value the workload's trainer has no way to run",
-        _knob_not_in_trainer,
-        _knob_not_in_trainer_why,
     ),
     Rule(
         PlanReason.FLOAT8_UNSUPPORTED,

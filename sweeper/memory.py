@@ -12,6 +12,13 @@ value of the `sharding` knob costs in that trainer. Around the tensors: transien
 allocated peak; the caching allocator's gap on top of it makes the reserved peak, which plus
 the fixed per-process overhead is what must fit the card. Pipeline stages need not be even
 (`sweeper.stages.split_layers`): every stage is estimated and the most loaded one reported.
+
+Context parallel: a rank holds seq/cp tokens of every micro-batch (activations, logits, pipeline
+buffers), plus its key/value exchange (`cp_exchange_terms`). Mixture of experts: a stage's
+experts are split by ep and etp and their states sharded over expert data parallel, the rest
+over dp*cp (`stage_state_bytes`); a sparse block keeps the router's scores, the routed token
+copies with their expert MLP tensors and the combine's inputs, and passes the all-to-all
+buffers (`moe_block_extra_bytes`).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import numpy as np
 
 from sweeper.hardware import GIB
 from sweeper.knobs import KNOBS
-from sweeper.stages import pipeline_shapes, stage_layers, stage_params_at
+from sweeper.stages import pipeline_shapes, stage_dense_layers, stage_layers, stage_param_groups_at
 
 if TYPE_CHECKING:
     from sweeper.layout import Columns
@@ -39,6 +46,20 @@ SCORE_KERNELS = KNOBS["attention"].with_property("keeps_scores")
 CUDA_BASE_GIB = 1.0
 CUDA_PER_COMM_GIB = 0.25
 CPU_BASE_GIB = 0.3
+
+# Dropless routing (Megatron-LM's default: --moe-expert-capacity-factor None; torchtitan's MoE)
+# bounds no expert's load, and the busiest expert-parallel rank receives more than its average
+# share of the routed tokens. The estimate gives that rank 1.25 x its share: the capacity factor
+# Switch Transformer trains with (Fedus et al. 2022, "Switch Transformers", section 2.2 and
+# table 1, capacity factor 1.25), taken as the headroom the load-balancing loss leaves.
+MOE_CAPACITY = 1.25
+
+# Context-parallel exchange buffers of one block, in units of the local keys and values.
+# Ring (Megatron-LM through Transformer Engine, torchtitan through PyTorch's ring attention): the
+# backward of TE's AttnFuncWithCPAndKVP2P allocates two buffers each of the local K/V and its
+# gradient (`p2p_comm_buffers = [torch.empty((2, *kv.shape)), ...]`, one being computed on, one in
+# flight): 4 K/V-sized tensors at once, the forward's two K/V chunks (`kv_inputs = [None, None]`) fewer.
+RING_KV_BUFFERS = 4
 
 BREAKDOWN = ("weights", "grads", "optimizer", "activations", "logits", "buffers", "allocator", "overhead")
 
@@ -90,6 +111,11 @@ class Estimate:
 def compute_bytes(sweep: Sweep) -> int:
     """Bytes per activation element: 2 under bf16 autocast, 4 in fp32."""
     return 2 if sweep.trial.precision == "bf16" else 4
+
+
+def local_tokens(cols: Columns, sweep: Sweep) -> np.ndarray:
+    """Tokens of one micro-batch a rank holds: context parallel splits the sequence over cp ranks."""
+    return sweep.seq_len * cols["micro_batch_size"] / cols["cp"].astype(float)
 
 
 def per_token_terms(cols: Columns, sweep: Sweep) -> dict[str, np.ndarray]:
@@ -168,14 +194,72 @@ def layer_activation_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.
     """
     p = per_token_terms(cols, sweep)
     mode = cols["activation_checkpointing"]
-    tokens = sweep.seq_len * cols["micro_batch_size"]
-    none = p["attention"] + p["mlp"]
+    tokens = local_tokens(cols, sweep)
+    cp_kept, cp_transient = cp_exchange_terms(cols, sweep)
+    attention = p["attention"] + cp_kept
+    none = attention + p["mlp"]
     kept = np.select(
         [mode == "none", mode == "full", mode == "ffn", mode == "selective"],
-        [none, p["block_in"], p["attention"] + p["block_in"], p["selective"]],
+        [none, p["block_in"], attention + p["block_in"], p["selective"] + cp_kept],
         default=np.nan,
     )
-    transient = np.select([mode == "full", mode == "ffn"], [none, p["mlp"]], default=0.0)
+    transient = np.select([mode == "full", mode == "ffn"], [none, p["mlp"]], default=0.0) + cp_transient
+    return kept * tokens, transient * tokens
+
+
+def cp_exchange_terms(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, transient) bytes per local token of one block's context-parallel key/value exchange.
+
+    All-gather (the built-in trainer, sweeper/trainer/context.py): attention saves the gathered
+    keys and values of the whole sequence, cp times the local ones (e*2*kv/t per local token,
+    already counted once), and its backward forms their whole-sequence gradient before the
+    reduce-scatter. Ring (the trainer's `TimeTraits.cp_ring`, one fact for its time and memory:
+    Transformer Engine's p2p attention in Megatron-LM): the local K/V stay as without cp; the exchange
+    holds RING_KV_BUFFERS K/V-sized buffers while a block's attention runs.
+    """
+    e = compute_bytes(sweep)
+    cp = cols["cp"].astype(float)
+    kv = 2 * e * sweep.model.kv_dim / cols["tp"].astype(float)
+    if sweep.trainer.time.cp_ring:
+        return np.zeros(np.shape(cp)), np.where(cp > 1, RING_KV_BUFFERS * kv, 0.0)
+    return (cp - 1) * kv, np.where(cp > 1, cp * kv, 0.0)
+
+
+def moe_block_extra_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, transient) bytes of one mixture-of-experts block beyond a dense block's, per micro-batch.
+
+    Per local token, with r the share of tokens a rank routes (1/tp under sequence parallel,
+    whose tokens stay split through the MoE layer in Megatron-LM), k the top-k, E experts, c =
+    MOE_CAPACITY, f the expert width and m the MLP's tensors of width f (SwiGLU 4, GELU 2):
+      router     the e-byte logits and their fp32 softmax (topk_softmax_with_capacity, moe_utils.py): r*(e+4)*E
+      experts    the rank's routed copies, c*k*etp*r per local token (an all-to-all over ep, then
+                 an all-gather over etp), each keeping its input e*h and m*e*f/etp of the MLP
+      combine    the k expert outputs per token returned, kept to weight them by the router's probabilities
+      shared     a shared expert as a dense MLP of width f split by tp, on the gathered input
+    and the router's input e*h*r, minus the dense MLP's e*h + m*e*ffn/t (the norm is common). Transient: the all-to-all's
+    send and receive buffers (k*r + c*k*etp*r tokens of e*h). Kept under none and selective
+    (Megatron-LM's selective recompute covers core attention only), recomputed under full and ffn.
+    """
+    m = sweep.model
+    e = compute_bytes(sweep)
+    h, k, E, f = m.hidden, m.experts_per_token, m.experts, m.expert_ffn
+    mlp_tensors = 2 if m.mlp == "gelu" else 4
+    t, etp = cols["tp"].astype(float), cols["etp"].astype(float)
+    r = np.where(cols["effective_sp"], 1.0 / t, 1.0)
+    routed = MOE_CAPACITY * k * etp * r
+    moe = r * (e + 4) * E + routed * (e * h + mlp_tensors * e * f / etp) + k * r * e * h
+    # the block's input as the router and the dispatcher read it: the rank's own tokens (Megatron-LM
+    # does not gather the sequence-parallel tokens for the MoE layer); a shared expert, a dense MLP,
+    # reads them gathered
+    shared = np.where(m.shared_experts > 0, e * h + m.shared_experts * mlp_tensors * e * f / t, 0.0)
+    moe = moe + e * h * r + shared
+    dense = e * h + mlp_tensors * e * m.ffn / t
+    a2a = (k * r + routed) * e * h
+    mode = cols["activation_checkpointing"]
+    keeps = (mode == "none") | (mode == "selective")
+    tokens = local_tokens(cols, sweep)
+    kept = np.where(keeps, moe - dense, 0.0)
+    transient = np.where(keeps, 0.0, np.maximum(moe - dense, 0.0)) + a2a
     return kept * tokens, transient * tokens
 
 
@@ -204,7 +288,7 @@ def logits_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.ndarray]:
     e = compute_bytes(sweep)
     t = cols["tp"].astype(float)
     r = np.where(cols["effective_sp"], 1.0 / t, 1.0)
-    tokens = sweep.seq_len * cols["micro_batch_size"]
+    tokens = local_tokens(cols, sweep)
     logits = tokens * sweep.model.vocab / t
     head_in = tokens * (norm_bytes(cols, sweep, r) + e * sweep.model.hidden)
     loss_kept, loss_transient = sweep.memory_recipe.loss_bytes(cols, sweep)  # per logit
@@ -217,17 +301,19 @@ def overhead_bytes(cols: Columns, sweep: Sweep) -> np.ndarray:
         return np.full(np.shape(cols["tp"]), sweep.memory.overhead_gib * GIB)
     if sweep.cluster.gpu.name == "cpu":
         return np.full(np.shape(cols["tp"]), CPU_BASE_GIB * GIB)
-    comms = (cols["tp"] > 1).astype(int) + (cols["pp"] > 1) + (cols["dp"] > 1)
+    comms = (cols["tp"] > 1).astype(int) + (cols["pp"] > 1) + (cols["dp"] > 1) + (cols["cp"] > 1)
+    if sweep.model.is_moe:  # the expert-parallel and expert-data-parallel groups
+        comms = comms + (cols["ep"] > 1) + (cols["edp"] > 1)
     return (CUDA_BASE_GIB + CUDA_PER_COMM_GIB * comms) * GIB
 
 
 def p2p_bytes(cols: Columns, sweep: Sweep) -> np.ndarray:
     """Pipeline send/receive buffers: one micro-batch's activation (s*b*h, /tp under sequence
-    parallel) received forward and one gradient received backward, in compute precision."""
+    parallel, /cp) received forward and one gradient received backward, in compute precision."""
     e = compute_bytes(sweep)
     t = cols["tp"].astype(float)
     r = np.where(cols["sequence_parallel"].astype(bool) & (t > 1), 1.0 / t, 1.0)
-    act = sweep.seq_len * cols["micro_batch_size"] * sweep.model.hidden * e * r
+    act = local_tokens(cols, sweep) * sweep.model.hidden * e * r
     return np.where(cols["pp"] > 1, 2.0 * act, 0.0)
 
 
@@ -242,6 +328,28 @@ def state_bytes(cols: Columns, sweep: Sweep, params: np.ndarray) -> tuple[np.nda
     as the sweep's recipe holds them (`Recipe.states`, in sweeper.trainers)."""
     weights, grads, optimizer, _ = sweep.memory_recipe.states(cols, sweep, params)
     return weights, grads, optimizer
+
+
+def stage_state_bytes(
+    cols: Columns, sweep: Sweep, shared: np.ndarray, experts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(weights, grads, optimizer, buffers) of a rank holding `shared` non-expert and `experts`
+    expert parameters, as the recipe shards them: the non-expert ones over dp*cp (Megatron-LM's
+    distributed optimizer and torchtitan's FSDP shard over the data- and context-parallel ranks
+    together: "CP ... 1/N optimizer states (with distributed optimizer)", moe/README.md), the
+    expert ones over expert data parallel, edp = world/(etp*ep*pp), where their gradients are
+    reduced (Megatron-LM's expert_data_parallel group). The recipe's states are affine in the
+    parameters (a fixed gathered unit plus per-parameter bytes): the expert part adds only the
+    per-parameter bytes."""
+    recipe = sweep.memory_recipe
+    out = recipe.states({**cols, "dp": cols["dp"] * cols["cp"]}, sweep, shared)
+    if not sweep.model.is_moe:
+        return out
+    expert_cols = {**cols, "dp": cols["edp"]}
+    with_experts = recipe.states(expert_cols, sweep, experts)
+    without = recipe.states(expert_cols, sweep, np.zeros(np.shape(experts)))
+    a, b, c, d = (x + y - z for x, y, z in zip(out, with_experts, without, strict=True))
+    return a, b, c, d
 
 
 def recipe_activation_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.ndarray]:
@@ -273,6 +381,7 @@ def estimate(cols: Columns, sweep: Sweep, *, rank: int | None = None) -> Estimat
     the largest total reported, with its index in `Estimate.stage`.
     """
     kept, transient = recipe_activation_bytes(cols, sweep)
+    moe_kept, moe_transient = moe_block_extra_bytes(cols, sweep) if sweep.model.is_moe else (0.0 * kept, 0.0 * kept)
     logit_kept, logit_transient = logits_bytes(cols, sweep)
     n = len(cols["tp"])
     names = ("weights", "grads", "optimizer", "activations", "logits", "buffers")
@@ -283,18 +392,22 @@ def estimate(cols: Columns, sweep: Sweep, *, rank: int | None = None) -> Estimat
     for pp_value, chunks in pipeline_shapes(cols):
         rows = np.flatnonzero((cols["pp"] == pp_value) & (cols["chunks"] == chunks))
         sub = {k: v[rows] for k, v in cols.items()}
-        layers = stage_layers(sweep.model.layers, pp_value, chunks) if pp_value <= sweep.model.layers else ()
+        m = sweep.model
+        layers = stage_layers(m.layers, pp_value, chunks) if pp_value <= m.layers else ()
+        dense = stage_dense_layers(m.layers, m.dense_layers, pp_value, chunks) if m.is_moe else layers
         for r in _ranks_to_check(pp_value, chunks) if rank is None else [rank % pp_value]:
-            count = layers[r]
+            count, sparse = layers[r], layers[r] - dense[r]
             first, last = r == 0, r == pp_value - 1
-            params = stage_params_at(sub, sweep, float(count), first=first, last=last)
-            weights, grads, optimizer, buffers = sweep.memory_recipe.states(sub, sweep, params)
+            shared, experts = stage_param_groups_at(sub, sweep, float(count), first=first, last=last, dense=dense[r])
+            weights, grads, optimizer, buffers = stage_state_bytes(sub, sweep, shared, experts)
             inflight = microbatches_in_flight_at(sub, r)
+            block_kept = count * kept[rows] + sparse * moe_kept[rows]
+            block_transient = transient[rows] + (moe_transient[rows] if sparse else 0.0)
             terms = {
                 "weights": weights,
                 "grads": grads,
                 "optimizer": optimizer,
-                "activations": inflight * count * kept[rows] + transient[rows],
+                "activations": inflight * block_kept + block_transient,
                 # the head runs in the last model chunk only: one micro-batch's logits kept under
                 # the 1F1B schedules (interleaved included), every micro-batch's under GPipe
                 "logits": (

@@ -1,9 +1,19 @@
 """Transformer shapes: presets (LLaMA 1/2/3.x, Qwen3, Mistral, GPT-3, and the mixture-of-experts
-Mixtral and Qwen3-MoE) and the parameter counts derived from a shape.
+Mixtral, Qwen3-MoE and GPT-OSS) and the parameter counts derived from a shape.
 
 Two block families: LLaMA-style (RMSNorm weight only, RoPE, SwiGLU, no biases) and GPT-style
 (LayerNorm weight and bias, learned positions, GELU MLP of two matrices, and, as in GPT-2/3 and
 Megatron-LM's default `--add-bias-linear`, a bias on every linear layer of a GELU block).
+GPT-OSS is LLaMA-style with biases on the attention projections, the experts and the router
+(`attention_bias`, `mlp_bias`) and one learned attention sink per head (`attention_sinks`).
+
+Not modelled, for GPT-OSS: the 128-token sliding window of every other layer (those layers
+are counted as full causal attention, so their attention FLOPs and, with a kernel that keeps
+the scores, their score memory are overestimated at long sequences); the sinks' effect on the
+softmax (they are counted as parameters only); the clamped SwiGLU (same tensors as SwiGLU).
+DeepSeek-V3 and Kimi K2 are not presets: their multi-head latent attention (low-rank
+compressed queries and keys/values with a decoupled RoPE part) has projections and cached
+tensors no field here describes, and counting it as grouped-query attention would be wrong.
 """
 
 from __future__ import annotations
@@ -42,9 +52,17 @@ class ModelShape:
     shared_experts: int = 0
     dense_layers: int = 0
     router: str = "softmax"  # softmax (Mixtral, Qwen3) | sigmoid (DeepSeek-V3): the gate's scores
+    # GPT-OSS (openai/gpt-oss-* config.json "attention_bias": true; transformers' GptOssMLP and
+    # GptOssTopKRouter): biases on q, k, v and o; on every expert's gate/up and down projections
+    # and on the router; one learned sink logit per head and block
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    attention_sinks: bool = False
 
     # the fields only a mixture of experts sets: left out of a dense model's identity (sweeper.identity)
     MOE_FIELDS = ("experts", "experts_per_token", "moe_ffn", "shared_experts", "dense_layers", "router")
+    # fields added after identities were first written: left out of an identity while unset
+    LATE_FIELDS = ("attention_bias", "mlp_bias", "attention_sinks")
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -67,16 +85,23 @@ class ModelShape:
 
     @property
     def attention_params(self) -> int:
-        """wq is hidden x q_dim, wo q_dim x hidden; wk and wv are hidden x kv_dim; biases for GPT blocks."""
+        """wq is hidden x q_dim, wo q_dim x hidden; wk and wv are hidden x kv_dim; biases for GPT
+        blocks and where `attention_bias` is set; a sink logit per head where `attention_sinks` is."""
         w = 2 * self.hidden * self.q_dim + 2 * self.hidden * self.kv_dim
-        return w + (self.q_dim + 2 * self.kv_dim + self.hidden if self.biases else 0)
+        bias = self.q_dim + 2 * self.kv_dim + self.hidden if (self.biases or self.attention_bias) else 0
+        return w + bias + (self.heads if self.attention_sinks else 0)
+
+    def _mlp_params(self, width: int) -> int:
+        # SwiGLU: w1 and w3 (hidden -> width) and w2 (width -> hidden), biases (2*width + hidden)
+        # where mlp_bias is set; GELU: two matrices and their biases
+        if self.mlp == "gelu":
+            return 2 * self.hidden * width + width + self.hidden
+        return 3 * self.hidden * width + (2 * width + self.hidden if self.mlp_bias else 0)
 
     @property
     def mlp_params(self) -> int:
         """SwiGLU: w1 and w3 (hidden -> ffn) and w2 (ffn -> hidden); GELU: two matrices and their biases."""
-        if self.mlp == "gelu":
-            return 2 * self.hidden * self.ffn + self.ffn + self.hidden
-        return 3 * self.hidden * self.ffn
+        return self._mlp_params(self.ffn)
 
     @property
     def is_moe(self) -> bool:
@@ -95,14 +120,12 @@ class ModelShape:
     @property
     def expert_params(self) -> int:
         """One expert: an MLP of the block's kind at the experts' width."""
-        if self.mlp == "gelu":
-            return 2 * self.hidden * self.expert_ffn + self.expert_ffn + self.hidden
-        return 3 * self.hidden * self.expert_ffn
+        return self._mlp_params(self.expert_ffn)
 
     @property
     def router_params(self) -> int:
-        """The router's gate: hidden x experts."""
-        return self.hidden * self.experts
+        """The router's gate: hidden x experts (and a bias per expert where mlp_bias is set)."""
+        return self.hidden * self.experts + (self.experts if self.mlp_bias else 0)
 
     @property
     def moe_layer_params(self) -> int:
@@ -191,6 +214,29 @@ def _qwen3_moe(name: str, layers: int, hidden: int, heads: int, kv_heads: int, f
     )
 
 
+def _gpt_oss(name: str, layers: int, experts: int) -> ModelShape:
+    # openai/gpt-oss-20b and -120b config.json: hidden_size 2880, intermediate_size 2880 (each
+    # expert's width), head_dim 64, 64 attention heads, 8 key/value heads, vocab_size 201088,
+    # experts_per_token 4, tie_word_embeddings false, attention_bias true; 24 or 36 layers of
+    # num_local_experts 32 or 128, every block sparse
+    return ModelShape(
+        layers,
+        2880,
+        64,
+        8,
+        2880,
+        201088,
+        name=name,
+        head_dim=64,
+        experts=experts,
+        experts_per_token=4,
+        moe_ffn=2880,
+        attention_bias=True,
+        mlp_bias=True,
+        attention_sinks=True,
+    )
+
+
 def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelShape:
     # Brown et al. 2020, Table 2.1: d_ff = 4 d_model, d_head = 128 except 2.7B (80), n_ctx 2048,
     # 13B's d_model 5140 with 40 heads of 128 (so head_dim is explicit there),
@@ -258,5 +304,7 @@ PRESETS: dict[str, ModelShape] = {
         # expert, every block sparse (decoder_sparse_step 1, mlp_only_layers []), softmax router
         _qwen3_moe("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 768),
         _qwen3_moe("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 1536),
+        _gpt_oss("gpt-oss-20b", 24, 32),
+        _gpt_oss("gpt-oss-120b", 36, 128),
     ]
 }

@@ -33,14 +33,14 @@ def test_etp_follows_tp_unless_given():
 
 def test_nvidias_qwen3_235b_layout_is_valid_for_megatron_but_not_where_ep_comes_from_dp_cp():
     # Megatron-Bridge's H100 Qwen3-235B recipe: tp 2, pp 8, ep 32, etp 1 on 256 GPUs; dp*cp = 16,
-    # which ep = 32 does not divide: Megatron-LM's parallel folding runs it, torchtitan would not
+    # which ep = 32 does not divide: Megatron-LM's parallel folding runs it over dp*cp*tp
     cluster = {"nodes": 32, "gpus_per_node": 8, "gpu": "h100-sxm"}
     layout = Layout(tp=2, pp=8, ep=32, etp=1, sequence_parallel=True, micro_batch_size=1)
     space = {"tp": [2], "pp": [8], "ep": [32], "etp": [1]}
     common = {"model": QWEN3_235B, "cluster": cluster, "global_batch_size": 2048, "seq_len": 4096, "space": space}
     assert _code(layout, workload=MEGATRON, memory={"recipe": "megatron"}, **common) is None
-    tt = {"kind": "torchtitan", "command": "torchrun -m torchtitan.train {flags}"}
-    assert _code(layout, workload=tt, memory={"recipe": "torchtitan"}, **common) == "ep_not_in_dp_cp"
+    # the built-in trainer keeps its expert-parallel groups inside dp*cp
+    assert _code(layout, memory={"recipe": "builtin"}, **common) == "ep_not_in_dp_cp"
 
 
 def test_megatron_needs_sequence_parallel_where_expert_and_tensor_parallelism_meet():

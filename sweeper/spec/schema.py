@@ -72,6 +72,9 @@ class ModelSpec(_Strict):
     router: Literal["softmax", "sigmoid"] = Field(
         default="softmax", description="the router's scores: softmax (Mixtral, Qwen3) or sigmoid (DeepSeek-V3)"
     )
+    attention_bias: bool = Field(default=False, description="biases on the q, k, v and o projections (GPT-OSS)")
+    mlp_bias: bool = Field(default=False, description="biases on a SwiGLU MLP's, the experts' and the router's layers")
+    attention_sinks: bool = Field(default=False, description="a learned sink logit per head and block (GPT-OSS)")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelSpec:
@@ -139,6 +142,9 @@ class ModelSpec(_Strict):
             shared_experts=self.shared_experts,
             dense_layers=self.dense_layers,
             router=self.router,
+            attention_bias=self.attention_bias,
+            mlp_bias=self.mlp_bias,
+            attention_sinks=self.attention_sinks,
         )
 
 

@@ -175,8 +175,6 @@ class Trainer:
     expert_tp: ClassVar[Literal["none", "one", "one_or_tp", "any"]] = "none"
     # Megatron-LM asserts sequence parallel wherever expert and tensor parallelism meet
     ep_tp_needs_sp: ClassVar[bool] = False
-    # whether its expert-parallel group is made of data- and context-parallel ranks (ep | dp*cp)
-    ep_inside_dp_cp: ClassVar[bool] = True
 
     def runs_experts(self, cols: Columns) -> np.ndarray:
         """The rows whose expert layout (etp against tp) this trainer runs, for a mixture of experts."""

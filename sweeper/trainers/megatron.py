@@ -117,9 +117,6 @@ class Megatron(Trainer):
     cp_attention = frozenset(k for k, backend in MEGATRON_ATTENTION.items() if backend != "unfused")
     expert_tp = "any"  # --expert-tensor-parallel-size is free of --tensor-model-parallel-size
     ep_tp_needs_sp = True  # validate_args: expert and tensor parallelism need --sequence-parallel
-    # MoE parallel folding (megatron/core/parallel_state.py builds the expert mesh etp x ep x edp x pp
-    # over the world on its own): only etp*ep*pp must divide the world, not ep divide dp*cp
-    ep_inside_dp_cp = False
 
     def flags(self, rec: Mapping[str, Any], steps: int) -> list[str]:
         args, _ = megatron_args(rec)
