@@ -24,11 +24,11 @@ import warnings
 warnings.filterwarnings("ignore")
 FAKE_GPU_ARCH = 9
 
+import torch
+from megatron.core.transformer import transformer_config
 from megatron.core.transformer.pipeline_parallel_layer_layout import (
     PipelineParallelLayerLayout,
 )
-import torch
-from megatron.core.transformer import transformer_config
 from megatron.training import arguments
 
 arguments.get_device_arch_version = lambda: FAKE_GPU_ARCH  # the GPU this machine does not have
