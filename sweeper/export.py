@@ -59,7 +59,7 @@ def layout_record(row: Mapping[str, Any], sweep: Sweep) -> dict[str, Any]:
     a mixture of experts adds its model fields and total and active parameters (`export_moe.moe_fields`)."""
     knobs = {k: _plain(row.get(k)) for k in KNOBS}
     for k, knob in KNOBS.items():  # a row written before a knob existed ran at its default (etp: tp)
-        if knobs[k] is None:
+        if knobs[k] is None or (knob.follows and knobs[k] == knob.default):
             knobs[k] = knobs[knob.follows] if knob.follows else knob.default
     return {
         "sweep": sweep.name,
