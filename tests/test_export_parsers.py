@@ -45,6 +45,7 @@ from sweeper.export_moe import torchtitan_model
 from sweeper.knobs import KNOBS
 from sweeper.layout import Layout
 from sweeper.spec import Sweep, parse_sweep
+from sweeper.statuses import PlanReason
 from sweeper.workloads import render_command, workload_env
 from tests.conftest import ROOT, base_spec
 
@@ -436,14 +437,21 @@ MOE_IDS = [f"{m}-" + "-".join(f"{k}={v}" for k, v in knobs.items()) for m, knobs
 
 
 def moe_case(i: int, kind: str) -> tuple[Sweep, dict[str, Any]]:
-    """The sweep and results row of MOE_LAYOUTS[i] for the trainer `kind`; torchtitan runs etp = 1 or tp
-    only and SDPA kernels with cp, so its rows use etp = 1 where Megatron-LM's use another etp."""
+    """The sweep and results row of MOE_LAYOUTS[i] for `kind`: megatron; torchtitan (0.3, the
+    workload: etp = 1 under ep, tp without); torchtitan-0.2 (the TOML export: etp = 1 or tp, so its
+    rows need pass every rule but the 0.3 workload's expert rule)."""
     model, knobs = MOE_LAYOUTS[i]
-    sweep = moe_sweep(model, kind)
-    if kind == "torchtitan" and knobs.get("etp", knobs.get("tp", 1)) not in (1, knobs.get("tp", 1)):
+    sweep = moe_sweep(model, "megatron" if kind == "megatron" else "torchtitan")
+    tp, ep, etp = knobs.get("tp", 1), knobs.get("ep", 1), knobs.get("etp", knobs.get("tp", 1))
+    if kind == "torchtitan":
+        knobs = knobs | {"etp": 1 if ep > 1 else tp}
+    elif kind == "torchtitan-0.2" and etp not in (1, tp):
         knobs = knobs | {"etp": 1}
     lay = Layout(**knobs)
-    assert lay.rejection(sweep) is None, f"{MOE_IDS[i]} ({kind}): {lay.rejection(sweep)}"
+    why = lay.rejection(sweep)
+    if kind == "torchtitan-0.2" and why is not None and why.code == PlanReason.EXPERTS_NOT_IN_WORKLOAD:
+        why = None
+    assert why is None, f"{MOE_IDS[i]} ({kind}): {why}"
     return sweep, layout_row(sweep, **knobs)
 
 
@@ -567,7 +575,7 @@ def test_torchtitan_moe_model_and_notes():
     sweep, row = moe_case(7, "torchtitan")
     text = to_torchtitan_cli(row, sweep)
     assert "torchtitan ships no such config function" in text and "mixtral-8x7b" in text
-    sweep, row = moe_case(2, "torchtitan")  # etp = tp = 2 with ep = 4: 0.3 has no expert tensor parallel
+    sweep, row = moe_case(2, "megatron")  # etp = tp = 2 with ep = 4: 0.3 has no expert tensor parallel
     _, notes = torchtitan_cli_args(layout_record(row, sweep))
     assert any(n.startswith("etp=2: torchtitan 0.3 has no expert tensor parallel degree") for n in notes)
 
@@ -579,7 +587,7 @@ def titan_toml_moe(tmp_path_factory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("toml-moe")
     cases = []
     for i in range(len(MOE_LAYOUTS)):
-        sweep, row = moe_case(i, "torchtitan")
+        sweep, row = moe_case(i, "torchtitan-0.2")
         path = out / f"{i}.toml"
         path.write_text(to_torchtitan(row, sweep))
         cases.append({"toml": str(path), "world": WORLD})
@@ -590,7 +598,7 @@ def titan_toml_moe(tmp_path_factory) -> list[dict[str, Any]]:
 def test_torchtitan_toml_moe_and_cp_exports_are_accepted(titan_toml_moe):
     for i, name in enumerate(MOE_IDS):
         got = titan_toml_moe[i]
-        sweep, row = moe_case(i, "torchtitan")
+        sweep, row = moe_case(i, "torchtitan-0.2")
         rec = layout_record(row, sweep)
         text = to_torchtitan(row, sweep)
         named = torchtitan_model(rec, version_02=True)[0]
@@ -603,3 +611,14 @@ def test_torchtitan_toml_moe_and_cp_exports_are_accepted(titan_toml_moe):
         assert got["etp"] == (rec["etp"] if sweep.model.is_moe else 1), name
         assert got["dp_replicate"] * got["dp_shard"] == rec["dp"], name
         assert got["model"] == ([named["name"], named["flavor"]] if named else ["llama3", "debugmodel"]), name
+
+
+def test_torchtitan_workload_runs_etp_one_under_ep_and_tp_without():
+    """torchtitan 0.3 has no expert tensor-parallel degree: the plan of its workload refuses the others."""
+    sweep = moe_sweep("qwen3", "torchtitan")
+    assert Layout(tp=2, sequence_parallel=True, ep=4, etp=1).rejection(sweep) is None
+    assert Layout(tp=2, sequence_parallel=True, ep=1).rejection(sweep) is None  # etp follows tp
+    for lay in (Layout(tp=2, sequence_parallel=True, ep=4), Layout(tp=2, ep=1, etp=1)):
+        why = lay.rejection(sweep)
+        assert why is not None and why.code == PlanReason.EXPERTS_NOT_IN_WORKLOAD
+        assert "runs etp = 1 with ep > 1 and etp = tp without" in why.message
