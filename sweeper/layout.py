@@ -329,7 +329,7 @@ RULES: tuple[Rule, ...] = (
         PlanReason.EXPERTS_NOT_IN_WORKLOAD,
         "an expert layout the workload's trainer does not run",
         lambda c, s: (s.model.experts > 0) & ~s.trainer.runs_experts(c),
-        lambda c, s, i: s.trainer.experts_refusal(_i(c, "etp", i), _i(c, "tp", i), _i(c, "ep", i)),
+        lambda c, s, i: s.trainer.experts_refusal(_i(c, "etp", i), _i(c, "tp", i)),
     ),
     # Megatron-LM: "When using expert parallelism and tensor parallelism, sequence parallelism must be used"
     Rule(

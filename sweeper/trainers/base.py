@@ -185,15 +185,12 @@ class Trainer:
         }
         return allowed.get(self.expert_tp, np.ones(np.shape(etp), dtype=bool))
 
-    def experts_refusal(self, etp: int, tp: int, ep: int = 1) -> str:
+    def experts_refusal(self, etp: int, tp: int) -> str:
         """Why `runs_experts` refuses a row, in a line."""
         if self.expert_tp == "none":
             return f"the {self.kind} trainer runs no mixture-of-experts model"
         if self.expert_tp == "one_under_ep":
-            return (
-                f"the {self.kind} trainer runs etp = 1 with ep > 1 and etp = tp without, "
-                f"not etp = {etp} (tp = {tp}, ep = {ep})"
-            )
+            return f"the {self.kind} trainer runs etp = 1 with ep > 1 and etp = tp without, not etp = {etp} (tp = {tp})"
         allowed = "1" if self.expert_tp == "one" else f"1 or tp = {tp}"
         return f"the {self.kind} trainer runs etp = {allowed} only, not etp = {etp} (tp = {tp})"
 
