@@ -471,6 +471,13 @@ def megatron_moe(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any
     rec = layout_record(row, sweep) | {"sequence_parallel": False}
     argv = megatron_model_args(sweep) + ["--no-rope-fusion"] + megatron_args(rec)[0]
     cases.append({"argv": argv, "env": megatron_env(rec)[0], "world": WORLD, "config": True})
+    # `workload: megatron` renders the same flags plus its iterations: a cp x ep layout's {flags}
+    lay = Layout(**{k: row[k] for k in KNOBS})
+    flags = render_command(sweep.workload.command, sweep, lay, "megatron")[1:]
+    model_args = megatron_model_args(sweep)[: megatron_model_args(sweep).index("--train-iters")]
+    argv = model_args + ["--qk-layernorm", "--no-rope-fusion", "--lr", "1e-4", "--mock-data"]
+    argv += ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(sweep.model.vocab), *flags]
+    cases.append({"argv": argv, "env": workload_env(sweep, lay)[0], "world": WORLD, "config": True})
     return run_harness("megatron_validate.py", cases, pythonpath=str(tree))
 
 
@@ -502,6 +509,13 @@ def test_megatron_moe_and_cp_exports_are_accepted(megatron_moe):
 def test_megatron_refuses_ep_and_tp_without_sequence_parallel(megatron_moe):
     got = megatron_moe[len(MOE_IDS)]
     assert not got["ok"] and "sequence parallelism must be used" in got["error"]
+
+
+@pytest.mark.slow
+def test_megatron_workload_flags_of_a_cp_ep_layout_are_accepted(megatron_moe):
+    got = megatron_moe[len(MOE_IDS) + 1]
+    assert got["ok"], got["error"]
+    assert (got["cp"], got["ep"], got["etp"], got["experts"]) == (2, 8, 1, 128)
 
 
 def test_megatron_moe_flags():
