@@ -117,3 +117,29 @@ def test_best_and_status_show_cp_ep_etp(tmp_path, capsys):
     status(str(spec), as_json=True)
     layouts = [json.loads(line)["layout"] for line in capsys.readouterr().out.splitlines()]
     assert layouts[1].endswith("cp=2 ep=8 etp=1") and layouts[2].endswith("cp=2 ep=8")
+
+
+def test_dry_run_table_has_the_searched_cp_and_ep_and_the_active_parameters():
+    import io
+
+    from rich.console import Console
+
+    from sweeper.cli.render import print_plan
+    from sweeper.plan import make_plan
+
+    space = {"tp": [1, 2], "sequence_parallel": [True], "cp": [1, 2], "ep": [1, 8], "etp": [1]}
+    sweep = make_sweep(
+        model="qwen3-30b-a3b",
+        seq_len=4096,
+        global_batch_size=512,
+        cluster={"nodes": 8, "gpus_per_node": 8, "gpu": "h100-sxm"},
+        space=space,
+        workload={"kind": "megatron", "command": "pretrain_gpt.py {flags}"},
+    )
+    out = io.StringIO()
+    print_plan(make_plan(sweep), console=Console(file=out, width=200))
+    lines = out.getvalue().splitlines()
+    header = next(line for line in lines if "pred MFU" in line)
+    cells = [c.strip() for c in header.split("┃") if c.strip()]
+    assert "cp" in cells and "ep" in cells and "etp" not in cells  # etp = [1]: one value, not shown
+    assert any("30.53B params, 3.35B active per token" in line for line in lines)
