@@ -23,6 +23,13 @@ import shlex
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from sweeper.export_moe import (
+    megatron_cp_moe_args,
+    megatron_recompute_modules,
+    moe_fields,
+    torchtitan_cp_ep,
+    torchtitan_model,
+)
 from sweeper.knobs import KNOBS
 from sweeper.stages import split_layers
 
@@ -48,8 +55,12 @@ TORCHTITAN_OUTPUT = {TORCHTITAN_TOML_VERSION: "output", TORCHTITAN_CLI_VERSION: 
 
 
 def layout_record(row: Mapping[str, Any], sweep: Sweep) -> dict[str, Any]:
-    """The layout of a results row as plain data: knobs, derived sizes, the sweep's fixed shape and its MFU."""
+    """The layout of a results row as plain data: knobs, derived sizes, the sweep's fixed shape and its MFU;
+    a mixture of experts adds its model fields and total and active parameters (`export_moe.moe_fields`)."""
     knobs = {k: _plain(row.get(k)) for k in KNOBS}
+    for k, knob in KNOBS.items():  # a row written before a knob existed ran at its default (etp: tp)
+        if knobs[k] is None or (knob.follows and knobs[k] == knob.default):
+            knobs[k] = knobs[knob.follows] if knob.follows else knob.default
     return {
         "sweep": sweep.name,
         "trial_number": _plain(row.get("trial_number")),
@@ -62,6 +73,7 @@ def layout_record(row: Mapping[str, Any], sweep: Sweep) -> dict[str, Any]:
         "global_batch_size": sweep.global_batch_size,
         "layers": sweep.model.layers,
         "precision": sweep.trial.precision,
+        **moe_fields(sweep),
     }
 
 
@@ -156,11 +168,14 @@ def _torchtitan_common(rec: Mapping[str, Any], version: str) -> tuple[dict[str, 
     """The parallelism and training fields both torchtitan forms share, and notes."""
     tp, pp, mbs = rec["tp"], rec["pp"], rec["micro_batch_size"]
     replicate, shard, notes = _torchtitan_dp(rec, version)
+    cp_ep, replicate, shard, cp_ep_notes = torchtitan_cp_ep(rec, replicate, shard, version == TORCHTITAN_TOML_VERSION)
+    notes += cp_ep_notes
     par: dict[str, Any] = {
         "tensor_parallel_degree": tp,
         "pipeline_parallel_degree": pp,
         "data_parallel_shard_degree": shard,
         "data_parallel_replicate_degree": replicate,
+        **cp_ep,
     }
     if pp > 1:
         par["pipeline_parallel_schedule"] = TORCHTITAN_SCHEDULE[rec["pp_schedule"]]
@@ -192,6 +207,8 @@ def _torchtitan_common(rec: Mapping[str, Any], version: str) -> tuple[dict[str, 
 def torchtitan_sections(rec: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """torchtitan 0.2.x TOML sections for a layout, and the knob values it has no option for."""
     par, training, notes = _torchtitan_common(rec, TORCHTITAN_TOML_VERSION)
+    model, model_notes = torchtitan_model(rec, version_02=True)
+    notes += model_notes
     mode = rec["activation_checkpointing"]
     par["enable_async_tensor_parallel"] = False
     par["disable_loss_parallel"] = False  # the built-in trainer computes the loss vocab-parallel too
@@ -208,8 +225,10 @@ def torchtitan_sections(rec: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any
     }
     if rec["compile"]:
         sections["compile"]["components"] = ["model", "loss"]
+    if model:
+        sections["model"] = dict(model)
     if rec["float8"]:
-        sections["model"] = {"converters": ["quantize.linear.float8"]}
+        sections.setdefault("model", {})["converters"] = ["quantize.linear.float8"]
         sections["quantize.linear.float8"] = {"enable_fsdp_float8_all_gather": par["data_parallel_shard_degree"] > 1}
     return sections, notes
 
@@ -248,10 +267,15 @@ def torchtitan_cli_args(rec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
             args += [f"--parallelism.{key}", str(value)]
     if rec["tp"] > 1:
         args.append(_tyro_bool("parallelism.enable_sequence_parallel", bool(rec["sequence_parallel"])))
+    if rec["cp"] > 1:
+        # distributed/full_dtensor.py validate_config: the default spmd_types backend refuses cp with
+        # SDPA ("Use FlexAttention + CP"); partial_dtensor wraps SDPA in context parallelism itself
+        args += ["--parallelism.spmd_backend", "partial_dtensor"]
     for key, value in training.items():
         args += [f"--training.{key}", str(value)]
-    if rec["pp"] > 1:
-        # Trainer.Config.__post_init__: "CUDA graphs do not support pipeline parallelism yet"
+    if rec["pp"] > 1 or rec["ep"] > 1:
+        # Trainer.Config._validate_cuda_graphs: "CUDA graphs do not support pipeline parallelism yet",
+        # nor expert parallel with the all-to-all token dispatcher (its CPU synchronization)
         args.append("--training.disable_cuda_graphs")
     args.append(_tyro_bool("compile.enable", bool(rec["compile"])))
     if rec["compile"]:
@@ -270,13 +294,15 @@ def to_torchtitan_cli(row: Mapping[str, Any], sweep: Sweep) -> str:
     """torchtitan 0.3.x overrides as a shell fragment: comments, then one override per line."""
     rec = layout_record(row, sweep)
     args, notes = torchtitan_cli_args(rec)
+    model, model_notes = torchtitan_model(rec, version_02=False)
+    module, config = model.get("module", "llama3"), model.get("config", "<your config function>")
     lines = [
         f"# torchtitan {TORCHTITAN_CLI_VERSION} overrides: sweep {sweep.name}, trial {rec['trial_number']}"
         + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else ""),
-        "# append to: torchrun ... -m torchtitan.train --module llama3 --config <your config function>",
+        f"# append to: torchrun ... -m torchtitan.train --module {module} --config {config}",
         f"# names from pytorch/torchtitan {TORCHTITAN_CLI_VERSION} torchtitan/config/configs.py and trainer.py",
     ]
-    lines += [f"# no torchtitan option: {n}" for n in notes]
+    lines += [f"# no torchtitan option: {n}" for n in notes + model_notes]
     return "\n".join(lines + _shell_lines(args)) + "\n"
 
 
@@ -320,12 +346,13 @@ def megatron_args(rec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     notes += notes_pp
     if rec["sequence_parallel"]:
         args.append("--sequence-parallel")
+    args += megatron_cp_moe_args(rec)
     if mode == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     elif mode == "selective":
         args += ["--recompute-granularity", "selective"]
     elif mode == "ffn":
-        args += ["--recompute-granularity", "selective", "--recompute-modules", "mlp"]
+        args += ["--recompute-granularity", "selective", "--recompute-modules", *megatron_recompute_modules(rec)]
     args += ["--transformer-impl", "transformer_engine", "--attention-backend", MEGATRON_ATTENTION[rec["attention"]]]
     if rec["attention"] == "eager":
         args.append("--no-masked-softmax-fusion")
@@ -389,16 +416,17 @@ def _megatron_pipeline(rec: Mapping[str, Any]) -> tuple[list[str], list[str]]:
 def megatron_env(rec: Mapping[str, Any]) -> tuple[dict[str, str | None], list[str]]:
     """Environment a Megatron-LM run of this layout needs (None = must be unset), with the reasons.
 
-    validate_args (GPUs before Blackwell): tensor parallelism without FSDP asserts
+    validate_args (GPUs before Blackwell): tensor or context parallelism without FSDP asserts
     CUDA_DEVICE_MAX_CONNECTIONS == "1"; Megatron-FSDP asserts it is not "1".
     """
     if rec["sharding"] == "fsdp":
         return {"CUDA_DEVICE_MAX_CONNECTIONS": None}, [
             "CUDA_DEVICE_MAX_CONNECTIONS must not be 1: Megatron-FSDP refuses it"
         ]
-    if rec["tp"] > 1:
+    if rec["tp"] > 1 or rec["cp"] > 1:
+        what = "tensor parallelism" if rec["tp"] > 1 else "context parallelism"
         return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, [
-            "CUDA_DEVICE_MAX_CONNECTIONS=1: tensor parallelism needs it on GPUs before Blackwell"
+            f"CUDA_DEVICE_MAX_CONNECTIONS=1: {what} needs it on GPUs before Blackwell"
         ]
     return {}, []
 

@@ -7,7 +7,7 @@ that mean "no effect") is generated from `KNOBS`, or pinned to it by `tests/test
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,10 +37,17 @@ class Knob:
     # Where the space does not list this knob, each layout takes the value of the named knob
     # (etp follows tp, as Megatron-LM's --expert-tensor-parallel-size defaults to the tp size).
     follows: str = ""
+    # One-line summaries name it where a layout departs from its neutral value (`neutral`): cp, ep
+    # and etp, which most layouts leave at 1 (etp at tp), so that a dense run's lines stay short.
+    in_summary_when_set: bool = False
 
     @property
     def short(self) -> str:
         return self.label or self.name
+
+    def neutral(self, values: Mapping[str, Any]) -> Any:
+        """The value that says nothing in a layout of `values`: the followed knob's value, else the default."""
+        return values.get(self.follows) if self.follows else self.default
 
     def with_property(self, prop: str) -> tuple[str, ...]:
         """The choices that have `prop`, in the knob's order (KeyError for an unknown property)."""
@@ -126,6 +133,7 @@ KNOBS: dict[str, Knob] = {
             1,
             "context-parallel degree: each sequence split over cp ranks in 2*cp load-balanced chunks",
             identity_if_searched=True,
+            in_summary_when_set=True,
         ),
         Knob(
             "ep",
@@ -133,6 +141,7 @@ KNOBS: dict[str, Knob] = {
             1,
             "expert-parallel degree: the experts split over ep ranks inside dp*cp (MoE models only)",
             identity_if_searched=True,
+            in_summary_when_set=True,
         ),
         Knob(
             "etp",
@@ -141,6 +150,7 @@ KNOBS: dict[str, Knob] = {
             "tensor-parallel degree inside each expert (MoE models only); default: tp, as Megatron-LM",
             identity_if_searched=True,
             follows="tp",
+            in_summary_when_set=True,
         ),
     ]
 }
@@ -151,9 +161,31 @@ LABELS: dict[str, str] = {k: knob.short for k, knob in KNOBS.items()}
 # The knobs every table shows, and those a one-line summary of a layout names, in the table's order.
 ALWAYS_SHOWN: tuple[str, ...] = tuple(k for k, knob in KNOBS.items() if knob.always_shown)
 SUMMARY_KNOBS: tuple[str, ...] = tuple(k for k, knob in KNOBS.items() if knob.in_summary)
+# The knobs a one-line summary names only where they depart from their neutral value.
+SUMMARY_WHEN_SET: tuple[str, ...] = tuple(k for k, knob in KNOBS.items() if knob.in_summary_when_set)
 
 # Knobs that have no effect in some layouts, and the value they then behave as.
 NO_EFFECT_VALUE: dict[str, Any] = {k: knob.no_effect for k, knob in KNOBS.items() if knob.no_effect is not None}
+
+
+def set_knobs(values: Mapping[str, Any]) -> list[str]:
+    """The knobs of SUMMARY_WHEN_SET that `values` sets away from their neutral value (cp=2, etp=1 at tp=2)."""
+    return [k for k in SUMMARY_WHEN_SET if _known(values.get(k)) and values[k] != KNOBS[k].neutral(values)]
+
+
+def shown_in_tables(name: str, rows: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a table over `rows` shows this knob: it takes more than one value, and, for a knob
+    that follows another (etp), departs from it somewhere (etp = tp everywhere says nothing new)."""
+    known = [r for r in rows if _known(r.get(name))]
+    if len({r[name] for r in known}) < 2:
+        return False
+    follows = KNOBS[name].follows if name in KNOBS else ""
+    return not follows or any(_known(r.get(follows)) and r[name] != r[follows] for r in known)
+
+
+def _known(v: Any) -> bool:
+    """Not missing: None, or NaN where a results column predates the knob."""
+    return v is not None and v == v
 
 
 def label(name: str) -> str:

@@ -190,18 +190,15 @@ class Rule:
 
 
 # trainers whose expert-parallel groups may take tensor-parallel ranks where etp < tp
-FOLDS_OVER_TP = ("any", "one_or_tp")
-
-
 def _expert_ranks(c: Columns, s: Sweep) -> np.ndarray:
     """Ranks of a pipeline stage the experts are split over: dp*cp, times tp where the trainer folds."""
     base = c["dp"] * c["cp"]
-    return base * c["tp"] if s.trainer.expert_tp in FOLDS_OVER_TP else base
+    return base * c["tp"] if s.trainer.folds_experts_over_tp else base
 
 
 def _expert_tp(c: Columns, s: Sweep) -> np.ndarray:
     """The expert tensor-parallel degree those ranks also hold, where the trainer folds over tp (else 1)."""
-    return c["etp"] if s.trainer.expert_tp in FOLDS_OVER_TP else np.ones_like(c["etp"])
+    return c["etp"] if s.trainer.folds_experts_over_tp else np.ones_like(c["etp"])
 
 
 def _i(cols: Columns, name: str, i: int) -> Any:
@@ -328,7 +325,7 @@ RULES: tuple[Rule, ...] = (
             f"ep*etp = {_i(c, 'ep', i)}*{_i(c, 'etp', i)} does not divide dp*cp*tp = {_i(c, 'dp', i)}*"
             f"{_i(c, 'cp', i)}*{_i(c, 'tp', i)} (the experts are split over a stage's data- and context-parallel "
             "ranks, and its tensor-parallel ranks where etp < tp)"
-            if s.trainer.expert_tp in FOLDS_OVER_TP
+            if s.trainer.folds_experts_over_tp
             else f"ep = {_i(c, 'ep', i)} does not divide dp*cp = {_i(c, 'dp', i)}*{_i(c, 'cp', i)} (the "
             f"{s.workload.kind} trainer splits the experts over data- and context-parallel ranks)"
         ),

@@ -38,11 +38,14 @@ from sweeper.export import (
     megatron_env,
     pipeline_stages,
     to_torchtitan,
+    to_torchtitan_cli,
     torchtitan_cli_args,
 )
+from sweeper.export_moe import torchtitan_model
 from sweeper.knobs import KNOBS
 from sweeper.layout import Layout
 from sweeper.spec import Sweep, parse_sweep
+from sweeper.statuses import PlanReason
 from sweeper.workloads import render_command, workload_env
 from tests.conftest import ROOT, base_spec
 
@@ -187,8 +190,8 @@ def test_torchtitan_workload_flags_are_accepted(titan_cli):
 
 
 # ---- torchtitan 0.2 (TOML) ---------------------------------------------------------------
-@pytest.fixture(scope="module")
-def titan_toml(tmp_path_factory) -> dict[str, dict[str, Any]]:
+def titan_toml_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """torchtitan 0.2.2's files, unpacked from its wheel (cached; fetched from PyPI the first time)."""
     root = CACHE / f"torchtitan-{TORCHTITAN_TOML_VERSION}"
     if not (root / "torchtitan" / "config" / "manager.py").exists():
         dl = tmp_path_factory.mktemp("wheel")
@@ -213,6 +216,12 @@ def titan_toml(tmp_path_factory) -> dict[str, dict[str, Any]]:
         if got.returncode or not wheels:
             pytest.skip(f"cannot fetch torchtitan {TORCHTITAN_TOML_VERSION} from PyPI: {got.stderr.strip()[-300:]}")
         zipfile.ZipFile(wheels[0]).extractall(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def titan_toml(tmp_path_factory) -> dict[str, dict[str, Any]]:
+    root = titan_toml_tree(tmp_path_factory)
     out = tmp_path_factory.mktemp("toml")
     cases = []
     for i, (_, sweep, row) in enumerate(GRID):
@@ -364,3 +373,266 @@ def test_workload_env_drops_what_megatron_fsdp_refuses(tmp_path):
     bare = sweep_of(40, workload={"kind": "megatron", "command": "pretrain_gpt.py {flags}"})
     env, notes = workload_env(bare, Layout(tp=2))
     assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and "set to 1" in notes[0]
+
+
+# ---- context parallel, expert parallel and mixture-of-experts models ---------------------
+# The three MoE shapes each map a different way: a preset torchtitan ships (qwen3-30b-a3b), one it
+# does not (mixtral-8x7b), and a custom one with shared experts, leading dense layers and a sigmoid
+# router (a DeepSeek-V2-Lite-like MLP with grouped-query attention); a top-1 router, and a dense
+# model with cp. Each layout is one the plan accepts for that trainer (asserted in `moe_case`).
+SIGMOID_MOE = {
+    "layers": 27,
+    "hidden": 2048,
+    "heads": 16,
+    "kv_heads": 16,
+    "ffn": 10944,
+    "vocab": 102400,
+    "experts": 64,
+    "experts_per_token": 6,
+    "moe_ffn": 1408,
+    "shared_experts": 2,
+    "dense_layers": 1,
+    "router": "sigmoid",
+}
+TOP1_MOE = {"layers": 24, "hidden": 2048, "heads": 16, "kv_heads": 8, "ffn": 8192, "vocab": 32000, "experts": 16}
+TOP1_MOE |= {"experts_per_token": 1, "moe_ffn": 2048}
+MOE_MODELS: dict[str, Any] = {"qwen3": "qwen3-30b-a3b", "mixtral": "mixtral-8x7b", "sigmoid": SIGMOID_MOE}
+MOE_MODELS |= {"top1": TOP1_MOE, "dense": "llama-13b"}
+
+
+def moe_sweep(model: str, kind: str) -> Sweep:
+    command = "pretrain_gpt.py {flags}" if kind == "megatron" else "train {flags}"
+    spec = base_spec(
+        model=MOE_MODELS[model],
+        seq_len=4096,
+        global_batch_size=512,
+        cluster={"nodes": 8, "gpus_per_node": 8, "gpu": "h100-sxm"},
+        workload={"kind": kind, "command": command},
+        space={"tp": [1, 2, 4], "pp": [1, 2, 4], "micro_batch_size": [1, 2]},
+    )
+    return parse_sweep(yaml.safe_dump(spec))
+
+
+# (model, knobs): cp and ep inside and across tp, pp, interleaving, sharding and checkpointing modes
+MOE_LAYOUTS: list[tuple[str, dict[str, Any]]] = [
+    ("qwen3", {"ep": 8, "etp": 1, "sharding": "zero1"}),
+    ("qwen3", {"tp": 2, "sequence_parallel": True, "cp": 2, "ep": 8, "etp": 1, "sharding": "zero1"}),
+    (
+        "qwen3",
+        {"tp": 2, "sequence_parallel": True, "pp": 2, "ep": 4, "pp_schedule": "interleaved", "virtual_stages": 2},
+    ),
+    ("qwen3", {"tp": 4, "sequence_parallel": True, "pp": 2, "cp": 2, "ep": 8, "etp": 1, "attention": "cudnn"}),
+    ("qwen3", {"cp": 4, "ep": 16, "etp": 1, "sharding": "fsdp", "activation_checkpointing": "full"}),
+    ("qwen3", {"ep": 4, "etp": 1, "activation_checkpointing": "ffn", "micro_batch_size": 2}),
+    ("mixtral", {"tp": 2, "sequence_parallel": True, "ep": 4, "float8": True, "sharding": "zero1"}),
+    ("mixtral", {"pp": 4, "ep": 8, "etp": 1, "activation_checkpointing": "selective"}),
+    ("sigmoid", {"tp": 2, "sequence_parallel": True, "pp": 2, "ep": 8, "activation_checkpointing": "ffn"}),
+    ("sigmoid", {"cp": 2, "ep": 16, "etp": 1, "sharding": "fsdp"}),
+    ("top1", {"ep": 16, "etp": 1}),
+    ("top1", {"tp": 2, "sequence_parallel": True, "cp": 2, "ep": 2, "etp": 2}),
+    ("dense", {"tp": 2, "sequence_parallel": True, "cp": 2, "pp": 2, "activation_checkpointing": "selective"}),
+    ("dense", {"cp": 4, "sharding": "fsdp", "attention": "cudnn"}),
+]
+MOE_IDS = [f"{m}-" + "-".join(f"{k}={v}" for k, v in knobs.items()) for m, knobs in MOE_LAYOUTS]
+
+
+def moe_case(i: int, kind: str) -> tuple[Sweep, dict[str, Any]]:
+    """The sweep and results row of MOE_LAYOUTS[i] for `kind`: megatron; torchtitan (0.3, the
+    workload: etp = 1 under ep, tp without); torchtitan-0.2 (the TOML export: etp = 1 or tp, so its
+    rows need pass every rule but the 0.3 workload's expert rule)."""
+    model, knobs = MOE_LAYOUTS[i]
+    sweep = moe_sweep(model, "megatron" if kind == "megatron" else "torchtitan")
+    tp, ep, etp = knobs.get("tp", 1), knobs.get("ep", 1), knobs.get("etp", knobs.get("tp", 1))
+    if kind == "torchtitan":
+        knobs = knobs | {"etp": 1 if ep > 1 else tp}
+    elif kind == "torchtitan-0.2" and etp not in (1, tp):
+        knobs = knobs | {"etp": 1}
+    lay = Layout(**knobs)
+    why = lay.rejection(sweep)
+    if kind == "torchtitan-0.2" and why is not None and why.code == PlanReason.EXPERTS_NOT_IN_WORKLOAD:
+        why = None
+    assert why is None, f"{MOE_IDS[i]} ({kind}): {why}"
+    return sweep, layout_row(sweep, **knobs)
+
+
+@pytest.fixture(scope="module")
+def megatron_moe(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """Megatron-LM's answers to the MoE and cp exports, TransformerConfig built for each."""
+    tree = megatron_tree(tmp_path_factory)
+    cases = []
+    for i in range(len(MOE_LAYOUTS)):
+        sweep, row = moe_case(i, "megatron")
+        rec = layout_record(row, sweep)
+        model_args = megatron_model_args(sweep) + (["--qk-layernorm"] if sweep.model.qk_norm else [])
+        argv = model_args + ["--no-rope-fusion"] + megatron_args(rec)[0]
+        cases.append({"argv": argv, "env": megatron_env(rec)[0], "world": WORLD, "config": True})
+    # ep with tp and no sequence parallel: the plan's ep_needs_sp rule, as Megatron-LM has it
+    sweep, row = moe_case(1, "megatron")
+    rec = layout_record(row, sweep) | {"sequence_parallel": False}
+    argv = megatron_model_args(sweep) + ["--no-rope-fusion"] + megatron_args(rec)[0]
+    cases.append({"argv": argv, "env": megatron_env(rec)[0], "world": WORLD, "config": True})
+    # `workload: megatron` renders the same flags plus its iterations: a cp x ep layout's {flags}
+    lay = Layout(**{k: row[k] for k in KNOBS})
+    flags = render_command(sweep.workload.command, sweep, lay, "megatron")[1:]
+    model_args = megatron_model_args(sweep)[: megatron_model_args(sweep).index("--train-iters")]
+    argv = model_args + ["--qk-layernorm", "--no-rope-fusion", "--lr", "1e-4", "--mock-data"]
+    argv += ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(sweep.model.vocab), *flags]
+    cases.append({"argv": argv, "env": workload_env(sweep, lay)[0], "world": WORLD, "config": True})
+    return run_harness("megatron_validate.py", cases, pythonpath=str(tree))
+
+
+@pytest.mark.slow
+def test_megatron_moe_and_cp_exports_are_accepted(megatron_moe):
+    for i, name in enumerate(MOE_IDS):
+        got = megatron_moe[i]
+        assert got["ok"], f"{name}: {got['error']}"
+        sweep, row = moe_case(i, "megatron")
+        rec, m = layout_record(row, sweep), sweep.model
+        assert (got["dp"], got["cp"]) == (rec["dp"], rec["cp"]), name
+        if not m.is_moe:
+            assert got["experts"] is None and got["ep"] == 1, name
+            continue
+        assert (got["ep"], got["etp"], got["experts"], got["topk"]) == (
+            rec["ep"],
+            rec["etp"],
+            m.experts,
+            m.experts_per_token,
+        )
+        assert got["moe_ffn"] == m.expert_ffn and got["shared"] == (m.shared_experts * m.expert_ffn or None), name
+        # every layer an expert layer (1) but the leading dense ones
+        freq = got["layer_freq"]
+        assert (freq == 1) if not m.dense_layers else freq == [0] * m.dense_layers + [1] * m.moe_layers, name
+        assert got["score"] == m.router, name
+
+
+@pytest.mark.slow
+def test_megatron_refuses_ep_and_tp_without_sequence_parallel(megatron_moe):
+    got = megatron_moe[len(MOE_IDS)]
+    assert not got["ok"] and "sequence parallelism must be used" in got["error"]
+
+
+@pytest.mark.slow
+def test_megatron_workload_flags_of_a_cp_ep_layout_are_accepted(megatron_moe):
+    got = megatron_moe[len(MOE_IDS) + 1]
+    assert got["ok"], got["error"]
+    assert (got["cp"], got["ep"], got["etp"], got["experts"]) == (2, 8, 1, 128)
+
+
+def test_megatron_moe_flags():
+    """The flags of a shared-expert, dense-leading, sigmoid-routed layout, and a dense one's unchanged."""
+    sweep, row = moe_case(8, "megatron")
+    args, _ = megatron_args(layout_record(row, sweep))
+    line = " ".join(args)
+    assert "--num-experts 64 --moe-router-topk 6 --moe-ffn-hidden-size 1408" in line
+    assert "--moe-shared-expert-intermediate-size 2816" in line and "--moe-layer-freq ([0]*1+[1]*26)" in line
+    assert "--expert-model-parallel-size 8 --expert-tensor-parallel-size 2" in line
+    assert "--moe-router-score-function sigmoid" in line and "--recompute-modules mlp moe" in line
+    assert "--context-parallel-size" not in line
+    sweep, row = moe_case(10, "megatron")  # top-1 softmax needs the softmax before the top-k
+    assert "--moe-router-pre-softmax" in megatron_args(layout_record(row, sweep))[0]
+    sweep, row = moe_case(13, "megatron")  # dense, cp 4: no MoE flag, and cp needs one device connection
+    rec = layout_record(row, sweep)
+    args = megatron_args(rec)[0]
+    assert args[args.index("--context-parallel-size") + 1] == "4" and not any("moe" in a for a in args)
+    assert "experts" not in rec and megatron_env(rec | {"sharding": "zero1"})[0] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+
+
+@pytest.fixture(scope="module")
+def titan_cli_moe() -> list[dict[str, Any]]:
+    """torchtitan 0.3's answers to the MoE and cp exports, with the model's config function where it
+    ships one (else qwen3_moe_debug for an MoE, llama3_debugmodel for a dense model), and to the
+    workload commands of two cp/ep layouts."""
+    try:
+        version = importlib.metadata.version("torchtitan")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("torchtitan is not installed (pip install -e '.[test]')")
+    if version.split(".")[:2] != TORCHTITAN_CLI_VERSION.split(".")[:2]:
+        pytest.skip(f"torchtitan {version} installed; the CLI export targets {TORCHTITAN_CLI_VERSION}")
+    cases = []
+    for i in range(len(MOE_LAYOUTS)):
+        sweep, row = moe_case(i, "torchtitan")
+        rec = layout_record(row, sweep)
+        module, config = ("qwen3", "qwen3_moe_debug") if sweep.model.is_moe else ("llama3", "llama3_debugmodel")
+        named = torchtitan_model(rec, version_02=False)[0]
+        module, config = named.get("module", module), named.get("config", config)
+        cases.append({"argv": torchtitan_cli_args(rec)[0], "world": WORLD, "module": module, "config": config})
+    for i in (1, 12):
+        sweep, row = moe_case(i, "torchtitan")
+        lay = Layout(**{k: row[k] for k in KNOBS})
+        argv = render_command(sweep.workload.command, sweep, lay, "torchtitan")[1:]
+        cases.append({"argv": argv, "world": WORLD, "module": "qwen3", "config": "qwen3_moe_debug"})
+    return run_harness("torchtitan_cli.py", cases)
+
+
+@pytest.mark.slow
+def test_torchtitan_cli_moe_and_cp_exports_are_accepted(titan_cli_moe):
+    for i, name in enumerate(MOE_IDS):
+        got = titan_cli_moe[i]
+        assert got["ok"], f"{name}: {got['error']}"
+        sweep, row = moe_case(i, "torchtitan")
+        rec = layout_record(row, sweep)
+        assert (got["tp"], got["pp"], got["cp"], got["ep"]) == (rec["tp"], rec["pp"], rec["cp"], rec["ep"]), name
+        assert got["dp_replicate"] * got["dp_shard"] == rec["dp"], name
+        # the experts' ranks come out of dp_shard*cp*tp
+        assert (got["dp_shard"] * rec["cp"] * rec["tp"]) % rec["ep"] == 0, name
+        assert (got["spmd_backend"] == "partial_dtensor") == (rec["cp"] > 1), name
+    for got in titan_cli_moe[len(MOE_IDS) :]:  # the workload's {flags} of two cp/ep layouts
+        assert got["ok"], got["error"]
+        assert got["cp"] == 2
+
+
+def test_torchtitan_moe_model_and_notes():
+    """A preset torchtitan ships is named; one it does not is a note; etp it cannot run is a note."""
+    sweep, row = moe_case(1, "torchtitan")
+    text = to_torchtitan_cli(row, sweep)
+    assert "--module qwen3 --config qwen3_30b_a3b" in text
+    sweep, row = moe_case(7, "torchtitan")
+    text = to_torchtitan_cli(row, sweep)
+    assert "torchtitan ships no such config function" in text and "mixtral-8x7b" in text
+    sweep, row = moe_case(2, "megatron")  # etp = tp = 2 with ep = 4: 0.3 has no expert tensor parallel
+    _, notes = torchtitan_cli_args(layout_record(row, sweep))
+    assert any(n.startswith("etp=2: torchtitan 0.3 has no expert tensor parallel degree") for n in notes)
+
+
+@pytest.fixture(scope="module")
+def titan_toml_moe(tmp_path_factory) -> list[dict[str, Any]]:
+    """torchtitan 0.2.2's answers to the MoE and cp TOML exports."""
+    root = titan_toml_tree(tmp_path_factory)
+    out = tmp_path_factory.mktemp("toml-moe")
+    cases = []
+    for i in range(len(MOE_LAYOUTS)):
+        sweep, row = moe_case(i, "torchtitan-0.2")
+        path = out / f"{i}.toml"
+        path.write_text(to_torchtitan(row, sweep))
+        cases.append({"toml": str(path), "world": WORLD})
+    return run_harness("torchtitan_toml.py", cases, pythonpath=str(root))
+
+
+@pytest.mark.slow
+def test_torchtitan_toml_moe_and_cp_exports_are_accepted(titan_toml_moe):
+    for i, name in enumerate(MOE_IDS):
+        got = titan_toml_moe[i]
+        sweep, row = moe_case(i, "torchtitan-0.2")
+        rec = layout_record(row, sweep)
+        text = to_torchtitan(row, sweep)
+        named = torchtitan_model(rec, version_02=True)[0]
+        if rec["pp"] > 1 and named:  # 0.2.2's qwen3 and gpt_oss have no pipelining: the export says so
+            assert not got["ok"] and "does not support pipelining" in got["error"], name
+            assert f"pp={rec['pp']}: torchtitan 0.2 has no pipelining for {named['name']}" in text, name
+            continue
+        assert got["ok"], f"{name}: {got['error']}"
+        assert (got["cp"], got["ep"]) == (rec["cp"], rec["ep"]), name
+        assert got["etp"] == (rec["etp"] if sweep.model.is_moe else 1), name
+        assert got["dp_replicate"] * got["dp_shard"] == rec["dp"], name
+        assert got["model"] == ([named["name"], named["flavor"]] if named else ["llama3", "debugmodel"]), name
+
+
+def test_torchtitan_workload_runs_etp_one_under_ep_and_tp_without():
+    """torchtitan 0.3 has no expert tensor-parallel degree: the plan of its workload refuses the others."""
+    sweep = moe_sweep("qwen3", "torchtitan")
+    assert Layout(tp=2, sequence_parallel=True, ep=4, etp=1).rejection(sweep) is None
+    assert Layout(tp=2, sequence_parallel=True, ep=1).rejection(sweep) is None  # etp follows tp
+    for lay in (Layout(tp=2, sequence_parallel=True, ep=4), Layout(tp=2, ep=1, etp=1)):
+        why = lay.rejection(sweep)
+        assert why is not None and why.code == PlanReason.EXPERTS_NOT_IN_WORKLOAD
+        assert "runs etp = 1 with ep > 1 and etp = tp without" in why.message

@@ -11,16 +11,18 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sweeper.knobs import ALWAYS_SHOWN, SUMMARY_KNOBS, label
+from sweeper.knobs import ALWAYS_SHOWN, SUMMARY_KNOBS, label, set_knobs
 from sweeper.layout import Layout
 from sweeper.orchestrator import SweepRun
 from sweeper.statuses import TrialStatus
 
 
 def describe(row: dict[str, Any] | Layout, knobs: tuple[str, ...] = SUMMARY_KNOBS) -> str:
-    """A layout in one short line: tp=2 pp=1 mbs=1 ..."""
+    """A layout in one short line: tp=2 pp=1 mbs=1 ..., and cp, ep, etp where they are set (`knobs.set_knobs`)."""
     values = row.as_dict() if isinstance(row, Layout) else row
-    return " ".join(f"{label(k)}={_v(values.get(k))}" for k in knobs if values.get(k) is not None)
+    named = [k for k in knobs if values.get(k) is not None]
+    named += [k for k in set_knobs(values) if k not in named]
+    return " ".join(f"{label(k)}={_v(values.get(k))}" for k in named)
 
 
 def _v(x: Any) -> str:

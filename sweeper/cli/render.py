@@ -8,8 +8,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from sweeper.knobs import KNOBS, label
+from sweeper.knobs import KNOBS, label, shown_in_tables
 from sweeper.layout import RULE_SUMMARIES
+from sweeper.models import ModelShape
 from sweeper.plan import Plan
 from sweeper.statuses import PlanReason, PlanStatus
 
@@ -72,7 +73,7 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     table.add_column("dp", justify="right")
     table.add_column("accum", justify="right")
     for k in varying[3:]:
-        table.add_column(label(k))
+        table.add_column(label(k), justify="right" if KNOBS[k].kind is int else "left")
     table.add_column("alloc", justify="right")
     table.add_column("reserved", justify="right")
     table.add_column("GiB/GPU", justify="right")
@@ -101,7 +102,7 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     counts = plan.counts()
     m = sweep.model
     console.print(
-        f"\n[bold]{sweep.name}[/]: {m.name} ({_params(m.num_params)} params), seq {sweep.seq_len}, "
+        f"\n[bold]{sweep.name}[/]: {m.name} ({param_counts(m)}), seq {sweep.seq_len}, "
         f"global batch {sweep.global_batch_size}, {sweep.cluster.nodes}×{sweep.cluster.gpus_per_node} {gpu.name}"
     )
     console.print(
@@ -139,6 +140,13 @@ def _params(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
 
 
+def param_counts(m: ModelShape) -> str:
+    """`7.00B params`; a mixture of experts' total and the active count its MFU is over."""
+    if not m.is_moe:
+        return f"{_params(m.num_params)} params"
+    return f"{_params(m.num_params)} params, {_params(m.active_params)} active per token"
+
+
 BASE_KNOBS = ("tp", "pp", "dp", "micro_batch_size")
 
 
@@ -158,7 +166,7 @@ def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
             f"{title}: no successful trial yet ({', '.join(f'{k} {v}' for k, v in counts.items()) or 'no trials'})"
         )
         return
-    varying = [k for k in KNOBS if k not in BASE_KNOBS and len({r.get(k) for r in rows}) > 1]
+    varying = [k for k in KNOBS if k not in BASE_KNOBS and shown_in_tables(k, rows)]
     table = Table(title=title, title_justify="left", header_style="bold")
     text_labels = {label(k) for k, knob in KNOBS.items() if knob.kind is str}
     for col in (

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sweeper.hardware import GIB
-from sweeper.knobs import KNOBS, label, layout_line
+from sweeper.knobs import KNOBS, label, layout_line, shown_in_tables
 from sweeper.layout import RULE_SUMMARIES, Layout
 from sweeper.plan import CANDIDATE, Plan
 from sweeper.spec import Sweep
@@ -161,9 +161,11 @@ def rank_correlation(a: np.ndarray, b: np.ndarray) -> float | None:
 
 
 def varying_knobs(df: pd.DataFrame) -> list[str]:
-    """The knobs (and dp) that take more than one value among the trials: what tells layouts apart."""
-    cols = [*KNOBS, "dp"]
-    return [k for k in cols if k in df and df[k].nunique(dropna=True) > 1]
+    """The knobs (and dp) that take more than one value among the trials: what tells layouts apart
+    (etp only where it departs from tp: `knobs.shown_in_tables`)."""
+    cols = [k for k in [*KNOBS, "dp"] if k in df]
+    rows = df[cols].to_dict("records")
+    return [k for k in cols if df[k].nunique(dropna=True) > 1 and shown_in_tables(k, rows)]
 
 
 def short_layout(row: Any, knobs: list[str]) -> str:

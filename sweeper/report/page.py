@@ -125,11 +125,17 @@ def _plot_html(p: Plot, out_dir: Path) -> list[str]:
 
 def _describe(sweep: Sweep) -> str:
     m, cl = sweep.model, sweep.cluster
-    size = f"{m.num_params / 1e9:.3g}B" if m.num_params >= 1e9 else f"{m.num_params / 1e6:.3g}M"
+    size = _size(m.num_params) + " parameters"
+    if m.is_moe:  # MFU counts the parameters a token passes through (sweeper.flops)
+        size += f" ({_size(m.active_params)} active per token: MFU counts these)"
     return (
-        f"{m.name}: {size} parameters, seq {sweep.seq_len}, global batch "
+        f"{m.name}: {size}, seq {sweep.seq_len}, global batch "
         f"{sweep.global_batch_size}, {cl.nodes}×{cl.gpus_per_node} {cl.gpu.name}, precision {sweep.trial.precision}"
     )
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
 
 
 def _top_table(df: pd.DataFrame, knobs: list[str], plan: Plan | None, top: int = 10) -> str:

@@ -171,21 +171,34 @@ class Trainer:
     # the attention kernels it runs context parallelism (cp > 1) with; none: it has no context parallelism
     cp_attention: ClassVar[frozenset[str]] = frozenset()
     # which expert tensor-parallel degrees it runs with a tensor-parallel degree (`runs_experts`);
-    # "none": no mixture of experts at all
-    expert_tp: ClassVar[Literal["none", "one", "one_or_tp", "any"]] = "none"
+    # "none": no mixture of experts at all; "one_under_ep": etp = 1 where ep > 1, etp = tp without
+    expert_tp: ClassVar[Literal["none", "one", "one_or_tp", "one_under_ep", "any"]] = "none"
     # Megatron-LM asserts sequence parallel wherever expert and tensor parallelism meet
     ep_tp_needs_sp: ClassVar[bool] = False
+
+    @property
+    def folds_experts_over_tp(self) -> bool:
+        """Whether its expert-parallel ranks may come out of the tensor-parallel ones too (Megatron-LM's
+        parallel folding, torchtitan's dp_shard*cp*tp), not only out of dp*cp."""
+        return self.expert_tp in ("any", "one_or_tp", "one_under_ep")
 
     def runs_experts(self, cols: Columns) -> np.ndarray:
         """The rows whose expert layout (etp against tp) this trainer runs, for a mixture of experts."""
         etp, tp = cols["etp"], cols["tp"]
-        allowed = {"none": np.zeros(np.shape(etp), dtype=bool), "one": etp == 1, "one_or_tp": (etp == 1) | (etp == tp)}
+        allowed = {
+            "none": np.zeros(np.shape(etp), dtype=bool),
+            "one": etp == 1,
+            "one_or_tp": (etp == 1) | (etp == tp),
+            "one_under_ep": np.where(cols["ep"] > 1, etp == 1, etp == tp),
+        }
         return allowed.get(self.expert_tp, np.ones(np.shape(etp), dtype=bool))
 
     def experts_refusal(self, etp: int, tp: int) -> str:
         """Why `runs_experts` refuses a row, in a line."""
         if self.expert_tp == "none":
             return f"the {self.kind} trainer runs no mixture-of-experts model"
+        if self.expert_tp == "one_under_ep":
+            return f"the {self.kind} trainer runs etp = 1 with ep > 1 and etp = tp without, not etp = {etp} (tp = {tp})"
         allowed = "1" if self.expert_tp == "one" else f"1 or tp = {tp}"
         return f"the {self.kind} trainer runs etp = {allowed} only, not etp = {etp} (tp = {tp})"
 

@@ -138,8 +138,10 @@ class Torchtitan(Trainer):
     exports = {"torchtitan": to_torchtitan, "torchtitan-cli": to_torchtitan_cli}
     # torch's context_parallel shards SDPA (flash, memory-efficient, cuDNN); the math backend too
     cp_attention = frozenset({"flash2", "sdpa_efficient", "cudnn", "sdpa_math"})
-    # parallelize: expert tensor parallel is either 1 or the dense tensor-parallel degree
-    expert_tp = "one_or_tp"
+    # 0.3 has no expert tensor-parallel degree: its expert mesh (pp, dp_replicate, efsdp, ep) takes the
+    # ep ranks out of dp_shard*cp*tp, so under ep > 1 each expert is whole on its rank (etp = 1), and
+    # without ep the experts are sharded as the dense MLP is, over tp (distributed/parallel_dims.py)
+    expert_tp = "one_under_ep"
     # cp gathers the group's keys and values before the attention kernel (torchtitan's default
     # context_parallel_rotate_method "allgather"; the built-in trainer's CPU path likewise)
     time: ClassVar[TimeTraits] = TimeTraits(cp_ring=False)

@@ -1,8 +1,9 @@
 """Run torchtitan 0.3's own ConfigManager on export overrides, one case per JSON line.
 
 usage: python torchtitan_cli.py < cases.jsonl   (torchtitan 0.3.x importable)
-Each case: {"argv": [...], "world": N}. The overrides go after `--module llama3 --config
-llama3_debugmodel` as a user's command line would; then ParallelDims (its own degree checks)
+Each case: {"argv": [...], "world": N, "module": M, "config": F}. The overrides go after `--module M
+--config F` (default llama3 and llama3_debugmodel) as a user's command line would; then ParallelDims
+(its own degree checks), the expert mesh build_mesh unflattens (efsdp = dp_shard*cp*tp / ep ranks)
 and, with pipelining, the stage-to-rank mapping torchtitan builds from module_fqns_per_model_part.
 """
 
@@ -30,9 +31,12 @@ from torchtitan.distributed.pipeline_parallel import (
 for line in sys.stdin:
     case = json.loads(line)
     try:
-        cfg = ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_debugmodel", *case["argv"]])
+        module, config = case.get("module", "llama3"), case.get("config", "llama3_debugmodel")
+        cfg = ConfigManager().parse_args(["--module", module, "--config", config, *case["argv"]])
         par = cfg.parallelism
         dims = ParallelDims.from_config(par, case["world"])
+        if (dims.dp_shard * dims.cp * dims.tp) % dims.ep:
+            raise ValueError(f"ep={dims.ep} does not divide dp_shard*cp*tp: build_mesh has no efsdp axis for it")
         parts = par.module_fqns_per_model_part
         if dims.pp > 1:
             single = issubclass(get_schedule_class(par.pipeline_parallel_schedule), PipelineScheduleSingle)
@@ -52,6 +56,9 @@ for line in sys.stdin:
             "compile": cfg.compile.enable,
             "sp": par.enable_sequence_parallel,
             "local_batch_size": cfg.training.local_batch_size,
+            "cp": dims.cp,
+            "ep": dims.ep,
+            "spmd_backend": par.spmd_backend,
         }
     except (AssertionError, ValueError, SystemExit, TypeError) as e:
         out = {"ok": False, "error": f"{type(e).__name__}: {e}"}
