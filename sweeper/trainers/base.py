@@ -174,16 +174,30 @@ class Trainer:
     # Megatron-LM asserts sequence parallel wherever expert and tensor parallelism meet
     ep_tp_needs_sp: ClassVar[bool] = False
 
+    def runs_cp(self, cols: Columns) -> np.ndarray:
+        """The rows whose context-parallel layout this trainer runs (read where cp > 1): an
+        attention kernel of `cp_attention`. A trainer that runs cp with fewer layouts narrows it."""
+        return np.isin(cols["attention"], sorted(self.cp_attention) or [""])
+
+    def cp_refusal(self, cols: Columns, i: int) -> str:
+        """Why `runs_cp` refuses row i, in a line."""
+        kernels = sorted(self.cp_attention)
+        if not kernels:
+            return f"the {self.kind} trainer runs no context parallelism (cp > 1)"
+        attention = cols["attention"][i]
+        return f"the {self.kind} trainer runs cp > 1 only with attention {', '.join(kernels)}, not {attention}"
+
     def runs_experts(self, cols: Columns) -> np.ndarray:
         """The rows whose expert layout (etp against tp) this trainer runs, for a mixture of experts."""
         etp, tp = cols["etp"], cols["tp"]
         allowed = {"none": np.zeros(np.shape(etp), dtype=bool), "one": etp == 1, "one_or_tp": (etp == 1) | (etp == tp)}
         return allowed.get(self.expert_tp, np.ones(np.shape(etp), dtype=bool))
 
-    def experts_refusal(self, etp: int, tp: int) -> str:
-        """Why `runs_experts` refuses a row, in a line."""
+    def experts_refusal(self, cols: Columns, i: int) -> str:
+        """Why `runs_experts` refuses row i, in a line."""
         if self.expert_tp == "none":
             return f"the {self.kind} trainer runs no mixture-of-experts model"
+        etp, tp = int(cols["etp"][i]), int(cols["tp"][i])
         allowed = "1" if self.expert_tp == "one" else f"1 or tp = {tp}"
         return f"the {self.kind} trainer runs etp = {allowed} only, not etp = {etp} (tp = {tp})"
 

@@ -38,7 +38,7 @@ def start() -> tuple[DistEnv, torch.device]:
 
 
 def trainer_for(sweep: Sweep, layout: Layout, device: torch.device, world: int) -> Trainer:
-    mesh = build_mesh(device, pp=layout.pp, dp=layout.dp(world), tp=layout.tp)
+    mesh = build_mesh(device, pp=layout.pp, dp=layout.dp(world), tp=layout.tp, cp=layout.cp)
     return build_trainer(
         sweep.model,
         layout,
