@@ -186,9 +186,12 @@ def make_ffn(shape: ModelShape, layer: int) -> nn.Module:
     """The block's feed-forward: a mixture of experts where the shape has experts (past its
     leading `dense_layers`), else the dense MLP of its family.
 
-    The MoE fields are read with getattr: ModelShape gains them with the spec's MoE models.
+    The MoE fields are read with getattr: the parity tests' shapes may lack them. The router is
+    a softmax over the gate (`moe.Router`); a sigmoid router (DeepSeek-V3) is not built.
     """
     experts = getattr(shape, "experts", 0)
+    if experts and getattr(shape, "router", "softmax") != "softmax":
+        raise NotImplementedError(f"router={shape.router}: the built-in trainer's MoE routes by softmax only")
     if experts and layer >= getattr(shape, "dense_layers", 0):
         return MoE(
             hidden=shape.hidden,
