@@ -178,8 +178,8 @@ def build_mesh(device: torch.device, *, pp: int, dp: int, tp: int, cp: int = 1) 
     node), context-parallel peers next (they exchange keys and values in every layer), as
     Megatron-LM and torchtitan order them.
 
-    Where cp > 1 the mesh also has "dp_cp", dp and cp flattened: the ranks that hold different
-    tokens of the same weights, over which dense gradients are averaged.
+    Where cp > 1 dp and cp are also flattened into "dp_cp" (`data_mesh`): the ranks that hold
+    different tokens of the same weights, over which dense gradients are averaged.
     """
     mesh = init_device_mesh(device.type, (pp, dp, cp, tp), mesh_dim_names=("pp", "dp", "cp", "tp"))
     if cp > 1:
@@ -189,8 +189,12 @@ def build_mesh(device: torch.device, *, pp: int, dp: int, tp: int, cp: int = 1) 
 
 def data_mesh(mesh: DeviceMesh) -> DeviceMesh:
     """The dense weights' data-parallel mesh: dp, or dp x cp flattened where cp > 1 (each cp rank
-    computes the gradient of its own tokens, so the cp ranks average like data-parallel ones)."""
-    return mesh["dp_cp"] if mesh["cp"].size() > 1 else mesh["dp"]
+    computes the gradient of its own tokens, so the cp ranks average like data-parallel ones).
+
+    Flattening again returns the mesh `build_mesh` made (torch keeps it on the root mesh); slicing
+    "dp_cp" out of the root mesh is deprecated in torch.
+    """
+    return mesh["dp", "cp"]._flatten("dp_cp") if mesh["cp"].size() > 1 else mesh["dp"]
 
 
 def expert_mesh(mesh: DeviceMesh, ep: int) -> DeviceMesh | None:
