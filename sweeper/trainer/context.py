@@ -107,6 +107,11 @@ class ContextParallel:
         gathered = torch.cat([local_positions(seq_len, self.cp, r, device) for r in range(self.cp)])
         self.order = gathered.argsort()
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> ContextParallel:
+        """Itself: one rank's view, shared by every copy of the model (a pipeline split deep-copies
+        the model, attention functions included, and a process group cannot be copied)."""
+        return self
+
     def shard(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
         return x.index_select(dim, self.positions.to(x.device))
 

@@ -80,29 +80,30 @@ class Builtin(Trainer):
     expert_tp = "one"  # sweeper.trainer.moe keeps each expert whole on one rank
 
     def runs_cp(self, cols: Columns) -> np.ndarray:
-        """cp > 1 runs (and is checked against one process, tests/trainer) with tp = 1, pp = 1 and
-        without torch.compile; the other combinations are not wired or not tested, so refused."""
-        return super().runs_cp(cols) & (_cp_ep_blocker(cols) == "")
+        """cp > 1 runs with tp (and SP), pp (1F1B, interleaved, a tied head) and dp, each checked
+        against one process (tests/trainer); not under torch.compile (the all-gather's autograd
+        function and the per-chunk SDPA calls under a fullgraph compile are not tested)."""
+        return super().runs_cp(cols) & ~cols["compile"].astype(bool)
 
     def cp_refusal(self, cols: Columns, i: int) -> str:
         if not super().runs_cp(cols)[i]:
             return super().cp_refusal(cols, i)
-        return f"the {self.kind} trainer runs cp > 1 only with {_cp_ep_blocker(cols)[i]}"
+        return f"the {self.kind} trainer runs cp > 1 only with compile off"
 
     def runs_experts(self, cols: Columns) -> np.ndarray:
         """A mixture of experts runs with tp = 1 (the tensor-parallel plan has no MoE block),
-        pp = 1 (a pipeline stage infers shapes on the meta device, where the router's
-        data-dependent split cannot run), without torch.compile or float8 (the grouped experts
-        are no nn.Linear), and ep > 1 without FSDP (which would shard and average the
-        ep-sharded experts over ranks holding other experts)."""
-        blocked = _cp_ep_blocker(cols) != ""
+        pp = 1 and without torch.compile (MoE blocks under the pipeline schedules, and the
+        router's data-dependent split under a fullgraph compile, are neither wired nor tested),
+        without float8 (the grouped experts are no nn.Linear), and ep > 1 without FSDP (which
+        would shard and average the ep-sharded experts over ranks holding other experts)."""
+        blocked = _moe_blocker(cols) != ""
         fsdp_ep = (cols["ep"] > 1) & (cols["sharding"] == "fsdp")
         return super().runs_experts(cols) & ~blocked & ~fsdp_ep & ~cols["float8"].astype(bool)
 
     def experts_refusal(self, cols: Columns, i: int) -> str:
         if not super().runs_experts(cols)[i]:
             return super().experts_refusal(cols, i)
-        why = _cp_ep_blocker(cols)[i]
+        why = _moe_blocker(cols)[i]
         if why:
             return f"the {self.kind} trainer runs a mixture of experts only with {why}"
         if cols["float8"][i]:
@@ -113,9 +114,9 @@ class Builtin(Trainer):
         raise TypeError("the built-in trainer reports its steps itself; it has no log to parse")
 
 
-def _cp_ep_blocker(cols: Columns) -> np.ndarray:
-    """Per row, what the built-in trainer needs for cp > 1 or a mixture of experts and the row
-    lacks ("" where it has it): tp = 1, pp = 1, compile off."""
+def _moe_blocker(cols: Columns) -> np.ndarray:
+    """Per row, what the built-in trainer needs for a mixture of experts and the row lacks
+    ("" where it has it): tp = 1, pp = 1, compile off."""
 
     def why(tp: int, pp: int, compiled: bool) -> str:
         if tp > 1:

@@ -65,6 +65,7 @@ def parity(*, out_dir: Path, cases: list[dict[str, Any]], steps: int = 10) -> No
         trainer.optimizer.zero_grad(set_to_none=True)
         losses = [trainer.forward_backward()]
         trainer.sync_tied_head()
+        trainer.sync_experts()
         grads = full_state(trainer, grads=True)
         trainer.optimizer.step()
         losses += [trainer.step() for _ in range(steps - 1)]
