@@ -34,6 +34,7 @@ cluster: {{nodes: 1, gpus_per_node: 8, gpu: h100-sxm}}
         ({"ep": 4, "sharding": "zero1"}, True),
         ({"cp": 2, "ep": 4}, True),
         ({"sharding": "fsdp"}, True),  # experts whole on each rank, FSDP-sharded like any weight
+        ({"pp": 2, "ep": 2, "pp_schedule": "interleaved", "virtual_stages": 2}, True),
         ({"cp": 2, "tp": 2, "sequence_parallel": True}, False),
         ({"cp": 2, "pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2}, False),
     ],
@@ -65,7 +66,6 @@ def test_dense_cp_layouts_it_does_not_run_are_refused(knobs: dict[str, Any], cod
             {"tp": 2, "etp": 1, "sequence_parallel": True},
             "the builtin trainer runs a mixture of experts only with tp = 1, not tp = 2",
         ),
-        ({"pp": 2}, "the builtin trainer runs a mixture of experts only with pp = 1, not pp = 2"),
         ({"compile": True}, "the builtin trainer runs a mixture of experts only with compile off"),
         ({"ep": 2, "sharding": "fsdp"}, "the builtin trainer runs ep > 1 with sharding none or zero1 only, not fsdp"),
         (

@@ -269,12 +269,14 @@ def apply_replicate(model: Transformer, *, dp_mesh: DeviceMesh) -> None:
 
     For layouts DDP cannot run: DTensor (TP) parameters, which DDP broadcasts with plain
     collectives, and pipeline stages, whose per-micro-batch backwards break DDP's bucket rebuild.
+    The ep-sharded experts are left out (plain tensors, reduced by `reduce_expert_grads`).
     """
     from torch.distributed._composable.replicate_with_fsdp import replicate
 
+    ignored = {model.get_parameter(n) for n in expert_param_names(model)} or None
     for block in model.layers.values():
-        replicate(block, mesh=dp_mesh)
-    replicate(model, mesh=dp_mesh)
+        replicate(block, mesh=dp_mesh, ignored_params=ignored)
+    replicate(model, mesh=dp_mesh, ignored_params=ignored)
 
 
 def stage_ids(pp_rank: int, pp: int, chunks: int) -> list[int]:

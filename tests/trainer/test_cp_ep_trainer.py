@@ -10,8 +10,6 @@ or 1e-6 of the tensor's largest, parameters after the steps 1e-4. The ranks run 
 
 from __future__ import annotations
 
-import dataclasses
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +21,13 @@ from torch.nn.attention import SDPBackend
 from sweeper.spec import Sweep
 from sweeper.trainer.context import cp_backend, prefix_attention
 from sweeper.trainer.kernels import KernelUnavailable
-from sweeper.trainer.model import loss_fn
-from sweeper.trainer.train import make_optimizer, synthetic_batch
 
 from .cp_ep_workers import parity_diffs
-from .helpers import CPU, plain_model, reference, tiny_sweep
+from .helpers import CPU, reference, tiny_sweep
 
 LOSS_TOL, GRAD_TOL, GRAD_RTOL, PARAM_TOL = 1e-6, 1e-8, 1e-6, 1e-4
-# the tiny LLaMA with 2 MoE layers of its 4 after a dense one: 4 experts of 32, top-2, a shared expert
-MOE = dict(experts=4, experts_per_token=2, moe_ffn=32, shared_experts=1, dense_layers=1, name="tiny-moe")
 
-# id -> (knobs, model: "llama", "gpt" or "moe", steps). cp=2 on 2 ranks: dp=1 and the dense
+# id -> (knobs, model of helpers.MODELS, steps); "moe": the tiny LLaMA with 3 MoE blocks after a dense one. cp=2 on 2 ranks: dp=1 and the dense
 # weights averaged over the cp group (DDP, FSDP or ZeRO-1 over dp*cp); ep=2: dp=2, experts split.
 TRAINER_CASES: dict[str, tuple[dict[str, Any], str, int]] = {
     "trainer_cp2": ({"cp": 2, "micro_batch_size": 4}, "llama", 10),
@@ -51,10 +45,7 @@ TRAINER_CASES: dict[str, tuple[dict[str, Any], str, int]] = {
 
 
 def case_sweep(model: str, world: int) -> Sweep:
-    if model != "moe":
-        return tiny_sweep(world, model=model)
-    sweep = tiny_sweep(world)
-    return dataclasses.replace(sweep, model=dataclasses.replace(sweep.model, **MOE))
+    return tiny_sweep(world, model=model)
 
 
 def trainer_specs() -> list[dict[str, Any]]:
@@ -67,30 +58,10 @@ def trainer_specs() -> list[dict[str, Any]]:
 
 def single_process(model: str, attention: str, steps: int) -> dict[str, Any]:
     """The whole global batch in one process and one micro-batch: what every layout must reproduce
-    (the dense models' is the dense parity tests' own, computed once per session)."""
-    if model != "moe":
-        assert steps == 10
-        return reference(False, attention, "eager", model=model)  # called as test_parity does: one cache entry
-    return _moe_reference(steps)
-
-
-@cache
-def _moe_reference(steps: int) -> dict[str, Any]:
-    sweep = case_sweep("moe", 1)
-    attention = "flash2"
-    net = plain_model(sweep, attention=attention)
-    opt = make_optimizer(list(net.parameters()), lr=sweep.trial.lr, device=CPU)
-    x, y = synthetic_batch(sweep.model, batch=sweep.global_batch_size, seq_len=sweep.seq_len, seed=sweep.trial.seed)
-    losses, grads = [], {}
-    for step in range(steps):
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(net(x), y)
-        loss.backward()
-        losses.append(loss.item())
-        if step == 0:
-            grads = {k: p.grad.clone() for k, p in net.named_parameters()}
-        opt.step()
-    return {"losses": losses, "grads": grads, "params": {k: p.detach().clone() for k, p in net.named_parameters()}}
+    (called as test_parity calls it where it can, so that both share one cached run)."""
+    if steps == 10:
+        return reference(False, attention, "eager", model=model)
+    return reference(False, attention, "eager", steps, model)
 
 
 @pytest.mark.slow

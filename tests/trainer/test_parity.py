@@ -58,6 +58,8 @@ FOUR_RANKS: dict[str, tuple[Any, ...]] = {
     # over dp*cp, each cp rank its two chunks; GPT's learned positions under SP are summed over tp
     "pp2_cp2_tied": ({"pp": 2, "cp": 2, "micro_batch_size": 2}, True),
     "gpt_cp2_tp2_sp": ({"tp": 2, "cp": 2, "sequence_parallel": True, "micro_batch_size": 4}, False, "gpt"),
+    # experts split over ep = dp = 2 inside each pipeline stage, left out of the replication
+    "moe_pp2_ep2": ({"pp": 2, "ep": 2, "micro_batch_size": 2}, False, "moe"),
 }
 EIGHT_RANKS = {
     "dp2_pp2_tp2_sp_fsdp": (
