@@ -296,9 +296,9 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         PlanReason.CP_NOT_IN_WORKLOAD,
-        "context parallel with an attention kernel the workload's trainer does not run it with",
-        lambda c, s: (c["cp"] > 1) & ~np.isin(c["attention"], sorted(s.trainer.cp_attention) or [""]),
-        lambda c, s, i: _cp_kernel_message(s, _i(c, "attention", i)),
+        "context parallel with an attention kernel or layout the workload's trainer does not run it with",
+        lambda c, s: (c["cp"] > 1) & ~s.trainer.runs_cp(c),
+        lambda c, s, i: s.trainer.cp_refusal(c, i),
     ),
     Rule(
         PlanReason.EP_WITHOUT_EXPERTS,
@@ -349,7 +349,7 @@ RULES: tuple[Rule, ...] = (
         PlanReason.EXPERTS_NOT_IN_WORKLOAD,
         "an expert layout the workload's trainer does not run",
         lambda c, s: (s.model.experts > 0) & ~s.trainer.runs_experts(c),
-        lambda c, s, i: s.trainer.experts_refusal(_i(c, "etp", i), _i(c, "tp", i)),
+        lambda c, s, i: s.trainer.experts_refusal(c, i),
     ),
     # Megatron-LM: "When using expert parallelism and tensor parallelism, sequence parallelism must be used"
     Rule(
@@ -410,13 +410,6 @@ RULES: tuple[Rule, ...] = (
         lambda c, s, i: f"float8 needs fp8 matmuls; {s.cluster.gpu.name} has none",
     ),
 )
-
-
-def _cp_kernel_message(s: Sweep, attention: str) -> str:
-    kernels = sorted(s.trainer.cp_attention)
-    if not kernels:
-        return f"the {s.workload.kind} trainer runs no context parallelism (cp > 1)"
-    return f"the {s.workload.kind} trainer runs cp > 1 only with attention {', '.join(kernels)}, not {attention}"
 
 
 # The rules one value of tp or pp breaks on its own, whatever the other knobs hold: a searched value

@@ -133,8 +133,10 @@ def run_local(sweep: Sweep, layout: Layout, *, timeout_s: float | None, workdir:
         )
         return run_external(sweep, layout, workdir=workdir, timeout_s=limit)
     resolved = layout.resolve(sweep)
+    # cp and ep only where set: a dense run without them reads as before
+    split = "".join(f" {k}={getattr(layout, k)}" for k in ("cp", "ep") if getattr(layout, k) > 1)
     err.print(
-        f"trial {sweep.name}: tp={layout.tp} pp={layout.pp} dp={resolved.dp} "
+        f"trial {sweep.name}: tp={layout.tp} pp={layout.pp}{split} dp={resolved.dp} "
         f"grad_accum={resolved.grad_accum} on {world} local processes "
         f"(limit {limit:.0f} s)"
     )

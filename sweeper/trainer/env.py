@@ -173,9 +173,48 @@ def init_distributed(env: DistEnv, device: torch.device, *, timeout_s: float) ->
     return store
 
 
-def build_mesh(device: torch.device, *, pp: int, dp: int, tp: int) -> DeviceMesh:
-    """pp x dp x tp with tp innermost: tensor-parallel peers are neighbouring ranks (one node)."""
-    return init_device_mesh(device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+def build_mesh(device: torch.device, *, pp: int, dp: int, tp: int, cp: int = 1) -> DeviceMesh:
+    """pp x dp x cp x tp with tp innermost: tensor-parallel peers are neighbouring ranks (one
+    node), context-parallel peers next (they exchange keys and values in every layer), as
+    Megatron-LM and torchtitan order them.
+
+    Where cp > 1 dp and cp are also flattened into "dp_cp" (`data_mesh`): the ranks that hold
+    different tokens of the same weights, over which dense gradients are averaged.
+    """
+    mesh = init_device_mesh(device.type, (pp, dp, cp, tp), mesh_dim_names=("pp", "dp", "cp", "tp"))
+    if cp > 1:
+        mesh["dp", "cp"]._flatten("dp_cp")
+    return mesh
+
+
+def data_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The dense weights' data-parallel mesh: dp, or dp x cp flattened where cp > 1 (each cp rank
+    computes the gradient of its own tokens, so the cp ranks average like data-parallel ones).
+
+    Flattening again returns the mesh `build_mesh` made (torch keeps it on the root mesh); slicing
+    "dp_cp" out of the root mesh is deprecated in torch.
+    """
+    return mesh["dp", "cp"]._flatten("dp_cp") if mesh["cp"].size() > 1 else mesh["dp"]
+
+
+def expert_mesh(mesh: DeviceMesh, ep: int) -> DeviceMesh | None:
+    """pp x edp x ep over the same ranks: each pipeline stage's dp*cp ranks (flattened, dp outer)
+    cut into groups of ep consecutive ranks holding different experts (the "ep" dimension), and
+    "edp", the expert data parallel ranks holding the same experts, world/(ep*pp) of them
+    (Megatron-LM's expert mesh with etp = 1). None where ep = 1.
+
+    Only with tp = 1: with tp > 1 and etp = 1 Megatron-LM folds the tp ranks into the expert
+    mesh as well, which the built-in trainer does not run (the plan refuses it).
+    """
+    if ep == 1:
+        return None
+    pp, dp, cp, tp = mesh.mesh.shape
+    if tp != 1:
+        raise ValueError(f"expert parallelism with tp = {tp}: the built-in trainer runs it with tp = 1 only")
+    if (dp * cp) % ep:
+        raise ValueError(f"ep = {ep} does not divide dp*cp = {dp}*{cp}")
+    ranks = mesh.mesh.reshape(pp, dp * cp // ep, ep)
+    return DeviceMesh(mesh.device_type, ranks, mesh_dim_names=("pp", "edp", "ep"))
 
 
 def process_start_unix() -> float | None:

@@ -186,9 +186,12 @@ def make_ffn(shape: ModelShape, layer: int) -> nn.Module:
     """The block's feed-forward: a mixture of experts where the shape has experts (past its
     leading `dense_layers`), else the dense MLP of its family.
 
-    The MoE fields are read with getattr: ModelShape gains them with the spec's MoE models.
+    The MoE fields are read with getattr: the parity tests' shapes may lack them. The router is
+    a softmax over the gate (`moe.Router`); a sigmoid router (DeepSeek-V3) is not built.
     """
     experts = getattr(shape, "experts", 0)
+    if experts and getattr(shape, "router", "softmax") != "softmax":
+        raise NotImplementedError(f"router={shape.router}: the built-in trainer's MoE routes by softmax only")
     if experts and layer >= getattr(shape, "dense_layers", 0):
         return MoE(
             hidden=shape.hidden,
@@ -263,15 +266,21 @@ class Transformer(nn.Module):
         (the whole sequence, or its slice under sequence parallelism): the sum is formed as
         DTensors, so each rank adds its own positions and the table's gradient is gathered.
         """
-        from torch.distributed.tensor import DTensor, Shard
+        from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
         assert self.pos_embeddings is not None
         table = self.pos_embeddings.weight
         if not isinstance(table, DTensor):
             return h + (table[self.cp.positions] if self.cp is not None else table[: h.shape[1]])
-        if self.cp is not None:
-            raise NotImplementedError("learned positions under tensor and context parallelism together")
         seq = self.pos_layout
+        if self.cp is not None:
+            # this cp rank's positions; under sequence parallelism this tp rank's slice of them,
+            # whose rows' gradients the tp ranks sum (Partial), else the same on every tp rank
+            positions, grad = self.cp.positions, Replicate()
+            if isinstance(seq, Shard):
+                mesh = table.device_mesh
+                positions, grad = positions.chunk(mesh.size())[mesh.get_local_rank()], Partial()
+            return h + table.to_local(grad_placements=[grad])[positions]
         full = DTensor.from_local(h, table.device_mesh, [seq], run_check=False)
         rows: DTensor = table[: full.shape[1]]  # slicing a DTensor is one
         if isinstance(seq, Shard):

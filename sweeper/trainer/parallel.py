@@ -12,6 +12,7 @@ from functools import partial
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -31,7 +32,10 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 from sweeper.layout import Layout
 from sweeper.stages import stage_bounds
+from sweeper.trainer.context import ContextParallel, apply_cp
+from sweeper.trainer.env import data_mesh
 from sweeper.trainer.model import Transformer, materialize
+from sweeper.trainer.moe import MoE, apply_ep
 
 aten = torch.ops.aten
 # Selective checkpointing keeps the outputs of matmuls (with or without a bias) and attention kernels (expensive to
@@ -218,10 +222,46 @@ def apply_fsdp(
     shard(model, reshard_after_forward=False)
 
 
-def apply_ddp(model: nn.Module, *, dp_mesh: DeviceMesh, device: torch.device) -> nn.Module:
-    """torch's DistributedDataParallel: gradients all-reduced in buckets, overlapped with backward."""
+def apply_ddp(
+    model: nn.Module, *, dp_mesh: DeviceMesh, device: torch.device, ignore: list[str] | None = None
+) -> nn.Module:
+    """torch's DistributedDataParallel: gradients all-reduced in buckets, overlapped with backward.
+
+    `ignore`: parameters DDP leaves alone (expert-parallel experts, reduced over their own group
+    by `reduce_expert_grads`); its constructor neither broadcasts nor all-reduces them.
+    """
+    if ignore:
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignore)
     ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=ids, broadcast_buffers=False)
+
+
+def expert_param_names(model: nn.Module) -> list[str]:
+    """The routed experts' grouped weights of the MoE blocks sharded over ep (names in `model`)."""
+    return [
+        f"{mod}.{name}"
+        for mod, m in model.named_modules()
+        if isinstance(m, MoE) and m.ep > 1
+        for name in ("experts.w1", "experts.w2", "experts.w3")
+    ]
+
+
+def reduce_expert_grads(parts: list[nn.Module], *, edp_group: dist.ProcessGroup | None, divide_by: int) -> None:
+    """Average the ep-sharded experts' gradients as the dense ones are (the docstring of `moe.py`).
+
+    Each is already the sum over the ep group's tokens (the all-to-all's backward); summed over
+    expert data parallel (ranks holding the same experts) it covers every token of dp*cp, and
+    dividing by dp*cp (`divide_by`) gives the gradient of the mean of the dp*cp ranks' losses.
+    """
+    for part in parts:
+        for m in part.modules():
+            if isinstance(m, MoE) and m.ep > 1:
+                for p in m.experts.parameters():
+                    if p.grad is None:
+                        continue
+                    if edp_group is not None and dist.get_world_size(edp_group) > 1:
+                        dist.all_reduce(p.grad, group=edp_group)
+                    p.grad.div_(divide_by)
 
 
 def apply_replicate(model: Transformer, *, dp_mesh: DeviceMesh) -> None:
@@ -229,12 +269,14 @@ def apply_replicate(model: Transformer, *, dp_mesh: DeviceMesh) -> None:
 
     For layouts DDP cannot run: DTensor (TP) parameters, which DDP broadcasts with plain
     collectives, and pipeline stages, whose per-micro-batch backwards break DDP's bucket rebuild.
+    The ep-sharded experts are left out (plain tensors, reduced by `reduce_expert_grads`).
     """
     from torch.distributed._composable.replicate_with_fsdp import replicate
 
+    ignored = {model.get_parameter(n) for n in expert_param_names(model)} or None
     for block in model.layers.values():
-        replicate(block, mesh=dp_mesh)
-    replicate(model, mesh=dp_mesh)
+        replicate(block, mesh=dp_mesh, ignored_params=ignored)
+    replicate(model, mesh=dp_mesh, ignored_params=ignored)
 
 
 def stage_ids(pp_rank: int, pp: int, chunks: int) -> list[int]:
@@ -299,9 +341,18 @@ def parallelize(
     seed: int,
     grad_accum: int,
     loss_fn: Callable[..., torch.Tensor],
+    cp: ContextParallel | None = None,
+    experts: DeviceMesh | None = None,
 ) -> Parallelized:
-    """Split, shard, wrap and materialise the meta model for `layout` on this rank."""
-    pp, dp, tp = (mesh[d].size() for d in ("pp", "dp", "tp"))
+    """Split, shard, wrap and materialise the meta model for `layout` on this rank.
+
+    `cp`: this rank's context-parallel view (cp > 1), `experts`: the expert mesh (`env.expert_mesh`,
+    ep > 1). Dense weights are data parallel over dp*cp (`env.data_mesh`); the ep-sharded experts
+    are left out of DDP and reduced by `reduce_expert_grads`.
+    """
+    pp, tp = mesh["pp"].size(), mesh["tp"].size()
+    dense = data_mesh(mesh)
+    dp = dense.size()  # the ranks the dense weights are averaged over: dp*cp
     chunks = layout.stages_per_rank() if pp > 1 else 1
     num_stages = pp * chunks
     ids = stage_ids(mesh["pp"].get_local_rank(), pp, chunks)
@@ -309,6 +360,12 @@ def parallelize(
     parts = [split_stage(model, stage=i, num_stages=num_stages) for i in ids] if pp > 1 else [model]
     bf16 = precision == "bf16"
     for part in parts:
+        # cp and ep after the split (a process group does not survive its deepcopy), on meta:
+        # attention over the cp group and this rank's positions; this rank's experts only.
+        if cp is not None:
+            apply_cp(part, cp)
+        if experts is not None:
+            apply_ep(part, experts["ep"].get_group())
         # float8 swaps nn.Linear modules, so it precedes the TP plan that matches them.
         if layout.float8:
             apply_float8(part)
@@ -322,22 +379,26 @@ def parallelize(
         # Data parallelism wraps last (FSDP shards what TP left), still on meta: nothing is ever
         # held unsharded. DDP, which cannot hold TP or pipeline stages, comes after materialising.
         if dp > 1 and layout.sharding == "fsdp":
+            if experts is not None:
+                raise ValueError(
+                    "ep > 1 with FSDP: the built-in trainer does not shard experts over expert data parallel"
+                )
             apply_fsdp(
                 part,
-                dp_mesh=mesh["dp"],
+                dp_mesh=dense,
                 param_dtype=torch.bfloat16 if bf16 else None,
                 reduce_dtype=torch.float32 if bf16 else None,
                 pipelined=pp > 1,
             )
         elif dp > 1 and (tp > 1 or pp > 1):
-            apply_replicate(part, dp_mesh=mesh["dp"])
+            apply_replicate(part, dp_mesh=dense)
         # Materialise shard by shard only now, when every parameter has its final placement.
         materialize(part, model.shape, seed=seed, device=device)
         if tp > 1:
             shard_embedding_grad(part)
     # DDP after materialising: its constructor broadcasts real parameters.
     if dp > 1 and layout.sharding != "fsdp" and tp == 1 and pp == 1:
-        parts = [apply_ddp(p, dp_mesh=mesh["dp"], device=device) for p in parts]
+        parts = [apply_ddp(p, dp_mesh=dense, device=device, ignore=expert_param_names(p)) for p in parts]
     # The pipeline stages wrap the final (DDP/FSDP) modules: the schedule drives their gradient sync.
     schedule = None
     if pp > 1:

@@ -130,10 +130,10 @@ def _measure(
     world = sweep.cluster.world
     if env.world_size != world:
         raise RuntimeError(
-            f"the layout needs tp*pp*dp = {world} processes (the sweep's cluster), but {env.world_size} were started"
+            f"the layout needs tp*cp*pp*dp = {world} processes (the sweep's cluster), but {env.world_size} were started"
         )
     # (one GPU per rank is checked by pick_device: a task bound to its own GPU sees fewer devices than ranks)
-    mesh = build_mesh(device, pp=layout.pp, dp=layout.dp(world), tp=layout.tp)
+    mesh = build_mesh(device, pp=layout.pp, dp=layout.dp(world), tp=layout.tp, cp=layout.cp)
     peak = PeakMemory(device)
     peak.start()
     settings = sweep.trial

@@ -24,8 +24,10 @@ from torch.nn.parallel import DistributedDataParallel
 from sweeper.layout import Layout
 from sweeper.models import ModelShape
 from sweeper.trainer import kernels
+from sweeper.trainer.context import ContextParallel, cp_backend
+from sweeper.trainer.env import data_mesh, expert_mesh
 from sweeper.trainer.model import build_model, loss_fn, norm_kernel
-from sweeper.trainer.parallel import Parallelized, parallelize
+from sweeper.trainer.parallel import Parallelized, expert_param_names, parallelize, reduce_expert_grads
 
 ADAMW = dict(betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
@@ -96,6 +98,8 @@ class Trainer:
     grad_accum: int
     bf16_autocast: bool
     tied_group: dist.ProcessGroup | None = None
+    # the expert mesh (ep > 1): the ep-sharded experts' gradients are reduced over its "edp"
+    experts: DeviceMesh | None = None
 
     @property
     def has_last_stage(self) -> bool:
@@ -146,8 +150,15 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.forward_backward()
         self.sync_tied_head()
+        self.sync_experts()
         self.optimizer.step()
         return loss
+
+    def sync_experts(self) -> None:
+        """The ep-sharded experts, which DDP leaves alone: summed over expert data parallel, / dp*cp."""
+        if self.experts is not None:
+            edp = self.experts["edp"].get_group() if self.experts["edp"].size() > 1 else None
+            reduce_expert_grads(self.par.parts, edp_group=edp, divide_by=data_mesh(self.mesh).size())
 
     def sync_tied_head(self) -> None:
         """A tied embedding split over pipeline stages: its two copies add their gradients (Megatron)."""
@@ -175,11 +186,12 @@ def _grad_sync(model: nn.Module, sync: bool) -> Iterator[None]:
 def reduce_losses(trainer: Trainer, losses: list[torch.Tensor]) -> list[float]:
     """The global batch's loss per step on every rank (one collective for all steps).
 
-    The loss lives on the last pipeline stage; its tp ranks hold the same value; dp ranks average.
+    The loss lives on the last pipeline stage; its tp ranks hold the same value; dp ranks average,
+    and so do cp ranks (each the mean over its tokens, all holding as many).
     """
     mesh = trainer.mesh
     counts = trainer.has_last_stage and mesh["tp"].get_local_rank() == 0
-    loss = torch.stack(losses).double() / mesh["dp"].size()
+    loss = torch.stack(losses).double() / data_mesh(mesh).size()
     if not counts:
         loss = torch.zeros_like(loss)
     dist.all_reduce(loss)
@@ -191,18 +203,61 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def tied_group(mesh: DeviceMesh, shape: ModelShape) -> dist.ProcessGroup | None:
-    """The group of the first and last pipeline rank with this rank's (dp, tp) coordinates, for a tied head."""
-    pp, dp, tp = mesh.mesh.shape
+    """The group of the first and last pipeline rank with this rank's (dp, cp, tp) coordinates, for a tied head."""
+    pp = mesh.mesh.shape[0]
     if not shape.tied_embeddings or pp == 1:
         return None
     mine, rank = None, dist.get_rank()
-    for d in range(dp):
-        for t in range(tp):
-            ranks = [int(mesh.mesh[0, d, t]), int(mesh.mesh[pp - 1, d, t])]
-            group = dist.new_group(ranks)  # every rank creates every group, in the same order
-            if rank in ranks:
-                mine = group
+    first, last = mesh.mesh[0].flatten().tolist(), mesh.mesh[pp - 1].flatten().tolist()
+    for ranks in zip(first, last, strict=True):
+        group = dist.new_group(list(ranks))  # every rank creates every group, in the same order
+        if rank in ranks:
+            mine = group
     return mine
+
+
+class Optimizers:
+    """Two optimizers stepped as one: the dense weights' and the ep-sharded experts' (whose
+    ZeRO-1 partition, if any, is over expert data parallel, not over dp*cp)."""
+
+    def __init__(self, *inner: Any) -> None:
+        self.inner = inner
+
+    def step(self) -> None:
+        for opt in self.inner:
+            opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.inner:
+            opt.zero_grad(set_to_none)
+
+
+def build_optimizer(
+    par: Parallelized,
+    layout: Layout,
+    *,
+    mesh: DeviceMesh,
+    experts: DeviceMesh | None,
+    lr: float,
+    device: torch.device,
+) -> Any:
+    """AdamW over this rank's parameters; ZeRO-1 shards its states over the ranks holding the same
+    weights: dp*cp for the dense ones, expert data parallel for the ep-sharded experts."""
+    params = list({id(p): p for part in par.parts for p in part.parameters()}.values())
+    expert_ids = {id(part.get_parameter(n)) for part in par.parts for n in expert_param_names(part)}
+    dense_params = [p for p in params if id(p) not in expert_ids]
+    expert_params = [p for p in params if id(p) in expert_ids]
+    dense = data_mesh(mesh)
+
+    def make(ps: list[nn.Parameter], group: DeviceMesh | None) -> Any:
+        if layout.sharding == "zero1" and group is not None and group.size() > 1:
+            return ZeroOne(ps, lr=lr, group=group.get_group(), device=device)
+        return make_optimizer(ps, lr=lr, device=device)
+
+    if not expert_params:
+        return make(dense_params, dense)
+    assert experts is not None
+    return Optimizers(make(dense_params, dense), make(expert_params, experts["edp"]))
 
 
 def build_trainer(
@@ -217,8 +272,12 @@ def build_trainer(
     seed: int,
     lr: float,
 ) -> Trainer:
-    """Probe the kernels, build and parallelise the model, the optimizer and this rank's batch."""
-    pp, dp, tp = (mesh[d].size() for d in ("pp", "dp", "tp"))
+    """Probe the kernels, build and parallelise the model, the optimizer and this rank's batch.
+
+    Under cp > 1 each rank of a cp group takes the same rows (its dp coordinate's) and keeps its
+    two chunks of every sequence (`ContextParallel.shard`).
+    """
+    pp, dp, cp, tp = (mesh[d].size() for d in ("pp", "dp", "cp", "tp"))
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     if layout.float8:
         kernels.check_float8(device)
@@ -226,17 +285,20 @@ def build_trainer(
             raise kernels.KernelUnavailable(
                 "float8 with tensor parallelism needs torchao's float8 TP plans, which the built-in trainer does not wire"
             )
-    attend = kernels.attention_kernel(
-        layout.attention,
-        heads=shape.heads // tp,
-        kv_heads=shape.kv_heads // tp,
-        head_dim=shape.head_dim,
-        seq_len=seq_len,
-        dtype=dtype,
-        device=device,
-        batch=layout.micro_batch_size,
-    )
+    heads = dict(heads=shape.heads // tp, kv_heads=shape.kv_heads // tp, head_dim=shape.head_dim)
+    context = None
+    if cp > 1:
+        backend, gqa = cp_backend(
+            layout.attention, **heads, seq_len=seq_len, cp=cp, dtype=dtype, device=device, batch=layout.micro_batch_size
+        )
+        context = ContextParallel(mesh["cp"].get_group(), seq_len, device, backend=backend, gqa=gqa)
+        attend: kernels.AttentionFn = context.attention  # set again by apply_cp, on every attention module
+    else:
+        attend = kernels.attention_kernel(
+            layout.attention, **heads, seq_len=seq_len, dtype=dtype, device=device, batch=layout.micro_batch_size
+        )
     model = build_model(shape, seq_len, attend=attend, norm_fn=norm_kernel(shape, layout.rmsnorm))
+    experts = expert_mesh(mesh, layout.ep)
     grad_accum = global_batch_size // (layout.micro_batch_size * dp)
     par = parallelize(
         model,
@@ -247,15 +309,16 @@ def build_trainer(
         seed=seed,
         grad_accum=grad_accum,
         loss_fn=loss_fn,
+        cp=context,
+        experts=experts,
     )
-    params = list({id(p): p for part in par.parts for p in part.parameters()}.values())
-    if layout.sharding == "zero1" and dp > 1:
-        optimizer: Any = ZeroOne(params, lr=lr, group=mesh["dp"].get_group(), device=device)
-    else:
-        optimizer = make_optimizer(params, lr=lr, device=device)
+    optimizer = build_optimizer(par, layout, mesh=mesh, experts=experts, lr=lr, device=device)
     inputs, labels = synthetic_batch(shape, batch=global_batch_size, seq_len=seq_len, seed=seed)
     rows = global_batch_size // dp
     start = mesh["dp"].get_local_rank() * rows
+    inputs, labels = inputs[start : start + rows], labels[start : start + rows]
+    if context is not None:
+        inputs, labels = context.shard(inputs), context.shard(labels)
     return Trainer(
         shape,
         layout,
@@ -263,9 +326,10 @@ def build_trainer(
         device,
         par,
         optimizer,
-        inputs[start : start + rows].to(device),
-        labels[start : start + rows].to(device),
+        inputs.to(device),
+        labels.to(device),
         grad_accum,
-        bf16_autocast=precision == "bf16" and not (layout.sharding == "fsdp" and dp > 1),
+        bf16_autocast=precision == "bf16" and not (layout.sharding == "fsdp" and dp * cp > 1),
         tied_group=tied_group(mesh, shape),
+        experts=experts,
     )

@@ -182,6 +182,19 @@ class Trainer:
         parallel folding, torchtitan's dp_shard*cp*tp), not only out of dp*cp."""
         return self.expert_tp in ("any", "one_or_tp", "one_under_ep")
 
+    def runs_cp(self, cols: Columns) -> np.ndarray:
+        """The rows whose context-parallel layout this trainer runs (read where cp > 1): an
+        attention kernel of `cp_attention`. A trainer that runs cp with fewer layouts narrows it."""
+        return np.isin(cols["attention"], sorted(self.cp_attention) or [""])
+
+    def cp_refusal(self, cols: Columns, i: int) -> str:
+        """Why `runs_cp` refuses row i, in a line."""
+        kernels = sorted(self.cp_attention)
+        if not kernels:
+            return f"the {self.kind} trainer runs no context parallelism (cp > 1)"
+        attention = cols["attention"][i]
+        return f"the {self.kind} trainer runs cp > 1 only with attention {', '.join(kernels)}, not {attention}"
+
     def runs_experts(self, cols: Columns) -> np.ndarray:
         """The rows whose expert layout (etp against tp) this trainer runs, for a mixture of experts."""
         etp, tp = cols["etp"], cols["tp"]
@@ -193,10 +206,11 @@ class Trainer:
         }
         return allowed.get(self.expert_tp, np.ones(np.shape(etp), dtype=bool))
 
-    def experts_refusal(self, etp: int, tp: int) -> str:
-        """Why `runs_experts` refuses a row, in a line."""
+    def experts_refusal(self, cols: Columns, i: int) -> str:
+        """Why `runs_experts` refuses row i, in a line."""
         if self.expert_tp == "none":
             return f"the {self.kind} trainer runs no mixture-of-experts model"
+        etp, tp = int(cols["etp"][i]), int(cols["tp"][i])
         if self.expert_tp == "one_under_ep":
             return f"the {self.kind} trainer runs etp = 1 with ep > 1 and etp = tp without, not etp = {etp} (tp = {tp})"
         allowed = "1" if self.expert_tp == "one" else f"1 or tp = {tp}"

@@ -73,11 +73,59 @@ class Builtin(Trainer):
     attention: ClassVar[frozenset[str]] = frozenset(KNOBS["attention"].choices) - {"flash1"}
     runs_command = False
     # sweeper.trainer.context: each rank gathers the cp group's keys and values and runs SDPA
-    cp_attention = frozenset({"flash2", "sdpa_efficient", "cudnn", "sdpa_math"})
+    # pinned to the knob's backend, each local chunk over its prefix with a lower-right causal
+    # bias (torch.nn.attention.bias.causal_lower_right). The flash and efficient kernels take
+    # that bias natively (CUDA), math materialises it (as does the CPU flash kernel); torch has no
+    # cuDNN path for it (it would fall back to a materialised mask, untested with cuDNN): no cudnn
+    cp_attention = frozenset({"flash2", "sdpa_efficient", "sdpa_math"})
     expert_tp = "one"  # sweeper.trainer.moe keeps each expert whole on one rank
     # cp gathers the group's keys and values before the attention kernel (torchtitan's default
     # context_parallel_rotate_method "allgather"; the built-in trainer's CPU path likewise)
     time: ClassVar[TimeTraits] = TimeTraits(cp_ring=False)
 
+    def runs_cp(self, cols: Columns) -> np.ndarray:
+        """cp > 1 runs with tp (and SP), pp (1F1B, interleaved, a tied head) and dp, each checked
+        against one process (tests/trainer); not under torch.compile (the all-gather's autograd
+        function and the per-chunk SDPA calls under a fullgraph compile are not tested)."""
+        return super().runs_cp(cols) & ~cols["compile"].astype(bool)
+
+    def cp_refusal(self, cols: Columns, i: int) -> str:
+        if not super().runs_cp(cols)[i]:
+            return super().cp_refusal(cols, i)
+        return f"the {self.kind} trainer runs cp > 1 only with compile off"
+
+    def runs_experts(self, cols: Columns) -> np.ndarray:
+        """A mixture of experts runs with tp = 1 (the tensor-parallel plan has no MoE block),
+        without torch.compile (the router's data-dependent split under a fullgraph compile is
+        not tested), without float8 (the grouped experts are no nn.Linear), and ep > 1 without
+        FSDP (which would shard and average the ep-sharded experts over ranks holding other
+        experts). With pp, cp and dp it is checked against one process (tests/trainer)."""
+        blocked = _moe_blocker(cols) != ""
+        fsdp_ep = (cols["ep"] > 1) & (cols["sharding"] == "fsdp")
+        return super().runs_experts(cols) & ~blocked & ~fsdp_ep & ~cols["float8"].astype(bool)
+
+    def experts_refusal(self, cols: Columns, i: int) -> str:
+        if not super().runs_experts(cols)[i]:
+            return super().experts_refusal(cols, i)
+        why = _moe_blocker(cols)[i]
+        if why:
+            return f"the {self.kind} trainer runs a mixture of experts only with {why}"
+        if cols["float8"][i]:
+            return f"the {self.kind} trainer runs no float8 mixture of experts (its grouped experts are no nn.Linear)"
+        return f"the {self.kind} trainer runs ep > 1 with sharding none or zero1 only, not fsdp"
+
     def parse_log(self, text: str, sweep: Sweep) -> ParsedLog:
         raise TypeError("the built-in trainer reports its steps itself; it has no log to parse")
+
+
+def _moe_blocker(cols: Columns) -> np.ndarray:
+    """Per row, what the built-in trainer needs for a mixture of experts and the row lacks
+    ("" where it has it): tp = 1, pp = 1, compile off."""
+
+    def why(tp: int, compiled: bool) -> str:
+        if tp > 1:
+            return f"tp = 1, not tp = {tp}"
+        return "compile off" if compiled else ""
+
+    rows = zip(cols["tp"].tolist(), cols["compile"].astype(bool).tolist(), strict=True)
+    return np.array([why(*row) for row in rows], dtype=object)

@@ -56,12 +56,15 @@ def cp_ep_parity(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     from .helpers import ROOT, tiny_sweep
     from .test_context_parallel import MODEL_CASES, STEPS
+    from .test_cp_ep_trainer import TRAINER_CASES, trainer_specs
     from .test_moe import CASES, MODEL_EP2
 
-    assert not (CASES.keys() | MODEL_EP2.keys()) & MODEL_CASES.keys() and "cp" not in CASES
+    ids = [CASES.keys(), MODEL_EP2.keys(), MODEL_CASES.keys(), TRAINER_CASES.keys()]
+    assert sum(len(k) for k in ids) == len(set().union(*ids)) and "cp" not in CASES
     cp = {"sweep": tiny_sweep(2), "steps": STEPS, "model_cases": list(MODEL_CASES.values())}
     ep = {"cases": [case | {"id": cid} for cid, case in CASES.items()] + list(MODEL_EP2.values())}
-    task = {"kind": "call", "target": "tests.trainer.cp_ep_workers:cp_and_ep_parity", "kwargs": {"cp": cp, "ep": ep}}
+    kwargs = {"cp": cp, "ep": ep, "trainer": trainer_specs()}
+    task = {"kind": "call", "target": "tests.trainer.cp_ep_workers:cp_and_ep_parity", "kwargs": kwargs}
     workdir = tmp_path_factory.mktemp("cp_ep2")
     done = launch(task, nprocs=2, timeout_s=600, workdir=workdir, extra_env={"PYTHONPATH": str(ROOT)})
     if done.timed_out or any(done.returncodes):

@@ -20,20 +20,46 @@ from sweeper.trainer.context import ContextParallel, apply_cp
 from sweeper.trainer.env import DistEnv
 from sweeper.trainer.model import Transformer, build_model, canonical_name, loss_fn, materialize, norm_kernel
 from sweeper.trainer.moe import MoE, apply_ep, expert_slice, is_expert_param
-from sweeper.trainer.train import make_optimizer, synthetic_batch
+from sweeper.trainer.train import make_optimizer, reduce_losses, synthetic_batch
 
 from .workers import start
 
 # ---- context parallel: the tiny LLaMA of the dense parity tests, its sequence split over cp ranks
 
 
-def cp_and_ep_parity(*, out_dir: Path, cp: dict[str, Any], ep: dict[str, Any]) -> None:
-    """The context-parallel cases, then the expert-parallel ones, in one 2-rank launch: the ranks start
-    up once for test_context_parallel and test_moe."""
+def cp_and_ep_parity(
+    *, out_dir: Path, cp: dict[str, Any], ep: dict[str, Any], trainer: list[dict[str, Any]] | None = None
+) -> None:
+    """The context-parallel cases, then the expert-parallel ones, then the layouts through the
+    trainer's own setup (test_cp_ep_trainer), in one 2-rank launch: the ranks start up once."""
     env, device = start()
     _cp_parity(env, device, out_dir=out_dir, **cp)
     _ep_parity(env, device, out_dir=out_dir, **ep)
+    for case in trainer or []:
+        _trainer_case(case, out_dir, env, device)
     dist.destroy_process_group()
+
+
+def _trainer_case(case: dict[str, Any], out_dir: Path, env: DistEnv, device: torch.device) -> None:
+    """A cp/ep layout built by `build_trainer` (mesh, groups, DDP/FSDP/ZeRO-1, sharded batch), trained
+    `case["steps"]` steps as `Trainer.step` does; every rank saves its losses, step-0 gradients and
+    final parameters (experts: this rank's; the rest whole)."""
+    from sweeper.layout import Layout
+
+    from .workers import full_state, trainer_for
+
+    sweep: Sweep = case["sweep"]
+    trainer = trainer_for(sweep, Layout(**case["knobs"]), device, env.world_size)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    losses = [trainer.forward_backward()]
+    trainer.sync_experts()
+    grads = full_state(trainer, grads=True)
+    trainer.optimizer.step()
+    losses += [trainer.step() for _ in range(case["steps"] - 1)]
+    params = full_state(trainer, grads=False)
+    out = {"losses": reduce_losses(trainer, losses), "grads": grads, "params": params}
+    torch.save(out, out_dir / f"{case['id']}_rank{env.rank}.pt")
+    dist.barrier()
 
 
 def _cp_parity(

@@ -31,6 +31,8 @@ MODELS: dict[str, dict[str, Any]] = {
     "layers5": dict(layers=5),
     "layers7": dict(layers=7),
     "gpt_layers5": dict(layers=5, kv_heads=4, ffn=256, mlp="gelu", norm="layernorm", position="learned"),
+    # a dense block, then 3 mixture-of-experts blocks: 4 experts of 32, top-2, one shared expert
+    "moe": dict(experts=4, experts_per_token=2, moe_ffn=32, shared_experts=1, dense_layers=1),
 }
 
 

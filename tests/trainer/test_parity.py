@@ -42,7 +42,7 @@ TWO_RANKS: dict[str, tuple[dict[str, Any], bool]] = {
     "tied_tp2": ({"tp": 2, "micro_batch_size": 4}, True),
     "tied_pp2": ({"pp": 2, "micro_batch_size": 4}, True),
 }
-FOUR_RANKS: dict[str, tuple[dict[str, Any], bool]] = {
+FOUR_RANKS: dict[str, tuple[Any, ...]] = {
     "dp2_tp2_sp_fsdp": ({"tp": 2, "sequence_parallel": True, "sharding": "fsdp", "micro_batch_size": 2}, False),
     "dp2_tp2_replicate": ({"tp": 2, "sharding": "none", "micro_batch_size": 2}, False),
     "dp2_tp2_zero1": ({"tp": 2, "sharding": "zero1", "micro_batch_size": 2}, False),
@@ -54,6 +54,12 @@ FOUR_RANKS: dict[str, tuple[dict[str, Any], bool]] = {
     "dp2_pp2_fsdp": ({"pp": 2, "sharding": "fsdp", "micro_batch_size": 2}, False),
     "dp2_pp2_replicate": ({"pp": 2, "sharding": "none", "micro_batch_size": 2}, False),
     "dp2_pp2_fsdp_tied": ({"pp": 2, "sharding": "fsdp", "micro_batch_size": 2}, True),
+    # context parallel with the other splits (sweeper/trainer/context.py): dense weights replicated
+    # over dp*cp, each cp rank its two chunks; GPT's learned positions under SP are summed over tp
+    "pp2_cp2_tied": ({"pp": 2, "cp": 2, "micro_batch_size": 2}, True),
+    "gpt_cp2_tp2_sp": ({"tp": 2, "cp": 2, "sequence_parallel": True, "micro_batch_size": 4}, False, "gpt"),
+    # experts split over ep = dp = 2 inside each pipeline stage, left out of the replication
+    "moe_pp2_ep2": ({"pp": 2, "ep": 2, "micro_batch_size": 2}, False, "moe"),
 }
 EIGHT_RANKS = {
     "dp2_pp2_tp2_sp_fsdp": (

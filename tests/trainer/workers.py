@@ -14,6 +14,7 @@ from sweeper.spec import Sweep
 from sweeper.trainer import kernels
 from sweeper.trainer.env import DistEnv, build_mesh, init_distributed, pick_device
 from sweeper.trainer.model import canonical_name, loss_fn
+from sweeper.trainer.moe import EXPERT_WEIGHTS, MoE
 from sweeper.trainer.train import Trainer, build_trainer, reduce_losses
 
 
@@ -21,12 +22,21 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu().clone()
 
 
-def full_state(trainer: Trainer, *, grads: bool) -> dict[str, torch.Tensor]:
-    """Every parameter (or gradient) of this rank's stages as full tensors, by unwrapped name."""
+def full_state(trainer: Trainer, *, grads: bool, gather_experts: bool = False) -> dict[str, torch.Tensor]:
+    """Every parameter (or gradient) of this rank's stages as full tensors, by unwrapped name;
+    ep-sharded experts this rank's own, or, `gather_experts`, all of them (gathered over ep)."""
     out = {}
     for part in trainer.par.parts:
         for name, p in part.named_parameters():
             out[canonical_name(name, trainer.shape)] = _full(p.grad if grads else p)
+        for mod, m in part.named_modules() if gather_experts else ():
+            if isinstance(m, MoE) and m.ep > 1:
+                for w in EXPERT_WEIGHTS:
+                    t = getattr(m.experts, w)
+                    t = (t.grad if grads else t).detach().contiguous()
+                    whole = t.new_empty((m.ep * t.shape[0], *t.shape[1:]))
+                    dist.all_gather_into_tensor(whole, t, group=m.ep_group)
+                    out[canonical_name(f"{mod}.experts.{w}", trainer.shape)] = whole.cpu()
     return out
 
 
@@ -38,7 +48,7 @@ def start() -> tuple[DistEnv, torch.device]:
 
 
 def trainer_for(sweep: Sweep, layout: Layout, device: torch.device, world: int) -> Trainer:
-    mesh = build_mesh(device, pp=layout.pp, dp=layout.dp(world), tp=layout.tp)
+    mesh = build_mesh(device, pp=layout.pp, dp=layout.dp(world), tp=layout.tp, cp=layout.cp)
     return build_trainer(
         sweep.model,
         layout,
@@ -65,10 +75,11 @@ def parity(*, out_dir: Path, cases: list[dict[str, Any]], steps: int = 10) -> No
         trainer.optimizer.zero_grad(set_to_none=True)
         losses = [trainer.forward_backward()]
         trainer.sync_tied_head()
-        grads = full_state(trainer, grads=True)
+        trainer.sync_experts()
+        grads = full_state(trainer, grads=True, gather_experts=True)
         trainer.optimizer.step()
         losses += [trainer.step() for _ in range(steps - 1)]
-        params = full_state(trainer, grads=False)
+        params = full_state(trainer, grads=False, gather_experts=True)
         loss = reduce_losses(trainer, losses)
         if trainer.mesh["dp"].get_local_rank() == 0 and trainer.mesh["tp"].get_local_rank() == 0:
             torch.save({"losses": loss, "grads": grads, "params": params}, out_dir / f"{case['id']}_rank{env.rank}.pt")
