@@ -8,7 +8,10 @@
   RANDOM_SEEDS). A trial costs its GPUs x (STARTUP_S + its steps x its step time); an OOM the
   start-up; a trial stopped early its steps so far.
 - Held out: cells whose CRC32 of the name is 0 mod 3 were not looked at while the search's
-  settings (residual prior, stop ratio) were chosen; they are reported apart.
+  settings (residual prior, stop ratio; later its scoring rule, the calibration's priors and the
+  OOM rule of its chance to run) were chosen; they are reported apart.
+- The replay launcher leaves out of each cell's plan the layouts the playbook did not measure
+  (`Launcher.cannot_run`): the grid and random-order baselines count the measured layouts too.
 - A trainer quirk: a replayed sweep whose truth is the throughput model, except that one value of
   one knob (the predicted best's pipeline degree) runs QUIRK times slower.
 - llm-foundry (../shared/data/llm-foundry): every published MPT layout (all ran) as a one-layout

@@ -14,8 +14,9 @@ import numpy as np
 
 from sweeper.hardware import GIB
 from sweeper.memfit import MemoryFit, mirror, needs_at_least, needs_at_most, probe_rows, refit, refitted_total
-from sweeper.perfmodel import Calibration, StepTime, calibrate
+from sweeper.perfmodel import Calibration, StepTime
 from sweeper.plan import Plan
+from sweeper.residual import calibrate
 from sweeper.statuses import PlanStatus
 
 __all__ = ["Learning", "needs_at_least"]
@@ -59,6 +60,7 @@ class Learning:
             self.excluded[int(r)] = f"needs at least the memory of a layout that ran out of memory (plan row {oom_row})"
 
     def learn_step_time(self, row: int, step_time_s: float) -> None:
+        """Refit the model's two scales to every measured step time (robust to a quirk: `residual.calibrate`)."""
         self.measured[row] = step_time_s
         rows = list(self.measured)
         model = self.model

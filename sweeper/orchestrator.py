@@ -15,17 +15,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sweeper.errors import SweepError
-from sweeper.files import atomic_write_bytes
-from sweeper.folder import check_not_link, discard_own, make_private, preflight
+from sweeper.folder import check_not_link, discard_own, preflight
+from sweeper.frozen_spec import open_results
 from sweeper.identity import sweep_identity
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure
 from sweeper.layout import Layout
-from sweeper.plan import Plan, make_plan
+from sweeper.plan import Plan, leave_out, make_plan
 from sweeper.results import InFlight, ResultsStore, now_utc, row_from
 from sweeper.search import LayoutSearch, build_search, trial_attrs
 from sweeper.slow_trials import crashed, judge, saved_gpu_hours
-from sweeper.spec import Sweep, parse_sweep
-from sweeper.statuses import TrialStatus
+from sweeper.spec import Sweep
+from sweeper.statuses import PlanStatus, TrialStatus
 from sweeper.study_guard import (
     default_storage,
     rebuild,
@@ -36,7 +36,6 @@ from sweeper.study_guard import (
 from sweeper.trial import stops_sweep
 from sweeper.unwritten import left_unwritten, not_written, unwritten
 
-FROZEN_SPEC = "sweep.yaml"
 MAX_ATTEMPTS = 2  # an infrastructure failure (killed job, lost node, vanished process) is retried once
 
 
@@ -83,73 +82,23 @@ class SweepRun:
         return sum(not not_written(r) for r in self.rows) + len(self.running)
 
 
-def freeze_spec(sweep: Sweep, store: ResultsStore) -> Path:
-    """Keep the sweep file beside its results; refuse to continue a sweep whose file changed."""
-    frozen = store.root / FROZEN_SPEC
-    if sweep.source is None:
-        raise SweepError("a sweep run needs a sweep file (got a sweep without a source path)")
-    text = Path(sweep.source).read_bytes()
-    if frozen.exists():
-        old = parse_sweep(frozen.read_bytes(), source=str(frozen))
-        if _identity(old) != _identity(sweep):
-            raise SweepError(
-                f"{sweep.source} changed since {frozen} was recorded (model, batch, cluster, space or "
-                "trial settings differ); run with --fresh to start over, or give the sweep a new name"
-            )
-    try:
-        atomic_write_bytes(frozen, text)
-    except OSError as e:
-        raise SweepError(
-            f"cannot write {frozen}: {e.strerror or e}; nothing was run. Free the space and run again"
-        ) from None
-    return frozen
-
-
-def _identity(s: Sweep) -> tuple:
-    """What makes results comparable: everything but the search budget, launcher and paths."""
-    return (s.name, s.model, s.seq_len, s.global_batch_size, s.cluster, s.space, s.trial, s.memory, s.workload)
-
-
-def check_rows_identity(store: ResultsStore) -> None:
-    """Refuse rows of another sweep (another identity than the store's)."""
-    store.rows()
-    if store.foreign:
-        names = ", ".join(p.name for p in store.foreign[:3])
-        raise SweepError(
-            f"{store.trials_dir} holds {len(store.foreign)} row file(s) of another sweep ({names}): a different "
-            "model, seq_len, batch, cluster, space or trial settings. Move them away, give this sweep a new name, "
-            "or start over with --fresh"
-        )
-
-
 def prepare(sweep: Sweep, launcher: Launcher, *, storage: str | None = None) -> SweepRun:
     """Plan the sweep, open its study and results, and pick up what an earlier run left."""
     storage = storage or preflight(sweep)
     identity = sweep_identity(sweep)
-    store = ResultsStore(sweep.results_path, identity=identity)
-    frozen_existed = (store.root / FROZEN_SPEC).exists()
-    make_private(store.root)
-    store.ensure()
-    store.identity = None  # first the rows without an identity, then the foreign ones
-    unlabelled = [r for r in store.rows() if not r.get("sweep_id")]
-    store.identity = identity
-    if unlabelled and not frozen_existed:
-        raise SweepError(
-            f"{store.trials_dir} holds {len(unlabelled)} row(s) with no sweep identity and {FROZEN_SPEC} is gone, "
-            "so nothing says which experiment they measured; move them away, or give this sweep a new name"
-        )
-    if frozen_existed:  # its own message first: the sweep file changed since (with --fresh advice)
-        spec_path = freeze_spec(sweep, store)
-    check_rows_identity(store)
-    if not frozen_existed:  # written only once the rows are known to be this sweep's
-        spec_path = freeze_spec(sweep, store)
+    store, spec_path = open_results(sweep, identity)
     plan = make_plan(sweep)
+    runnable = plan.status != PlanStatus.INVALID
+    plan = leave_out(plan, launcher.cannot_run, launcher.cannot_run_reason)
+    left_out = int((runnable & (plan.status == PlanStatus.INVALID)).sum())
     if not plan.candidate_mask.any():
         raise SweepError(f"{sweep.name}: no candidate layout is left after the plan (see `sweep run --dry-run`)")
     with storage_errors(storage):
         search = build_search(plan, storage=storage)
         study = search.study
         run = SweepRun(sweep, plan, store, search, launcher, spec_path, identity=identity)
+        if left_out:
+            run.notes.append(f"{left_out} valid layout(s) left out: {launcher.cannot_run_reason}")
         _load_finished(run)
         if run.rows and not study.trials:  # the study was deleted or set aside: tell it every row
             n = rebuild(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -175,6 +175,19 @@ def make_plan(sweep: Sweep) -> Plan:
         _widen(sub_time.mfu, valid, n),
     )
     return Plan(sweep, cols, status.astype(str), code.astype(str), reason.astype(str), mem, throughput)
+
+
+def leave_out(plan: Plan, cannot_run: Callable[[Columns], np.ndarray], why: str) -> Plan:
+    """The plan less the valid layouts a launcher cannot run (`Launcher.cannot_run`): invalid, with
+    `why`, so the search never proposes them and no trial re-admits them."""
+    valid = np.flatnonzero(plan.status != INVALID)
+    hit = valid[cannot_run({k: v[valid] for k, v in plan.cols.items()})] if valid.size else valid
+    if hit.size == 0:
+        return plan
+    # as objects first: a fixed-width string array would cut the new code and reason to its width
+    status, code, reason = (a.astype(object) for a in (plan.status, plan.reason_code, plan.reason))
+    status[hit], code[hit], reason[hit] = INVALID, PlanReason.LAUNCHER_CANNOT_RUN.value, why
+    return replace(plan, status=status.astype(str), reason_code=code.astype(str), reason=reason.astype(str))
 
 
 def _widen(a: np.ndarray | None, rows: np.ndarray, n: int, fill: float = np.nan) -> np.ndarray:

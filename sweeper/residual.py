@@ -1,5 +1,6 @@
-"""What the throughput model got wrong, learned from measured step times: a Gaussian process over
-the layout's knobs of log(measured / predicted step time), and the expected improvement it gives.
+"""What the throughput model got wrong, learned from measured step times: its two scales refitted
+robustly (`calibrate`), and a Gaussian process over the layout's knobs of what is left,
+log(measured / calibrated step time).
 
 The analytic step time (`sweeper.perfmodel`) is the prior: with nothing measured every layout is
 predicted at the model's time, uncertain by `PRIOR_SIGMA` in log space. Each measured layout moves
@@ -7,6 +8,11 @@ the prediction of its neighbours (layouts that share most knob values) by the sa
 slow layout lowers the odds of the layouts like it and one fast one raises them. A global offset
 (the model's constant error, as the mean residual) is removed before the fit, so the process
 learns only how the error varies between layouts.
+
+The compute and communication scales are fitted in log space with a soft-L1 loss and a weak prior
+at 1: a trainer quirk (one layout 4-40x slower than the model says) is an outlier that the
+residual process learns where it is, instead of a least-squares fit that drags both scales, and
+every layout's prediction with them, towards it.
 
 Pure numpy and scikit-learn over the plan's columns; features are built once for the searched
 candidates, so scoring a million candidates is a few vectorised passes.
@@ -18,12 +24,13 @@ import warnings
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.special import ndtr
+from scipy.optimize import least_squares
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.gaussian_process import GaussianProcessRegressor
 from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
 
 from sweeper.knobs import KNOBS
+from sweeper.perfmodel import Calibration, StepTime
 
 # How far off the model may be before anything is measured (in log space: 0.2 = about 20 %, the
 # spread of the throughput model's error on public step times); a 40x quirk is far outside it,
@@ -32,8 +39,16 @@ PRIOR_SIGMA = 0.2
 MIN_SIGMA = 0.15  # the model is never trusted closer than this away from what was measured
 LENGTH_SCALE = 0.8  # in feature units: one knob value changed (one-hot distance 1.4) keeps ~20 % correlation
 MIN_FIT = 6  # measured layouts before the kernel's amplitude and length scales are fitted
-NOISE = 0.03**2
-PRIOR_WEIGHT = 1.0  # how many measured neighbours the prior chance to run counts as  # repeat-to-repeat noise of a measured step time (a few %), in log space squared
+NOISE = 0.03**2  # repeat-to-repeat noise of a measured step time (a few %), in log space squared
+PRIOR_WEIGHT = 1.0  # how many measured neighbours the prior chance to run counts as
+# The scales' fit: residuals beyond ~CALIBRATION_SPREAD (log space) count linearly, not squared (soft
+# L1). The log of comm_scale / compute_scale has a prior N(0, SCALE_PRIOR^2): the model's split of a
+# step between compute and communication is known roughly, so one point cannot tilt it far alone;
+# their common level (a trainer or cluster uniformly slower than the model) is nearly free.
+CALIBRATION_SPREAD = 0.1
+SCALE_PRIOR = 2.0
+LEVEL_PRIOR = 3.0
+SCALE_BOUNDS = (0.2, 5.0)  # as perfmodel.calibrate's: beyond, the model is wrong, not its scale
 
 
 def features(cols: dict[str, np.ndarray], rows: np.ndarray, searched: Sequence[str]) -> np.ndarray:
@@ -109,8 +124,28 @@ def ok_chance(x: np.ndarray, index: np.ndarray, prior: np.ndarray, seen: np.ndar
     return (PRIOR_WEIGHT * prior + w @ ran) / (PRIOR_WEIGHT + w.sum(axis=1))
 
 
-def expected_speedup(log_time: np.ndarray, sigma: np.ndarray, best_time: float) -> np.ndarray:
-    """E[max(1/T - 1/best, 0)] * best for log T ~ N(log_time, sigma^2): the expected improvement in
-    speed (1/step time, proportional to MFU) over the best measured, as a share of it."""
-    m, s = -np.asarray(log_time) + np.log(best_time), np.asarray(sigma)  # log(speed / best speed)
-    return np.exp(m + s**2 / 2) * ndtr((m + s**2) / s) - ndtr(m / s)
+def calibrate(pred: StepTime, rows: Sequence[int], measured_step_s: Sequence[float]) -> Calibration:
+    """The compute and communication scales that fit measured step times, robust to a quirk.
+
+    Minimises, over the log of both scales, the soft-L1 loss of log(measured / calibrated step
+    time) (scale `CALIBRATION_SPREAD`) plus the scales' prior; a point or two fit closely, a few
+    points several times off the rest hardly move the scales (scipy's `least_squares`).
+    """
+    if not len(rows):
+        return Calibration()
+    idx = np.asarray(rows, dtype=int)
+    log_y = np.log(np.asarray(measured_step_s, dtype=float))
+    compute, comm = pred.compute[idx], pred.comm[idx]
+    lo, hi = np.log(SCALE_BOUNDS)
+
+    def misfit(p: np.ndarray) -> np.ndarray:
+        t = np.exp(p[0]) * compute + np.exp(p[1]) * comm
+        return (log_y - np.log(np.maximum(t, 1e-12))) / CALIBRATION_SPREAD
+
+    def loss(p: np.ndarray) -> np.ndarray:  # soft L1 on the data (signed, so smooth at 0), squared on the prior
+        r = misfit(p)
+        prior = [(p[1] - p[0]) / SCALE_PRIOR, (p[0] + p[1]) / (2 * LEVEL_PRIOR)]
+        return np.concatenate([np.sign(r) * np.sqrt(2 * (np.sqrt(1 + r**2) - 1)), prior])
+
+    fit = least_squares(loss, np.zeros(2), bounds=([lo, lo], [hi, hi]))
+    return Calibration(float(np.exp(fit.x[0])), float(np.exp(fit.x[1])), len(idx))

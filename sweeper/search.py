@@ -1,9 +1,9 @@
 """The search: which layout runs next, and an Optuna study that holds exactly the trials the sweep ran.
 
-`auto` (the default) runs, each time, the untried layout of highest expected improvement in speed
-over the best measured one: the throughput model (recalibrated by what ran) is the prior, a
-Gaussian process of its residual over the knobs (`sweeper.residual`) is what the trials taught,
-and an uncertain layout's improvement is weighed by its chance to fit the card. `tpe`, `gp` and
+`auto` (the default) runs, each time, the untried layout of highest expected speed: the throughput
+model (recalibrated by what ran) is the prior, a Gaussian process of its residual over the knobs
+(`sweeper.residual`) is what the trials taught, and each layout's speed is weighed by its chance
+to run (to fit the card, moved by what its neighbours did). `tpe`, `gp` and
 `random` let the named Optuna sampler propose, in a scratch study of its own where rejected and
 repeated proposals are told and forgotten. Either way the sweep's study receives one trial per
 sweep trial, enqueued with the chosen layout: COMPLETE with its MFU, FAIL when it failed, PRUNED
@@ -28,7 +28,7 @@ from sweeper.learn import Learning
 from sweeper.memfit import fit_chance
 from sweeper.perfmodel import Calibration, StepTime
 from sweeper.plan import Plan
-from sweeper.residual import Residual, expected_speedup, features, ok_chance
+from sweeper.residual import Residual, features, ok_chance
 from sweeper.statuses import PlanStatus, TrialStatus
 from sweeper.stopping import SlowerThanBest, mfu_seconds
 from sweeper.study import open_study, tell_study, trial_attrs
@@ -108,7 +108,7 @@ class Schedule:
     """The scheduling policy: which trials the search's model picks, which an Optuna sampler proposes.
 
     grid: every candidate in plan order. auto: every trial the layout of highest expected
-    improvement (the first `seed_trials`, when set, the model's best predicted). tpe, gp,
+    speed (the first `seed_trials`, when set, the model's best predicted). tpe, gp,
     random: the sampler alone.
     """
 
@@ -137,8 +137,8 @@ class Schedule:
 class LayoutSearch:
     """Ask for new candidate layouts and tell their outcomes, over one Optuna study.
 
-    `auto` (the default) runs the untried layout of highest expected improvement over the best
-    measured (module docstring). Every outcome teaches: an OOM excludes the layouts that need at
+    `auto` (the default) runs the untried layout of highest expected speed, weighed by its chance to
+    run (module docstring). Every outcome teaches: an OOM excludes the layouts that need at
     least as much memory, measured step times recalibrate the throughput model and refit the
     residual process, measured peaks refit the memory estimate both ways, a layout that ran
     re-admits the pruned layouts that need no more memory, and a clearly faster layout just
@@ -258,24 +258,44 @@ class LayoutSearch:
         return chance
 
     def scores(self, rows: np.ndarray) -> np.ndarray:
-        """Expected improvement in speed over the best measured layout, times the chance to fit."""
+        """Expected speed (1 / step time: the recalibrated model corrected by the residual's mean),
+        times the chance to run.
+
+        The posterior's mean, not an expected improvement: with the model as prior the first trials
+        follow its order, and the search leaves it only where measurements contradict it (a slow
+        layout slows its neighbours' prediction, a fast one speeds it). An expected improvement
+        rewards the residual's uncertainty away from what ran, and spent the few trials that count
+        on layouts the model ranks far down (benchmarks/search_public.py: 10 of 15 tuned ultrascale
+        cells within 5 trials with it, 13 without; the quirk replay 15-18 trials, 4 without)."""
         self._refit()
-        mean, std = self.residual.predict(self._pos[rows])
-        log_time = np.log(self._calibrated_total(rows)) + mean
-        chance = self._ok_chance(rows)
-        measured = [t for r, t in self.learning.measured.items() if self.outcome.get(r) == TrialStatus.OK]
-        if not measured:  # nothing ran yet: the fastest expected
-            return chance * np.exp(-log_time)
-        gain = expected_speedup(log_time, std, min(measured)) * chance
-        # far from every measurement the gain can underflow to 0: then the fastest expected wins
-        return gain if float(np.max(gain)) > 1e-12 else chance * np.exp(-log_time)
+        mean, _ = self.residual.predict(self._pos[rows])
+        return self._ok_chance(rows) * np.exp(-(np.log(self._calibrated_total(rows)) + mean))
 
     def _ok_chance(self, rows: np.ndarray) -> np.ndarray:
-        """The chance to fit, moved by what the finished layouts like these did (ran, or failed)."""
+        """The chance to fit, moved by what the finished layouts like these did (ran, or failed).
+
+        An OOM says something of memory only: it moves the layouts whose fit is in doubt (uncertain,
+        re-admitted), and the plan's candidates only when it was a candidate's (the estimate was too
+        low there); a layout proven to fit (`Learning.proven`) is moved only by crashes and runs."""
         seen = np.asarray(list(self.outcome), dtype=np.int64)
-        ran = np.asarray([TrialStatus(s).succeeded() or TrialStatus(s).was_stopped() for s in self.outcome.values()])
-        x = self.residual.x
-        return ok_chance(x, self._pos[rows], self.fit_chance(rows), self._pos[seen], ran.astype(float))
+        status = [TrialStatus(s) for s in self.outcome.values()]
+        ran = np.asarray([s.succeeded() or s.was_stopped() for s in status], dtype=float)
+        oom = np.asarray([s.is_oom() for s in status], dtype=bool)
+        oom_of_candidate = oom & (self.plan.status[seen] == PlanStatus.CANDIDATE)
+        prior = self.fit_chance(rows)
+        proven = np.isin(rows, list(self.learning.proven))
+        candidate = ~proven & (self.plan.status[rows] == PlanStatus.CANDIDATE)
+        out = prior.copy()
+        for mask, told in (
+            (proven, ~oom),
+            (candidate, ~oom | oom_of_candidate),
+            (~proven & ~candidate, np.ones_like(oom)),
+        ):
+            if mask.any():
+                out[mask] = ok_chance(
+                    self.residual.x, self._pos[rows[mask]], prior[mask], self._pos[seen[told]], ran[told]
+                )
+        return out
 
     def _calibrated_total(self, rows: np.ndarray) -> np.ndarray:
         m, c = self.model, self.calibration

@@ -49,7 +49,7 @@ class PlanStatus(StrEnum):
     """What the plan says of one layout of the cross product."""
 
     CANDIDATE = "candidate"  # valid and predicted to fit: may be run
-    INVALID = "invalid"  # breaks a validity rule, or runs identically to another layout
+    INVALID = "invalid"  # breaks a validity rule, runs identically to another layout, or the launcher cannot run it
     PRUNED = "pruned"  # valid, but predicted not to fit in GPU memory
     UNCERTAIN = "uncertain"  # predicted over the card, but within the estimate's measured error: may be run
 
@@ -85,6 +85,7 @@ class PlanReason(StrEnum):
     EXPERTS_NOT_IN_WORKLOAD = "experts_not_in_workload"
     EP_NEEDS_SP = "ep_needs_sp"
     DUPLICATE = "duplicate"  # runs identically to another layout (a knob with no effect there)
+    LAUNCHER_CANNOT_RUN = "launcher_cannot_run"  # the sweep's launcher cannot run it (a replay table lacks it)
     MEMORY = "memory"  # predicted not to fit: the layout is pruned, not invalid
     MEMORY_UNCERTAIN = "memory_uncertain"  # predicted over the card within the estimate's error: uncertain
 

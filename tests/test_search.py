@@ -87,7 +87,7 @@ def test_search_resumes_from_storage(tmp_path):
     "sampler,n,budget,exploits",
     [
         ("auto", 10, 20, [True] * 6),  # every candidate fits: best predicted first, always
-        ("auto", 100, 20, [True] * 6),  # the search's own pick (expected improvement) every trial
+        ("auto", 100, 20, [True] * 6),  # the search's own pick (expected speed) every trial
         ("tpe", 100, 20, [False] * 6),
         ("grid", 100, 20, [True] * 6),
     ],

@@ -20,11 +20,6 @@ def _plan(**overrides):
     return make_plan(make_sweep(**overrides))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known regression (issue 20): with the merged step-time model the residual search explores away "
-    "from the measured layouts' neighbours and runs the third-ranked best 7th or later of 8",
-)
 def test_replay_with_more_candidates_than_budget_runs_the_best_within_a_few_trials(tmp_path):
     spec = base_spec(
         name="big",
@@ -59,7 +54,7 @@ def test_replay_with_more_candidates_than_budget_runs_the_best_within_a_few_tria
     ran = [run.plan.row_of(_layout_of(r)) for r in sorted(run.rows, key=lambda r: r["trial_number"])]
     assert len(run.rows) == sweep.search.max_trials
     assert best in ran[:4], (best, ran)  # within the first 4 trials of 8, among hundreds of candidates
-    assert max(r["mfu"] for r in run.rows) == pytest.approx(float(plan.pred_mfu[best]) * 1.3)
+    assert max(r["mfu"] for r in run.rows if r["mfu"] is not None) == pytest.approx(float(plan.pred_mfu[best]) * 1.3)
 
 
 def _layout_of(row):

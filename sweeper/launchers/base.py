@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from sweeper.layout import Layout
+from sweeper.layout import Columns, Layout
 from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
 from sweeper.trial import TrialResult
@@ -81,6 +82,7 @@ class Launcher(ABC):
     poll_s: float = 0.25  # how often the sweep loop polls this launcher
     # The model of this launcher's profile; a class with one is registered under `kind`.
     profile_model: ClassVar[type[LauncherProfile] | None] = None
+    cannot_run_reason: ClassVar[str] = "the launcher cannot run it"  # the plan's reason for `cannot_run`'s layouts
 
     @classmethod
     def from_profile(cls, profile: LauncherProfile, sweep: Sweep) -> Launcher:
@@ -102,6 +104,13 @@ class Launcher(ABC):
     @abstractmethod
     def reattach(self, job_id: str, job: TrialJob) -> Handle | None:
         """Find a trial submitted by an earlier `sweep run`; None when it is gone."""
+
+    def cannot_run(self, cols: Columns) -> np.ndarray:
+        """Mask over the layouts of `cols` (plan columns): those this launcher cannot run whatever the
+        trainer can, which the plan leaves out (reason `launcher_cannot_run`) so the search never
+        proposes them. Default: none, as a cluster runs every layout its trainer runs; a replay
+        table answers only the layouts it holds."""
+        return np.zeros(len(cols["tp"]), dtype=bool)
 
     def find(self, job: TrialJob) -> str | None:
         """The job id of `job` when it was started but its id never recorded (a `sweep run` killed

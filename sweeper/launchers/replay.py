@@ -1,7 +1,10 @@
 """Replay: answer each trial at once from a table of earlier results (no GPUs, no waiting).
 
 The table is a results dataset of this tool, or any CSV/Parquet with knob columns plus
-`status` and `mfu` or `step_time_mean_s`. Knobs the table does not have are not matched on.
+`status` and `mfu` or `step_time_mean_s`. Knobs the table does not have are not matched on, and
+a knob with no effect on a layout (sequence parallel at tp=1, sharding at dp=1, ...) is matched
+as the value it behaves as, as the plan de-duplicates them. A layout the table lacks has no
+answer: the launcher says so at plan time (`cannot_run`), so the search never proposes it.
 Users replay an old sweep to try another search strategy at no cost; the search benchmark
 replays simulated and published sweeps.
 """
@@ -12,12 +15,14 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import Field
 
 from sweeper.errors import SpecError
 from sweeper.flops import model_flops_per_token, utilization
-from sweeper.knobs import KNOBS
+from sweeper.knobs import KNOBS, NO_EFFECT_VALUE
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, LauncherProfile, TrialJob, failure
+from sweeper.layout import Columns, Layout, ineffective
 from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
 from sweeper.trial import TrialResult
@@ -59,11 +64,13 @@ def load_table(path: Path) -> list[dict[str, Any]]:
 
 
 class ReplayLauncher(Launcher):
-    """Looks each layout up in the table; a layout that is not there ends as `failed`."""
+    """Looks each layout up in the table; a layout that is not there is one it cannot run (left out
+    of the plan), and ends as `failed` when asked for all the same."""
 
     kind = "replay"
     poll_s = 0.0
     profile_model = ReplayProfile
+    cannot_run_reason = "not in the replay table: a replay answers only the layouts it holds"
 
     @classmethod
     def from_profile(cls, profile: LauncherProfile, sweep: Sweep) -> ReplayLauncher:
@@ -79,17 +86,30 @@ class ReplayLauncher(Launcher):
         self.knobs = [k for k in KNOBS if k in rows[0]] if rows else []
         self.table: dict[tuple, dict[str, Any]] = {}
         for r in rows:
-            self.table.setdefault(self._key(r), r)  # the first row of a layout wins
+            if not all(_known(r[k]) for k in self.knobs):  # a row without a knob's value matches no layout
+                continue
+            layout = Layout.from_mapping({k: _norm(r[k]) for k in self.knobs})
+            self.table.setdefault(self._key(layout.columns(sweep))[0], r)  # the first row of a layout wins
 
-    def _key(self, values: dict[str, Any]) -> tuple:
-        return tuple(_norm(values.get(k)) for k in self.knobs)
+    def _key(self, cols: Columns) -> list[tuple]:
+        """Each layout's key in the table: its knobs the table has, a knob with no effect there as the
+        value it behaves as (a table may record sequence_parallel=False at tp=1 where the sweep says True)."""
+        noop = ineffective(cols)
+        keyed = [
+            np.where(noop[k], NO_EFFECT_VALUE[k], cols[k]) if k in noop else np.asarray(cols[k]) for k in self.knobs
+        ]
+        return [tuple(_norm(v) for v in values) for values in zip(*keyed)] if keyed else [()] * len(cols["tp"])
+
+    def cannot_run(self, cols: Columns) -> np.ndarray:
+        """The layouts the table has no row for: a replay can answer only what was measured."""
+        return np.asarray([key not in self.table for key in self._key(cols)], dtype=bool)
 
     def submit(self, job: TrialJob) -> Handle:
         return Handle(f"replay-{job.number}", job)
 
     def poll(self, handle: Handle) -> JobOutcome:
         job = handle.job
-        row = self.table.get(self._key(job.layout.as_dict()))
+        row = self.table.get(self._key(job.layout.columns(self.sweep))[0])
         if row is None:
             return JobOutcome(failure(TrialStatus.FAILED, "not in replay table", job), handle.job_id)
         result = {k: _clean(row.get(k)) for k in VALUE_COLUMNS if k in row}
@@ -128,6 +148,11 @@ def _norm(v: Any) -> Any:
     if isinstance(v, float) and v.is_integer():
         return int(v)
     return v
+
+
+def _known(v: Any) -> bool:
+    """A table cell that holds a value (not an empty CSV cell, read as NaN)."""
+    return not (isinstance(v, float) and math.isnan(v)) and v is not None
 
 
 def _clean(v: Any) -> Any:

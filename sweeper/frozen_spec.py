@@ -1,0 +1,83 @@
+"""A sweep's results folder as `sweep run` opens it: the sweep file frozen beside the results, and
+the refusal of rows that another experiment measured.
+
+A results folder is comparable only with itself: `sweep.yaml` keeps the sweep file as first run,
+and a later run whose model, batch, cluster, space or trial settings differ is refused (with
+--fresh advice) before anything runs; every row carries the sweep's identity
+(`sweeper.identity`), and rows of another identity, or rows without one once the frozen file is
+gone, are refused the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sweeper.errors import SweepError
+from sweeper.files import atomic_write_bytes
+from sweeper.folder import make_private
+from sweeper.results import ResultsStore
+from sweeper.spec import Sweep, parse_sweep
+
+FROZEN_SPEC = "sweep.yaml"
+
+
+def open_results(sweep: Sweep, identity: str) -> tuple[ResultsStore, Path]:
+    """The sweep's results store, made private and checked to hold this sweep's rows only, and the
+    path of its frozen sweep file."""
+    store = ResultsStore(sweep.results_path, identity=identity)
+    frozen_existed = (store.root / FROZEN_SPEC).exists()
+    make_private(store.root)
+    store.ensure()
+    store.identity = None  # first the rows without an identity, then the foreign ones
+    unlabelled = [r for r in store.rows() if not r.get("sweep_id")]
+    store.identity = identity
+    if unlabelled and not frozen_existed:
+        raise SweepError(
+            f"{store.trials_dir} holds {len(unlabelled)} row(s) with no sweep identity and {FROZEN_SPEC} is gone, "
+            "so nothing says which experiment they measured; move them away, or give this sweep a new name"
+        )
+    if frozen_existed:  # its own message first: the sweep file changed since (with --fresh advice)
+        spec_path = freeze_spec(sweep, store)
+    check_rows_identity(store)
+    if not frozen_existed:  # written only once the rows are known to be this sweep's
+        spec_path = freeze_spec(sweep, store)
+    return store, spec_path
+
+
+def freeze_spec(sweep: Sweep, store: ResultsStore) -> Path:
+    """Keep the sweep file beside its results; refuse to continue a sweep whose file changed."""
+    frozen = store.root / FROZEN_SPEC
+    if sweep.source is None:
+        raise SweepError("a sweep run needs a sweep file (got a sweep without a source path)")
+    text = Path(sweep.source).read_bytes()
+    if frozen.exists():
+        old = parse_sweep(frozen.read_bytes(), source=str(frozen))
+        if _identity(old) != _identity(sweep):
+            raise SweepError(
+                f"{sweep.source} changed since {frozen} was recorded (model, batch, cluster, space or "
+                "trial settings differ); run with --fresh to start over, or give the sweep a new name"
+            )
+    try:
+        atomic_write_bytes(frozen, text)
+    except OSError as e:
+        raise SweepError(
+            f"cannot write {frozen}: {e.strerror or e}; nothing was run. Free the space and run again"
+        ) from None
+    return frozen
+
+
+def _identity(s: Sweep) -> tuple:
+    """What makes results comparable: everything but the search budget, launcher and paths."""
+    return (s.name, s.model, s.seq_len, s.global_batch_size, s.cluster, s.space, s.trial, s.memory, s.workload)
+
+
+def check_rows_identity(store: ResultsStore) -> None:
+    """Refuse rows of another sweep (another identity than the store's)."""
+    store.rows()
+    if store.foreign:
+        names = ", ".join(p.name for p in store.foreign[:3])
+        raise SweepError(
+            f"{store.trials_dir} holds {len(store.foreign)} row file(s) of another sweep ({names}): a different "
+            "model, seq_len, batch, cluster, space or trial settings. Move them away, give this sweep a new name, "
+            "or start over with --fresh"
+        )
