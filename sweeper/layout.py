@@ -164,18 +164,28 @@ def chunks_per_rank(pp_schedule: np.ndarray, pp: np.ndarray, virtual_stages: np.
     return np.where((pp_schedule == "interleaved") & (pp > 1), virtual_stages, 1)
 
 
+def gpipe_order(schedule: np.ndarray, pp: np.ndarray, grad_accum: np.ndarray, sweep: Sweep) -> np.ndarray:
+    """Where the pipeline runs all forwards before all backwards: GPipe, and a 1F1B with fewer
+    micro-batches than stages where the trainer runs that as GPipe (`Trainer.short_1f1b_as_gpipe`)."""
+    short = (schedule == "1f1b") & (pp > 1) & (grad_accum < pp) & sweep.trainer.short_1f1b_as_gpipe
+    return (schedule == "gpipe") | short
+
+
 def with_derived(cols: dict[str, np.ndarray], sweep: Sweep) -> dict[str, np.ndarray]:
     """Add the derived columns: dp, grad_accum, chunks (per pipeline rank), effective_sp (SP in
-    effect), edp (expert data parallel); knobs that follow another (etp) are resolved."""
+    effect), edp (expert data parallel), gpipe_order (the pipeline runs GPipe's order); knobs that
+    follow another (etp) are resolved."""
     cols = {**cols, **following(cols)}
     dp = data_parallel(cols["tp"], cols["pp"], sweep.cluster.world, cols["cp"])
+    grad_accum = micro_batches(cols["micro_batch_size"], dp, sweep.global_batch_size)
     return {
         **cols,
         "dp": dp,
         "edp": expert_data_parallel(cols["etp"], cols["ep"], cols["pp"], sweep.cluster.world),
-        "grad_accum": micro_batches(cols["micro_batch_size"], dp, sweep.global_batch_size),
+        "grad_accum": grad_accum,
         "chunks": chunks_per_rank(cols["pp_schedule"], cols["pp"], cols["virtual_stages"]),
         "effective_sp": cols["sequence_parallel"].astype(bool) & (cols["tp"] > 1),
+        "gpipe_order": gpipe_order(cols["pp_schedule"], cols["pp"], grad_accum, sweep),
     }
 
 

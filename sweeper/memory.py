@@ -266,15 +266,19 @@ def moe_block_extra_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.n
 def microbatches_in_flight_at(cols: Columns, rank: int) -> np.ndarray:
     """Micro-batch x block activations pipeline rank `rank` holds, in units of its own layers.
 
-    1F1B: rank i runs pp - i forwards before its first backward; GPipe: every micro-batch;
+    1F1B: rank i runs pp - i forwards before its first backward; GPipe's order (`gpipe_order`): every micro-batch;
     interleaved: rank i warms up (v-1)*pp + 2*(pp-1-i) chunks (torch ScheduleInterleaved1F1B,
     Megatron-LM's interleaved schedule) plus the one in its first steady step.
     """
     pp, m, v = cols["pp"], cols["grad_accum"], cols["chunks"].astype(float)
-    sched = cols["pp_schedule"]
     one_f_one_b = np.minimum(pp - rank, m).astype(float)
     interleaved = np.minimum((v - 1) * pp + 2 * (pp - 1 - rank) + 1, m * v) / v
-    return np.select([pp == 1, sched == "gpipe", v > 1], [1.0, m.astype(float), interleaved], default=one_f_one_b)
+    return np.select([pp == 1, _gpipe(cols), v > 1], [1.0, m.astype(float), interleaved], default=one_f_one_b)
+
+
+def _gpipe(cols: Columns) -> np.ndarray:
+    """Rows whose pipeline runs GPipe's order (`layout.gpipe_order`; the schedule alone in columns without it)."""
+    return cols["gpipe_order"] if "gpipe_order" in cols else cols["pp_schedule"] == "gpipe"
 
 
 def logits_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.ndarray]:
@@ -411,7 +415,7 @@ def estimate(cols: Columns, sweep: Sweep, *, rank: int | None = None) -> Estimat
                 # the head runs in the last model chunk only: one micro-batch's logits kept under
                 # the 1F1B schedules (interleaved included), every micro-batch's under GPipe
                 "logits": (
-                    np.where(sub["pp_schedule"] == "gpipe", np.maximum(sub["grad_accum"], 1), 1.0) * logit_kept[rows]
+                    np.where(_gpipe(sub), np.maximum(sub["grad_accum"], 1), 1.0) * logit_kept[rows]
                     if pp_value > 1
                     else logit_kept[rows]
                 )

@@ -71,7 +71,11 @@ def test_each_rule(layout, overrides, code):
         # 512 sequences / (8 per micro-batch * dp 16) = 4 micro-batches: exactly pp, valid;
         # on twice the GPUs it is 2 < 4
         assert got is None
-        got = reject_code(layout, global_batch_size=512, cluster={"nodes": 16, "gpus_per_node": 8, "gpu": "a100-80gb"})
+        # torchtitan's Schedule1F1B refuses 2 < 4; the built-in trainer runs that in GPipe's order
+        cluster = {"nodes": 16, "gpus_per_node": 8, "gpu": "a100-80gb"}
+        assert reject_code(layout, global_batch_size=512, cluster=cluster) is None
+        tt = {"kind": "torchtitan", "command": "torchrun -m torchtitan.train {flags}"}
+        got = reject_code(layout, global_batch_size=512, cluster=cluster, workload=tt, memory={"recipe": "torchtitan"})
     assert got == code
 
 

@@ -190,3 +190,13 @@ def test_fsdp_with_pipeline_keeps_the_stage_unsharded():
     stage = 16 * 202_383_360 + 32000 * 4096  # the first stage: 16 blocks + embedding
     assert e["weights"] == 4 * stage / 4 + 2 * stage
     assert e["grads"] == 4 * stage / 4 + 4 * stage
+
+
+def test_a_short_1f1b_the_builtin_trainer_runs_as_gpipe_holds_what_gpipe_holds():
+    # one micro-batch on two stages: the built-in trainer runs GPipe's order (torch's Schedule1F1B
+    # refuses it), so every stage's estimate is GPipe's, the logits of every micro-batch included
+    sweep = make_sweep(global_batch_size=8, space={"tp": [8], "pp": [2], "micro_batch_size": [2]})
+    short = estimate(Layout(tp=8, pp=2, micro_batch_size=2).columns(sweep), sweep)
+    gpipe = estimate(Layout(tp=8, pp=2, micro_batch_size=2, pp_schedule="gpipe").columns(sweep), sweep)
+    assert Layout(tp=8, pp=2, micro_batch_size=2).resolve(sweep).grad_accum == 1
+    assert short.total[0] == gpipe.total[0] and short.activations[0] == gpipe.activations[0]

@@ -317,6 +317,11 @@ def build_pipeline(
     pipe = [PipelineStage(mod, idx, num_stages, device, group=group) for idx, mod in stages]
     if schedule == "interleaved":
         return ScheduleInterleaved1F1B(pipe, n_microbatches=n_microbatches, loss_fn=loss_fn)
+    # torch's Schedule1F1B refuses fewer micro-batches than stages; with m < pp the first stage of a
+    # 1F1B warms up all m forwards before its first backward, so GPipe's order costs the same bubble
+    # and stage 0 the same peak (sweeper.trainers.builtin: short_1f1b_as_gpipe)
+    if schedule == "1f1b" and n_microbatches < num_stages:
+        schedule = "gpipe"
     cls = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}[schedule]
     return cls(pipe[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
 

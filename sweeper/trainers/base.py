@@ -162,6 +162,9 @@ class Trainer:
     # (the built-in trainer, torchtitan) raises "Number of microbatches must be greater than or equal
     # to the number of stages"; an unknown command is not assumed to run it
     runs_short_1f1b: ClassVar[bool] = False
+    # whether it runs such a short 1F1B in GPipe's order (all forwards, then all backwards): the
+    # memory model then holds every micro-batch on every stage, as GPipe does
+    short_1f1b_as_gpipe: ClassVar[bool] = False
     # knob values it has no way to run, each with the reason the plan gives (rule knob_not_in_trainer)
     lacks: ClassVar[Mapping[str, Mapping[Any, str]]] = {}
     runs_command: ClassVar[bool] = True  # an external command (workload.command), not the built-in runner

@@ -72,6 +72,12 @@ class Builtin(Trainer):
     # (flash-attn 2 replaced it), so the plan keeps it off the built-in workload
     attention: ClassVar[frozenset[str]] = frozenset(KNOBS["attention"].choices) - {"flash1"}
     runs_command = False
+    # torch's Schedule1F1B refuses fewer micro-batches than stages; there the built-in trainer runs
+    # ScheduleGPipe (sweeper.trainer.parallel.build_pipeline). With m < pp a 1F1B's first stage warms
+    # up all m forwards before its first backward anyway: the same bubble and the same peak on stage
+    # 0; later stages hold m micro-batches instead of fewer
+    runs_short_1f1b = True
+    short_1f1b_as_gpipe = True
     # sweeper.trainer.context: each rank gathers the cp group's keys and values and runs SDPA
     # pinned to the knob's backend, each local chunk over its prefix with a lower-right causal
     # bias (torch.nn.attention.bias.causal_lower_right). The flash and efficient kernels take

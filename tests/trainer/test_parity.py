@@ -33,6 +33,8 @@ TWO_RANKS: dict[str, tuple[dict[str, Any], bool]] = {
     ),
     "pp2_1f1b": ({"pp": 2, "micro_batch_size": 2}, False),
     "pp2_gpipe": ({"pp": 2, "pp_schedule": "gpipe", "micro_batch_size": 2}, False),
+    # one micro-batch on two stages: torch's Schedule1F1B refuses it, the trainer runs GPipe's order
+    "pp2_1f1b_one_microbatch": ({"pp": 2, "micro_batch_size": 8}, False),
     "pp2_interleaved": ({"pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2, "micro_batch_size": 2}, False),
     "pp2_ffn_ac": ({"pp": 2, "activation_checkpointing": "ffn", "micro_batch_size": 4}, False),
     "dp2_fsdp": ({"sharding": "fsdp", "micro_batch_size": 2}, False),
