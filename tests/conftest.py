@@ -117,3 +117,45 @@ def tiny_cpu_sweep(tmp_path_factory: pytest.TempPathFactory) -> RealSweep:
 
 # the session fixture `slurm_cluster` (a real single-node SLURM, root only)
 pytest_plugins = ["tests.slurm_cluster"]
+
+# Fixtures made once per session or module that are cheap or hold nothing shared between workers
+# (`slurm_cluster` is handled by the `slurm` marker, which every test that asks for it carries).
+_NOT_SHARED = frozenset({"slurm_cluster", "private_tmpdir", "tmp_path_factory", "worker_id", "testrun_uid"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (xdist.remote)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `pytest -n 2 --dist loadgroup` (CI, the README's command), the tests that share a launch
+    made once per session or module (the parity launches, the tiny CPU sweep, the parsers' harnesses),
+    directly or through another such fixture, run in one worker, so that each launch still runs once;
+    every SLURM test runs in one worker, one after another, as the one local cluster needs. Without
+    xdist the group marks mean nothing."""
+    group_of: dict[str, str] = {}  # a shared fixture -> its group's name (union-find, by the least name)
+
+    def find(name: str) -> str:
+        while group_of.setdefault(name, name) != name:
+            name = group_of[name]
+        return name
+
+    item_fixtures = {id(item): _shared_fixtures(item) for item in items}
+    for names in item_fixtures.values():
+        roots = sorted({find(n) for n in names})
+        for root in roots[1:]:
+            group_of[root] = roots[0]
+    for item in items:
+        names = item_fixtures[id(item)]
+        group = "slurm" if item.get_closest_marker("slurm") is not None else find(names[0]) if names else None
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _shared_fixtures(item: pytest.Item) -> list[str]:
+    """The fixtures made once per session or module that `item` uses, directly or not."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return []
+    return sorted(
+        name
+        for name, defs in info.name2fixturedefs.items()
+        if name not in _NOT_SHARED and any(d.scope in ("session", "package", "module") for d in defs)
+    )
