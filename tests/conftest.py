@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -117,3 +118,97 @@ def tiny_cpu_sweep(tmp_path_factory: pytest.TempPathFactory) -> RealSweep:
 
 # the session fixture `slurm_cluster` (a real single-node SLURM, root only)
 pytest_plugins = ["tests.slurm_cluster"]
+
+# Fixtures made once per session or module that are cheap or hold nothing shared between workers
+# (`slurm_cluster` is handled by the `slurm` marker, which every test that asks for it carries).
+_NOT_SHARED = frozenset({"slurm_cluster", "private_tmpdir", "tmp_path_factory", "worker_id", "testrun_uid"})
+_GROUPS_DIR = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The controller of `pytest -n 2 --dist loadgroup` makes a folder where each worker writes
+    the group of each test it collected (read by `pytest_xdist_make_scheduler`)."""
+    if config.getoption("dist", "no") == "loadgroup" and not hasattr(config, "workerinput"):
+        import tempfile
+
+        config.stash[_GROUPS_DIR] = Path(tempfile.mkdtemp(prefix="sweep-xdist-groups-"))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _GROUPS_DIR in config.stash:
+        import shutil
+
+        shutil.rmtree(config.stash[_GROUPS_DIR], ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Tell each xdist worker where to write its tests' groups."""
+    node.workerinput["sweep_groups_dir"] = str(node.config.stash[_GROUPS_DIR])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` with the groups of `pytest_collection_modifyitems`: one unit of work per
+    group, every other test a unit of its own. (pytest-xdist 3.8 cannot read its own `xdist_group`
+    marks under pytest 9: it renames `item._nodeid`, which pytest 9 no longer reads.)"""
+    if _GROUPS_DIR not in config.stash:
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    folder = config.stash[_GROUPS_DIR]
+
+    class SharedLaunchScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:  # called once every worker has collected, so every file is there
+                self.groups = {}
+                for path in sorted(folder.glob("*.json")):
+                    self.groups.update(json.loads(path.read_text()))
+            return self.groups.get(nodeid, nodeid)
+
+    return SharedLaunchScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In each worker of `pytest -n 2 --dist loadgroup` (CI, the README's command): the tests that
+    share a launch made once per session or module (the parity launches, the tiny CPU sweep, the
+    parsers' harnesses), directly or through another such fixture, form one group, run by one worker,
+    so that each launch still runs once; every SLURM test is in one group, run one after another, as
+    the one local cluster needs. Without xdist nothing is grouped."""
+    folder = getattr(config, "workerinput", {}).get("sweep_groups_dir")
+    if folder is None:
+        return
+    group_of: dict[str, str] = {}  # a shared fixture -> its group's name (union-find, by the least name)
+
+    def find(name: str) -> str:
+        while group_of.setdefault(name, name) != name:
+            name = group_of[name]
+        return name
+
+    item_fixtures = {item.nodeid: _shared_fixtures(item) for item in items}
+    for names in item_fixtures.values():
+        roots = sorted({find(n) for n in names})
+        for root in roots[1:]:
+            group_of[root] = roots[0]
+    groups = {}
+    for item in items:
+        names = item_fixtures[item.nodeid]
+        if item.get_closest_marker("slurm") is not None:
+            groups[item.nodeid] = "@slurm"
+        elif names:
+            groups[item.nodeid] = "@" + find(names[0])
+    Path(folder, f"{config.workerinput['workerid']}.json").write_text(json.dumps(groups))
+
+
+def _shared_fixtures(item: pytest.Item) -> list[str]:
+    """The fixtures made once per session or module that `item` uses, directly or not."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return []
+    return sorted(
+        name
+        for name, defs in info.name2fixturedefs.items()
+        if name not in _NOT_SHARED and any(d.scope in ("session", "package", "module") for d in defs)
+    )

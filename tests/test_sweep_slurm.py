@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -41,9 +43,30 @@ def test_tiny_sweep_through_slurm_two_tasks_per_trial(slurm_cluster, tmp_path):
     assert (df.launcher == "slurm").all()
 
 
+def job_tasks(job_id: str) -> list[int]:
+    """The live task processes of a SLURM job (submitit's `python -m submitit.core._submit`), found by
+    the SLURM_JOB_ID in their environment (every node's slurmd runs on this host)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            if not d.name.isdigit() or (d / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            environ, cmdline = (d / "environ").read_bytes(), (d / "cmdline").read_bytes()
+        except OSError:
+            continue
+        argv = cmdline.split(b"\0")
+        ours = f"SLURM_JOB_ID={job_id}\0".encode() in environ + b"\0"
+        # the tasks themselves, not the `srun ... python -m submitit.core._submit` that started them
+        if ours and Path(argv[0].decode()).name.startswith("python") and b"submitit.core._submit" in argv:
+            found.append(int(d.name))
+    return sorted(found)
+
+
 def test_time_limit_and_scancel_become_rows(slurm_cluster, tmp_path):
-    # two trials that would run for hours: one is cancelled from outside, the other hits the
-    # 1-minute SLURM time limit; the sweep ends with one row each and no hang
+    # two trials that would run for hours: one is cancelled from outside, the other hangs (its ranks
+    # stopped, as a trial stuck in a collective is) until the 1-minute SLURM time limit ends it;
+    # the sweep ends with one row each and no hang. Stopped, the hung trial takes no CPU while the
+    # limit is waited out (SLURM sends SIGCONT before SIGTERM and SIGKILL, as to any stopped task).
     spec = slurm_spec(tmp_path, "tiny_faults", trial={"steps": 100_000, "timeout_min": 1}, max_trials=2, parallel=2)
     proc = start_cli("run", str(spec), cwd=tmp_path)
     inflight = tmp_path / "results" / "tiny_faults" / "inflight"
@@ -73,6 +96,13 @@ def test_time_limit_and_scancel_become_rows(slurm_cluster, tmp_path):
             break
         time.sleep(0.5)
     subprocess.run(["scancel", victim["job_id"]], check=True)
+    hung = records[1]["job_id"]
+    deadline = time.time() + 120
+    while len(tasks := job_tasks(hung)) < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert len(tasks) == 2, f"job {hung}: tasks {tasks}, sweep {proc.poll()}"
+    for pid in tasks:
+        os.kill(pid, signal.SIGSTOP)
     out, err = proc.communicate(timeout=400)
     assert proc.returncode == 1, err[-3000:]  # both trials failed: `sweep run` says no trial succeeded
     df = pd.read_parquet(tmp_path / "results" / "tiny_faults" / "trials").set_index("trial_number")
