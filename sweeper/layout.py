@@ -231,10 +231,33 @@ def _microbatch_rounds_ok(cols: Columns) -> np.ndarray:
 def _short_1f1b_refused(c: Columns, s: Sweep) -> np.ndarray:
     short = (c["pp"] > 1) & (c["grad_accum"] < c["pp"])
     interleaved = c["pp_schedule"] == "interleaved"
-    # whether a plain 1F1B may run fewer micro-batches than stages is the trainer's (Trainer.runs_short_1f1b);
+    # how few micro-batches a plain 1F1B may run is the trainer's (Trainer.fewest_1f1b_microbatches);
     # interleaved schedules (Megatron-LM's and torch's) need at least pp everywhere; GPipe runs any number
-    plain = (c["pp_schedule"] == "1f1b") & (not s.trainer.runs_short_1f1b)
+    plain = (c["pp_schedule"] == "1f1b") & (c["grad_accum"] < s.trainer.fewest_1f1b_microbatches(c["pp"]))
     return short & (interleaved | plain)
+
+
+def _fewest(c: Columns, s: Sweep, i: int) -> str:
+    pp = _i(c, "pp", i)
+    need = pp if _i(c, "pp_schedule", i) == "interleaved" else _python(s.trainer.fewest_1f1b_microbatches(c["pp"])[i])
+    return "one per stage" if need == pp else str(need)
+
+
+def _knob_not_in_trainer(c: Columns, s: Sweep) -> np.ndarray:
+    out = np.zeros(len(c["tp"]), dtype=bool)
+    for knob, values in s.trainer.lacks.items():
+        out |= np.isin(c[knob], list(values))
+    return out
+
+
+def _knob_not_in_trainer_why(c: Columns, s: Sweep, i: int) -> str:
+    lacking = [
+        f"{knob} = {_python(c[knob][i])}: {why}"
+        for knob, values in s.trainer.lacks.items()
+        for value, why in values.items()
+        if _python(c[knob][i]) == value
+    ]
+    return f"the {s.workload.kind} trainer cannot run " + "; ".join(lacking)
 
 
 RULES: tuple[Rule, ...] = (
@@ -377,7 +400,7 @@ RULES: tuple[Rule, ...] = (
         lambda c, s: _short_1f1b_refused(c, s),
         lambda c, s, i: (
             f"grad_accum = {_i(c, 'grad_accum', i)} micro-batches is fewer than pp = {_i(c, 'pp', i)} stages: "
-            f"the {s.workload.kind} trainer's {_i(c, 'pp_schedule', i)} schedule needs at least one per stage"
+            f"the {s.workload.kind} trainer's {_i(c, 'pp_schedule', i)} schedule needs at least {_fewest(c, s, i)}"
         ),
     ),
     Rule(
@@ -412,6 +435,12 @@ RULES: tuple[Rule, ...] = (
             f"the {s.workload.kind} trainer has no attention kernel "
             f"{' or '.join(sorted(set(KNOBS['attention'].choices) - s.trainer.attention))}"
         ),
+    ),
+    Rule(
+        PlanReason.KNOB_NOT_IN_TRAINER,
+        "a knob value the workload's trainer has no way to run",
+        _knob_not_in_trainer,
+        _knob_not_in_trainer_why,
     ),
     Rule(
         PlanReason.FLOAT8_UNSUPPORTED,

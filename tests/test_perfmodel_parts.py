@@ -138,8 +138,12 @@ def test_1f1b_with_fewer_micro_batches_than_stages_is_a_candidate_for_megatron()
     parts = predict(plan.cols, plan.sweep).parts
     work = sum(parts[k][0] for k in ("matmul", "attention", "memory_bound", "framework", "recompute"))
     assert parts["bubble"][0] == pytest.approx(work)
-    # torch.distributed.pipelining's Schedule1F1B (built-in trainer) refuses it; interleaved needs pp everywhere
-    assert list(_plan().status) == ["invalid"]
+    # torch.distributed.pipelining's Schedule1F1B (torchtitan) refuses it; the built-in trainer runs it in
+    # GPipe's order; interleaved needs pp everywhere
+    torchtitan = {"workload": {"kind": "torchtitan", "command": "torchrun -m torchtitan.train {flags}"}}
+    assert list(_plan(memory={"recipe": "torchtitan"}, **torchtitan).status) == ["invalid"]
+    builtin = _plan()
+    assert list(builtin.status) == ["candidate"] and bool(builtin.cols["gpipe_order"][0])
     space = CHECK_SPEC["space"] | {"pp_schedule": ["interleaved"], "virtual_stages": [2]}
     assert list(_plan(space=space, **megatron).status) == ["invalid"]
     assert list(_plan(space=CHECK_SPEC["space"] | {"pp_schedule": ["gpipe"]}).status) == ["candidate"]

@@ -74,8 +74,12 @@ def test_1f1b_runs_one_micro_batch_fewer_than_stages_and_no_fewer():
     # engine.py OneForwardOneBackwardPipelineEngine asserts m >= PP_SIZE-1
     code, why = rejection(two, s)
     assert code == "too_few_microbatches" and "needs at least 3" in why and "nanotron" in why
-    # the built-in trainer (torch's Schedule1F1B) refuses 3 < 4; Megatron-LM runs 2 as well
-    assert rejection(three, make_sweep(global_batch_size=48, cluster=H100))[0] == "too_few_microbatches"
+    # torchtitan (torch's Schedule1F1B) refuses 3 < 4 (the built-in trainer runs it in GPipe's order);
+    # Megatron-LM runs 2 as well
+    torchtitan = {"kind": "torchtitan", "command": "torchrun -m torchtitan.train {flags}"}
+    tt = make_sweep(global_batch_size=48, cluster=H100, workload=torchtitan, memory={"recipe": "torchtitan"})
+    assert rejection(three, tt)[0] == "too_few_microbatches"
+    assert rejection(three, make_sweep(global_batch_size=48, cluster=H100)) == (None, "")
     megatron = make_sweep(global_batch_size=48, cluster=H100, workload={"kind": "megatron", "command": "run {flags}"})
     assert rejection(two, megatron) == (None, "")
     # AFAB (gpipe) runs any number

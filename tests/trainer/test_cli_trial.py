@@ -34,7 +34,7 @@ def sweep_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         (["tp"], "expected KNOB=VALUE"),
         (["compile=maybe"], "compile takes true or false"),
         (["pp=0"], "pp takes a positive integer"),
-        (["pp=2", "micro_batch_size=8"], "too_few_microbatches"),
+        (["pp=2", "pp_schedule=interleaved", "virtual_stages=2", "micro_batch_size=8"], "too_few_microbatches"),
     ],
 )
 def test_user_errors_name_the_knob_and_exit_2(sets: list[str], message: str) -> None:
