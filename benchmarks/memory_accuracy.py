@@ -173,9 +173,11 @@ def sweep_of(row: dict[str, str], layout: Layout) -> Sweep:
         "space": knobs,
         "memory": memory_of(row),
     }
-    if row["trainer"] == "megatron" and (layout.cp > 1 or row.get("experts", "").strip()):
-        # context parallel and experts are checked against the trainer that ran them
-        spec["workload"] = {"kind": "megatron", "command": "torchrun pretrain_gpt.py {flags}"}
+    # context parallel and experts are checked against the trainer that ran them (its rules and its
+    # cp exchange: Megatron-LM's ring, torchtitan's all-gather)
+    commands = {"megatron": "torchrun pretrain_gpt.py {flags}", "torchtitan": "torchrun -m torchtitan.train {flags}"}
+    if row["trainer"] in commands and (layout.cp > 1 or row.get("experts", "").strip()):
+        spec["workload"] = {"kind": row["trainer"], "command": commands[row["trainer"]]}
     return parse_sweep(yaml.safe_dump(spec))
 
 
