@@ -74,3 +74,12 @@ def test_top_k_above_the_expert_count_is_refused():
     model = {"layers": 2, "hidden": 64, "heads": 4, "ffn": 128, "vocab": 256, "experts": 4, "experts_per_token": 5}
     with pytest.raises(SpecError, match="model.experts_per_token: 5 exceeds experts=4"):
         make_sweep(model=model)
+
+
+def test_a_router_the_trainer_does_not_compute_is_a_one_line_input_error():
+    model = {"layers": 2, "hidden": 64, "heads": 4, "ffn": 128, "vocab": 256, "experts": 4, "experts_per_token": 2}
+    with pytest.raises(SpecError, match="model.router: the builtin trainer routes by softmax only, not sigmoid"):
+        make_sweep(model=model | {"router": "sigmoid"}, space={"tp": [1]})
+    assert (
+        make_sweep(model=model | {"router": "sigmoid"}, space={"tp": [1]}, workload=MEGATRON).model.router == "sigmoid"
+    )

@@ -62,6 +62,11 @@ def _check_usable(sweep: Sweep) -> None:
                 why.append(f"it exceeds layers={sweep.model.layers}")
             if why:
                 raise SpecError(f"space.{knob}: value {v} can never be used: {'; '.join(why)}")
+    if sweep.model.is_moe and sweep.model.router not in sweep.trainer.routers:
+        raise SpecError(
+            f"model.router: the {sweep.workload.kind} trainer routes by {', '.join(sorted(sweep.trainer.routers))} "
+            f"only, not {sweep.model.router}"
+        )
     # ep > 1 on a dense model is refused above by its rule; etp has no value that means anything there
     if not sweep.model.is_moe and sweep.space["etp"] != (KNOBS["etp"].default,):
         raise SpecError(f"space.etp: {sweep.model.name} has no experts; etp applies to MoE models only")

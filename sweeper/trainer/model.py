@@ -187,7 +187,8 @@ def make_ffn(shape: ModelShape, layer: int) -> nn.Module:
     leading `dense_layers`), else the dense MLP of its family.
 
     The MoE fields are read with getattr: the parity tests' shapes may lack them. The router is
-    a softmax over the gate (`moe.Router`); a sigmoid router (DeepSeek-V3) is not built.
+    a softmax over the gate (`moe.Router`); a sigmoid router (DeepSeek-V3) is not built, and the
+    sweep file's loader refuses it for this trainer (`Builtin.routers`): this is the last guard.
     """
     experts = getattr(shape, "experts", 0)
     if experts and getattr(shape, "router", "softmax") != "softmax":

@@ -176,6 +176,8 @@ class Trainer:
     # which expert tensor-parallel degrees it runs with a tensor-parallel degree (`runs_experts`);
     # "none": no mixture of experts at all; "one_under_ep": etp = 1 where ep > 1, etp = tp without
     expert_tp: ClassVar[Literal["none", "one", "one_or_tp", "one_under_ep", "any"]] = "none"
+    # the router scores (`model.router`) its mixture of experts computes
+    routers: ClassVar[frozenset[str]] = frozenset({"softmax", "sigmoid"})
     # Megatron-LM asserts sequence parallel wherever expert and tensor parallelism meet
     ep_tp_needs_sp: ClassVar[bool] = False
 

@@ -84,6 +84,7 @@ class Builtin(Trainer):
     # that bias natively (CUDA), math materialises it (as does the CPU flash kernel); torch has no
     # cuDNN path for it (it would fall back to a materialised mask, untested with cuDNN): no cudnn
     cp_attention = frozenset({"flash2", "sdpa_efficient", "sdpa_math"})
+    routers = frozenset({"softmax"})  # sweeper.trainer.moe's router is a softmax over the gate
     expert_tp = "one"  # sweeper.trainer.moe keeps each expert whole on one rank
     # cp gathers the group's keys and values before the attention kernel (torchtitan's default
     # context_parallel_rotate_method "allgather"; the built-in trainer's CPU path likewise)
