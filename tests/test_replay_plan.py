@@ -4,6 +4,8 @@ search starts, so no trial is spent on "not in replay table"."""
 
 from __future__ import annotations
 
+import subprocess
+
 import numpy as np
 import pandas as pd
 import yaml
@@ -14,7 +16,7 @@ from sweeper.layout import Layout
 from sweeper.orchestrator import prepare, run_loop
 from sweeper.plan import make_plan
 from sweeper.spec import load_sweep
-from tests.conftest import base_spec
+from tests.conftest import base_spec, cli_command, cli_env
 
 SPACE = {"tp": [1, 2, 4], "pp": [1, 2], "micro_batch_size": [1, 2], "sequence_parallel": [True]}
 
@@ -65,3 +67,24 @@ def test_a_layout_is_matched_as_it_runs_and_missing_ones_are_left_out(tmp_path):
     # every layout the table holds ran once, tp=1 ones included, and nothing else was tried
     assert sorted(ran) == sorted(kept.tolist())
     assert all(r["status"] == "ok" for r in run.rows)
+
+
+def test_the_dry_run_leaves_out_what_the_replay_table_lacks_as_the_run_does(tmp_path):
+    plan = make_plan(_sweep(tmp_path, pd.DataFrame({"tp": [1], "status": ["ok"], "mfu": [0.3]})))
+    cands = np.flatnonzero(plan.candidate_mask)
+    _sweep(tmp_path, _table(plan, cands[:3]))  # the table holds the first three candidates only
+    res = subprocess.run(
+        cli_command("run", str(tmp_path / "cover.yaml"), "--dry-run", "--out", str(tmp_path / "plan.csv")),
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    dry = pd.read_csv(tmp_path / "plan.csv")
+    assert (dry.status == "candidate").sum() == 3
+    left = dry[dry.reason.str.startswith("not in the replay table", na=False)]
+    assert len(left) == len(cands) - 3 and (left.status == "invalid").all()
+    assert f"left out: not in the replay table: a replay answers only the layouts it holds {len(left)}" in (
+        " ".join(res.stdout.split())
+    )

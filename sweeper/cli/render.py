@@ -112,7 +112,9 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     summary = Table(show_header=False, box=None, padding=(0, 2))
     summary.add_row("layouts in the cross product", str(len(plan)))
     for code, n in plan.reason_counts().items():
-        if code != PlanReason.MEMORY:
+        if code == PlanReason.LAUNCHER_CANNOT_RUN:  # the launcher's own words (a replay: its table)
+            summary.add_row(f"  left out: {plan.reason[plan.reason_code == code][0]}", str(n))
+        elif code != PlanReason.MEMORY:
             summary.add_row(f"  invalid: {RULE_SUMMARIES.get(code, code)}", str(n))
     summary.add_row(
         f"  pruned: predicted memory over {100 * (1 - sweep.memory.headroom):.0f}% of {gpu.memory_gib:g} GiB",

@@ -39,13 +39,13 @@ def run(
         typer.Option("--rebuild-study", help="set an unreadable optuna.db aside and rebuild the study from trials/"),
     ] = False,
 ) -> None:
-    from sweeper.launchers import resolve_profile
+    from sweeper.launchers import plan_for_launcher
     from sweeper.plan import make_plan
     from sweeper.spec import load_sweep
 
     sweep = load_sweep(spec)
-    resolve_profile(sweep)  # a bad launcher profile is an error of the plan too
-    plan = make_plan(sweep)
+    # a bad launcher profile is an error of the plan too; a replay's missing layouts are left out
+    plan = plan_for_launcher(make_plan(sweep))
     if out is not None:
         write_plan(plan, out)
     if not dry_run:
