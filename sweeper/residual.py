@@ -5,7 +5,9 @@ log(measured / calibrated step time).
 The analytic step time (`sweeper.perfmodel`) is the prior: with nothing measured every layout is
 predicted at the model's time, uncertain by `PRIOR_SIGMA` in log space. Each measured layout moves
 the prediction of its neighbours (layouts that share most knob values) by the same share, so one
-slow layout lowers the odds of the layouts like it and one fast one raises them. A global offset
+slow layout lowers the odds of the layouts like it and one fast one raises them; a linear term
+over the same features (`EFFECT_SIGMA`) carries each knob's effect, as a trend, to values nothing
+near has measured. The features add the number of micro-batches per step (`DERIVED`). A global offset
 (the model's constant error, as the mean residual) is removed before the fit, so the process
 learns only how the error varies between layouts.
 
@@ -27,7 +29,7 @@ import numpy as np
 from scipy.optimize import least_squares
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.gaussian_process import GaussianProcessRegressor
-from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
+from sklearn.gaussian_process.kernels import ConstantKernel, DotProduct, Matern, WhiteKernel
 
 from sweeper.knobs import KNOBS
 from sweeper.perfmodel import Calibration, StepTime
@@ -49,14 +51,31 @@ CALIBRATION_SPREAD = 0.1
 SCALE_PRIOR = 2.0
 LEVEL_PRIOR = 3.0
 SCALE_BOUNDS = (0.2, 5.0)  # as perfmodel.calibrate's: beyond, the model is wrong, not its scale
+# Per-knob effects beside the kernel's neighbourhoods: a linear term over the same features (a
+# Bayesian ridge: each one-hot knob value and each log2 degree gets an effect, shrunk towards 0 with
+# this prior sigma in log space). A Matern process reverts to the prior away from what ran, so
+# pp=4 and pp=8 measured 10x and 20x slow said nothing of pp=1; the trend does (benchmarks/
+# search_public.py, tuned cells: 12/15 within 5 trials without, 13-14/15 with; the held-out 7/10 both).
+EFFECT_SIGMA = 0.3
+# The linear term's intercept, in units of EFFECT_SIGMA (prior sigma 0.9 in log space): the level of
+# the measured layouts is the intercept's, so the effects carry only how layouts differ (without
+# it, a feature equal at every measured layout stands in for the level and moves the others).
+# Of 0, 1 and 3, 3 did best on the tuned cells (14/15; the held-out cells 7/10 with each).
+EFFECT_INTERCEPT = 3.0
+# Derived sizes the step time depends on that no single knob is: per-micro-batch costs (a
+# schedule's Python, a pipeline engine's exchange, a stall per micro-batch) follow the number of
+# micro-batches per step, which the micro-batch size, tp, pp and cp set together.
+DERIVED = ("grad_accum",)
 
 
 def features(cols: dict[str, np.ndarray], rows: np.ndarray, searched: Sequence[str]) -> np.ndarray:
-    """One row of features per layout: numeric knobs as log2 scaled to [0, 1], the others one-hot."""
+    """One row of features per layout: numeric knobs and the `DERIVED` sizes that vary as log2 scaled
+    to [0, 1], the other knobs one-hot."""
     out = []
-    for k in searched:
+    derived = [k for k in DERIVED if k in cols and np.unique(cols[k][rows]).size > 1]
+    for k in [*searched, *derived]:
         v = cols[k][rows]
-        if KNOBS[k].kind is int:
+        if k in derived or KNOBS[k].kind is int:
             every = np.log2(np.maximum(cols[k].astype(float), 1.0))
             lo, span = float(every.min()), float(np.ptp(every)) or 1.0
             out.append(((np.log2(np.maximum(v.astype(float), 1.0)) - lo) / span)[:, None])
@@ -86,6 +105,9 @@ class Residual:
         kernel = ConstantKernel(PRIOR_SIGMA**2, (MIN_SIGMA**2, 2.0**2)) * Matern(
             length_scale=np.full(d, LENGTH_SCALE), length_scale_bounds=(0.3, 20.0), nu=2.5
         ) + WhiteKernel(NOISE, (1e-4, 0.1))
+        kernel = kernel + ConstantKernel(EFFECT_SIGMA**2, (1e-4, 2.0**2)) * DotProduct(
+            sigma_0=EFFECT_INTERCEPT, sigma_0_bounds="fixed"
+        )
         # a few points cannot tell a length scale or an amplitude: the prior's, until MIN_FIT points;
         # then fitted again each time the points double, the last fit's kept in between (fast)
         refit = y.size >= MIN_FIT and y.size >= 2 * self._tuned_at

@@ -9,7 +9,7 @@ import pytest
 
 from sweeper.perfmodel import calibrate as least_squares_calibrate
 from sweeper.plan import make_plan
-from sweeper.residual import calibrate
+from sweeper.residual import Residual, calibrate, features
 from tests.conftest import make_sweep
 
 
@@ -46,3 +46,22 @@ def test_nothing_measured_is_the_model_itself():
     model, _ = _model_and_rows()
     c = calibrate(model, [], [])
     assert (c.compute_scale, c.comm_scale, c.trials) == (1.0, 1.0, 0)
+
+
+def test_a_knob_s_trend_reaches_values_nothing_near_has_measured():
+    """pp=4 measured 10x and pp=8 20x slower than the model: the residual's per-knob effect carries
+    the trend down to pp=1, which a neighbourhood kernel alone would leave at the prior."""
+    cols = {
+        "pp": np.array([1, 2, 4, 8, 1, 2, 4, 8]),
+        "micro_batch_size": np.array([1, 1, 1, 1, 2, 2, 2, 2]),
+        "grad_accum": np.array([8, 8, 8, 8, 4, 4, 4, 4]),
+    }
+    rows = np.arange(8)
+    x = features(cols, rows, ["pp", "micro_batch_size"])
+    assert x.shape == (8, 3)  # log2 pp, log2 micro-batch, log2 micro-batches per step, each in [0, 1]
+    residual = Residual(x)
+    residual.fit(np.array([2, 3]), np.log([10.0, 20.0]))
+    mean, _ = residual.predict(rows)
+    # pp=1 is predicted faster than pp=2, and both faster than pp=4 (measured) by a good share
+    assert mean[0] < mean[1] < mean[2] - 0.4 and mean[2] - mean[0] > 0.6
+    assert mean[2] == pytest.approx(np.log(10.0), abs=0.05) and mean[3] == pytest.approx(np.log(20.0), abs=0.05)
