@@ -28,6 +28,9 @@ search no longer uses: on ultrascale a few runs 20-89x slower than modelled (the
 throughput_stall.py) set the least-squares scales (compute x2.09) and the calibrated held-out
 error came out worse than the uncalibrated one (65.8 % against 35.1 %).
 
+Then the ultrascale sweep's pipeline stall (throughput_stall.py): the share of runs that stall per
+node count from the data, its fit on the FIT cells, and the goals on the rows that did not stall.
+
 Usage: python benchmarks/throughput_accuracy.py [--rows]   (--rows: one line per row)
 """
 

@@ -8,6 +8,8 @@ ZeRO-1 run stalls does not follow from its layout: at 4-16 nodes about the same 
 every pp, tp, micro-batch size and model size, so the model can only price the share (ZeRO-0 runs
 with dp > 1 and 16 or more micro-batches stall there most of the time, a mode not priced apart).
 On 64 nodes pp = 1 runs stall too (most of them): not priced, the trait being a pipeline engine's.
+Each of the sweep's numbers is a single early step (its third; ../shared/data/ultrascale/README.md,
+"Measurement"), so whatever slows one step of a run is not averaged away.
 
 A row stalled: its measured step exceeds the model's without the stall (`replace(traits,
 pp_stall=None)`) by more than STALL_EXCESS_S per micro-batch; the excess per micro-batch of the

@@ -66,8 +66,11 @@ class PipelineStall:
     The share of runs that stall grows with the nodes, a logistic in the node count (half of them
     at `half_nodes`, `width` nodes from 27 % to 73 %). `priced` says what a layout is charged:
     the expected cost (share x seconds) or the typical run's (`seconds` where most runs stall,
-    else nothing), which orders a sweep's layouts and meets the median run's step time better
-    while the share is small (benchmarks/throughput_stall.py measures both).
+    else nothing). For a stall longer than the layouts' differences the typical run's cost orders
+    two layouts as most runs of them order (fewer micro-batches first when both stall, the
+    layout's own time when neither does, and both stall more often than neither iff the share
+    is above half) and meets the median run's step time; the expected cost charges the runs that
+    do not stall for the others (benchmarks/throughput_stall.py measures both).
     """
 
     seconds: float
