@@ -16,9 +16,10 @@ Measured against public step times by benchmarks/throughput_accuracy.py.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -58,6 +59,37 @@ FSDP_OVERLAP = 0.85  # share of FSDP's gathers and reductions hidden by prefetch
 
 
 @dataclass(frozen=True)
+class PipelineStall:
+    """A stall some pipeline engines hit at random: a run pays `seconds` more on every micro-batch,
+    or nothing, which of the two not following from its layout.
+
+    The share of runs that stall grows with the nodes, a logistic in the node count (half of them
+    at `half_nodes`, `width` nodes from 27 % to 73 %). `priced` says what a layout is charged:
+    the expected cost (share x seconds) or the typical run's (`seconds` where most runs stall,
+    else nothing). For a stall longer than the layouts' differences the typical run's cost orders
+    two layouts as most runs of them order (fewer micro-batches first when both stall, the
+    layout's own time when neither does, and both stall more often than neither iff the share
+    is above half) and meets the median run's step time; the expected cost charges the runs that
+    do not stall for the others (benchmarks/throughput_stall.py measures both).
+    """
+
+    seconds: float
+    half_nodes: float
+    width: float
+    priced: Literal["expected", "typical"] = "typical"
+
+    def share(self, nodes: float) -> float:
+        """The share of runs that stall on `nodes` nodes."""
+        z = (nodes - self.half_nodes) / self.width
+        return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))  # no overflow
+
+    def cost_s(self, nodes: float) -> float:
+        """What a layout is charged per micro-batch on `nodes` nodes."""
+        share = self.share(nodes)
+        return share * self.seconds if self.priced == "expected" else (self.seconds if share >= 0.5 else 0.0)
+
+
+@dataclass(frozen=True)
 class TimeTraits:
     """How a trainer spends time beyond the layout's physics; the defaults are Megatron-LM's.
 
@@ -71,7 +103,10 @@ class TimeTraits:
     grad_sync_per_microbatch_pp: bool = False  # unsharded DP at pp > 1 reduces gradients every micro-batch
     p2p_latency_s: float = 25e-6  # per pipeline send/receive, on top of its bytes
     microbatch_s: float = 1e-3  # per micro-batch: data, loss, the schedule's Python (Megatron-LM ~1 ms)
-    pp_microbatch_s_per_node_sq: float = 0.0  # at pp > 1, per micro-batch x nodes^2 (an engine's exchange)
+    pp_stall: PipelineStall | None = None  # at pp > 1, a random per-micro-batch stall
+    # HBM bytes per logit of the loss's elementwise passes, fwd + bwd, on the last stage (its vocab/tp
+    # share of every token there); 0: not priced (Megatron-LM's fp32 loss has them too, uncounted)
+    loss_bytes_per_logit: float = 0.0
     # near the card the caching allocator frees and retries (torch.cuda.memory_stats'
     # num_alloc_retries): the work slows by up to this share between 90 % and 100 % of the card
     memory_pressure: float = 0.0
@@ -229,10 +264,12 @@ def predict(
     other_bytes = (12 * (h + 2 * m.kv_dim) + 18 * mlp_elementwise_width(m) + 12 * h) * e + moe_permute_bytes(m, e)
     memory_bound = L * (norm_bytes + other_bytes) * tokens_gpu * imbalance / (gpu.hbm_gbps * GIGA)
     memory_bound = memory_bound * np.where(cols["compile"].astype(bool), COMPILE_ELEMENTWISE, 1.0)
+    # the loss on the last stage: each of its GPUs holds the vocab/tp logits of tokens_gpu * tp * pp tokens
+    loss_logits = tokens_gpu * pp * m.vocab
+    memory_bound = memory_bound + traits.loss_bytes_per_logit * loss_logits / (gpu.hbm_gbps * GIGA)
 
     per_mb_layers = busiest * accum  # block passes the busiest GPU runs per step
-    per_mb = traits.microbatch_s + np.where(pp > 1, traits.pp_microbatch_s_per_node_sq * cl.nodes**2, 0.0)
-    framework = LAYER_OVERHEAD_S * per_mb_layers + per_mb * accum
+    framework = LAYER_OVERHEAD_S * per_mb_layers + traits.microbatch_s * accum
     re_framework = np.where(full, 0.5 * LAYER_OVERHEAD_S * per_mb_layers, 0.0)
     recompute = recompute_matmul + re_attention + re_framework
     if traits.memory_pressure > 0:  # counted as framework time: the allocator's, not the model's
@@ -246,6 +283,10 @@ def predict(
     chunks = cols["chunks"].astype(float)
     bubble_share = np.where(pp > 1, (pp - 1) / chunks / accum, 0.0)
     bubble = work * bubble_share
+    # a trainer's random pipeline stall (PipelineStall): m x the stall whatever pp (a stalled run's
+    # step in the ultrascale sweep), so outside the bubble; counted as framework time
+    if traits.pp_stall is not None:
+        framework = framework + np.where(pp > 1, traits.pp_stall.cost_s(cl.nodes) * accum, 0.0)
 
     # --- tensor parallel: with SP 2 all-gathers + 2 reduce-scatters per block forward and as
     # many backward (the volume of 4 all-reduces); without SP 4 all-reduces (6 with full recompute)
