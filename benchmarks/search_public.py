@@ -239,8 +239,15 @@ def foundry(recipe: str) -> Counter:
             "attention": ["flash2"],
             "float8": ["fp8" in str(r.precision)],
             "activation_checkpointing": ["full" if str(r.activation_checkpointing).startswith("full") else "none"],
+            # submit_benchmarks.py sets norm_type=low_precision_layernorm (the data README, "How the runs
+            # were made"): llm-foundry's LPLayerNorm runs torch's fused layer_norm on the bf16 input with
+            # autocast off (llmfoundry/models/layers/norm.py @ 5e85bd62d), so it keeps no fp32 copy of it:
+            # what the fused LayerNorm keeps under FSDP (`memory.norm_bytes`)
+            "rmsnorm": ["fused"],
         }
-        spec = mpt_spec(r, f"mpt{i}", {"recipe": recipe}, space)
+        # the MPT yamls (@ 5e85bd62d, the README's) set no model.loss_fn: ComposerMPTCausalLM's default,
+        # fused_crossentropy, flash-attn's fused kernel (llmfoundry/models/mpt/modeling_mpt.py @ 5e85bd62d)
+        spec = mpt_spec(r, f"mpt{i}", {"recipe": recipe, "loss_kernel": "fused"}, space)
         c[str(make_plan(parse_sweep(yaml.safe_dump(spec))).status[0])] += 1
     return c
 

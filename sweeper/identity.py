@@ -50,6 +50,13 @@ def _space(space: dict[str, tuple[Any, ...]]) -> dict[str, tuple[Any, ...]]:
     return {k: v for k, v in space.items() if not (KNOBS[k].identity_if_searched and v == (KNOBS[k].default,))}
 
 
+def _memory(sweep: Sweep) -> dict[str, Any]:
+    """`memory:` flat over the recipes' options, as before they were split, without the late
+    options left unset (`MemoryOptions.LATE_FIELDS`), which identities written before them did not hold."""
+    late = type(sweep.memory).LATE_FIELDS
+    return {k: v for k, v in memory_record(sweep.memory).items() if not (k in late and v is None)}
+
+
 def sweep_identity(sweep: Sweep) -> str:
     """16 hex digits over name, model, seq_len, batch, cluster, space, trial, memory and workload
     settings: not the budget, sampler, launcher or paths, which change how, not what, is measured."""
@@ -61,7 +68,7 @@ def sweep_identity(sweep: Sweep) -> str:
         "cluster": sweep.cluster,
         "space": _space(sweep.space),
         "trial": sweep.trial,
-        "memory": memory_record(sweep.memory),  # flat over the recipes' options, as before they were split
+        "memory": _memory(sweep),
         "workload": sweep.workload,
     }
     text = json.dumps(_plain(what), sort_keys=True, default=str)

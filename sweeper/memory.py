@@ -285,9 +285,9 @@ def logits_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.ndarray]:
     """(kept per micro-batch, transient) bytes of the output layer on the last stage.
 
     Kept: the final norm (as a block's norm), the output projection's input (e*h, all of h
-    even under sequence parallel), and the fp32 log-softmax of cross-entropy (4 bytes per
-    logit, vocab split by tp under loss parallel). Transient, while the loss and its gradient
-    are formed: the e-byte logits and an fp32 gradient at once (e + 4 bytes per logit).
+    even under sequence parallel), and what the loss keeps per logit (vocab split by tp under
+    loss parallel); transient: what the loss and its gradient add while they are formed
+    (`loss_bytes_per_logit`).
     """
     e = compute_bytes(sweep)
     t = cols["tp"].astype(float)
@@ -295,8 +295,20 @@ def logits_bytes(cols: Columns, sweep: Sweep) -> tuple[np.ndarray, np.ndarray]:
     tokens = local_tokens(cols, sweep)
     logits = tokens * sweep.model.vocab / t
     head_in = tokens * (norm_bytes(cols, sweep, r) + e * sweep.model.hidden)
-    loss_kept, loss_transient = sweep.memory_recipe.loss_bytes(cols, sweep)  # per logit
+    loss_kept, loss_transient = loss_bytes_per_logit(cols, sweep)
     return loss_kept * logits + head_in, loss_transient * logits
+
+
+def loss_bytes_per_logit(cols: Columns, sweep: Sweep) -> tuple[np.ndarray | float, np.ndarray | float]:
+    """(kept, transient) bytes per logit of the loss: the recipe's (`Recipe.loss_bytes`; by default
+    the fp32 log-softmax kept, and at the peak the e-byte logits and an fp32 gradient at once), or
+    the kernel `memory.loss_kernel` names. fused (`LossKernel`): the e-byte logits kept as the
+    kernel saved them, no fp32 copy, and an e-byte gradient in backward: e + e. Its fp32
+    log-sum-exp (4 bytes per token, against e*vocab) is left out."""
+    if sweep.memory.loss_kernel == "fused":
+        e = float(compute_bytes(sweep))
+        return e, e
+    return sweep.memory_recipe.loss_bytes(cols, sweep)
 
 
 def overhead_bytes(cols: Columns, sweep: Sweep) -> np.ndarray:

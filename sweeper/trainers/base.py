@@ -35,10 +35,22 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
+# A cross-entropy kernel the trainer runs in place of its recipe's loss (`memory.loss_kernel`).
+# fused: one kernel over the e-byte logits, as flash-attn's `CrossEntropyLoss`
+# (flash_attn/ops/triton/cross_entropy.py since v2.4: it saves the logits it was given and an fp32
+# log-sum-exp per token, and backward writes `torch.empty_like(logits)`), the loss llm-foundry's
+# MPT trains with unless told otherwise (`loss_fn` default `fused_crossentropy`, modeling_mpt.py)
+LossKernel = Literal["fused"]
+
+
 class MemoryOptions(_Strict):
     """`memory:` of the sweep file: the fields every recipe takes. A recipe's subclass narrows
     `recipe` to its name and adds its own options; the sweep file's `memory` is the union of
     them, told apart by `recipe` (default: the recipe of `workload.kind`'s trainer)."""
+
+    # options added after results folders were recorded: the sweep's identity leaves them out
+    # while unset, so those folders keep theirs (as `ModelShape.LATE_FIELDS`)
+    LATE_FIELDS: ClassVar[tuple[str, ...]] = ("loss_kernel",)
 
     recipe: str
     headroom: float = Field(default=0.05, ge=0, lt=1, description="share of the card kept free")
@@ -50,6 +62,10 @@ class MemoryOptions(_Strict):
     )
     probe_margin: float = Field(
         default=0.05, ge=0, le=1, description="a pruned layout within this share of the card may get one probe trial"
+    )
+    loss_kernel: LossKernel | None = Field(
+        default=None,
+        description="the trainer's cross-entropy kernel where not the recipe's: fused (flash-attn's, llm-foundry's MPT)",
     )
 
 
