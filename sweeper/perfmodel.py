@@ -106,7 +106,7 @@ class TimeTraits:
     pp_stall: PipelineStall | None = None  # at pp > 1, a random per-micro-batch stall
     # HBM bytes per logit of the loss's elementwise passes, fwd + bwd, on the last stage (its vocab/tp
     # share of every token there); 0: not priced (Megatron-LM's fp32 loss has them too, uncounted)
-    loss_bytes_per_logit: float = 0.0
+    loss_traffic_per_logit: float = 0.0
     # near the card the caching allocator frees and retries (torch.cuda.memory_stats'
     # num_alloc_retries): the work slows by up to this share between 90 % and 100 % of the card
     memory_pressure: float = 0.0
@@ -266,7 +266,7 @@ def predict(
     memory_bound = memory_bound * np.where(cols["compile"].astype(bool), COMPILE_ELEMENTWISE, 1.0)
     # the loss on the last stage: each of its GPUs holds the vocab/tp logits of tokens_gpu * tp * pp tokens
     loss_logits = tokens_gpu * pp * m.vocab
-    memory_bound = memory_bound + traits.loss_bytes_per_logit * loss_logits / (gpu.hbm_gbps * GIGA)
+    memory_bound = memory_bound + traits.loss_traffic_per_logit * loss_logits / (gpu.hbm_gbps * GIGA)
 
     per_mb_layers = busiest * accum  # block passes the busiest GPU runs per step
     framework = LAYER_OVERHEAD_S * per_mb_layers + traits.microbatch_s * accum

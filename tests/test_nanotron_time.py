@@ -41,7 +41,7 @@ def test_the_built_in_trainers_step_times_are_unchanged():
     assert predict(columns(s), s).total.tolist() == pytest.approx(
         [1.9450694049381168, 0.4437181049753106, 0.39642852015230723], rel=1e-12
     )
-    assert TRAINERS["builtin"].time.pp_stall is None and TRAINERS["builtin"].time.loss_bytes_per_logit == 0.0
+    assert TRAINERS["builtin"].time.pp_stall is None and TRAINERS["builtin"].time.loss_traffic_per_logit == 0.0
 
 
 def test_the_stalled_share_grows_with_the_nodes():
@@ -85,7 +85,7 @@ def test_the_loss_traffic_is_its_bytes_over_the_last_stages_logits():
     s = sweep_on(8, workload=NANOTRON)
     cols = columns(s)
     priced = predict(cols, s).parts["memory_bound"]
-    bare = predict(cols, s, traits=replace(NANOTRON_TIME, loss_bytes_per_logit=0.0)).parts["memory_bound"]
+    bare = predict(cols, s, traits=replace(NANOTRON_TIME, loss_traffic_per_logit=0.0)).parts["memory_bound"]
     # 256 x 4096 tokens on 64 GPUs, 16384 each: a last-stage GPU holds the 32000/tp logits of
     # tp x pp x 16384 tokens, 52 bytes each at 3350 GB/s
     logits = 16384 * cols["pp"] * 32000

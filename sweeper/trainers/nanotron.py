@@ -67,7 +67,7 @@ NANOTRON_TIME = TimeTraits(
     # 4 + 4 and the cast back to bf16 4 + 2: 52. Counted, not fitted: on the sweep's pp = 1 runs
     # that did not stall the model was optimistic by 1.43x at 1B, 1.24x at 3B, 1.12x at 8B (the
     # 128k vocabulary weighs most on the smallest model)
-    loss_bytes_per_logit=52.0,
+    loss_traffic_per_logit=52.0,
     # within 10 % of the card its steps run up to 2x slower (the caching allocator's retries; the
     # sweep shows 4x at the median there, 1x chosen)
     memory_pressure=1.0,
