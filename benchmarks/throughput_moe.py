@@ -16,8 +16,9 @@ What the tables do not state is assumed as Megatron-Bridge's perf recipes set it
   recompute. Not priced (no knob says so): those recipes' `moe_a2a_overlap=True` on H100 for
   Qwen3-235B (the all-to-all hidden behind another micro-batch's compute), the HybridEP flex
   dispatcher (one copy of a token per remote node, not one per expert; Qwen3-30B on H100 and most
-  Blackwell recipes from 2026), CUDA graphs (partial, and from 26.06 the whole iteration, which
-  removes the MoE blocks' host cost `perfmoe.MOE_BLOCK_OVERHEAD_S`: those rows come out slow), and
+  Blackwell recipes from 2026), CUDA graphs (partial, and from 26.06 the whole iteration in most
+  recipes, which removes the MoE blocks' host cost `perfmoe.MOE_BLOCK_OVERHEAD_S`: those rows come
+  out slow; printed apart by release), and
   `moe_router_force_load_balancing=True`, which every NVIDIA MoE perf recipe sets (the measured runs
   route evenly; the model keeps a trained router's `perfmoe.EXPERT_IMBALANCE`);
 - precision: FP8 (per-tensor) and MXFP8 both as the `float8` knob (Blackwell runs MXFP8 GEMMs at
@@ -213,8 +214,9 @@ def report(skipped: list[tuple[str, str, str]]) -> list[Group]:
             sel = [g for g in moe if str(g.sweep_id).split(" ", 1)[1].startswith(name) and g.held_out == keep]
             err = np.concatenate([g.pred.total / g.measured_s - 1 for g in sel if g.pred]) if sel else np.zeros(0)
             print(error_line(f"{MOE_SOURCE} {name} {part}", err))
-    # NVIDIA's releases from 26.06 on capture the whole iteration of the MoE recipes in a CUDA graph
-    # (Megatron-Bridge PRs 4173 and 4211), removing the MoE blocks' host cost the model prices
+    # from release 26.06 on, most of NVIDIA's MoE recipes capture the whole iteration in a CUDA graph
+    # (Megatron-Bridge PR 4173: GPT-OSS 120B; PR 4211: Qwen3 MXFP8 on GB200/GB300), which removes the
+    # MoE blocks' host cost the model prices
     for part, graphed in (("releases before 26.06", False), ("releases 26.06 on", True)):
         for half, keep in (("fit", False), ("held-out", True)):
             sel = [g for g in moe if (release(g) >= (26, 6)) == graphed and g.held_out == keep]

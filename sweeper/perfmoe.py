@@ -63,7 +63,8 @@ CP_RING_HIDDEN = 1.0
 # No source states it apart from the rest of a step: 2.75 ms is fitted, the value on a 0.25 ms grid
 # that minimises the median |step-time error| of the FIT rows of `nvidia-perf moe`
 # (benchmarks/throughput_moe.py: 13.4 % there, 23.7 % on its held-out rows, 24.0 / 24.8 % without).
-# Runs that graph the whole iteration (those NVIDIA releases from 26.06 on) do not pay it.
+# Runs that graph the whole iteration (padding each expert to a fixed capacity, as most of NVIDIA's
+# MoE recipes do from release 26.06 on) do not pay it.
 MOE_BLOCK_OVERHEAD_S = 2.75e-3
 
 
