@@ -45,10 +45,6 @@ def cols_of(sweep, layouts: list[dict]):
     return with_derived(raw, sweep)
 
 
-def test_the_constant_is_the_fitted_one():
-    assert perfmoe.MOE_BLOCK_OVERHEAD_S == 2.75e-3
-
-
 def test_each_moe_block_pays_it_once_per_micro_batch():
     sweep = sweep_of(SMALL_MOE)
     # dp 8 (ep 8 folds into it): 64 sequences, 8 per rank; micro-batch 1 and 4 -> 8 and 2 micro-batches
