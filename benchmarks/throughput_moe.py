@@ -13,18 +13,25 @@ What the tables do not state is assumed as Megatron-Bridge's perf recipes set it
 - expert tensor parallelism 1 (`expert_tensor_parallel_size=1` in Megatron-Bridge's
   scripts/performance/configs/qwen/qwen3_workload_base_configs.py and gpt_oss_workload_base_configs.py),
   sequence parallelism with tp > 1, TE fused norms, the distributed optimizer, cuDNN attention, no
-  recompute. Not priced: those recipes' `moe_a2a_overlap=True` on H100 for Qwen3-235B (the
-  all-to-all hidden behind another micro-batch's compute: no knob says so), the HybridEP
-  dispatcher and CUDA graphs of the Blackwell recipes;
+  recompute. Not priced (no knob says so): those recipes' `moe_a2a_overlap=True` on H100 for
+  Qwen3-235B (the all-to-all hidden behind another micro-batch's compute), the HybridEP flex
+  dispatcher (one copy of a token per remote node, not one per expert; Qwen3-30B on H100 and most
+  Blackwell recipes from 2026), CUDA graphs (partial, and from 26.06 the whole iteration in most
+  recipes, which removes the MoE blocks' host cost `perfmoe.MOE_BLOCK_OVERHEAD_S`: those rows come
+  out slow; printed apart by release), and
+  `moe_router_force_load_balancing=True`, which every NVIDIA MoE perf recipe sets (the measured runs
+  route evenly; the model keeps a trained router's `perfmoe.EXPERT_IMBALANCE`);
 - precision: FP8 (per-tensor) and MXFP8 both as the `float8` knob (Blackwell runs MXFP8 GEMMs at
   the FP8 rate; the figures are printed with and without the MXFP8 rows), NVFP4 left out;
   token-dropping runs left out (the model prices dropless routing, no knob caps an expert);
 - the long-sequence tables (NeMo, FP8) state no micro-batch (1 assumed) and give model TFLOP/s, not
   tokens/s: step = our FLOPs per token x tokens per step / (TFLOP/s x GPUs), as small-matched does.
 
-Measured step = global batch x sequence / (tokens/s/GPU x GPUs). Nothing here is fitted: the
-model's MoE and CP constants (sweeper.perfmoe, sweeper.comm) come from their cited sources, and
-the rows are split FIT / HELD-OUT by the same CRC32 rule as the other sources.
+Measured step = global batch x sequence / (tokens/s/GPU x GPUs). The rows are split FIT /
+HELD-OUT by the same CRC32 rule as the other sources. One model constant was fitted on the FIT
+rows of `nvidia-perf moe` only: `perfmoe.MOE_BLOCK_OVERHEAD_S` (its comment says how); the other
+MoE and CP constants (sweeper.perfmoe, sweeper.comm) come from their cited sources. The MoE rows
+are also printed per model.
 """
 
 from __future__ import annotations
@@ -175,6 +182,12 @@ def nvidia_moe_cp(skipped: list[tuple[str, str, str]]) -> Iterator[Group]:
         yield Group(source, rid, sweep, cols, np.asarray([float(step)]), [label], refused(cols, sweep))
 
 
+def release(g: Group) -> tuple[int, int]:
+    """The NVIDIA release of a row (its id's last word, e.g. 26.04.01) as (year, month)."""
+    year, month = str(g.sweep_id).split()[-1].split(".")[:2]
+    return int(year), int(month)
+
+
 def is_mx(g: Group) -> bool:
     return "MX" in g.labels[0].upper()
 
@@ -195,6 +208,20 @@ def report(skipped: list[tuple[str, str, str]]) -> list[Group]:
             sel = [g for g in mine if keep(g)]
             err = np.concatenate([g.pred.total / g.measured_s - 1 for g in sel if g.pred]) if sel else np.zeros(0)
             print(error_line(f"{source} {part}", err))
+    moe = [g for g in groups if g.source == MOE_SOURCE]
+    for name in MODELS:
+        for part, keep in (("fit", False), ("held-out", True)):
+            sel = [g for g in moe if str(g.sweep_id).split(" ", 1)[1].startswith(name) and g.held_out == keep]
+            err = np.concatenate([g.pred.total / g.measured_s - 1 for g in sel if g.pred]) if sel else np.zeros(0)
+            print(error_line(f"{MOE_SOURCE} {name} {part}", err))
+    # from release 26.06 on, most of NVIDIA's MoE recipes capture the whole iteration in a CUDA graph
+    # (Megatron-Bridge PR 4173: GPT-OSS 120B; PR 4211: Qwen3 MXFP8 on GB200/GB300), which removes the
+    # MoE blocks' host cost the model prices
+    for part, graphed in (("releases before 26.06", False), ("releases 26.06 on", True)):
+        for half, keep in (("fit", False), ("held-out", True)):
+            sel = [g for g in moe if (release(g) >= (26, 6)) == graphed and g.held_out == keep]
+            err = np.concatenate([g.pred.total / g.measured_s - 1 for g in sel if g.pred]) if sel else np.zeros(0)
+            print(error_line(f"{MOE_SOURCE} {part}, {half}", err))
     refusals = sum(len(g.invalid) for g in groups)
     print(f"  ({refusals} of these {len(groups)} rows refused by our validity rules, predicted anyway: see below)")
     return groups

@@ -34,6 +34,7 @@ from sweeper.perfmoe import (
     expert_gemm_size,
     expert_imbalance,
     mlp_elementwise_width,
+    moe_block_overhead_s,
     moe_permute_bytes,
     reduction_groups,
     routed_flops_per_token,
@@ -269,8 +270,10 @@ def predict(
     memory_bound = memory_bound + traits.loss_traffic_per_logit * loss_logits / (gpu.hbm_gbps * GIGA)
 
     per_mb_layers = busiest * accum  # block passes the busiest GPU runs per step
-    framework = LAYER_OVERHEAD_S * per_mb_layers + traits.microbatch_s * accum
+    moe_overhead = moe_block_overhead_s(m, per_mb_layers)  # a MoE block's host-side cost (perfmoe)
+    framework = LAYER_OVERHEAD_S * per_mb_layers + traits.microbatch_s * accum + moe_overhead
     re_framework = np.where(full, 0.5 * LAYER_OVERHEAD_S * per_mb_layers, 0.0)
+    re_framework = re_framework + np.where(full | (mode == "ffn"), 0.5 * moe_overhead, 0.0)
     recompute = recompute_matmul + re_attention + re_framework
     if traits.memory_pressure > 0:  # counted as framework time: the allocator's, not the model's
         share = estimate(cols, sweep).total / (gpu.memory_gib * 2**30)

@@ -12,7 +12,9 @@
 - Mixture of experts: the routed experts' matmuls run as grouped GEMMs whose rows are the tokens
   each local expert receives, at `perfmodel.gemm_efficiency_at` of that size; the busiest
   expert-parallel rank sets the pace (EXPERT_IMBALANCE); every MoE block dispatches and combines
-  its tokens by all-to-all over ep (two forward, two backward).
+  its tokens by all-to-all over ep (two forward, two backward), sorts them by expert and back
+  (`moe_permute_bytes`, memory-bound), and pays a host-side cost per micro-batch
+  (MOE_BLOCK_OVERHEAD_S, counted as framework time).
 - Rank placement, as Megatron-LM orders its meshes (`parallel_state`, order "tp-cp-ep-dp-pp"):
   the cp group is cp ranks tp apart, inside one NVLink domain when tp*cp fits; the expert mesh
   is etp-ep-dp-pp, so the ep group is ep ranks etp apart, in one domain when etp*ep fits, and the
@@ -45,6 +47,25 @@ EXPERT_IMBALANCE = 1.1
 # flight: all of it (TE's `AttnFuncWithCPAndKVP2P` posts step i+1's send/receive on its own
 # stream before step i's kernel); what exceeds that kernel's time is exposed
 CP_RING_HIDDEN = 1.0
+# Host-side cost of one MoE block per micro-batch, forward and backward, on top of the block's
+# LAYER_OVERHEAD_S. Dropless routing leaves each expert's token count on the GPU; Megatron-Core's
+# dispatcher copies it to the host (`tensor.cpu()`, a device-to-host sync: NVIDIA/Megatron-LM issue
+# 1598) before it can launch the all-to-all and the grouped GEMM (the built-in trainer's
+# sweeper/trainer/moe.py syncs the same way, `counts.tolist()`), so the GPU idles while the host
+# launches the rest of the block's many small kernels (router, permute, per-expert GEMMs,
+# unpermute), and the same dynamic shapes keep the block out of CUDA graphs (Megatron-LM's MoE
+# README, "CPU Overhead Bottleneck": "increase micro-batch size"; PR 5258: "the dynamic token-count
+# device syncs, MoE dispatch/combine, and per-layer launch overhead"). NVIDIA's tables show its size:
+# Qwen3-30B-A3B on 8 GB200, one layout, 10.0 s per step in release 26.04 and 6.4 s in 26.06, once
+# Megatron-Bridge fused kernels and captured the whole iteration in a CUDA graph (its PR 4211):
+# 4.7 ms per MoE block per micro-batch; on 8 B200, 27.1 s at micro-batch 1 and 9.8 s at 4 for the
+# same global batch (7.5 ms per extra block pass).
+# No source states it apart from the rest of a step: 2.75 ms is fitted, the value on a 0.25 ms grid
+# that minimises the median |step-time error| of the FIT rows of `nvidia-perf moe`
+# (benchmarks/throughput_moe.py: 13.4 % there, 23.7 % on its held-out rows, 24.0 / 24.8 % without).
+# Runs that graph the whole iteration (padding each expert to a fixed capacity, as most of NVIDIA's
+# MoE recipes do from release 26.06 on) do not pay it.
+MOE_BLOCK_OVERHEAD_S = 2.75e-3
 
 
 def rank_tokens(cols: Columns, sweep: Sweep) -> np.ndarray:
@@ -81,6 +102,12 @@ def expert_imbalance(cols: Columns) -> np.ndarray:
 
 def moe_block_share(m: ModelShape) -> float:
     return m.moe_layers / m.layers
+
+
+def moe_block_overhead_s(m: ModelShape, block_passes: np.ndarray) -> np.ndarray:
+    """Seconds per step of the MoE blocks' host-side cost (MOE_BLOCK_OVERHEAD_S per MoE block per
+    micro-batch); `block_passes`: blocks x micro-batches the busiest rank runs per step."""
+    return MOE_BLOCK_OVERHEAD_S * moe_block_share(m) * block_passes
 
 
 def moe_permute_bytes(m: ModelShape, e: float) -> float:
