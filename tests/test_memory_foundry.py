@@ -58,6 +58,13 @@ def test_an_unknown_loss_kernel_is_a_spec_error_naming_the_field():
         llama7b({"recipe": "megatron", "loss_kernel": "liger"})
 
 
+def test_the_dry_run_names_the_loss_kernel_beside_the_recipe():
+    from sweeper.cli.render import recipe_summary
+
+    assert "fused cross-entropy" in recipe_summary(llama7b({"recipe": "megatron", "loss_kernel": "fused"}))
+    assert "cross-entropy" not in recipe_summary(llama7b({"recipe": "megatron"}))
+
+
 def test_the_option_joins_the_identity_only_when_set():
     plain, fused = llama7b({"recipe": "megatron"}), llama7b({"recipe": "megatron", "loss_kernel": "fused"})
     assert sweep_identity(plain) != sweep_identity(fused)

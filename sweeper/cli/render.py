@@ -134,6 +134,9 @@ def recipe_summary(sweep) -> str:  # noqa: ANN001 - Sweep
     parts = sweep.memory_recipe.summary(sweep.memory)
     from sweeper.memory import reserved_factor
 
+    if sweep.memory.loss_kernel is not None:  # in place of the recipe's own loss
+        parts.append(f"{sweep.memory.loss_kernel} cross-entropy")
+
     parts.append(f"reserved = {reserved_factor(sweep):.2f} x allocated")
     return "; ".join(parts)
 
