@@ -2,24 +2,26 @@
 
 Each rule is written once over columns of numpy arrays, so the same code checks one `Layout`
 (as one-row columns) and a whole cross product of a million layouts (see `sweeper.plan`).
+`RULES` is the one list of them, in the order a rejection is chosen; the rule type is
+`sweeper.rule.Rule`, and the context- and expert-parallel rules are written in `sweeper.layout_moe`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sweeper.knobs import KNOBS
+from sweeper.layout_moe import CONTEXT_PARALLEL_RULES, EXPERT_RULES
+from sweeper.rule import Columns, Rule, at, scalar
 from sweeper.statuses import PlanReason
 
 if TYPE_CHECKING:
     # the sweep file's loader checks sweeps against these rules: no import of the spec at run time
     from sweeper.spec.schema import Sweep
-
-Columns = Mapping[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -94,11 +96,7 @@ class Layout:
         unknown = set(values) - set(KNOBS)
         if unknown:
             raise KeyError(f"unknown knobs {sorted(unknown)}; knobs: {', '.join(KNOBS)}")
-        return cls(**{k: _python(v) for k, v in values.items()})
-
-
-def _python(v: Any) -> Any:
-    return v.item() if isinstance(v, np.generic) else v
+        return cls(**{k: scalar(v) for k, v in values.items()})
 
 
 LAYOUT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Layout))
@@ -189,36 +187,10 @@ def with_derived(cols: dict[str, np.ndarray], sweep: Sweep) -> dict[str, np.ndar
     }
 
 
-@dataclass(frozen=True)
-class Rule:
-    """A validity rule: `broken` marks the rows that violate it; `explain` says why for one row."""
-
-    code: PlanReason
-    summary: str
-    broken: Callable[[Columns, Sweep], np.ndarray]
-    explain: Callable[[Columns, Sweep, int], str]
-
-
-# trainers whose expert-parallel groups may take tensor-parallel ranks where etp < tp
-def _expert_ranks(c: Columns, s: Sweep) -> np.ndarray:
-    """Ranks of a pipeline stage the experts are split over: dp*cp, times tp where the trainer folds."""
-    base = c["dp"] * c["cp"]
-    return base * c["tp"] if s.trainer.folds_experts_over_tp else base
-
-
-def _expert_tp(c: Columns, s: Sweep) -> np.ndarray:
-    """The expert tensor-parallel degree those ranks also hold, where the trainer folds over tp (else 1)."""
-    return c["etp"] if s.trainer.folds_experts_over_tp else np.ones_like(c["etp"])
-
-
-def _i(cols: Columns, name: str, i: int) -> Any:
-    return _python(cols[name][i])
-
-
 def _product(c: Columns, i: int, knobs: tuple[str, ...]) -> str:
     """`tp*cp*pp = 2*2*4`, leaving out the factors at 1 that are not always shown (cp of a dense run)."""
-    shown = [k for k in knobs if KNOBS[k].always_shown or _i(c, k, i) != 1]
-    return f"{'*'.join(shown)} = {'*'.join(str(_i(c, k, i)) for k in shown)}"
+    shown = [k for k in knobs if KNOBS[k].always_shown or at(c, k, i) != 1]
+    return f"{'*'.join(shown)} = {'*'.join(str(at(c, k, i)) for k in shown)}"
 
 
 def _microbatch_rounds_ok(cols: Columns) -> np.ndarray:
@@ -238,8 +210,8 @@ def _short_1f1b_refused(c: Columns, s: Sweep) -> np.ndarray:
 
 
 def _fewest(c: Columns, s: Sweep, i: int) -> str:
-    pp = _i(c, "pp", i)
-    need = pp if _i(c, "pp_schedule", i) == "interleaved" else _python(s.trainer.fewest_1f1b_microbatches(c["pp"])[i])
+    pp = at(c, "pp", i)
+    need = pp if at(c, "pp_schedule", i) == "interleaved" else scalar(s.trainer.fewest_1f1b_microbatches(c["pp"])[i])
     return "one per stage" if need == pp else str(need)
 
 
@@ -252,10 +224,10 @@ def _knob_not_in_trainer(c: Columns, s: Sweep) -> np.ndarray:
 
 def _knob_not_in_trainer_why(c: Columns, s: Sweep, i: int) -> str:
     lacking = [
-        f"{knob} = {_python(c[knob][i])}: {why}"
+        f"{knob} = {scalar(c[knob][i])}: {why}"
         for knob, values in s.trainer.lacks.items()
         for value, why in values.items()
-        if _python(c[knob][i]) == value
+        if scalar(c[knob][i]) == value
     ]
     return f"the {s.workload.kind} trainer cannot run " + "; ".join(lacking)
 
@@ -271,25 +243,25 @@ RULES: tuple[Rule, ...] = (
         PlanReason.TP_EXCEEDS_NODE,
         "tp larger than the GPUs of one node",
         lambda c, s: c["tp"] > s.cluster.gpus_per_node,
-        lambda c, s, i: f"tp = {_i(c, 'tp', i)} exceeds gpus_per_node = {s.cluster.gpus_per_node}",
+        lambda c, s, i: f"tp = {at(c, 'tp', i)} exceeds gpus_per_node = {s.cluster.gpus_per_node}",
     ),
     Rule(
         PlanReason.HEADS_NOT_DIVISIBLE,
         "tp does not divide the attention heads",
         lambda c, s: s.model.heads % c["tp"] != 0,
-        lambda c, s, i: f"tp = {_i(c, 'tp', i)} does not divide heads = {s.model.heads}",
+        lambda c, s, i: f"tp = {at(c, 'tp', i)} does not divide heads = {s.model.heads}",
     ),
     Rule(
         PlanReason.KV_HEADS_NOT_DIVISIBLE,
         "tp does not divide the key/value heads",
         lambda c, s: s.model.kv_heads % c["tp"] != 0,
-        lambda c, s, i: f"tp = {_i(c, 'tp', i)} does not divide kv_heads = {s.model.kv_heads}",
+        lambda c, s, i: f"tp = {at(c, 'tp', i)} does not divide kv_heads = {s.model.kv_heads}",
     ),
     Rule(
         PlanReason.FFN_NOT_DIVISIBLE,
         "tp does not divide the MLP width",
         lambda c, s: s.model.ffn % c["tp"] != 0,
-        lambda c, s, i: f"tp = {_i(c, 'tp', i)} does not divide ffn = {s.model.ffn}",
+        lambda c, s, i: f"tp = {at(c, 'tp', i)} does not divide ffn = {s.model.ffn}",
     ),
     # pp need not divide the layers: stages get ceil/floor layer counts (sweeper.stages), as
     # Megatron-LM and torchtitan run them; each stage needs at least one layer
@@ -297,14 +269,14 @@ RULES: tuple[Rule, ...] = (
         PlanReason.PP_EXCEEDS_LAYERS,
         "more pipeline stages than layers",
         lambda c, s: c["pp"] > s.model.layers,
-        lambda c, s, i: f"pp = {_i(c, 'pp', i)} exceeds layers = {s.model.layers} (each stage needs a layer)",
+        lambda c, s, i: f"pp = {at(c, 'pp', i)} exceeds layers = {s.model.layers} (each stage needs a layer)",
     ),
     Rule(
         PlanReason.BATCH_NOT_DIVISIBLE,
         "micro_batch_size*dp does not divide the global batch",
         lambda c, s: (c["dp"] == 0) | (s.global_batch_size % np.maximum(c["micro_batch_size"] * c["dp"], 1) != 0),
         lambda c, s, i: (
-            f"micro_batch_size*dp = {_i(c, 'micro_batch_size', i)}*{_i(c, 'dp', i)} does not divide "
+            f"micro_batch_size*dp = {at(c, 'micro_batch_size', i)}*{at(c, 'dp', i)} does not divide "
             f"global_batch_size = {s.global_batch_size}"
         ),
     ),
@@ -313,108 +285,33 @@ RULES: tuple[Rule, ...] = (
         "sequence parallel needs tp to divide each cp rank's part of seq_len",
         lambda c, s: c["sequence_parallel"].astype(bool) & (s.seq_len % (c["tp"] * c["cp"]) != 0),
         lambda c, s, i: (
-            f"sequence_parallel with tp = {_i(c, 'tp', i)} needs it to divide seq_len/cp = {s.seq_len}/{_i(c, 'cp', i)}"
+            f"sequence_parallel with tp = {at(c, 'tp', i)} needs it to divide seq_len/cp = {s.seq_len}/{at(c, 'cp', i)}"
         ),
     ),
-    # Megatron-LM and torchtitan cut each sequence into 2*cp chunks, rank i holding chunks i and
-    # 2*cp-1-i, so that every rank gets the same causal-attention work
-    Rule(
-        PlanReason.CP_SEQ_NOT_DIVISIBLE,
-        "context parallel needs 2*cp to divide seq_len",
-        lambda c, s: (c["cp"] > 1) & (s.seq_len % (2 * c["cp"]) != 0),
-        lambda c, s, i: (
-            f"cp = {_i(c, 'cp', i)} needs 2*cp = {2 * _i(c, 'cp', i)} to divide seq_len = {s.seq_len} "
-            "(each rank holds two of 2*cp equal chunks)"
-        ),
-    ),
-    Rule(
-        PlanReason.CP_NOT_IN_WORKLOAD,
-        "context parallel with an attention kernel or layout the workload's trainer does not run it with",
-        lambda c, s: (c["cp"] > 1) & ~s.trainer.runs_cp(c),
-        lambda c, s, i: s.trainer.cp_refusal(c, i),
-    ),
-    Rule(
-        PlanReason.EP_WITHOUT_EXPERTS,
-        "expert parallel on a model without experts",
-        lambda c, s: (c["ep"] > 1) & (s.model.experts == 0),
-        lambda c, s, i: f"ep = {_i(c, 'ep', i)} needs a model with experts (model.experts); {s.model.name} is dense",
-    ),
-    Rule(
-        PlanReason.EP_EXPERTS_NOT_DIVISIBLE,
-        "ep does not divide the experts",
-        lambda c, s: (s.model.experts > 0) & (s.model.experts % c["ep"] != 0),
-        lambda c, s, i: f"ep = {_i(c, 'ep', i)} does not divide experts = {s.model.experts}",
-    ),
-    # The expert-parallel group folds into the ranks of a pipeline stage outside the expert's own
-    # tensor-parallel group, dp*cp*tp/etp of them (Megatron-LM's "MoE parallel folding":
-    # parallel_state.py builds the expert grid etp x ep x edp x pp over the same world; torchtitan's
-    # ParallelDims: "expert_parallel_degree must divide dp_shard * cp * tp"). With etp = tp: dp*cp.
-    # The built-in trainer (expert_tp "one") keeps its ep groups inside dp*cp.
-    Rule(
-        PlanReason.EP_NOT_IN_DP_CP,
-        "ep does not divide the data- and context-parallel ranks (times tp/etp where the trainer folds experts over tp)",
-        lambda c, s: (c["ep"] > 1) & ((c["dp"] == 0) | (_expert_ranks(c, s) % (c["ep"] * _expert_tp(c, s)) != 0)),
-        lambda c, s, i: (
-            f"ep*etp = {_i(c, 'ep', i)}*{_i(c, 'etp', i)} does not divide dp*cp*tp = {_i(c, 'dp', i)}*"
-            f"{_i(c, 'cp', i)}*{_i(c, 'tp', i)} (the experts are split over a stage's data- and context-parallel "
-            "ranks, and its tensor-parallel ranks where etp < tp)"
-            if s.trainer.folds_experts_over_tp
-            else f"ep = {_i(c, 'ep', i)} does not divide dp*cp = {_i(c, 'dp', i)}*{_i(c, 'cp', i)} (the "
-            f"{s.workload.kind} trainer splits the experts over data- and context-parallel ranks)"
-        ),
-    ),
-    Rule(
-        PlanReason.ETP_FFN_NOT_DIVISIBLE,
-        "etp does not divide each expert's width",
-        lambda c, s: (s.model.experts > 0) & (s.model.expert_ffn % c["etp"] != 0),
-        lambda c, s, i: f"etp = {_i(c, 'etp', i)} does not divide moe_ffn = {s.model.expert_ffn}",
-    ),
-    Rule(
-        PlanReason.EXPERT_WORLD_NOT_DIVISIBLE,
-        "etp*ep*pp does not divide the number of GPUs",
-        lambda c, s: (s.model.experts > 0) & (s.cluster.world % (c["etp"] * c["ep"] * c["pp"]) != 0),
-        lambda c, s, i: (
-            f"etp*ep*pp = {_i(c, 'etp', i)}*{_i(c, 'ep', i)}*{_i(c, 'pp', i)} does not divide world = "
-            f"{s.cluster.world} GPUs (the experts' own mesh)"
-        ),
-    ),
-    Rule(
-        PlanReason.EXPERTS_NOT_IN_WORKLOAD,
-        "an expert layout the workload's trainer does not run",
-        lambda c, s: (s.model.experts > 0) & ~s.trainer.runs_experts(c),
-        lambda c, s, i: s.trainer.experts_refusal(c, i),
-    ),
-    # Megatron-LM: "When using expert parallelism and tensor parallelism, sequence parallelism must be used"
-    Rule(
-        PlanReason.EP_NEEDS_SP,
-        "expert and tensor parallel without sequence parallel, where the trainer needs it",
-        lambda c, s: (c["ep"] > 1) & (c["tp"] > 1) & ~c["sequence_parallel"].astype(bool) & s.trainer.ep_tp_needs_sp,
-        lambda c, s, i: (
-            f"the {s.workload.kind} trainer runs ep = {_i(c, 'ep', i)} with tp = {_i(c, 'tp', i)} only "
-            "with sequence_parallel"
-        ),
-    ),
+    # the context-parallel and expert rules live in sweeper.layout_moe; their place here is their order
+    *CONTEXT_PARALLEL_RULES,
+    *EXPERT_RULES,
     Rule(
         PlanReason.TOO_FEW_MICROBATCHES,
         "1F1B with fewer micro-batches than stages, where the trainer refuses it",
         lambda c, s: _short_1f1b_refused(c, s),
         lambda c, s, i: (
-            f"grad_accum = {_i(c, 'grad_accum', i)} micro-batches is fewer than pp = {_i(c, 'pp', i)} stages: "
-            f"the {s.workload.kind} trainer's {_i(c, 'pp_schedule', i)} schedule needs at least {_fewest(c, s, i)}"
+            f"grad_accum = {at(c, 'grad_accum', i)} micro-batches is fewer than pp = {at(c, 'pp', i)} stages: "
+            f"the {s.workload.kind} trainer's {at(c, 'pp_schedule', i)} schedule needs at least {_fewest(c, s, i)}"
         ),
     ),
     Rule(
         PlanReason.INTERLEAVED_VIRTUAL_STAGES,
         "interleaved schedule needs virtual_stages >= 2",
         lambda c, s: (c["pp"] > 1) & (c["pp_schedule"] == "interleaved") & (c["virtual_stages"] < 2),
-        lambda c, s, i: f"pp_schedule = interleaved needs virtual_stages >= 2, got {_i(c, 'virtual_stages', i)}",
+        lambda c, s, i: f"pp_schedule = interleaved needs virtual_stages >= 2, got {at(c, 'virtual_stages', i)}",
     ),
     Rule(
         PlanReason.INTERLEAVED_LAYERS,
         "pp*virtual_stages exceeds the layers",
         lambda c, s: (c["chunks"] > 1) & (c["pp"] * c["chunks"] > s.model.layers),
         lambda c, s, i: (
-            f"interleaved: pp*virtual_stages = {_i(c, 'pp', i)}*{_i(c, 'virtual_stages', i)} "
+            f"interleaved: pp*virtual_stages = {at(c, 'pp', i)}*{at(c, 'virtual_stages', i)} "
             f"exceeds layers = {s.model.layers} (each model chunk needs a layer)"
         ),
     ),
@@ -423,8 +320,8 @@ RULES: tuple[Rule, ...] = (
         "interleaved 1F1B needs micro-batches in whole rounds",
         lambda c, s: (c["chunks"] > 1) & ~_microbatch_rounds_ok(c),
         lambda c, s, i: (
-            f"interleaved: grad_accum = {_i(c, 'grad_accum', i)} is not a multiple of its "
-            f"{max(1, _i(c, 'grad_accum', i) // _i(c, 'pp', i))} rounds of pp = {_i(c, 'pp', i)}"
+            f"interleaved: grad_accum = {at(c, 'grad_accum', i)} is not a multiple of its "
+            f"{max(1, at(c, 'grad_accum', i) // at(c, 'pp', i))} rounds of pp = {at(c, 'pp', i)}"
         ),
     ),
     Rule(

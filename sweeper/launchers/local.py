@@ -22,6 +22,7 @@ from sweeper.trial import TrialResult
 # launcher kills the whole process group itself.
 KILL_GRACE_S = 60.0
 MAX_LOCAL_PROCESSES = 64  # the local launcher starts one process per device of the cluster
+STRAY_EXIT_WAIT_S = 30.0  # how long a restart waits for the stray trials it killed to be gone
 
 
 class LocalProfile(LauncherProfile):
@@ -160,20 +161,27 @@ class LocalLauncher(Launcher):
     def end_strays(self, jobs_dir: Path, known: set[Path]) -> list[str]:
         """Kill trial processes of this sweep that no record names: they would measure on the
         same cores as the trials we run, and nobody would collect them."""
-        ended = []
+        ended, killed = [], []
         for workdir, pid in trial_processes(jobs_dir.resolve()).items():
             if workdir not in known:
                 try:
                     os.killpg(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     continue
+                killed.append(pid)
                 ended.append(f"local-{pid} ({workdir.name})")
+        # SIGKILL is delivered, not done: a loaded machine can take a while to end a process (its
+        # memory to free, a disk read to finish). Return once they are gone, so that no trial
+        # started next (in the same folder, maybe) ever runs beside one of them.
+        deadline = time.monotonic() + STRAY_EXIT_WAIT_S
+        while any(_alive(pid) for pid in killed) and time.monotonic() < deadline:
+            time.sleep(0.05)
         return ended
 
 
 def trial_processes(jobs_dir: Path) -> dict[Path, int]:
     """Live trial processes (`sweep trial`, not their ranks) started for folders under `jobs_dir`."""
-    found: dict[Path, int] = {}
+    found: list[tuple[Path, int]] = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -184,9 +192,11 @@ def trial_processes(jobs_dir: Path) -> dict[Path, int]:
         ranks = Path(cmd[cmd.index("--workdir") + 1]) if cmd.index("--workdir") + 1 < len(cmd) else None
         # trial_command passes <job folder>/ranks: the job folder is its parent
         if ranks is not None and ranks.parent.parent == jobs_dir and _alive(pid):
-            found[ranks.parent] = pid
-    # a rank between fork and exec still looks like its parent `sweep trial`: keep the parent
-    return {w: pid for w, pid in found.items() if _ppid(pid) != pid and _ppid(pid) not in found.values()}
+            found.append((ranks.parent, pid))
+    # a rank between fork and exec (its preexec_fn runs Python there) still looks like its parent
+    # `sweep trial`, with the same folder and a higher pid: keep the parent, whichever comes first
+    pids = {pid for _, pid in found}
+    return {w: pid for w, pid in found if _ppid(pid) not in pids}
 
 
 def _ppid(pid: int) -> int | None:

@@ -101,28 +101,51 @@ def test_a_killed_rank_is_seen_at_once_retried_once_and_never_called_oom(tmp_pat
 
 
 def test_restart_finds_a_trial_whose_job_id_was_never_recorded(tmp_path: Path):
-    spec = spec_file(tmp_path, "window", trial={"steps": 60, "timeout_min": 3}, search={"max_trials": 1}, space=ONE)
+    # the trial's own limit counts the time it is held stopped below: generous, never what ends it
+    spec = spec_file(tmp_path, "window", trial={"steps": 60, "timeout_min": 10}, search={"max_trials": 1}, space=ONE)
     root = results(tmp_path, "window")
     proc = start("run", str(spec), cwd=tmp_path)
+    frozen: list[int] = []
+    seen: set[int] = set()
+
+    def one_at_most() -> None:
+        now = trial_procs(root)
+        seen.update(now)
+        assert len(now) <= 1, f"two trial processes at once: {now}"
+
     try:
-        trial = wait_for(lambda: trial_procs(root), timeout=60, what="the trial process")[0]
+        trial = wait_for(lambda: trial_procs(root), timeout=180, what="the trial process")[0]
+        trial_dir = root / "jobs" / "trial-00000-a1"
+        ranks = wait_for(lambda: (p := rank_pids(trial_dir)) and len(p) == 2 and p, timeout=180, what="two ranks")
+        # stopped until the restart has found it: left to run, the trial can finish before a restart
+        # slowed by a loaded machine looks, which then collects its result file instead (job id local-0)
+        for pid in (trial, *ranks):
+            kill(pid, signal.SIGSTOP)
+            frozen.append(pid)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         rec = inflight(root)
         # the state a kill between saving the record and starting the process leaves behind
         (root / "inflight" / "trial-00000.json").write_text(json.dumps(rec | {"job_id": None}))
         again = start("run", str(spec), cwd=tmp_path)
-        seen = set()
+        # the restart records the job id it found (or, wrongly, of a second start): then the trial goes on
+        wait_for(
+            lambda: one_at_most() or again.poll() is not None or (inflight(root) or {}).get("job_id"),
+            timeout=300,
+            what="the restart to record the trial's job id",
+        )
+        for pid in frozen:
+            kill(pid, signal.SIGCONT)
         while again.poll() is None:
-            now = trial_procs(root)
-            seen.update(now)
-            assert len(now) <= 1, f"two trial processes at once: {now}"
+            one_at_most()
             time.sleep(0.2)
         _, err = again.communicate()
     finally:
         for p in (proc, locals().get("again")):
             if p is not None and p.poll() is None:
                 p.kill()
+        for pid in set(frozen) & set(processes_with(str(root))):  # left stopped by a failure above
+            kill(pid)
     assert again.returncode == 0, err[-3000:]
     assert seen <= {trial}, f"the trial was started again: {seen} (first {trial})"
     df = assert_rows_match_study(tmp_path, "window")
@@ -136,8 +159,17 @@ def test_restart_ends_a_trial_process_that_no_record_names(tmp_path: Path):
     spec = spec_file(tmp_path, "stray", trial={"steps": 60, "timeout_min": 3}, search={"max_trials": 1}, space=ONE)
     root = results(tmp_path, "stray")
     proc = start("run", str(spec), cwd=tmp_path)
+    frozen: list[int] = []
     try:
-        stray = wait_for(lambda: trial_procs(root), timeout=60, what="the trial process")[0]
+        stray = wait_for(lambda: trial_procs(root), timeout=180, what="the trial process")[0]
+        # both ranks started: the trial forks no more, so no rank between fork and exec wears its command line
+        trial_dir = root / "jobs" / "trial-00000-a1"
+        ranks = wait_for(lambda: (p := rank_pids(trial_dir)) and len(p) == 2 and p, timeout=180, what="two ranks")
+        # frozen until the restart ends it: left to run, the stray can finish before a restart slowed
+        # by a loaded machine looks for it, and there is then no stray to end (SIGKILL ends a stopped process)
+        for pid in (stray, *ranks):
+            kill(pid, signal.SIGSTOP)
+            frozen.append(pid)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         (root / "inflight" / "trial-00000.json").unlink()  # as if killed before the record was saved
@@ -150,6 +182,8 @@ def test_restart_ends_a_trial_process_that_no_record_names(tmp_path: Path):
         for p in (proc, locals().get("again")):
             if p is not None and p.poll() is None:
                 p.kill()
+        for pid in set(frozen) & set(processes_with(str(root))):  # left stopped by a failure above
+            kill(pid)
     assert again.returncode == 0, err[-3000:]
     assert not alive(stray)
     assert f"local-{stray}" in " ".join(err.split()) and "no record names" in " ".join(err.split()), err[-2000:]
