@@ -87,6 +87,11 @@ def launch(
     """Run `task` (see `sweeper.trainer.worker`) on `nprocs` local processes; kill them all at `timeout_s`."""
     (workdir / "logs").mkdir(parents=True, exist_ok=True)
     (workdir / "out").mkdir(exist_ok=True)
+    # what `out` holds is this launch's own: a trial restarted in the same folder must not end on
+    # the last attempt's result.json, nor be judged on its steps.txt (appended to, step by step)
+    for stale in (workdir / "out").iterdir():
+        if stale.is_file():
+            stale.unlink()
     with open(workdir / "task.pkl", "wb") as f:
         pickle.dump(task, f)
     base = {

@@ -1,0 +1,22 @@
+"""A launch's output folder is its own: a trial restarted in the same folder (a restart, a retry)
+starts without the last attempt's result or step times."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sweeper.launchers.ranks import launch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_relaunch_in_the_same_folder_does_not_read_the_last_attempt_s_result(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "result.json").write_text(json.dumps({"status": "ok", "mfu": 0.5}))
+    (out / "steps.txt").write_text("0.1\n0.1\n")
+    task = {"kind": "call", "target": "tests.ranks_targets:write_nothing", "kwargs": {}}
+    done = launch(task, nprocs=1, timeout_s=60, workdir=tmp_path, extra_env={"PYTHONPATH": str(ROOT)})
+    assert done.returncodes == [0] and not done.timed_out
+    assert not (out / "result.json").exists() and not (out / "steps.txt").exists()
