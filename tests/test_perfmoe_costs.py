@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 
 import sweeper.perfmoe as perfmoe
-from sweeper.layout import Layout, with_derived
 from sweeper.perfmodel import LAYER_OVERHEAD_S, predict
 from tests.conftest import make_sweep
+from tests.test_perfmoe import MEGATRON, cols_of  # the same Megatron-LM workload and layout columns
 
-MEGATRON = {"kind": "megatron", "command": "torchrun pretrain_gpt.py {flags}"}
 # 8 blocks, the first 2 dense: 6 MoE blocks of 8 experts, top-2
 SMALL_MOE = {
     "layers": 8,
@@ -37,12 +36,6 @@ def sweep_of(model, gbs: int = 64):
         space={"tp": [1]},
         workload=MEGATRON,
     )
-
-
-def cols_of(sweep, layouts: list[dict]):
-    lays = [Layout(attention="cudnn", sharding="zero1", **k) for k in layouts]
-    raw = {k: np.asarray([getattr(lay, k) for lay in lays]) for k in lays[0].as_dict()}
-    return with_derived(raw, sweep)
 
 
 def test_each_moe_block_pays_it_once_per_micro_batch():
