@@ -55,6 +55,20 @@ def trial_procs(root: Path) -> list[int]:
     return sorted(p for p, ppid in found if ppid not in pids)
 
 
+def freeze_trial(root: Path, frozen: list[int]) -> int:
+    """Wait for trial 0's process and both its ranks, SIGSTOP them (added to `frozen`); its pid.
+
+    Both ranks started: the trial forks no more, so no rank between fork and exec wears its
+    command line."""
+    trial = wait_for(lambda: trial_procs(root), timeout=180, what="the trial process")[0]
+    trial_dir = root / "jobs" / "trial-00000-a1"
+    ranks = wait_for(lambda: (p := rank_pids(trial_dir)) and len(p) == 2 and p, timeout=180, what="two ranks")
+    for pid in (trial, *ranks):
+        kill(pid, signal.SIGSTOP)
+        frozen.append(pid)
+    return trial
+
+
 def test_oom_needs_evidence():
     before = oom_kill_count()
     assert oom_evidence(1, "step 3 ok\nloss 1.2", before) is None  # a bare SIGKILL is no OOM
@@ -114,14 +128,9 @@ def test_restart_finds_a_trial_whose_job_id_was_never_recorded(tmp_path: Path):
         assert len(now) <= 1, f"two trial processes at once: {now}"
 
     try:
-        trial = wait_for(lambda: trial_procs(root), timeout=180, what="the trial process")[0]
-        trial_dir = root / "jobs" / "trial-00000-a1"
-        ranks = wait_for(lambda: (p := rank_pids(trial_dir)) and len(p) == 2 and p, timeout=180, what="two ranks")
         # stopped until the restart has found it: left to run, the trial can finish before a restart
         # slowed by a loaded machine looks, which then collects its result file instead (job id local-0)
-        for pid in (trial, *ranks):
-            kill(pid, signal.SIGSTOP)
-            frozen.append(pid)
+        trial = freeze_trial(root, frozen)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         rec = inflight(root)
@@ -161,15 +170,9 @@ def test_restart_ends_a_trial_process_that_no_record_names(tmp_path: Path):
     proc = start("run", str(spec), cwd=tmp_path)
     frozen: list[int] = []
     try:
-        stray = wait_for(lambda: trial_procs(root), timeout=180, what="the trial process")[0]
-        # both ranks started: the trial forks no more, so no rank between fork and exec wears its command line
-        trial_dir = root / "jobs" / "trial-00000-a1"
-        ranks = wait_for(lambda: (p := rank_pids(trial_dir)) and len(p) == 2 and p, timeout=180, what="two ranks")
         # frozen until the restart ends it: left to run, the stray can finish before a restart slowed
         # by a loaded machine looks for it, and there is then no stray to end (SIGKILL ends a stopped process)
-        for pid in (stray, *ranks):
-            kill(pid, signal.SIGSTOP)
-            frozen.append(pid)
+        stray = freeze_trial(root, frozen)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         (root / "inflight" / "trial-00000.json").unlink()  # as if killed before the record was saved
