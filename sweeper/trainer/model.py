@@ -192,7 +192,7 @@ def make_ffn(shape: ModelShape, layer: int) -> nn.Module:
     """
     experts = getattr(shape, "experts", 0)
     if experts and getattr(shape, "router", "softmax") != "softmax":
-        raise NotImplementedError(f"router={shape.router}: the built-in trainer's MoE routes by softmax only")
+        raise ValueError(f"model.router={shape.router}: the built-in trainer's MoE routes by softmax only")
     if experts and layer >= getattr(shape, "dense_layers", 0):
         return MoE(
             hidden=shape.hidden,
@@ -377,7 +377,9 @@ def init_weights(model: nn.Module, shape: ModelShape, *, seed: int, device: torc
         moe = model.get_submodule(name.rsplit(".", 2)[0]) if is_expert_param(cname) else None
         if isinstance(moe, MoE) and moe.ep > 1:  # this rank's experts of the whole grouped weight
             if isinstance(param, DTensor):
-                raise NotImplementedError("expert parallel weights sharded again (FSDP over expert data parallel)")
+                raise ValueError(
+                    "ep > 1 with FSDP: the built-in trainer does not shard experts over expert data parallel"
+                )
             size = torch.Size((moe.num_experts, *param.shape[1:]))
             whole = full_init_value(cname, shape, size, seed=seed, device=device)
             param.copy_(expert_slice(cname, whole, ep_rank=moe.ep_rank, ep=moe.ep))
