@@ -31,7 +31,7 @@ from typing import Any
 
 import pandas as pd
 import yaml
-from throughput_accuracy import DATA, NV_GPU, VOCAB  # benchmarks/ is on sys.path
+from throughput_accuracy import DATA, NV_GPU, VOCAB, nvidia_spec  # benchmarks/ is on sys.path
 
 from sweeper.errors import SpecError
 from sweeper.hardware import GIB
@@ -89,8 +89,7 @@ def not_expressible(r: Any) -> str | None:
 
 
 def sweep_of(r: Any, checkpointing: str) -> Sweep:
-    gpu, per_node = NV_GPU[r.gpu_type]
-    gpus, tp, pp, cp = int(r.gpus), int(r.tp), int(r.pp), int(r.cp)
+    tp, pp, cp = int(r.tp), int(r.pp), int(r.cp)
     ep = 1 if pd.isna(r.ep) else int(r.ep)
     vp = int(r.virtual_stages) if not pd.isna(r.virtual_stages) and r.virtual_stages > 1 else 1
     fsdp = not pd.isna(r.fsdp_column) and float(r.fsdp_column) > 0
@@ -112,15 +111,8 @@ def sweep_of(r: Any, checkpointing: str) -> Sweep:
     }
     if moe:
         space |= {"ep": [ep], "etp": [1]}
-    spec = {
-        "name": "nvidia",
-        "seq_len": int(r.seq_len),
-        "global_batch_size": int(r.global_batch_size),
-        "model": model,
-        "cluster": {"nodes": max(gpus // per_node, 1), "gpus_per_node": min(per_node, gpus), "gpu": gpu},
-        "space": space,
-        "memory": {"recipe": "megatron"},
-        "workload": {"kind": "megatron", "command": "torchrun pretrain_gpt.py {flags}"},
+    spec = nvidia_spec(r, "nvidia", model, space) | {
+        "workload": {"kind": "megatron", "command": "torchrun pretrain_gpt.py {flags}"}
     }
     return parse_sweep(yaml.safe_dump(spec))
 

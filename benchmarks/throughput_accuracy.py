@@ -187,6 +187,22 @@ NV_GPU = {
 VOCAB = {"LLAMA3": 128256, "LLAMA2": 32000}
 
 
+def nvidia_spec(r: Any, name: str, model: str | dict[str, Any], space: dict[str, Any]) -> dict[str, Any]:
+    """One nvidia-perf row as a sweep file (no workload): its GPU and nodes (`NV_GPU`), batch,
+    sequence, Megatron-LM's memory recipe; nvidia_layouts.py and throughput_moe.py build on it."""
+    gpu, per_node = NV_GPU[r.gpu_type]
+    gpus = int(r.gpus)
+    return {
+        "name": name,
+        "seq_len": int(r.seq_len),
+        "global_batch_size": int(r.global_batch_size),
+        "model": model,
+        "cluster": {"nodes": max(gpus // per_node, 1), "gpus_per_node": min(per_node, gpus), "gpu": gpu},
+        "space": space,
+        "memory": {"recipe": "megatron"},
+    }
+
+
 def fp8(precision: str) -> bool | None:
     """True for per-tensor FP8 (current/delayed scaling), False for BF16, None for what no knob says."""
     p = precision.upper()
@@ -217,22 +233,13 @@ def nvidia(skipped: list[tuple[str, str, str]]) -> Iterator[Group]:
         if why:
             skipped.append(("nvidia-perf", rid, why))
             continue
-        gpu, per_node = NV_GPU[r.gpu_type]
         gpus, tp, pp = int(r.gpus), int(r.tp), int(r.pp)
         vp = int(r.virtual_stages) if not pd.isna(r.virtual_stages) and r.virtual_stages > 1 else 1
         fsdp = not pd.isna(r.fsdp_column) and float(r.fsdp_column) > 0
         family = "LLAMA3" if "3" in str(r.model).split("_")[0].split("-")[0] else "LLAMA2"
         try:
             sweep = parse(
-                {
-                    "name": "acc",
-                    "seq_len": int(r.seq_len),
-                    "global_batch_size": int(r.global_batch_size),
-                    "model": shape(r) | {"vocab": VOCAB[family]},
-                    "cluster": {"nodes": max(gpus // per_node, 1), "gpus_per_node": min(per_node, gpus), "gpu": gpu},
-                    "space": {"tp": [1], "attention": ["cudnn"]},
-                    "memory": {"recipe": "megatron"},
-                }
+                nvidia_spec(r, "acc", shape(r) | {"vocab": VOCAB[family]}, {"tp": [1], "attention": ["cudnn"]})
             )
         except SpecError as e:
             skipped.append(("nvidia-perf", rid, str(e).splitlines()[-1]))

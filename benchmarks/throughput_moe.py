@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from throughput_accuracy import DATA, NV_GPU, VOCAB, Group, columns, error_line, parse, refused, shape
+from throughput_accuracy import DATA, NV_GPU, VOCAB, Group, columns, error_line, nvidia_spec, parse, refused, shape
 
 from sweeper.errors import SpecError
 from sweeper.flops import model_flops_per_token
@@ -128,7 +128,6 @@ def nvidia_moe_cp(skipped: list[tuple[str, str, str]]) -> Iterator[Group]:
         if why:
             skipped.append((source, rid, why))
             continue
-        gpu, per_node = NV_GPU[r.gpu_type]
         gpus, tp, pp, cp = int(r.gpus), int(r.tp), int(r.pp), int(r.cp)
         ep = int(r.ep) if moe else 1
         vp = int(r.virtual_stages) if not pd.isna(r.virtual_stages) and r.virtual_stages > 1 else 1
@@ -142,18 +141,7 @@ def nvidia_moe_cp(skipped: list[tuple[str, str, str]]) -> Iterator[Group]:
         if moe:
             space |= {"ep": [ep], "etp": [1]}
         try:
-            sweep = parse(
-                {
-                    "name": "acc",
-                    "seq_len": int(r.seq_len),
-                    "global_batch_size": int(r.global_batch_size),
-                    "model": model,
-                    "cluster": {"nodes": max(gpus // per_node, 1), "gpus_per_node": min(per_node, gpus), "gpu": gpu},
-                    "space": space,
-                    "memory": {"recipe": "megatron"},
-                    "workload": MEGATRON,
-                }
-            )
+            sweep = parse(nvidia_spec(r, "acc", model, space) | {"workload": MEGATRON})
         except SpecError as e:
             skipped.append((source, rid, str(e).splitlines()[-1]))
             continue
