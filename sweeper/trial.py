@@ -15,6 +15,7 @@ from typing import Any
 
 from sweeper.flops import hardware_flops_per_token, model_flops_per_token, tflops_per_device, utilization
 from sweeper.layout import Layout
+from sweeper.noise import interval_fields
 from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
 
@@ -72,6 +73,12 @@ class TrialResult:
     step_times_s: list[float] = field(default_factory=list)
     step_time_mean_s: float | None = None
     step_time_std_s: float | None = None
+    # the noise of the mean (sweeper.noise): steps averaged, half-width of the 95% t interval of the
+    # mean step time, and the MFU at the interval's ends (mfu_high null: the interval reaches 0 s)
+    steps_measured: int | None = None
+    step_time_ci_s: float | None = None
+    mfu_low: float | None = None
+    mfu_high: float | None = None
     losses: list[float] = field(default_factory=list)
     startup_s: float | None = None  # process start to the first step, slowest rank
     peak_mem_gib: float | None = None  # max over ranks; CUDA: max allocated; CPU: peak RSS growth
@@ -130,6 +137,7 @@ def summarize(
 
     tokens/s = global_batch_size * seq_len / mean step time; MFU = tokens/s * model FLOPs per
     token / (devices * peak FLOP/s of the sweep's GPU in its precision); HFU adds recomputation.
+    The measured steps' spread gives the mean and the MFU their interval (`sweeper.noise`).
     """
     warmup = sweep.trial.warmup_steps
     kept = list(step_times_s)[warmup:]
@@ -142,6 +150,7 @@ def summarize(
     model_flops = model_flops_per_token(sweep.model, sweep.seq_len)
     hw_flops = hardware_flops_per_token(sweep.model, sweep.seq_len, layout.activation_checkpointing)
     peak = sweep.cluster.gpu.peak_flops(sweep.trial.precision)
+    mfu = utilization(tokens_per_s, model_flops, num_devices=devices, peak_flops=peak)
     return TrialResult(
         status=OK,
         step_times_s=list(step_times_s),
@@ -150,7 +159,8 @@ def summarize(
         tokens_per_s=tokens_per_s,
         tokens_per_s_per_gpu=tokens_per_s / devices,
         tflops_per_gpu=tflops_per_device(tokens_per_s, model_flops, num_devices=devices),
-        mfu=utilization(tokens_per_s, model_flops, num_devices=devices, peak_flops=peak),
+        mfu=mfu,
+        **interval_fields(kept, mfu),
         hfu=utilization(tokens_per_s, hw_flops, num_devices=devices, peak_flops=peak),
         peak_mem_gib=peak_mem_gib,
         peak_mem_reserved_gib=peak_mem_reserved_gib,

@@ -222,7 +222,7 @@ def test_report_explains_the_winner_lists_failures_and_shows_varying_knobs(repor
     # top table: only the knobs that vary, plus the measurements
     head = re.search(r"<table class=top><tr>(.*?)</tr>", page).group(1)
     cols = re.findall(r"<th>(.*?)</th>", head)
-    assert cols[:9] == ["#", "trial", "MFU", "tp", "pp", "mbs", "ckpt", "attn", "dp"]
+    assert cols[:10] == ["#", "trial", "MFU", "MFU 95%", "tp", "pp", "mbs", "ckpt", "attn", "dp"]
     assert {"step s", "tokens/s", "TFLOP/s/GPU", "measured GiB (allocated)", "predicted GiB (tensors)"} <= set(cols)
     assert "rmsnorm" not in cols and "sharding" not in cols  # the same in every trial
     # memory, apples to apples: measured allocated against the tensor terms (a GPU sweep)
@@ -256,6 +256,62 @@ def test_runner_up_sentence_names_the_bubble(tmp_path):
     assert re.search(r"what costs it most: pp=4 with 8 micro-batches adds a \d+% bubble", sentence), sentence
     slower = 100 * (rows[1]["step_time_mean_s"] / rows[0]["step_time_mean_s"] - 1)
     assert f"{slower:+.1f}% measured" in sentence
+
+
+def _explained_pair(tmp_path: Path, measured: dict[tuple[int, int], float], spread: float | None = None) -> Any:
+    """The top trials of a 13B sweep on 64 A100s: (pp, mbs) -> measured step time; with a spread, 9 measured steps."""
+    import pandas as pd
+
+    from sweeper.report import explain_top
+
+    sweep = load_sweep(spec_file(tmp_path))
+    rows = []
+    for n, ((pp, mbs), step) in enumerate(measured.items()):
+        r = row(n, 0.47 * 5.0 / step, tp=1, pp=pp, micro_batch_size=mbs) | {"step_time_mean_s": step}
+        if spread is not None:
+            r |= {"step_time_std_s": spread, "steps_measured": 9, "step_times_s": [step] * 10}
+        rows.append(r)
+    ex = explain_top(pd.DataFrame(rows), make_plan(sweep), sweep)
+    assert ex is not None
+    return ex
+
+
+def test_a_modelled_bar_is_as_long_as_its_modelled_step(tmp_path):
+    """The winner (pp=1, dp=64) hides more data-parallel traffic under backward than the runner-up (pp=2):
+    drawn after its exposed parts, that traffic made its bar the longer of the two though its modelled
+    step is the shorter (issue 29). Hidden traffic now lies inside the step's span."""
+    from sweeper.report.explain import bar_segments, order_sentence
+
+    ex = _explained_pair(tmp_path, {(1, 2): 39.0, (2, 1): 39.2})  # 1.5x the model's own 26.0 s and 26.1 s
+    assert ex.predicted_s[0] < ex.predicted_s[1]
+    assert ex.parts["dp_hidden"][0] > ex.parts["dp_hidden"][1] + (ex.predicted_s[1] - ex.predicted_s[0])
+    segments = bar_segments(ex)
+    for i in (0, 1):
+        mine = [g for g in segments if g.row == i]
+        exposed = [g for g in mine if not g.hidden]
+        assert max(g.left_s + g.width_s for g in mine) == pytest.approx(ex.predicted_s[i])  # the bar's end
+        assert sum(g.width_s for g in exposed) == pytest.approx(ex.predicted_s[i])  # end to end from 0
+        assert any(g.hidden and g.part == "dp_hidden" for g in mine) and all(g.left_s >= 0 for g in mine)
+    ends = [max(g.left_s + g.width_s for g in segments if g.row == i) for i in (0, 1)]
+    assert ends[0] < ends[1]  # the winner's bar is the shorter, as its step
+    assert order_sentence(ex) is None  # the model agrees with the measured order
+
+
+def test_the_section_says_when_the_model_does_not_explain_the_measured_order(tmp_path):
+    from sweeper.report.explain import order_sentence
+
+    # mbs=1 measured ahead of mbs=2 (pp=1), the other way round from the model; a third trial holds the
+    # calibration elsewhere (two trials alone it would fit exactly)
+    measured = {(1, 1): 39.0, (1, 2): 39.2, (2, 2): 40.64}
+    ex = _explained_pair(tmp_path, measured, spread=0.5)
+    assert ex.predicted_s[0] > ex.predicted_s[1]
+    text = order_sentence(ex)
+    assert text is not None and text.startswith("The model does not explain the measured order: calibrated, it puts")
+    assert f"above that of trial 1 ({ex.predicted_s[1]:.3g} s modelled, 39.2 s measured) and trial 2" in text
+    assert "which measured slower; the bars below are the model's, not the measurements'." in text
+    assert text.endswith("measured within noise of each other: the measured order may not hold.")
+    steady = order_sentence(_explained_pair(tmp_path, measured, spread=0.01))
+    assert steady is not None and steady.endswith("something the model lacks sets their order.")
 
 
 def _write(path: Path, spec: dict[str, Any]) -> Path:

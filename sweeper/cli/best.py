@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import asdict
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -49,6 +50,9 @@ def best(
     err = message_console()
     for w in store.warnings:
         say(err, "warning", w)
+    from sweeper.cli.render import winner_margin
+
+    verdict = winner_margin(rows)
     if fmt is Format.json:
         from collections import Counter
 
@@ -60,10 +64,14 @@ def best(
             "best": chosen[0] if chosen else None,
             "top": chosen,
             "layout": _winner_layout(rows, root, spec),
+            # the winner against the runner-up: win, tie (within noise) or unknown, and the line that says it
+            "margin": None if verdict is None else {**asdict(verdict), "sentence": verdict.sentence()},
         }
         typer.echo(json.dumps(doc, indent=2))
     elif fmt in (Format.yaml, Format.torchtitan, Format.torchtitan_cli, Format.megatron, Format.nanotron):
         typer.echo(_export_winner(rows, root, spec, fmt.value), nl=False)
+        if verdict is not None and verdict.within_noise():  # the export is one of two, said beside it
+            say(err, "note", verdict.sentence())
     else:
         from sweeper.cli.render import print_best
 

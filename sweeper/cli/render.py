@@ -1,18 +1,22 @@
-"""Rich tables for the terminal: the plan of a dry run."""
+"""Rich tables for the terminal: the plan of a dry run, the best layouts and whether the winner's lead is beyond noise."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from sweeper.knobs import KNOBS, label, shown_in_tables
 from sweeper.layout import RULE_SUMMARIES
 from sweeper.models import ModelShape
 from sweeper.plan import Plan
 from sweeper.statuses import PlanReason, PlanStatus
+
+if TYPE_CHECKING:
+    from sweeper.noise import Margin
 
 
 def make_console(*, stderr: bool = False) -> Console:
@@ -161,6 +165,7 @@ def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
 
     from rich.table import Table
 
+    from sweeper.noise import row_mfu_range
     from sweeper.results import best_rows
 
     console = make_console()
@@ -178,6 +183,7 @@ def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
         "#",
         "trial",
         "MFU",
+        "MFU 95%",
         "TFLOP/s/GPU",
         "step s",
         *(label(k) for k in (*BASE_KNOBS, *varying)),
@@ -191,6 +197,7 @@ def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
             str(i),
             str(r["trial_number"]),
             f"{100 * r['mfu']:.2f}%",
+            row_mfu_range(r),
             _num(r.get("tflops_per_gpu"), 3),
             _num(r.get("step_time_mean_s"), 3),
             *knobs,
@@ -203,6 +210,18 @@ def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
         table.caption_justify = "left"
     console.print(table)
     console.print(f"{len(rows)} trials: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
+    verdict = winner_margin(rows)
+    if verdict is not None:  # whole, never wrapped: a script or a test reads the line
+        console.print(Text(verdict.sentence()), soft_wrap=True)
+
+
+def winner_margin(rows: list[dict[str, Any]]) -> Margin | None:
+    """The winner against the runner-up, within noise or beyond it (None with fewer than two ok trials)."""
+    from sweeper.noise import margin
+    from sweeper.results import best_rows
+
+    two = best_rows(rows, 2)
+    return margin(two[0], two[1]) if len(two) == 2 else None
 
 
 def _cell(v: Any) -> str:

@@ -1,7 +1,8 @@
 """Replay: answer each trial at once from a table of earlier results (no GPUs, no waiting).
 
 The table is a results dataset of this tool, or any CSV/Parquet with knob columns plus
-`status` and `mfu` or `step_time_mean_s`. Knobs the table does not have are not matched on, and
+`status` and `mfu`, `step_time_mean_s` or `step_times_s` (every step of a trial, the warm-up ones
+first: its rows then get their mean and noise interval as a run's do). Knobs the table does not have are not matched on, and
 a knob with no effect on a layout (sequence parallel at tp=1, sharding at dp=1, ...) is matched
 as the value it behaves as, as the plan de-duplicates them. A layout the table lacks has no
 answer: the launcher says so at plan time (`cannot_run`), so the search never proposes it.
@@ -11,7 +12,9 @@ replays simulated and published sweeps.
 
 from __future__ import annotations
 
+import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +26,7 @@ from sweeper.flops import model_flops_per_token, utilization
 from sweeper.knobs import KNOBS, NO_EFFECT_VALUE
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, LauncherProfile, TrialJob, failure
 from sweeper.layout import Columns, Layout, ineffective
+from sweeper.noise import interval_fields
 from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
 from sweeper.trial import TrialResult
@@ -56,8 +60,8 @@ def load_table(path: Path) -> list[dict[str, Any]]:
         frame = pd.read_csv(path) if path.suffix.lower() == ".csv" else pd.read_parquet(path)
     except (OSError, ValueError) as e:
         raise SpecError(f"launcher.table: cannot read {path}: {e}") from None
-    if "status" not in frame.columns or not {"mfu", "step_time_mean_s"} & set(frame.columns):
-        raise SpecError(f"launcher.table: {path} needs a status column and mfu or step_time_mean_s")
+    if "status" not in frame.columns or not {"mfu", "step_time_mean_s", "step_times_s"} & set(frame.columns):
+        raise SpecError(f"launcher.table: {path} needs a status column and mfu, step_time_mean_s or step_times_s")
     if not set(KNOBS) & set(frame.columns):
         raise SpecError(f"launcher.table: {path} has no knob columns ({', '.join(KNOBS)})")
     return frame.to_dict("records")
@@ -119,7 +123,18 @@ class ReplayLauncher(Launcher):
                 failure(TrialStatus.FAILED, f"replay table status {status!r} is not a trial status", job), handle.job_id
             )
         result |= {"status": status, **job.layout.as_dict()}
-        if result.get("mfu") is None and result.get("step_time_mean_s") and result["status"] == TrialStatus.OK:
+        if result.get("step_times_s") is not None:
+            result["step_times_s"] = _times(result["step_times_s"])
+            if result["step_times_s"] is None:
+                return JobOutcome(
+                    failure(TrialStatus.FAILED, "replay table step_times_s is not a list of numbers", job),
+                    handle.job_id,
+                )
+        measured = (result.get("step_times_s") or [])[self.sweep.trial.warmup_steps :]
+        if measured and result.get("step_time_mean_s") is None:
+            result["step_time_mean_s"] = statistics.fmean(measured)
+        measured_run = TrialStatus(status).succeeded() or TrialStatus(status).was_stopped()  # its steps ran
+        if result.get("mfu") is None and result.get("step_time_mean_s") and measured_run:
             tokens_per_s = self.sweep.global_batch_size * self.sweep.seq_len / result["step_time_mean_s"]
             fpt = model_flops_per_token(self.sweep.model, self.sweep.seq_len)
             result["mfu"] = utilization(
@@ -128,8 +143,8 @@ class ReplayLauncher(Launcher):
                 num_devices=self.sweep.cluster.world,
                 peak_flops=self.sweep.cluster.gpu.peak_flops(self.sweep.trial.precision),
             )
-        if "step_times_s" in result and result["step_times_s"] is not None:
-            result["step_times_s"] = [float(x) for x in result["step_times_s"]]
+        if len(measured) > 1 and measured_run:  # the spread, as `trial.summarize` keeps it
+            result |= {"step_time_std_s": statistics.stdev(measured), **interval_fields(measured, result.get("mfu"))}
         return JobOutcome(TrialResult.from_dict(result), handle.job_id)
 
     def cancel(self, handle: Handle) -> None:
@@ -148,6 +163,16 @@ def _norm(v: Any) -> Any:
     if isinstance(v, float) and v.is_integer():
         return int(v)
     return v
+
+
+def _times(v: Any) -> list[float] | None:
+    """A table's step times: a list (Parquet), or its text in a CSV cell (`[0.5, 0.5]`, as pandas
+    writes it); None when the cell is neither."""
+    try:
+        values = json.loads(v) if isinstance(v, str) else v
+        return [float(x) for x in values]
+    except (TypeError, ValueError):
+        return None
 
 
 def _known(v: Any) -> bool:

@@ -15,7 +15,7 @@ from sweeper.report.data import (
     summary_lines,
     varying_knobs,
 )
-from sweeper.report.explain import TOP_EXPLAINED, Explained, explain_top, runner_up_sentences
+from sweeper.report.explain import TOP_EXPLAINED, Explained, explain_top, order_sentence, runner_up_sentences
 from sweeper.report.page import render_html, write_report
 from sweeper.report.plots import (
     EMPTY_FILLS,
@@ -41,6 +41,7 @@ __all__ = [
     "gpu_hours",
     "layout_text",
     "match_plan_rows",
+    "order_sentence",
     "plot_breakdown",
     "plot_heatmaps",
     "plot_memory",

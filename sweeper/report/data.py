@@ -77,12 +77,7 @@ def summary_lines(sweep: Sweep, plan: Plan, df: pd.DataFrame) -> list[str]:
         w = ok.iloc[0]
         lines.append(f"Winner: trial {w['trial_number']} at {100 * w['mfu']:.2f}% MFU — {layout_text(w)}")
         if len(ok) > 1:
-            r = ok.iloc[1]
-            lines.append(
-                f"Margin over the runner-up (trial {r['trial_number']}, {100 * r['mfu']:.2f}% MFU): "
-                f"{100 * (w['mfu'] - r['mfu']):.2f} points, {100 * (w['mfu'] / r['mfu'] - 1):.1f}% faster; "
-                f"runner-up: {layout_text(r)}"
-            )
+            lines.append(margin_line(w, ok.iloc[1]))
         else:
             lines.append("No runner-up: only one trial succeeded.")
     else:
@@ -99,7 +94,7 @@ def summary_lines(sweep: Sweep, plan: Plan, df: pd.DataFrame) -> list[str]:
     if len(stopped):
         saved = stopped["gpu_hours_saved"].fillna(0).sum() if "gpu_hours_saved" in stopped else 0.0
         lines.append(
-            f"Stopped early (clearly slower than the best so far): {len(stopped)} trials, {saved:.1f} GPU-hours saved."
+            f"Stopped early (clearly slower than the best so far): {len(stopped)} trials, {saved:.3g} GPU-hours saved."
         )
     reasons = plan.reason_counts()
     pruned = counts.get(PlanStatus.PRUNED, 0)
@@ -114,6 +109,33 @@ def summary_lines(sweep: Sweep, plan: Plan, df: pd.DataFrame) -> list[str]:
     invalid = [f"{RULE_SUMMARIES.get(code, code)}: {n}" for code, n in reasons.items() if code != PlanReason.MEMORY]
     lines.append("Invalid: " + ("; ".join(invalid) if invalid else "none") + ".")
     return lines
+
+
+def margin_line(w: Any, r: Any) -> str:
+    """The winner's lead over the runner-up as far as the measurements support it: with its interval
+    (a win beyond noise), as a tie within noise with what would settle it, or with the noise unknown."""
+    from sweeper.noise import INTERVAL_NAME, Verdict, margin, mfu_text
+
+    m = margin(w, r)
+    points = f"{100 * (w['mfu'] - r['mfu']):.2f} points, {100 * m.lead:.1f}% faster"
+    runner = f"runner-up: {layout_text(r)}"
+    if m.verdict is Verdict.UNKNOWN:
+        return (
+            f"Margin over the runner-up (trial {r['trial_number']}, {100 * r['mfu']:.2f}% MFU): {points}; "
+            f"whether that is beyond noise is unknown (no step-time spread in their rows); {runner}"
+        )
+    head = f"Margin over the runner-up (trial {r['trial_number']}, {mfu_text(m.runner_up_mfu)})"
+    if m.verdict is Verdict.WIN:
+        high = "" if m.lead_high is None else f" to {100 * m.lead_high:.1f}%"
+        return (
+            f"{head}: {points}, a win beyond noise: {100 * (m.lead_low or 0.0):.1f}%{high} between the ends of the "
+            f"two intervals ({INTERVAL_NAME}; winner {mfu_text(m.winner_mfu)}); {runner}"
+        )
+    return (
+        f"{head}: none beyond noise, a tie within noise: the winner measured {100 * m.lead:.1f}% faster, but the "
+        f"two intervals overlap ({INTERVAL_NAME}, {m.steps_now} measured steps; winner {mfu_text(m.winner_mfu)}); "
+        f"{m.settle()} The {runner}"
+    )
 
 
 def cell_kinds(df: pd.DataFrame, plan: Plan, attn: str, ckpt: str) -> pd.DataFrame:

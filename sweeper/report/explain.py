@@ -53,8 +53,68 @@ def explain_top(df: pd.DataFrame, plan: Plan, sweep: Sweep, top: int = TOP_EXPLA
     return Explained(ok.head(top).reset_index(drop=True), parts, np.asarray(predicted))
 
 
+@dataclass(frozen=True)
+class Segment:
+    """One piece of a modelled bar of "Why the winner wins": a part of one trial's step, in seconds."""
+
+    row: int  # the trial's place in `Explained.trials`
+    part: str  # a perfmodel part
+    left_s: float
+    width_s: float
+    hidden: bool  # overlapped with backward: drawn inside the step's span, adding nothing to it
+
+
+def bar_segments(ex: Explained) -> list[Segment]:
+    """The bars' pieces: each trial's exposed parts end to end, so its bar is exactly its modelled step
+    (`predicted_s`), and its hidden traffic ending with the step, inside it (it runs under backward)."""
+    from sweeper.perfmodel import HIDDEN_PARTS, PARTS
+
+    out = []
+    for i in range(len(ex.trials)):
+        left = 0.0
+        for k in PARTS:
+            w = float(ex.parts[k][i])
+            if w > 0 and k not in HIDDEN_PARTS:
+                out.append(Segment(i, k, left, w, hidden=False))
+                left += w
+        end = float(ex.predicted_s[i])
+        for k in HIDDEN_PARTS:
+            w = min(float(ex.parts[k][i]), end)
+            if w > 0:
+                out.append(Segment(i, k, end - w, w, hidden=True))
+                end -= w
+    return out
+
+
+def order_sentence(ex: Explained) -> str | None:
+    """Where the calibrated model puts the winner's step above a slower-measured trial's, the section
+    says so first: the bars then show the model, and the model does not explain the measured order."""
+    from sweeper.noise import Verdict, margin
+
+    w = ex.trials.iloc[0]
+    faster = [i for i in range(1, len(ex.trials)) if ex.predicted_s[i] < ex.predicted_s[0]]
+    if not faster:
+        return None
+    others = " and ".join(
+        f"trial {ex.trials.iloc[i]['trial_number']} ({ex.predicted_s[i]:.3g} s modelled, "
+        f"{ex.trials.iloc[i]['step_time_mean_s']:.3g} s measured)"
+        for i in faster
+    )
+    noise = {  # of the runner-up, where the model has it faster: does the measured order itself hold?
+        Verdict.TIE: " The winner and the runner-up measured within noise of each other: the measured order may not hold.",
+        Verdict.WIN: " The measured gap to the runner-up is beyond noise: something the model lacks sets their order.",
+        Verdict.UNKNOWN: "",
+    }[margin(w, ex.trials.iloc[1]).verdict if faster[0] == 1 else Verdict.UNKNOWN]
+    return (
+        f"The model does not explain the measured order: calibrated, it puts the winner's step (trial "
+        f"{w['trial_number']}, {ex.predicted_s[0]:.3g} s modelled, {w['step_time_mean_s']:.3g} s measured) above "
+        f"that of {others}, which measured slower; the bars below are the model's, not the measurements'.{noise}"
+    )
+
+
 def runner_up_sentences(ex: Explained, knobs: list[str], sweep: Sweep) -> list[str]:
     """One sentence per runner-up: how much slower it measured, and the part of the model that costs it most."""
+    from sweeper.noise import margin
     from sweeper.perfmodel import HIDDEN_PARTS, PART_LABELS, PARTS, model_misses
 
     w = ex.trials.iloc[0]
@@ -66,7 +126,7 @@ def runner_up_sentences(ex: Explained, knobs: list[str], sweep: Sweep) -> list[s
         head = (
             f"#{i + 1} trial {r['trial_number']} ({short_layout(r, knobs)}): {100 * r['mfu']:.1f}% MFU, "
             f"step {r['step_time_mean_s']:.3g} s against the winner's {w['step_time_mean_s']:.3g} s "
-            f"({slower:+.1f}% measured)"
+            f"({slower:+.1f}% measured{', within noise' if margin(w, r).within_noise() else ''})"
         )
         missed = [(j, ex.trials.iloc[j]) for j in (i, 0) if not np.isnan(miss[j])]
         if missed:

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 from sweeper.files import atomic_write_text
 from sweeper.hardware import GIB
 from sweeper.knobs import label
+from sweeper.noise import INTERVAL_NAME, row_mfu_range
 from sweeper.plan import Plan
 from sweeper.report.data import Plot, fmt_value, match_plan_rows, short_layout, successful, summary_lines, varying_knobs
-from sweeper.report.explain import explain_top, runner_up_sentences
+from sweeper.report.explain import explain_top, order_sentence, runner_up_sentences
 from sweeper.report.plots import (
     plot_breakdown,
     plot_heatmaps,
@@ -45,7 +46,8 @@ def write_report(sweep: Sweep, df: pd.DataFrame, out_dir: Path, *, plan: Plan | 
     ex = explain_top(df, plan, sweep)
     why: list[Plot | str] = []
     if ex is not None:
-        why = [plot_breakdown(ex, knobs, out_dir), *runner_up_sentences(ex, knobs, sweep)]
+        order = order_sentence(ex)
+        why = [*([order] if order else []), plot_breakdown(ex, knobs, out_dir), *runner_up_sentences(ex, knobs, sweep)]
     elif len(df[df["status"] == TrialStatus.OK]):
         why = [
             (
@@ -80,7 +82,8 @@ def render_html(
     plan: Plan | None = None,
     knobs: list[str] | None = None,
 ) -> str:
-    """The page: summary, why the winner wins, top layouts, failures, then each plot (or its note when skipped)."""
+    """The page: summary, why the winner wins, top layouts, stopped-early trials, failures, then each plot
+    (or its note when skipped)."""
     esc = html.escape
     knobs = varying_knobs(df) if knobs is None else knobs
     parts = [
@@ -92,13 +95,15 @@ def render_html(
     parts.append("</ul>")
     if why:
         parts.append("<h2>Why the winner wins</h2>")
-        sentences = [w for w in why if isinstance(w, str)]
+        first = next((i for i, w in enumerate(why) if isinstance(w, Plot)), len(why))
+        parts += [f"<p class=order>{esc(w)}</p>" for w in why[:first] if isinstance(w, str)]  # before the bars
+        sentences = [w for w in why[first:] if isinstance(w, str)]
         for w in why:
             if isinstance(w, Plot):
                 parts += _plot_html(w, out_dir)
         if sentences:
             parts.append("<ul class=why>" + "".join(f"<li>{esc(t)}</li>" for t in sentences) + "</ul>")
-    parts += [_top_table(df, knobs, plan), _failures_table(df, knobs)]
+    parts += [_top_table(df, knobs, plan), _stopped_table(df, knobs), _failures_table(df, knobs)]
     heat = [p for p in plots if p.file.startswith("heatmap_")]
     if heat:  # the paper's tp x pp views side by side, one caption for all
         parts.append("<h2>MFU by tp × pp, per attention kernel and checkpointing mode</h2><div class=heat>")
@@ -152,6 +157,7 @@ def _top_table(df: pd.DataFrame, knobs: list[str], plan: Plan | None, top: int =
         "#",
         "trial",
         "MFU",
+        "MFU 95%",
         *(label(k) for k in knobs),
         "step s",
         "tokens/s",
@@ -166,6 +172,7 @@ def _top_table(df: pd.DataFrame, knobs: list[str], plan: Plan | None, top: int =
             str(i + 1),
             str(r["trial_number"]),
             f"{100 * r['mfu']:.2f}%",
+            row_mfu_range(r),
             *(fmt_value(r[k]) for k in knobs),
             _num(r["step_time_mean_s"], 3),
             _num(r["tokens_per_s"], 4),
@@ -176,7 +183,9 @@ def _top_table(df: pd.DataFrame, knobs: list[str], plan: Plan | None, top: int =
         ]
         body.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     note = (
-        "<p class=caption>Only the knobs that vary among the trials are shown. Predicted tensors: the "
+        f"<p class=caption>MFU 95%: the MFU at the ends of the {INTERVAL_NAME} over the trial's measured steps "
+        "(- : fewer than 2 measured steps, or a row without its spread). "
+        "Only the knobs that vary among the trials are shown. Predicted tensors: the "
         "estimate without its fixed per-process overhead, the number an allocator's peak compares with"
         + ("; on CPU the measured number is RSS growth above a baseline, not an allocator peak." if cpu else ".")
         + "</p>"
@@ -191,11 +200,40 @@ def _top_table(df: pd.DataFrame, knobs: list[str], plan: Plan | None, top: int =
     )
 
 
+def _stopped_table(df: pd.DataFrame, knobs: list[str]) -> str:
+    """The trials the search stopped early (clearly slower than the best so far): not failures, their
+    steps ran and were measured. Layout, steps run, the MFU of those steps, GPU-hours saved."""
+    stopped = df[df["status"] == TrialStatus.STOPPED_EARLY].sort_values("trial_number")
+    if stopped.empty:
+        return ""
+    rows = []
+    for _, r in stopped.iterrows():
+        times = r["step_times_s"]
+        cells = [
+            str(r["trial_number"]),
+            short_layout(r, knobs),
+            "-" if times is None else str(len(times)),
+            "-" if _missing(r["mfu"]) else f"{100 * r['mfu']:.2f}%",
+            _num(r["gpu_hours_saved"], 3),
+        ]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    saved = stopped["gpu_hours_saved"].fillna(0).sum()
+    return (
+        f"<h2>Stopped early ({len(stopped)}, {saved:.3g} GPU-hours saved)</h2><p>Stopped by the search once their "
+        "first measured steps ran clearly slower than the best finished trial: not failures, and not ranked "
+        "among the layouts above (their MFU is of the few steps they ran).</p><table class=stopped><tr>"
+        "<th>trial</th><th>layout</th><th>steps run</th><th>MFU of its steps</th><th>GPU-hours saved</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
+
+
 def _failures_table(df: pd.DataFrame, knobs: list[str]) -> str:
-    """Every trial that did not succeed: status, layout, and the first line of its error."""
-    bad = df[df["status"] != TrialStatus.OK].sort_values("trial_number")
+    """Every trial that failed (stopped-early ones have their own section): status, layout, and the
+    first line of its error."""
+    bad = df[(df["status"] != TrialStatus.OK) & (df["status"] != TrialStatus.STOPPED_EARLY)].sort_values("trial_number")
     if bad.empty:
-        return "<h2>Failures</h2><p>None: every trial ran.</p>"
+        return "<h2>Failures</h2><p>None: no trial failed.</p>"
     rows = []
     for _, r in bad.iterrows():
         lines = r["error"].strip().splitlines() if isinstance(r["error"], str) else []  # null reads as NaN
@@ -211,8 +249,12 @@ def _failures_table(df: pd.DataFrame, knobs: list[str]) -> str:
     )
 
 
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
 def _num(v: Any, digits: int) -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}g}"
+    return "-" if _missing(v) else f"{v:.{digits}g}"
 
 
 _PAGE = """<!DOCTYPE html>
@@ -225,6 +267,7 @@ table {{ border-collapse: collapse; font-size: 0.9em; }}
 td, th {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: left; }}
 img {{ max-width: 100%; border: 1px solid #eee; }}
 .why li {{ margin: 0.4em 0; }}
+.order {{ font-weight: bold; }}
 .heat {{ display: flex; flex-wrap: wrap; gap: 8px; }}
 .heat img {{ max-width: calc(50% - 8px); }}
 .failures code {{ font-size: 0.95em; color: #7a1010; }}

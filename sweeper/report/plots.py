@@ -20,7 +20,7 @@ from sweeper.report.data import (
     short_layout,
     successful,
 )
-from sweeper.report.explain import Explained
+from sweeper.report.explain import Explained, bar_segments
 from sweeper.spec import Sweep
 from sweeper.statuses import PlanStatus, TrialStatus
 
@@ -297,8 +297,9 @@ BAR_COLORS = (
 
 
 def plot_breakdown(ex: Explained, knobs: list[str], out_dir: Path) -> Plot:
-    """Per top layout: the model's stacked step time (exposed parts; hidden DP and cp-ring traffic
-    hatched after it) and, below it, the measured step time."""
+    """Per top layout: the model's stacked step time (its exposed parts, so the bar is as long as the
+    modelled step), hidden DP and cp-ring traffic as a thin hatched strip under the bar's end (it
+    overlaps backward, so it adds nothing to the step), and below them the measured step time."""
     from sweeper.perfmodel import HIDDEN_PARTS, PART_LABELS, PARTS
 
     plt = _pyplot()
@@ -306,25 +307,15 @@ def plot_breakdown(ex: Explained, knobs: list[str], out_dir: Path) -> Plot:
     fig, ax = plt.subplots(figsize=(10.5, 1.2 + 1.05 * n))
     # one colour per part, in PARTS order; a part added to the model later reuses one
     colors = {k: BAR_COLORS[i % len(BAR_COLORS)] for i, k in enumerate(PARTS)}
+    segments = bar_segments(ex)
     labels = []
     for i, (_, r) in enumerate(ex.trials.iterrows()):
         y = 2.6 * i
-        left = 0.0
-        for k in PARTS:
-            w = float(ex.parts[k][i])
-            if w <= 0:
-                continue
-            ax.barh(
-                y,
-                w,
-                left=left,
-                color=colors[k],
-                edgecolor="white",
-                linewidth=0.5,
-                hatch="//" if k in HIDDEN_PARTS else None,
-                label=PART_LABELS[k],
-            )
-            left += w
+        for seg in (g for g in segments if g.row == i):
+            if seg.hidden:  # a thin strip under the bar's end: inside the step, never past it
+                ax.barh(y + 0.5, seg.width_s, left=seg.left_s, height=0.2, color=colors[seg.part], hatch="//")
+            else:
+                ax.barh(y, seg.width_s, left=seg.left_s, color=colors[seg.part], edgecolor="white", linewidth=0.5)
         ax.barh(y + 1, float(r["step_time_mean_s"]), color="#333333", height=0.8)
         ax.text(
             float(r["step_time_mean_s"]), y + 1, f"  measured {r['step_time_mean_s']:.3g} s", va="center", fontsize=8
@@ -346,20 +337,14 @@ def plot_breakdown(ex: Explained, knobs: list[str], out_dir: Path) -> Plot:
         loc="upper left",
         bbox_to_anchor=(1.01, 1.0),
     )
-    ax.set_xlim(
-        0,
-        max(
-            float((ex.predicted_s + sum(ex.parts[k] for k in HIDDEN_PARTS)).max()),
-            float(ex.trials["step_time_mean_s"].max()),
-        )
-        * 1.25,
-    )
+    ax.set_xlim(0, max(float(ex.predicted_s.max()), float(ex.trials["step_time_mean_s"].max())) * 1.25)
     ax.grid(axis="x", alpha=0.3)
     return Plot(
         _save(fig, out_dir, "step_breakdown.png"),
         "Why the winner wins: step-time breakdown",
         "upper bar of each pair: the throughput model (sweeper/perfmodel.py) split into its parts, "
-        "calibrated to the measured step times of every successful trial; hatched: data-parallel traffic "
-        "hidden behind backward (not on the step's path). Lower, dark bar: the measured mean step time "
-        "(for a row with only an MFU, the step time that MFU implies).",
+        "calibrated to the measured step times of every successful trial, all on one scale: its length is the "
+        "modelled step; thin hatched strip: data-parallel traffic hidden behind backward (inside the step, not "
+        "on its path). Lower, dark bar: the measured mean step time (for a row with only an MFU, the step time "
+        "that MFU implies).",
     )
