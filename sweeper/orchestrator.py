@@ -22,17 +22,13 @@ from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failu
 from sweeper.layout import Layout
 from sweeper.plan import Plan, leave_out, make_plan
 from sweeper.results import InFlight, ResultsStore, now_utc, row_from
-from sweeper.search import LayoutSearch, build_search, trial_attrs
+from sweeper.rows_told import learn_rows, measured, rebuild_from_rows, row_attrs
+from sweeper.search import LayoutSearch, build_search
 from sweeper.slow_trials import crashed, judge, saved_gpu_hours
 from sweeper.spec import Sweep
 from sweeper.statuses import PlanStatus, TrialStatus
-from sweeper.study_guard import (
-    default_storage,
-    rebuild,
-    set_aside,
-    sqlite_path,
-    storage_errors,
-)
+from sweeper.study import check_history
+from sweeper.study_guard import default_storage, set_aside, sqlite_path, storage_errors
 from sweeper.trial import stops_sweep
 from sweeper.unwritten import left_unwritten, not_written, unwritten
 
@@ -94,39 +90,24 @@ def prepare(sweep: Sweep, launcher: Launcher, *, storage: str | None = None) -> 
     if not plan.candidate_mask.any():
         raise SweepError(f"{sweep.name}: no candidate layout is left after the plan (see `sweep run --dry-run`)")
     with storage_errors(storage):
-        search = build_search(plan, storage=storage)
+        search = build_search(plan, storage=storage, own_file=storage == default_storage(store.root))
         study = search.study
         run = SweepRun(sweep, plan, store, search, launcher, spec_path, identity=identity)
         if left_out:
             run.notes.append(f"{left_out} valid layout(s) left out: {launcher.cannot_run_reason}")
-        _load_finished(run)
+        run.rows.extend(store.rows())
+        learn_rows(search, plan, run.rows)
+        # a study copied in from another sweep, or another history under this sweep's name: refused
+        check_history(study, storage, identity=identity, rows=run.rows, numbers=store.numbers())
         if run.rows and not study.trials:  # the study was deleted or set aside: tell it every row
-            n = rebuild(
-                study, sweep.space, search.searched, run.rows, lambda r: search.done.get(_plan_row(run, r), 0.0)
-            )
+            records = [InFlight.from_json(d) for d in store.inflight()]
+            n = rebuild_from_rows(search, plan, run.rows, records, count=store.next_trial_number())
             run.notes.append(
                 f"the Optuna study had no trials but trials/ holds {len(run.rows)} rows: "
-                f"rebuilt it from them ({n} told); new trials continue the numbering after them"
+                f"rebuilt it from them ({n} told, numbered like the sweep); new trials continue the numbering after them"
             )
         _resume_inflight(run)
     return run
-
-
-def _plan_row(run: SweepRun, r: dict[str, Any]) -> int:
-    """The plan row a result row ran (a candidate, or a pruned layout the trials re-admitted), -1 if none."""
-    layout = Layout.from_mapping({k: r[k] for k in Layout.__dataclass_fields__ if r.get(k) is not None})
-    row = run.plan.row_of(layout)
-    if row is None:
-        row = run.plan.row_of(layout, pruned=True)
-    return -1 if row is None else row
-
-
-def _load_finished(run: SweepRun) -> None:
-    for r in run.store.rows():
-        run.rows.append(r)
-        row = _plan_row(run, r)
-        if row >= 0 and not not_written(r):  # its layout was not measured: it runs again
-            run.search.observe(row, **_measured(r))
 
 
 def _resume_inflight(run: SweepRun) -> None:
@@ -150,8 +131,12 @@ def _resume_inflight(run: SweepRun) -> None:
             run.store.clear_inflight(number)
             continue
         job = _job(run, number, Layout.from_mapping(rec.layout), attempt=rec.attempt)
+        # its study trial: the one recorded, or the one made before a kill, or made now (killed before it)
+        optuna_trial = run.search.enqueue(rec.row, trial_number=number, known=rec.optuna_trial)
+        if optuna_trial != rec.optuna_trial:
+            rec = replace(rec, optuna_trial=optuna_trial)
+            run.store.record_inflight(number, rec.to_json())
         keep.add(rec.optuna_trial)
-        run.search.running.add(rec.row)
         if rec.job_id is None:  # killed between saving the record and starting the job
             found = run.launcher.find(job)
             if found is None:  # it never started: start it now, same attempt, same folder
@@ -197,18 +182,21 @@ def _submit(
     number: int,
     layout: Layout,
     *,
-    optuna_trial: int,
+    optuna_trial: int | None,
     row: int,
     attempt: int = 1,
     started_at: str | None = None,
     previous_error: str | None = None,
 ) -> None:
+    """Start a trial. A new one (`optuna_trial` None) gets its study trial only once its in-flight
+    record is saved: killed in between, the restart makes it from the record, numbered like the sweep,
+    where a study trial made first would be left without a row and shift every number after it."""
     job = _job(run, number, layout, attempt=attempt)
     check_not_link(job.workdir)  # the trial writes its result and logs there
     submitted = now_utc().isoformat()
     rec = InFlight(
         trial_number=number,
-        optuna_trial=optuna_trial,
+        optuna_trial=number if optuna_trial is None else optuna_trial,  # the number it is to have
         row=row,
         attempt=attempt,
         job_id=None,
@@ -220,6 +208,8 @@ def _submit(
     # saved before the job starts: a `sweep run` killed in between leaves a record, and the
     # restart finds the job by its folder instead of starting the same trial a second time
     run.store.record_inflight(number, rec.to_json())
+    if optuna_trial is None:
+        rec = replace(rec, optuna_trial=run.search.enqueue(row, trial_number=number))
     handle = run.launcher.submit(job)
     rec = replace(rec, job_id=handle.job_id)
     run.store.record_inflight(number, rec.to_json())  # before anything waits on the job
@@ -278,24 +268,7 @@ def _tell(run: SweepRun, rec: InFlight, row: dict[str, Any]) -> None:
         run.search.abandon(rec.optuna_trial)
         run.search.running.discard(rec.row)
     else:
-        run.search.tell(rec.optuna_trial, rec.row, attrs=_attrs(row), **_measured(row))
-
-
-def _measured(row: dict[str, Any]) -> dict[str, Any]:
-    """What the search learns from a result row."""
-    return {
-        "status": row["status"],
-        "mfu": row.get("mfu"),
-        "step_time_s": row.get("step_time_mean_s"),
-        "peak_mem_gib": row.get("peak_mem_gib"),
-        "device": row.get("device"),
-        "peak_mem_reserved_gib": row.get("peak_mem_reserved_gib"),
-    }
-
-
-def _attrs(row: dict[str, Any]) -> dict[str, Any]:
-    """What the Optuna study keeps of a result row beside the layout: error line, job id, trial number."""
-    return trial_attrs(None, error=row.get("error"), job_id=row.get("job_id"), trial_number=int(row["trial_number"]))
+        run.search.tell(rec.optuna_trial, rec.row, attrs=row_attrs(row), **measured(row))
 
 
 def _ts(value: Any) -> Any:
@@ -313,12 +286,12 @@ def step(run: SweepRun, progress: Progress | None = None) -> bool:
         and not run.search.should_stop()
     ):
         number = run.store.next_trial_number()
-        proposal = run.search.ask(trial_number=number)
-        if proposal is None:
+        chosen = run.search.choose()
+        if chosen is None:
             break
-        _submit(run, number, proposal.layout, optuna_trial=proposal.optuna_trial, row=proposal.row)
+        _submit(run, number, run.plan.layout(chosen), optuna_trial=None, row=chosen)
         if progress:
-            progress.submitted(run, number, proposal.layout, run.running[number].handle.job_id)
+            progress.submitted(run, number, run.plan.layout(chosen), run.running[number].handle.job_id)
     for number, item in list(run.running.items()):
         outcome = judge(run, item, run.launcher.poll(item.handle))  # a clearly slow trial is stopped
         if outcome is None:

@@ -247,13 +247,16 @@ class ResultsStore:
     def clear_inflight(self, number: int) -> None:
         (self.inflight_dir / f"trial-{number:05d}.json").unlink(missing_ok=True)
 
-    def next_trial_number(self) -> int:
-        numbers = [n for p in self.trials_dir.glob("trial-*.parquet") if (n := trial_number_of(p.name)) is not None]
-        # by file name, so that even an unreadable record's number is never given out again
-        numbers += [
+    def numbers(self) -> set[int]:
+        """The trial numbers given out: of every row and in-flight record, by file name, so that even an
+        unreadable one's number is never given out again."""
+        numbers = {n for p in self.trials_dir.glob("trial-*.parquet") if (n := trial_number_of(p.name)) is not None}
+        return numbers | {
             int(m.group(1)) for p in self.inflight_dir.glob("trial-*.json") if (m := INFLIGHT_FILE.match(p.name))
-        ]
-        return max(numbers, default=-1) + 1
+        }
+
+    def next_trial_number(self) -> int:
+        return max(self.numbers(), default=-1) + 1
 
 
 _RECORD_FIELDS = {"trial_number": int, "optuna_trial": int, "row": int, "attempt": int, "layout": dict}
