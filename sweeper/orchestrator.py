@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sweeper.errors import SweepError
-from sweeper.folder import check_not_link, discard_own, preflight
-from sweeper.frozen_spec import open_results
+from sweeper.folder import check_not_link, discard_own, preflight, remove_stale_temps
+from sweeper.frozen_spec import check_unchanged, digest, open_results
 from sweeper.identity import sweep_identity
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure
 from sweeper.layout import Layout
@@ -67,6 +67,7 @@ class SweepRun:
     notes: list[str] = field(default_factory=list)  # what the run did that the user should know
     fatal: str | None = None  # why the sweep stopped on its own (this machine cannot run any trial)
     warnings: list[str] = field(default_factory=list)
+    spec_digest: str = ""  # of the recorded sweep file, checked before each trial starts (frozen_spec.check_unchanged)
 
     @property
     def budget(self) -> int:
@@ -92,7 +93,9 @@ def prepare(sweep: Sweep, launcher: Launcher, *, storage: str | None = None) -> 
     with storage_errors(storage):
         search = build_search(plan, storage=storage, own_file=storage == default_storage(store.root))
         study = search.study
-        run = SweepRun(sweep, plan, store, search, launcher, spec_path, identity=identity)
+        run = SweepRun(
+            sweep, plan, store, search, launcher, spec_path, identity=identity, spec_digest=digest(spec_path)
+        )
         if left_out:
             run.notes.append(f"{left_out} valid layout(s) left out: {launcher.cannot_run_reason}")
         run.rows.extend(store.rows())
@@ -157,8 +160,12 @@ def _resume_inflight(run: SweepRun) -> None:
         handle = run.launcher.reattach(job_id, job)
         if handle is not None:
             run.running[number] = Running(handle, rec)
-        elif job.attempt < MAX_ATTEMPTS or left_unwritten(job):
-            _resubmit(run, rec, f"job {rec.job_id} vanished")
+        elif left_unwritten(job):  # not a vanished job: the disk kept it from writing its result
+            _resubmit(
+                run, rec, f"job {job_id} could not write its result: the disk was full (see {job.workdir / 'log.txt'})"
+            )
+        elif job.attempt < MAX_ATTEMPTS:
+            _resubmit(run, rec, f"job {job_id} vanished")
         else:
             outcome = JobOutcome(failure(TrialStatus.FAILED, f"job {job_id} vanished twice", job), job_id)
             _record(run, rec, outcome)
@@ -193,6 +200,8 @@ def _submit(
     where a study trial made first would be left without a row and shift every number after it."""
     job = _job(run, number, layout, attempt=attempt)
     check_not_link(job.workdir)  # the trial writes its result and logs there
+    # the trial re-reads the recorded sweep file: edited since, it would measure another sweep under this one's id
+    run.spec_digest = check_unchanged(run.spec_path, run.spec_digest, identity=run.identity, source=run.sweep.source)
     submitted = now_utc().isoformat()
     rec = InFlight(
         trial_number=number,
@@ -252,7 +261,7 @@ def _record(run: SweepRun, rec: InFlight, outcome: JobOutcome) -> dict[str, Any]
         gpu_hours_saved=saved_gpu_hours(run.sweep, outcome.result),
     )
     if rec.previous_error and values.get("error"):
-        values["error"] = f"{values['error']} (attempt 1: {rec.previous_error})"
+        values["error"] = f"{values['error']} (attempt {rec.attempt - 1}: {rec.previous_error})"
     run.store.write_row(values)
     row = row_from(values)
     _tell(run, rec, values)
@@ -382,6 +391,7 @@ def run_sweep(
     storage = preflight(sweep, repair=fresh or rebuild_study)
     launcher = launcher or make_launcher(sweep)  # a launcher that cannot run the sweep: refused before the lock
     with SweepLock(root):
+        stale = remove_stale_temps(root)  # a live writer's (a `sweep report` beside this run) is kept
         if fresh and any(p.name != "run.lock" for p in root.iterdir()):
             # a folder holding others' files is refused below before anything is asked or deleted
             if not foreign_entries(root) and not confirm(f"delete every result of {sweep.name} under {root}?"):
@@ -392,6 +402,8 @@ def run_sweep(
         run = prepare(sweep, launcher, storage=None if (fresh or rebuild_study) else storage)
         if aside is not None:
             run.notes.insert(0, f"--rebuild-study: {db} set aside as {aside.name}")
+        if stale:
+            run.notes.insert(0, f"removed {stale} temp file(s) that a killed writer left in {root}")
         previous = signal.getsignal(signal.SIGINT)
 
         def stop(signum: int, frame: Any) -> None:
