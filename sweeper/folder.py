@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 TRIAL_FILE = re.compile(r"^trial-(\d{5,})\.parquet$")  # what ResultsStore.write_row names a row
 INFLIGHT_FILE = re.compile(r"^trial-(\d{5,})\.json$")
 JOB_DIR = re.compile(r"^trial-\d{5,}-a\d+$")
-TEMP_FILE = re.compile(r"^\..+\.\d+\.tmp$")  # an atomic write's temp file, left by a kill
+TEMP_FILE = re.compile(r"^\..+\.(\d+)\.tmp$")  # an atomic write's temp file (its writer's pid), left by a kill
 # top-level names the tool creates; the study's SQLite file brings its journal files along
 OWN_FILES = {
     "sweep.yaml",
@@ -151,8 +151,9 @@ def check_not_link(path: Path) -> None:
 
 
 def check_private(root: Path) -> None:
-    """Refuse a results folder (or its parts) that another user owns or that others can write:
-    whoever can write it can run code as the next `sweep run`."""
+    """Refuse a results folder (or its parts: its own files and folders, and every row and in-flight
+    record in them, which `sweep run` learns from and starts trials by) that another user owns or that
+    others can write: whoever can write it can run code as the next `sweep run`, or plant results."""
     me = os.geteuid()
     for p in [root, *(root / n for n in CHECKED)]:
         try:
@@ -161,15 +162,48 @@ def check_private(root: Path) -> None:
             continue
         if stat.S_ISLNK(st.st_mode):
             check_not_link(p)
-        if st.st_mode & (stat.S_IWOTH | stat.S_IWGRP):
-            raise SweepError(
-                f"{p} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); a results folder is trusted like code. "
-                f"Check its contents, then `chmod -R go-w {root}`"
-            )
-        if st.st_uid != me:
-            raise SweepError(
-                f"{p} belongs to user id {st.st_uid}, not to you ({me}); a results folder is trusted like code"
-            )
+        _check_owned(p, st, root, me)
+    for folder in ("trials", "inflight"):
+        d = root / folder
+        for p in sorted(d.iterdir()) if d.is_dir() and not d.is_symlink() else []:
+            st = p.lstat()
+            if not stat.S_ISLNK(st.st_mode):  # a link is skipped by name, never followed
+                _check_owned(p, st, root, me)
+
+
+def _check_owned(p: Path, st: os.stat_result, root: Path, me: int) -> None:
+    if st.st_mode & (stat.S_IWOTH | stat.S_IWGRP):
+        raise SweepError(
+            f"{p} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); a results folder is trusted like code. "
+            f"Check its contents, then `chmod -R go-w {root}`"
+        )
+    if st.st_uid != me:
+        raise SweepError(
+            f"{p} belongs to user id {st.st_uid}, not to you ({me}); a results folder is trusted like code"
+        )
+
+
+def remove_stale_temps(root: Path) -> int:
+    """Remove the temp files of atomic writes whose writer is dead (a `sweep run` killed while it wrote):
+    its process id is in the name, and a live writer's file is left alone. Returns how many went."""
+    removed = 0
+    for d in (root, *(root / n for n in OWN_DIRS if n != "jobs")):
+        for p in sorted(d.iterdir()) if d.is_dir() and not d.is_symlink() else []:
+            m = TEMP_FILE.match(p.name)
+            if m is not None and not _alive(int(m.group(1))) and (p.is_symlink() or p.is_file()):
+                p.unlink(missing_ok=True)
+                removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process, or no pid at all: not a writer of ours known dead
+    return True
 
 
 def make_private(root: Path) -> None:

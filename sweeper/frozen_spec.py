@@ -10,6 +10,7 @@ gone, are refused the same way.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from sweeper.errors import SweepError
@@ -81,3 +82,35 @@ def check_rows_identity(store: ResultsStore) -> None:
             "model, seq_len, batch, cluster, space or trial settings. Move them away, give this sweep a new name, "
             "or start over with --fresh"
         )
+
+
+def digest(path: Path) -> str:
+    """The recorded sweep file's content hash, to notice an edit cheaply (`check_unchanged`)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def check_unchanged(path: Path, known: str, *, identity: str, source: Path | str | None) -> str:
+    """Before a trial starts (it re-reads the recorded sweep file): the file is as recorded, or edited
+    without changing what is measured (a comment, the budget). Returns its hash, to compare next time."""
+    from sweeper.identity import sweep_identity
+
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        data, found = b"", f"unreadable: {e.strerror or e}"
+    now = hashlib.sha256(data).hexdigest()
+    if data and now == known:
+        return known
+    if data:
+        try:
+            found = sweep_identity(parse_sweep(data, source=str(path)))
+        except (SweepError, ValueError) as e:
+            found = f"invalid: {' '.join(str(e).split())[:120]}"
+    if found != identity:
+        back = f"copy the sweep file back over it (`cp {source} {path}`)" if source else "put it back as it was"
+        raise SweepError(
+            f"{path} changed while the sweep ran (sweep identity {found}, this run's {identity}): the trials re-read it, "
+            f"so no more are started; the results so far are kept. To go on, {back} and run `sweep run` again; "
+            "to measure the new settings, start over with --fresh or give the sweep a new name"
+        )
+    return now
