@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sweeper.files import open_own, own_dir
 from sweeper.layout import Layout
 from sweeper.process import free_port, kill_group, read_result
 from sweeper.spec import Sweep
@@ -85,14 +86,17 @@ def launch(
     task: dict[str, Any], *, nprocs: int, timeout_s: float, workdir: Path, extra_env: dict[str, str] | None = None
 ) -> Launched:
     """Run `task` (see `sweeper.trainer.worker`) on `nprocs` local processes; kill them all at `timeout_s`."""
-    (workdir / "logs").mkdir(parents=True, exist_ok=True)
-    (workdir / "out").mkdir(exist_ok=True)
+    # `workdir` is the caller's; what the launch makes in it is its own, and a link planted at one
+    # of those names (a copied results folder) is replaced, never written through
+    workdir.mkdir(parents=True, exist_ok=True)
+    own_dir(workdir / "logs")
+    own_dir(workdir / "out")
     # what `out` holds is this launch's own: a trial restarted in the same folder must not end on
     # the last attempt's result.json, nor be judged on its steps.txt (appended to, step by step)
     for stale in (workdir / "out").iterdir():
-        if stale.is_file():
+        if stale.is_symlink() or not stale.is_dir():
             stale.unlink()
-    with open(workdir / "task.pkl", "wb") as f:
+    with open_own(workdir / "task.pkl") as f:  # the ranks unpickle it
         pickle.dump(task, f)
     base = {
         **os.environ,
@@ -109,7 +113,7 @@ def launch(
     procs = []
     for rank in range(nprocs):
         env = base | {"RANK": str(rank), "LOCAL_RANK": str(rank)}
-        with open(workdir / "logs" / f"rank{rank}.log", "wb") as log:
+        with open_own(workdir / "logs" / f"rank{rank}.log") as log:
             procs.append(
                 subprocess.Popen(
                     [sys.executable, "-m", "sweeper.trainer.worker", str(workdir)],
@@ -194,7 +198,7 @@ def launch_trial(
     limit = timeout_s if timeout_s is not None else sweep.trial.timeout_min * 60
     task = {"kind": "trial", "sweep": sweep, "layout": layout}
     for attempt in (1, 2):
-        folder = workdir if attempt == 1 else workdir / "retry"
+        folder = workdir if attempt == 1 else own_dir(workdir / "retry")
         done = launch(task, nprocs=sweep.cluster.world, timeout_s=limit, workdir=folder, extra_env=extra_env)
         path = done.out_dir / "result.json"
         # the free port was taken between choosing it and rank 0 listening on it: once more
