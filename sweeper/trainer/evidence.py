@@ -183,15 +183,23 @@ def _ancestors() -> frozenset[int]:
 
 
 def _owner(pid: int, ranks: Sequence[int], ancestors: frozenset[int]) -> bool | None:
-    """Whether `pid` is this trial's: a process that started the ranks, a child of this process
-    (a rank before it has its own session), or anything in a rank's session; None when it is gone."""
+    """Whether `pid` is this trial's: a process that started the ranks, or one descended from this
+    process (a rank, anything a rank started, in its session or not); None when it is gone."""
     if pid in ancestors:
         return True
-    fields = _stat(pid)
-    if fields is None:
-        return None
-    ppid, session = int(fields[1]), int(fields[3])
-    return ppid == os.getpid() or session in ranks
+    me = os.getpid()
+    for _ in range(32):  # up the parents; an orphan (re-parented to init) is not known as ours
+        fields = _stat(pid)
+        if fields is None:
+            return None
+        if pid in ranks or int(fields[3]) in ranks:  # a rank, or in a rank's session
+            return True
+        pid = int(fields[1])
+        if pid == me:
+            return True
+        if pid <= 1:
+            return False
+    return False
 
 
 def _comm(pid: int) -> str:
