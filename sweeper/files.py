@@ -3,13 +3,18 @@
 Temp file beside the target (a leading dot, so Parquet datasets and globs skip it), fsync,
 rename over the target, fsync the folder; the temp file is removed on any failure. OSError
 reaches the caller, which knows what the file was for and words the error.
+
+What is written as it goes (a log, a process's output) goes through `open_own` and `own_dir`:
+a link at the name is replaced, never written through, like the rename above replaces one.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 
 def atomic_write(path: Path, write: Callable[[Path], object], *, tmp_dir: Path | None = None) -> None:
@@ -48,3 +53,26 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def own_dir(path: Path) -> Path:
+    """A folder of the tool's own at `path` (made 0700 when missing): a link there is removed and
+    replaced by the folder, never followed (a copied results folder may hold one)."""
+    if path.is_symlink():
+        path.unlink()
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def open_own(path: Path, *, append: bool = False) -> BinaryIO:
+    """Open a file of the tool's own for writing, never through a link: a symbolic link, a hard
+    link or anything but a plain file at `path` is removed first (the file starts anew), and
+    O_NOFOLLOW refuses a link put there in between."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        st = None
+    if st is not None and (not stat.S_ISREG(st.st_mode) or st.st_nlink > 1 or not append):
+        path.unlink()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if append else os.O_EXCL)
+    return os.fdopen(os.open(path, flags, 0o600), "ab" if append else "wb")

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import sweeper
 from sweeper.errors import SweepError
 from sweeper.files import atomic_write, atomic_write_text
-from sweeper.folder import INFLIGHT_FILE, PRIVATE_DIR, trial_number_of
+from sweeper.folder import INFLIGHT_FILE, PRIVATE_DIR, check_readable_folder, trial_number_of
 from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
 from sweeper.trial import TrialResult
@@ -354,6 +354,7 @@ def open_results(spec: str, results: Path | None) -> tuple[Path, ResultsStore]:
 
     sweep = load_sweep(spec) if results is None else None
     root = results or sweep.results_path  # type: ignore[union-attr]
+    check_readable_folder(root)
     if not (root / "trials").is_dir():
         raise SweepError(f"no results under {root} (run `sweep run {spec}` first)")
     if sweep is None and (root / "sweep.yaml").is_file():

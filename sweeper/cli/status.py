@@ -18,11 +18,13 @@ def status(
     from rich.table import Table
 
     from sweeper.cli.progress import describe
+    from sweeper.folder import check_readable_folder
     from sweeper.identity import sweep_identity
     from sweeper.results import ResultsStore
     from sweeper.spec import load_sweep
 
     sweep = load_sweep(spec)
+    check_readable_folder(sweep.results_path)  # the links `sweep run` refuses, refused alike
     store = ResultsStore(sweep.results_path, identity=sweep_identity(sweep))
     rows = store.rows()
     inflight = store.inflight()

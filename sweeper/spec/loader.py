@@ -20,6 +20,9 @@ from sweeper.spec.schema import MAX_LAYOUTS, Cluster, Sweep, SweepFile
 from sweeper.spec_checks import check_layout_count
 
 MAX_SPEC_BYTES = 1 << 20  # a sweep file is a few dozen lines; anything bigger is a mistake
+# a sweep file nests a few levels (model: moe: ...); PyYAML composes by recursion, so a kilobyte of
+# brackets would otherwise end in a RecursionError thousands of frames deep
+MAX_YAML_DEPTH = 32
 
 
 def build_sweep(raw: SweepFile, *, source: Path | None = None) -> Sweep:
@@ -85,7 +88,7 @@ def parse_sweep(text: str | bytes, *, source: str = "<sweep file>") -> Sweep:
             text = text.decode("utf-8")
         except UnicodeDecodeError as e:
             raise SpecError(f"{source}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    data = _load_yaml(text, source)
+    data = read_yaml(text, source)
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a mapping of fields (name, model, ...), got {type(data).__name__}")
     try:
@@ -99,7 +102,10 @@ def parse_sweep(text: str | bytes, *, source: str = "<sweep file>") -> Sweep:
 
 
 class _NoAliasLoader(yaml.SafeLoader):
-    """SafeLoader that refuses aliases, so an anchor 'bomb' cannot expand into gigabytes."""
+    """SafeLoader that refuses aliases, so an anchor 'bomb' cannot expand into gigabytes, and
+    nesting deeper than MAX_YAML_DEPTH."""
+
+    _depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
@@ -107,7 +113,18 @@ class _NoAliasLoader(yaml.SafeLoader):
             raise yaml.MarkedYAMLError(
                 "while reading the sweep file", None, "aliases (*name) are not supported", event.start_mark
             )
-        return super().compose_node(parent, index)
+        if self._depth >= MAX_YAML_DEPTH:
+            raise yaml.MarkedYAMLError(
+                "while reading the sweep file",
+                None,
+                f"nested more than {MAX_YAML_DEPTH} levels deep (a sweep file needs a few)",
+                self.peek_event().start_mark,
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         # a key given twice would silently keep the last value: `seq_len: 64` ... `seq_len: 128`
@@ -125,7 +142,7 @@ class _NoAliasLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _load_yaml(text: str, source: str) -> Any:
+def read_yaml(text: str, source: str) -> Any:
     """The YAML document; a syntax error is one line naming the file, line and column (PyYAML's
     own text names `<unicode string>` and spans several lines)."""
     try:
