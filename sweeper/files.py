@@ -17,11 +17,15 @@ from pathlib import Path
 from typing import BinaryIO
 
 
-def atomic_write(path: Path, write: Callable[[Path], object], *, tmp_dir: Path | None = None) -> None:
+def atomic_write(
+    path: Path, write: Callable[[Path], object], *, tmp_dir: Path | None = None, private: bool = True
+) -> None:
     """Call `write(tmp)` to fill a temp file, then put it in place of `path` atomically.
 
     `tmp_dir` (same file system) keeps the temp file out of the target's folder, for readers that
-    refuse a folder holding anything else (Polars reading a Parquet dataset).
+    refuse a folder holding anything else (Polars reading a Parquet dataset). `private`: 0600, as
+    everything a results folder holds for the tool; a file written for the user to read or share
+    (a plan, a report) takes the mode any new file gets (0666 less the umask: 0644 usually).
     """
     tmp = (tmp_dir or path.parent) / f".{path.name}.{os.getpid()}.tmp"
     try:
@@ -29,7 +33,7 @@ def atomic_write(path: Path, write: Callable[[Path], object], *, tmp_dir: Path |
             tmp_dir.mkdir(exist_ok=True)
         tmp.unlink(missing_ok=True)  # a leftover, or a link planted there: never written through
         write(tmp)
-        os.chmod(tmp, 0o600)  # a results folder is its owner's alone (trusted like code)
+        os.chmod(tmp, 0o600 if private else 0o666 & ~_umask())  # a results folder is its owner's alone
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -38,12 +42,19 @@ def atomic_write(path: Path, write: Callable[[Path], object], *, tmp_dir: Path |
     fsync_dir(path.parent)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    atomic_write(path, lambda tmp: tmp.write_bytes(data))
+def atomic_write_bytes(path: Path, data: bytes, *, private: bool = True) -> None:
+    atomic_write(path, lambda tmp: tmp.write_bytes(data), private=private)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: Path, text: str, *, private: bool = True) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), private=private)
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it: put straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def fsync_dir(path: Path) -> None:

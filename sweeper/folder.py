@@ -30,6 +30,7 @@ TEMP_FILE = re.compile(r"^\..+\.(\d+)\.tmp$")  # an atomic write's temp file (it
 OWN_FILES = {
     "sweep.yaml",
     ".sweep.yaml.tmp",
+    "hf_config.json",  # the copy of a config.json model (sweeper.frozen_spec), which sweep.yaml names
     "run.lock",
     "optuna.db",
     "optuna.db-journal",
@@ -116,7 +117,16 @@ def preflight(sweep: Sweep, *, repair: bool = False) -> str:
 
 # what a results folder's own files are checked for before anything is read or written in it;
 # SQLite writes its journals beside the study, so a planted link there would be written through
-CHECKED = (*OWN_DIRS, "sweep.yaml", "run.lock", "optuna.db", "optuna.db-journal", "optuna.db-wal", "optuna.db-shm")
+CHECKED = (
+    *OWN_DIRS,
+    "sweep.yaml",
+    "hf_config.json",
+    "run.lock",
+    "optuna.db",
+    "optuna.db-journal",
+    "optuna.db-wal",
+    "optuna.db-shm",
+)
 
 
 def check_trusted_folder(root: Path, name: str) -> None:

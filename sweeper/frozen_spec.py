@@ -16,10 +16,12 @@ from pathlib import Path
 from sweeper.errors import SweepError
 from sweeper.files import atomic_write_bytes
 from sweeper.folder import make_private
+from sweeper.hf_config import FROZEN_NAME
 from sweeper.results import ResultsStore
 from sweeper.spec import Sweep, parse_sweep
 
 FROZEN_SPEC = "sweep.yaml"
+FROZEN_MODEL = FROZEN_NAME  # the copy of a config.json model beside it
 
 
 def open_results(sweep: Sweep, identity: str) -> tuple[ResultsStore, Path]:
@@ -51,6 +53,8 @@ def freeze_spec(sweep: Sweep, store: ResultsStore) -> Path:
     if sweep.source is None:
         raise SweepError("a sweep run needs a sweep file (got a sweep without a source path)")
     text = Path(sweep.source).read_bytes()
+    if sweep.model_file is not None:  # the config.json is part of what was run: kept beside it too
+        text = _with_model_copy(text, sweep, store.root)
     if frozen.exists():
         old = parse_sweep(frozen.read_bytes(), source=str(frozen))
         if _identity(old) != _identity(sweep):
@@ -59,12 +63,29 @@ def freeze_spec(sweep: Sweep, store: ResultsStore) -> Path:
                 "trial settings differ); run with --fresh to start over, or give the sweep a new name"
             )
     try:
+        if sweep.model_file is not None:  # first the copy the frozen file names
+            atomic_write_bytes(store.root / FROZEN_MODEL, sweep.model_file.text)
         atomic_write_bytes(frozen, text)
     except OSError as e:
         raise SweepError(
             f"cannot write {frozen}: {e.strerror or e}; nothing was run. Free the space and run again"
         ) from None
     return frozen
+
+
+def _with_model_copy(text: bytes, sweep: Sweep, root: Path) -> bytes:
+    """The sweep file as frozen when its model is a config.json: `model.hf_config` names the copy
+    kept beside it (FROZEN_MODEL), so that trials, `sweep best` and a later run read the file as it
+    was run, and a changed config.json is noticed as a changed sweep file is."""
+    import yaml
+
+    assert sweep.model_file is not None
+    data = yaml.safe_load(text)  # the loader read it already: a mapping without aliases
+    data["model"] = {"hf_config": FROZEN_MODEL}
+    note = (
+        f"# {sweep.source} as run; its model.hf_config {sweep.model_file.path} is copied beside it as {FROZEN_MODEL}\n"
+    )
+    return (note + yaml.safe_dump(data, sort_keys=False)).encode()
 
 
 def _identity(s: Sweep) -> tuple:

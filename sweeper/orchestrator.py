@@ -21,6 +21,7 @@ from sweeper.identity import sweep_identity
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure
 from sweeper.layout import Layout
 from sweeper.plan import Plan, leave_out, make_plan
+from sweeper.plan_summary import no_candidates_message
 from sweeper.results import InFlight, ResultsStore, now_utc, row_from
 from sweeper.rows_told import learn_rows, measured, rebuild_from_rows, row_attrs
 from sweeper.search import LayoutSearch, build_search
@@ -79,17 +80,26 @@ class SweepRun:
         return sum(not not_written(r) for r in self.rows) + len(self.running)
 
 
-def prepare(sweep: Sweep, launcher: Launcher, *, storage: str | None = None) -> SweepRun:
-    """Plan the sweep, open its study and results, and pick up what an earlier run left."""
-    storage = storage or preflight(sweep)
-    identity = sweep_identity(sweep)
-    store, spec_path = open_results(sweep, identity)
+def plan_to_run(sweep: Sweep, launcher: Launcher) -> tuple[Plan, int]:
+    """The plan less the layouts the launcher cannot run, and how many valid ones that left out;
+    refused, with the reason that removed the most, when it leaves the search nothing to run."""
     plan = make_plan(sweep)
     runnable = plan.status != PlanStatus.INVALID
     plan = leave_out(plan, launcher.cannot_run, launcher.cannot_run_reason)
-    left_out = int((runnable & (plan.status == PlanStatus.INVALID)).sum())
     if not plan.candidate_mask.any():
-        raise SweepError(f"{sweep.name}: no candidate layout is left after the plan (see `sweep run --dry-run`)")
+        raise SweepError(no_candidates_message(plan))
+    return plan, int((runnable & (plan.status == PlanStatus.INVALID)).sum())
+
+
+def prepare(
+    sweep: Sweep, launcher: Launcher, *, storage: str | None = None, planned: tuple[Plan, int] | None = None
+) -> SweepRun:
+    """Plan the sweep (unless `planned` by `plan_to_run`), open its study and results, and pick up
+    what an earlier run left. The plan comes first: a sweep with nothing to run creates nothing."""
+    plan, left_out = planned or plan_to_run(sweep, launcher)
+    storage = storage or preflight(sweep)
+    identity = sweep_identity(sweep)
+    store, spec_path = open_results(sweep, identity)
     with storage_errors(storage):
         search = build_search(plan, storage=storage, own_file=storage == default_storage(store.root))
         study = search.study
@@ -390,6 +400,9 @@ def run_sweep(
     # a folder that passed it; those two repair an unreadable study, so only that is let through
     storage = preflight(sweep, repair=fresh or rebuild_study)
     launcher = launcher or make_launcher(sweep)  # a launcher that cannot run the sweep: refused before the lock
+    # nothing to run: refused before the lock and the results folder exist, so that the corrected
+    # sweep file then runs without --fresh
+    planned = plan_to_run(sweep, launcher)
     with SweepLock(root):
         stale = remove_stale_temps(root)  # a live writer's (a `sweep report` beside this run) is kept
         if fresh and any(p.name != "run.lock" for p in root.iterdir()):
@@ -399,7 +412,7 @@ def run_sweep(
             discard_results(sweep)
         db = sqlite_path(sweep.search.storage or default_storage(root))
         aside = set_aside(db) if (rebuild_study and not fresh and db is not None and db.exists()) else None
-        run = prepare(sweep, launcher, storage=None if (fresh or rebuild_study) else storage)
+        run = prepare(sweep, launcher, storage=None if (fresh or rebuild_study) else storage, planned=planned)
         if aside is not None:
             run.notes.insert(0, f"--rebuild-study: {db} set aside as {aside.name}")
         if stale:

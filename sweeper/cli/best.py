@@ -38,7 +38,24 @@ def best(
     results: Annotated[
         Path | None, typer.Option("--results", help="a results folder (default: results_dir/<name> of the sweep)")
     ] = None,
+    plan: Annotated[
+        bool,
+        typer.Option(
+            "--plan",
+            metavar="",
+            help="the layouts the plan predicts best (the dry run's first rows), before any trial; marked predicted",
+        ),
+    ] = False,
 ) -> None:
+    if plan:
+        if results is not None:
+            raise SweepError(
+                "--plan exports the plan's prediction from the sweep file; --results reads measured ones: give one"
+            )
+        from sweeper.cli.best_plan import best_predicted
+
+        best_predicted(spec, top=top, fmt=fmt.value)
+        return
 
     from sweeper.results import best_rows, open_results
 

@@ -12,11 +12,13 @@ import yaml
 from pydantic import ValidationError
 
 from sweeper.errors import SpecError
+from sweeper.hardware import alias_of
+from sweeper.hf_config import ModelFile, read_config, resolve
 from sweeper.knobs import KNOBS
 from sweeper.layout import DECIDED_ALONE, unusable
-from sweeper.models import PRESETS
+from sweeper.models import PRESETS, ModelShape
 from sweeper.spec.messages import format_validation_error
-from sweeper.spec.schema import MAX_LAYOUTS, Cluster, Sweep, SweepFile
+from sweeper.spec.schema import MAX_LAYOUTS, Cluster, HFConfigSpec, ModelSpec, Sweep, SweepFile
 from sweeper.spec_checks import check_layout_count
 
 MAX_SPEC_BYTES = 1 << 20  # a sweep file is a few dozen lines; anything bigger is a mistake
@@ -25,9 +27,25 @@ MAX_SPEC_BYTES = 1 << 20  # a sweep file is a few dozen lines; anything bigger i
 MAX_YAML_DEPTH = 32
 
 
+def model_shape(model: str | ModelSpec | HFConfigSpec, source: Path | None) -> tuple[ModelShape, ModelFile | None]:
+    """The shape `model:` gives: a preset's, the mapping's, or a config.json's (read relative to the
+    sweep file's folder), with that file."""
+    if isinstance(model, str):
+        return PRESETS[model.lower()], None
+    if isinstance(model, ModelSpec):
+        return model.shape(), None
+    base = source.parent if source is not None else Path.cwd()
+    file, fields = read_config(resolve(model.hf_config, base))
+    try:
+        spec = ModelSpec.model_validate(fields)
+    except ValidationError as e:
+        raise SpecError(f"model.hf_config: {file.path}: {format_validation_error(e)}") from None
+    return spec.shape(file.architecture), file
+
+
 def build_sweep(raw: SweepFile, *, source: Path | None = None) -> Sweep:
     """Resolve presets and check that every searched value can appear in some valid layout."""
-    shape = PRESETS[raw.model.lower()] if isinstance(raw.model, str) else raw.model.shape()
+    shape, model_file = model_shape(raw.model, source)
     if shape.position == "learned" and shape.max_positions < raw.seq_len:
         # the table must hold every position trained (Megatron-LM: --max-position-embeddings >= --seq-length)
         shape = replace(shape, max_positions=raw.seq_len)
@@ -48,6 +66,8 @@ def build_sweep(raw: SweepFile, *, source: Path | None = None) -> Sweep:
         results_dir=Path(raw.results_dir),
         source=source,
         workload=raw.workload,
+        gpu_alias=raw.cluster.gpu if isinstance(raw.cluster.gpu, str) and alias_of(raw.cluster.gpu) else "",
+        model_file=model_file,
     )
     _check_usable(sweep)
     return sweep

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
-from sweeper.hardware import GPU, GPUS, lookup_gpu
+from sweeper.hardware import GPU, known_gpus, lookup_gpu
+from sweeper.hf_config import ModelFile
 from sweeper.knobs import KNOBS
 from sweeper.models import PRESETS, ModelShape
 from sweeper.spec_checks import check_workload
@@ -75,6 +76,7 @@ class ModelSpec(_Strict):
     attention_bias: bool = Field(default=False, description="biases on the q, k, v and o projections (GPT-OSS)")
     mlp_bias: bool = Field(default=False, description="biases on a SwiGLU MLP's, the experts' and the router's layers")
     attention_sinks: bool = Field(default=False, description="a learned sink logit per head and block (GPT-OSS)")
+    qkv_bias: bool = Field(default=False, description="biases on the q, k and v projections only (Qwen2)")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelSpec:
@@ -145,7 +147,36 @@ class ModelSpec(_Strict):
             attention_bias=self.attention_bias,
             mlp_bias=self.mlp_bias,
             attention_sinks=self.attention_sinks,
+            qkv_bias=self.qkv_bias,
         )
+
+
+class HFConfigSpec(_Strict):
+    """A Hugging Face config.json as the model (`sweeper.hf_config` lists the architectures read)."""
+
+    hf_config: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="a config.json (Llama, Mistral, Qwen2/3, Mixtral, Qwen MoE); relative to the sweep file's folder",
+    )
+
+
+def _model_kind(v: Any) -> str | None:
+    """Which form of `model:` a value is: a preset name, a shape, or a config.json (None: none of them)."""
+    if isinstance(v, str):
+        return "str"
+    if isinstance(v, HFConfigSpec) or (isinstance(v, dict) and "hf_config" in v):
+        return "HFConfigSpec"
+    return "ModelSpec" if isinstance(v, (dict, ModelSpec)) else None
+
+
+MODEL_FORMS = "a preset name, a mapping of the shape (layers, hidden, heads, ffn, vocab, ...), or {hf_config: path}"
+ModelField = Annotated[
+    Union[  # noqa: UP007 - a tagged union of the three forms
+        Annotated[str, Tag("str")], Annotated[ModelSpec, Tag("ModelSpec")], Annotated[HFConfigSpec, Tag("HFConfigSpec")]
+    ],
+    Discriminator(_model_kind, custom_error_type="model_form", custom_error_message=f"must be {MODEL_FORMS}"),
+]
 
 
 class GPUSpec(_Strict):
@@ -172,7 +203,7 @@ class ClusterSpec(_Strict):
     def _known_gpu(cls, v: str | GPUSpec) -> str | GPUSpec:
         if isinstance(v, str) and lookup_gpu(v) is None:
             raise ValueError(
-                f"unknown GPU {v!r}; known: {', '.join(GPUS)} (or give a mapping {{memory_gib, peak_tflops}})"
+                f"unknown GPU {v!r}; known: {known_gpus()} (or give a mapping {{memory_gib, peak_tflops}})"
             )
         return v
 
@@ -328,7 +359,7 @@ class SweepFile(_Strict):
     """The whole sweep file as written."""
 
     name: str
-    model: str | ModelSpec
+    model: ModelField
     seq_len: int = Field(ge=1, le=10_000_000)
     global_batch_size: int = Field(ge=1, le=100_000_000, description="sequences per optimizer step")
     cluster: ClusterSpec
@@ -362,9 +393,12 @@ class SweepFile(_Strict):
 
     @field_validator("model")
     @classmethod
-    def _known_model(cls, v: str | ModelSpec) -> str | ModelSpec:
+    def _known_model(cls, v: str | ModelSpec | HFConfigSpec) -> str | ModelSpec | HFConfigSpec:
         if isinstance(v, str) and v.lower() not in PRESETS:
-            raise ValueError(f"unknown model preset {v!r}; presets: {', '.join(PRESETS)} (or give a mapping)")
+            raise ValueError(
+                f"unknown model preset {v!r}; presets: {', '.join(PRESETS)} "
+                "(or give a mapping of the shape, or {hf_config: path})"
+            )
         return v
 
     @field_validator("launcher")
@@ -405,6 +439,10 @@ class Sweep:
     results_dir: Path = Path("results")
     source: Path | None = field(default=None, compare=False)
     workload: WorkloadSpec = WorkloadSpec()
+    # cluster.gpu as the file spells it where that is an alias (`h100` for h100-sxm), for the dry run to say so
+    gpu_alias: str = field(default="", compare=False)
+    # the config.json the model was read from (`model: {hf_config: ...}`); its shape is `model`
+    model_file: ModelFile | None = field(default=None, compare=False)
 
     @property
     def results_path(self) -> Path:
