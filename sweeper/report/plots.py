@@ -52,7 +52,9 @@ def _save(fig: Figure, out_dir: Path, name: str) -> str:
     """Written like every file of the tool (temp file, rename): a link planted at the name is
     replaced, never written through, and a reader never sees half a PNG."""
     try:
-        atomic_write(out_dir / name, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))
+        atomic_write(
+            out_dir / name, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"), private=False
+        )
     finally:
         _pyplot().close(fig)
     return name
