@@ -51,7 +51,8 @@ def freeze_spec(sweep: Sweep, store: ResultsStore) -> Path:
         raise SweepError("a sweep run needs a sweep file (got a sweep without a source path)")
     text = Path(sweep.source).read_bytes()
     if frozen.exists():
-        old = parse_sweep(frozen.read_bytes(), source=str(frozen))
+        # the profile is how the model prices, not what was measured (and may have moved since)
+        old = parse_sweep(frozen.read_bytes(), source=str(frozen), profiles=False)
         if _identity(old) != _identity(sweep):
             raise SweepError(
                 f"{sweep.source} changed since {frozen} was recorded (model, batch, cluster, space or "

@@ -109,6 +109,7 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
         f"memory recipe: [bold]{plan.memory.recipe}[/] ({recipe_summary(sweep)}); "
         "pruning compares the reserved peak + overhead with the card"
     )
+    console.print(f"step-time model: {pricing_line(sweep)}", markup=False)
     summary = Table(show_header=False, box=None, padding=(0, 2))
     summary.add_row("layouts in the cross product", str(len(plan)))
     for code, n in plan.reason_counts().items():
@@ -127,6 +128,12 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     )
     summary.add_row("[bold]candidates[/]", f"[bold]{counts.get(PlanStatus.CANDIDATE, 0)}[/]")
     console.print(summary)
+
+
+def pricing_line(sweep) -> str:  # noqa: ANN001 - Sweep
+    """Which figures price the step: the measured profile (path, date, device) or the GPU table."""
+    pricing = sweep.cluster.pricing
+    return pricing.source if pricing is not None else f"no profile: GPU table figures ({sweep.cluster.gpu.name})"
 
 
 def recipe_summary(sweep) -> str:  # noqa: ANN001 - Sweep

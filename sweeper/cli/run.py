@@ -80,10 +80,13 @@ def write_plan(plan, path: Path) -> None:  # noqa: ANN001 - Plan, imported lazil
 
 def plan_summary(plan) -> dict:  # noqa: ANN001
     """The dry run as data: counts, rejections per reason, and the candidate layouts."""
+    from sweeper.cli.render import pricing_line
+
     frame = plan.to_frame()
     cands = frame[frame.status == PlanStatus.CANDIDATE]
     return {
         "name": plan.sweep.name,
+        "step_time_model": pricing_line(plan.sweep),
         "memory_recipe": plan.memory.recipe,
         "near_card": int(plan.near_card().sum()),
         "layouts": len(plan),
