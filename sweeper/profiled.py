@@ -219,6 +219,42 @@ def host_overhead(lookup: Lookup, m: ModelShape, cols: Columns, *, dtype: str) -
     return np.maximum(framework, 0.0), np.maximum(recompute, 0.0)
 
 
+def tp_overhead(lookup: Lookup, m: ModelShape, cols: Columns, *, dtype: str) -> np.ndarray:
+    """What tensor parallelism adds to the block's host overhead per micro-batch (DTensor's dispatch,
+    the plan's hooks): the tiny block split over the profile's ranks (knob tp, or tp_sp with sequence
+    parallelism) less the tiny block alone and its collectives at that size (priced in tp_comm)."""
+    tp = cols["tp"].astype(float)
+    out = np.zeros(len(tp))
+    base = lookup.block_s("base", "base")
+    if base is None:
+        return out
+    for knob, sp in (("tp", False), ("tp_sp", True)):
+        sizes = sorted(int(b.value) for b in lookup.profile.block if b.knob == knob)
+        for size in sizes:
+            point = lookup.blocks[(knob, str(size))]
+            nearest = np.abs(tp - size) == np.min([np.abs(tp - x) for x in sizes], axis=0)
+            rows = (tp > 1) & nearest & (cols["effective_sp"].astype(bool) == sp)
+            tiny_bytes = point.rows * m.hidden * (2 if dtype == "bf16" else 4)
+            comm = tp_block_comm(lookup, np.array([float(size)]), np.array([float(tiny_bytes)]), np.array([sp]))
+            out[rows] = max(point.seconds - base - float(np.nan_to_num(comm)[0]), 0.0)
+    return out
+
+
+def tp_block_comm(lookup: Lookup, tp: np.ndarray, act_bytes: np.ndarray, sp: np.ndarray) -> np.ndarray:
+    """One block's tensor-parallel collectives, forward and backward, at the measured bandwidths: two
+    all-reduces each way without sequence parallelism, two all-gathers and two reduce-scatters with it
+    (NaN where the profile has no collective measured)."""
+    if not lookup.has_collective("all_reduce", "intra"):
+        return np.full(len(tp), np.nan)
+    ar = lookup.collective_s("all_reduce", "intra", tp, act_bytes)
+    if lookup.has_collective("all_gather", "intra") and lookup.has_collective("reduce_scatter", "intra"):
+        gather = lookup.collective_s("all_gather", "intra", tp, act_bytes)
+        sp_block = 2 * (gather + lookup.collective_s("reduce_scatter", "intra", tp, act_bytes))
+    else:
+        sp_block = 2 * ar
+    return np.where(tp > 1, np.where(sp, sp_block, 2 * ar), 0.0)
+
+
 def _text(value: object) -> str:
     return str(value).lower() if isinstance(value, (bool, np.bool_)) else str(value)
 
@@ -255,6 +291,7 @@ def price(
     )
     memory_bound = (passes * (blk.elem_fwd + blk.elem_bwd) + accum * loss) * slow
     overhead, ac_overhead = host_overhead(lookup, m, cols, dtype=dtype)
+    overhead = overhead + tp_overhead(lookup, m, cols, dtype=dtype)
     framework = passes * overhead * slow + traits.microbatch_s * accum
     recompute = passes * (blk.recompute(mode) + ac_overhead) * slow
     optimizer = optimizer_s(lookup, cols, sweep) * slow
@@ -324,17 +361,8 @@ def collectives(
     out: dict[str, np.ndarray] = {}
     intra_tp = tp <= cl.gpus_per_node
     if lookup.has_collective("all_reduce", "intra"):
-        ar = lookup.collective_s("all_reduce", "intra", tp, act_bytes)
-        if lookup.has_collective("all_gather", "intra") and lookup.has_collective("reduce_scatter", "intra"):
-            sp_block = 2 * (
-                lookup.collective_s("all_gather", "intra", tp, act_bytes)
-                + lookup.collective_s("reduce_scatter", "intra", tp, act_bytes)
-            )
-        else:
-            sp_block = 2 * ar
-        per_block = np.where(sp, sp_block, 2 * ar) * np.where(full, 1.5, 1.0)
-        tp_comm = np.where(tp > 1, per_block * passes * (1 + bubble_share), 0.0)
-        out["tp_comm"] = np.where(intra_tp, tp_comm, t["tp_comm"])
+        per_block = tp_block_comm(lookup, tp, act_bytes, sp) * np.where(full, 1.5, 1.0)
+        out["tp_comm"] = np.where(intra_tp, per_block * passes * (1 + bubble_share), t["tp_comm"])
     stage_span = tp * cols["cp"] * dp
     if lookup.has_collective("send_recv", "intra"):
         chunks = cols["chunks"].astype(float)
@@ -354,7 +382,9 @@ def collectives(
         dp_raw = np.where(usable, np.nan_to_num(raw), dp_raw)
     last_backward = (2.0 / 3.0) * work / accum
     fsdp = cols["sharding"] == "fsdp"
-    exposed = np.maximum(dp_raw - traits.dp_overlap * last_backward, 0.0)
+    # on a CPU node gloo reduces on the cores the backward computes on: nothing hides
+    overlap = 0.0 if lookup.profile.gpu == "cpu" else traits.dp_overlap
+    exposed = np.maximum(dp_raw - overlap * last_backward, 0.0)
     out["dp_comm"] = np.where(fsdp, t["dp_comm"], exposed)
     out["dp_hidden"] = np.where(fsdp, t["dp_hidden"], np.maximum(dp_raw - exposed, 0.0))
     return out

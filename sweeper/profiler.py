@@ -14,10 +14,10 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sweeper.errors import SweepError
-from sweeper.profile import CollectivePoint, Profile, cached_profile_path, save_profile
+from sweeper.profile import BlockPoint, CollectivePoint, Profile, cached_profile_path, save_profile
 from sweeper.profile_plan import (
     CPU_KERNELS,
     DEFAULT_CPU,
@@ -94,8 +94,14 @@ def run_profile(
         )
     if processes >= 2:
         progress(f"collectives on {processes} processes")
-        points, failed = measure_collectives(plan.comm_bytes, processes=processes)
-        profile = profile.model_copy(update={"collectives": tuple(points)})
+        block = {
+            "shape": plan.block_shape,
+            "rows": plan.block_seq,
+            "settings": profile.block_base,
+            "precision": precision,
+        }
+        points, blocks, failed = measure_collectives(plan.comm_bytes, processes=processes, block=block)
+        profile = profile.model_copy(update={"collectives": tuple(points), "block": profile.block + tuple(blocks)})
         skipped |= {f"collective {k}": v for k, v in failed.items()}
     else:
         skipped["collectives"] = "one device on this node: no collective to measure"
@@ -107,18 +113,23 @@ def run_profile(
     return Measured(profile, path, skipped)
 
 
-def measure_collectives(sizes: tuple[int, ...], *, processes: int) -> tuple[list[CollectivePoint], dict[str, str]]:
-    """Each collective at each size on `processes` local ranks (gloo on CPU, NCCL on GPUs)."""
+def measure_collectives(
+    sizes: tuple[int, ...], *, processes: int, block: dict[str, Any] | None = None
+) -> tuple[list[CollectivePoint], list[BlockPoint], dict[str, str]]:
+    """Each collective at each size on `processes` local ranks (gloo on CPU, NCCL on GPUs), and the
+    tiny block split over them by tensor parallelism (`block`: see `profile_comm.comm_worker`)."""
     from sweeper.launchers.ranks import launch
 
     workdir = Path(tempfile.mkdtemp(prefix="sweep-profile-"))
     try:
-        task = {"kind": "call", "target": "sweeper.trainer.profile_comm:comm_worker", "kwargs": {"sizes": list(sizes)}}
+        kwargs = {"sizes": list(sizes), "block": block}
+        task = {"kind": "call", "target": "sweeper.trainer.profile_comm:comm_worker", "kwargs": kwargs}
         done = launch(task, nprocs=processes, timeout_s=COMM_TIMEOUT_S, workdir=workdir)
         path = done.out_dir / "comm.json"
         if not path.exists():
-            return [], {"all": f"no result from the ranks: {done.log_tail(0, 3).strip()[-300:]}"}
+            return [], [], {"all": f"no result from the ranks: {done.log_tail(0, 3).strip()[-300:]}"}
         data = json.loads(path.read_text())
-        return [CollectivePoint.model_validate(p) for p in data["points"]], dict(data["failed"])
+        points = [CollectivePoint.model_validate(p) for p in data["points"]]
+        return points, [BlockPoint.model_validate(b) for b in data["blocks"]], dict(data["failed"])
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

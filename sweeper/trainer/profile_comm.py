@@ -64,8 +64,17 @@ def _time(fn: Callable[[], None], device: torch.device, reps: int) -> float:
     return (time.perf_counter() - start) / reps
 
 
-def comm_worker(*, out_dir: Path, sizes: list[int], ops: list[str] | None = None, budget_s: float = 0.05) -> None:
-    """On every rank: each collective at each size; rank 0 writes the points (and what failed, with why)."""
+def comm_worker(
+    *,
+    out_dir: Path,
+    sizes: list[int],
+    ops: list[str] | None = None,
+    budget_s: float = 0.05,
+    block: dict[str, Any] | None = None,
+) -> None:
+    """On every rank: each collective at each size, then (`block`: shape, settings, rows, precision)
+    the tiny block split over all ranks by tensor parallelism, without and with sequence parallelism.
+    Rank 0 writes the points (and what failed, with why)."""
     env = DistEnv.from_environ()
     device = pick_device(env)
     init_distributed(env, device, timeout_s=300)
@@ -96,9 +105,47 @@ def comm_worker(*, out_dir: Path, sizes: list[int], ops: list[str] | None = None
             points.append(
                 {"op": name, "scope": scope, "ranks": world, "bytes": moved, "seconds": s, "busbw_gbps": busbw}
             )
+    blocks = tp_blocks(block, device, failed) if block is not None and scope == "intra" else []
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"points": points, "failed": failed, "backend": dist.get_backend(), "hosts": hosts})
+        text = json.dumps(
+            {"points": points, "blocks": blocks, "failed": failed, "backend": dist.get_backend(), "hosts": hosts}
+        )
         (out_dir / COMM_FILE).write_text(text)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def tp_blocks(block: dict[str, Any], device: torch.device, failed: dict[str, str]) -> list[dict[str, Any]]:
+    """The tiny block over a tensor-parallel mesh of every rank (the slowest rank's seconds): its
+    host overhead under DTensor and its collectives at that size, as BlockPoint rows (knob tp or tp_sp)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from sweeper.trainer.profile_block import time_block
+    from sweeper.trainer.profiling import Timer
+
+    world = dist.get_world_size()
+    shape, rows = block["shape"], block["rows"]
+    if shape.heads % world or shape.kv_heads % world or rows % world:
+        failed["tp block"] = f"{shape.heads} heads, {shape.kv_heads} kv heads, {rows} rows do not split over {world}"
+        return []
+    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("tp",))
+    out = []
+    for knob, sp in (("tp", False), ("tp_sp", True)):
+        try:
+            mine = time_block(
+                shape,
+                block["settings"],
+                rows=rows,
+                precision=block["precision"],
+                timer=Timer(device, budget_s=0.05),
+                tp_mesh=mesh["tp"],
+                sequence_parallel=sp,
+            )
+        except Exception as e:  # noqa: BLE001 - every rank fails alike (same model, same plan); say why
+            failed[f"tp block ({knob})"] = " ".join(str(e).split())[:200]
+            continue
+        slowest = torch.tensor([mine], dtype=torch.float64, device=device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        out.append({"knob": knob, "value": str(world), "rows": rows, "seconds": float(slowest.item())})
+    return out

@@ -35,6 +35,7 @@ class Timer:
     device: torch.device
     budget_s: float = 0.02
     max_reps: int = 50
+    batches: int = 3
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -49,7 +50,7 @@ class Timer:
         once = max(time.perf_counter() - start, 1e-7)
         reps = int(min(self.max_reps, max(1, self.budget_s / once)))
         batches = []
-        for _ in range(3):
+        for _ in range(self.batches):
             start = time.perf_counter()
             for _ in range(reps):
                 fn()
