@@ -91,15 +91,16 @@ GPU_GRID: list[tuple[int, dict[str, Any]]] = [
 ]
 
 
-def sweep_text(device: str, world: int, name: str) -> str:
-    """The benchmark's sweep file: every knob value the grid uses is in its space."""
+def sweep_text(device: str, world: int, name: str, gpu: str = "h200") -> str:
+    """The benchmark's sweep file on `gpu` (a GPU table key; the CPU's on a CPU): every knob value
+    the grid uses is in its space."""
     cpu = device == "cpu"
     return f"""
 name: {name}
 model: {CPU_MODEL if cpu else GPU_MODEL}
 seq_len: {128 if cpu else 2048}
 global_batch_size: 8
-cluster: {{nodes: 1, gpus_per_node: {world}, gpu: {"cpu" if cpu else "h200"}}}
+cluster: {{nodes: 1, gpus_per_node: {world}, gpu: {"cpu" if cpu else gpu}}}
 space:
   tp: {"[1, 2]" if cpu else "[1]"}
   pp: {"[1, 2]" if cpu else "[1]"}
@@ -152,9 +153,9 @@ def predicted_s(sweep: Sweep, layout: Layout) -> float:
     return float(predict(layout.columns(sweep), sweep).total[0])
 
 
-def run_trial(sweep: Sweep, layout: Layout, workdir: Path) -> tuple[str, float, str]:
+def run_trial(sweep: Sweep, layout: Layout, workdir: Path, *, timeout_s: float) -> tuple[str, float, str]:
     """(status, median step seconds, error) of one real trial on local processes."""
-    result = launch_trial(sweep, layout, workdir=workdir, timeout_s=sweep.trial.timeout_min * 60)
+    result = launch_trial(sweep, layout, workdir=workdir, timeout_s=timeout_s)
     if result.status != OK or not result.step_times_s:
         return str(result.status), float("nan"), (result.error or "")[:160]
     return OK, statistics.median(result.step_times_s), ""
@@ -188,12 +189,19 @@ def main() -> int:
     args = ap.parse_args()
     start = time.monotonic()
     cuda = args.device == "cuda"
+    gpu = "h200"
     if cuda:
         import torch
+
+        from sweeper.hardware import lookup_gpu
+        from sweeper.trainer.profile_run import gpu_key
 
         if not torch.cuda.is_available():
             print("--device cuda: torch.cuda.is_available() is False on this machine", file=sys.stderr)
             return 2
+        # the card this runs on, if the GPU table knows it (else the sweep says h200 and the profile is refused)
+        key = gpu_key(torch.device("cuda", 0))[0]
+        gpu = key if lookup_gpu(key) is not None else gpu
     budget = args.budget_s if args.budget_s is not None else (330.0 if cuda else 1e9)
     out = args.out or Path(tempfile.mkdtemp(prefix="profile-accuracy-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -204,14 +212,14 @@ def main() -> int:
     def progress(what: str) -> None:
         print(f"[{time.monotonic() - start:6.1f} s] {what}", file=sys.stderr, flush=True)
 
-    base = load(sweep_text(args.device, first, "profile_accuracy"), out / f"sweep_w{first}.yaml", profiles=False)
+    base = load(sweep_text(args.device, first, "profile_accuracy", gpu), out / f"sweep_w{first}.yaml", profiles=False)
     measured = run_profile(base, out=out / "profile.yaml", quick=args.quick, progress=progress, want_cuda=cuda)
     for what, why in measured.skipped.items():
         progress(f"profile left out {what}: {why}")
     progress(f"profile written to {measured.path}")
     sweeps = {}
     for w in worlds:
-        text = sweep_text(args.device, w, f"profile_accuracy_w{w}")
+        text = sweep_text(args.device, w, f"profile_accuracy_w{w}", gpu)
         table = load(text, out / f"sweep_w{w}.yaml", profiles=False)
         priced = text.replace("gpu: ", f"profile: {measured.path}, gpu: ")
         sweeps[w] = (table, load(priced, out / f"sweep_w{w}_profiled.yaml", profiles=True))
@@ -232,7 +240,8 @@ def main() -> int:
             continue
         progress(f"trial {i + 1}/{len(rows)}: {row.label}")
         t0 = time.monotonic()
-        row.status, row.measured_s, row.note = run_trial(table, layout, out / "trials" / f"t{i:02d}")
+        limit = min(table.trial.timeout_min * 60, max(budget - elapsed, 60.0))  # a hung trial cannot eat the budget
+        row.status, row.measured_s, row.note = run_trial(table, layout, out / "trials" / f"t{i:02d}", timeout_s=limit)
         last_trial_s = time.monotonic() - t0
     frame = pd.DataFrame(
         [

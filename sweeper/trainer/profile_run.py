@@ -51,6 +51,16 @@ def gpu_key(device: torch.device) -> tuple[str, str]:
     return key or name.lower().replace(" ", "-"), name
 
 
+def release(device: torch.device) -> None:
+    """Give back what the measurements held (compiled graphs, cached blocks): trials run next, on this GPU."""
+    import gc
+
+    torch._dynamo.reset()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def driver_version() -> str | None:
     """The NVIDIA driver's version (from /proc, no tool needed), or None."""
     try:
@@ -114,6 +124,7 @@ def measure_node(
             progress=progress,
         )
         skipped |= {f"block {k}": v for k, v in why.items()}
+    release(device)
     key, name = gpu_key(device)
     versions = runtime_versions(device)
     profile = Profile(
