@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 # what the measured block's knobs may take (the built-in trainer's values that change its ops)
 BLOCK_KNOBS = ("attention", "rmsnorm", "activation_checkpointing", "compile")
 TINY_ROWS = 16  # a block at 16 tokens: its host overhead, not its arithmetic
+PROGRESS_MARK = "sweep-profile: "  # rank 0's progress lines in its log, which `sweep profile` follows
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """`sweep profile`: measure this node for the step-time model and write the profile file.
 
-The compute (GEMMs, attention kernels, memory-bound work, launch overhead, the tiny block) is
-measured in this process (`sweeper.trainer.profile_run`); the collectives on one process per
-device of the node, started as a trial's ranks are (`sweeper.launchers.ranks.launch`). With a
-sweep file the shapes are the sweep's (`sweeper.profile_plan`), else the default set.
+Everything is measured on one process per device of the node, started as a trial's ranks are
+(`sweeper.launchers.ranks.launch`, `sweeper.trainer.profile_run.profile_worker`): the compute
+(GEMMs, attention kernels, memory-bound work, launch overhead, the tiny block) on every rank at
+once, then the collectives and the tensor-parallel block over all ranks. With a sweep file the
+shapes are the sweep's (`sweeper.profile_plan`), else the default set.
 """
 
 from __future__ import annotations
@@ -11,18 +12,20 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sweeper.errors import SweepError
-from sweeper.profile import BlockPoint, CollectivePoint, Profile, cached_profile_path, save_profile
+from sweeper.profile import Profile, cached_profile_path, save_profile
 from sweeper.profile_plan import (
     CPU_KERNELS,
     DEFAULT_CPU,
     DEFAULT_GPU,
     GPU_KERNELS,
+    PROGRESS_MARK,
     default_block_values,
     plan_for,
     sweep_block_values,
@@ -32,7 +35,7 @@ from sweeper.profile_plan import (
 if TYPE_CHECKING:
     from sweeper.spec import Sweep
 
-COMM_TIMEOUT_S = 600.0
+TIMEOUT_S = 840.0  # every measurement of a node, the collectives included
 
 
 @dataclass
@@ -52,14 +55,11 @@ def run_profile(
     progress: Callable[[str], None],
     want_cuda: bool = True,
 ) -> Measured:
-    """Measure this node (the sweep's shapes, or the default set) and write the profile to `out`,
-    or to the user's cache for this GPU."""
+    """Measure this node (the sweep's shapes, or the default set) on one process per device, and write
+    the profile to `out`, or to the user's cache for this GPU."""
     import torch
 
-    from sweeper.trainer.profile_run import local_device, measure_node
-
-    device = local_device(want_cuda=want_cuda)
-    cuda = device.type == "cuda"
+    cuda = want_cuda and torch.cuda.is_available()
     if sweep is not None:
         workloads, values = sweep_workloads(sweep), sweep_block_values(sweep)
         kernels = values["attention"]
@@ -70,6 +70,8 @@ def run_profile(
         kernels = GPU_KERNELS if cuda else CPU_KERNELS
         processes = torch.cuda.device_count() if cuda else 2
         precision, shapes_from = ("bf16" if cuda else "fp32"), "default"
+    if cuda:
+        processes = min(processes, torch.cuda.device_count())
     plan = plan_for(
         workloads,
         kernels=kernels,
@@ -78,33 +80,21 @@ def run_profile(
         processes=processes,
         quick=quick,
     )
-    profile, skipped = measure_node(
-        plan,
-        device=device,
-        precision=precision,
-        processes=processes,
-        shapes_from=shapes_from,
-        progress=progress,
-        budget_s=0.01 if quick else 0.03,
-    )
+    kwargs = {
+        "plan": plan,
+        "precision": precision,
+        "shapes_from": shapes_from,
+        "budget_s": 0.01 if quick else 0.03,
+        "want_cuda": want_cuda,
+    }
+    progress(f"measuring on {processes} process{'es' if processes > 1 else ''} ({'GPU' if cuda else 'CPU'})")
+    data = _launch_and_follow(kwargs, processes=processes, progress=progress)
+    profile, skipped = Profile.model_validate(data["profile"]), dict(data["skipped"])
     if sweep is not None and sweep.cluster.gpu.name != profile.gpu:
         skipped["gpu"] = (
             f"this node's device is {profile.gpu} ({profile.device}), the sweep's cluster has {sweep.cluster.gpu.name}: "
             "the sweep will not read this profile"
         )
-    if processes >= 2:
-        progress(f"collectives on {processes} processes")
-        block = {
-            "shape": plan.block_shape,
-            "rows": plan.block_seq,
-            "settings": profile.block_base,
-            "precision": precision,
-        }
-        points, blocks, failed = measure_collectives(plan.comm_bytes, processes=processes, block=block)
-        profile = profile.model_copy(update={"collectives": tuple(points), "block": profile.block + tuple(blocks)})
-        skipped |= {f"collective {k}": v for k, v in failed.items()}
-    else:
-        skipped["collectives"] = "one device on this node: no collective to measure"
     path = out if out is not None else cached_profile_path(profile.gpu)
     try:
         save_profile(profile, path)
@@ -113,23 +103,42 @@ def run_profile(
     return Measured(profile, path, skipped)
 
 
-def measure_collectives(
-    sizes: tuple[int, ...], *, processes: int, block: dict[str, Any] | None = None
-) -> tuple[list[CollectivePoint], list[BlockPoint], dict[str, str]]:
-    """Each collective at each size on `processes` local ranks (gloo on CPU, NCCL on GPUs), and the
-    tiny block split over them by tensor parallelism (`block`: see `profile_comm.comm_worker`)."""
+def _launch_and_follow(kwargs: dict[str, Any], *, processes: int, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Run `profile_worker` on `processes` local ranks, passing rank 0's progress lines on; its result."""
     from sweeper.launchers.ranks import launch
 
     workdir = Path(tempfile.mkdtemp(prefix="sweep-profile-"))
+    task = {"kind": "call", "target": "sweeper.trainer.profile_run:profile_worker", "kwargs": kwargs}
+    done: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: done.append(launch(task, nprocs=processes, timeout_s=TIMEOUT_S, workdir=workdir)), daemon=True
+    )
     try:
-        kwargs = {"sizes": list(sizes), "block": block}
-        task = {"kind": "call", "target": "sweeper.trainer.profile_comm:comm_worker", "kwargs": kwargs}
-        done = launch(task, nprocs=processes, timeout_s=COMM_TIMEOUT_S, workdir=workdir)
-        path = done.out_dir / "comm.json"
-        if not path.exists():
-            return [], [], {"all": f"no result from the ranks: {done.log_tail(0, 3).strip()[-300:]}"}
-        data = json.loads(path.read_text())
-        points = [CollectivePoint.model_validate(p) for p in data["points"]]
-        return points, [BlockPoint.model_validate(b) for b in data["blocks"]], dict(data["failed"])
+        thread.start()
+        log, seen = workdir / "logs" / "rank0.log", 0
+        while thread.is_alive():
+            thread.join(0.5)
+            seen = _follow(log, seen, progress)
+        _follow(log, seen, progress)
+        path = workdir / "out" / "profile.json"
+        if not done or not path.exists():
+            tail = done[0].log_tail(0, 5).strip()[-600:] if done else ""
+            why = "timed out" if done and done[0].timed_out else "ended without a profile"
+            raise SweepError(f"the profile's measurement {why}: {' | '.join(tail.splitlines())}")
+        result: dict[str, Any] = json.loads(path.read_text())
+        return result
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _follow(log: Path, seen: int, progress: Callable[[str], None]) -> int:
+    """Pass on the complete lines written to `log` past byte `seen`; returns the new offset."""
+    try:
+        data = log.read_bytes()[seen:]
+    except OSError:
+        return seen
+    end = data.rfind(b"\n") + 1
+    for line in data[:end].decode(errors="replace").splitlines():
+        if line.startswith(PROGRESS_MARK):  # torch's own warnings stay in the log
+            progress(line.removeprefix(PROGRESS_MARK).strip())
+    return seen + end

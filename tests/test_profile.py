@@ -198,3 +198,12 @@ def test_the_cached_profile_of_the_clusters_gpu_is_used(tmp_path, monkeypatch):
     assert not cached_profile_path("cpu").exists()
     r = sweep_cli("profile", "forget", "--gpu", "cpu", cwd=tmp_path, env=cli_env(**env_cache))
     assert r.returncode == 2 and "no cached profile" in r.stderr
+
+
+def test_profile_parses_its_file_and_options_in_any_order_and_refuses_the_rest(tmp_path):
+    spec, _ = tiny_sweep(tmp_path)
+    for args in (["--bogus"], ["extra"]):
+        r = sweep_cli("profile", str(spec), *args, cwd=tmp_path)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    r = sweep_cli("profile", str(spec), "--out", str(tmp_path / "p.json"), cwd=tmp_path)
+    assert r.returncode == 2 and "--out" in r.stderr and ".yaml" in r.stderr

@@ -18,11 +18,15 @@ class _FileOrCommand(TyperGroup):
     subcommand is one, anything else is the sweep file."""
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]
+        # a plain command's parsing (typer.core.TyperGroup's base): options before or after the file
+        command: Any = super(TyperGroup, self)
         if args and args[0] in self.commands:
-            super(TyperGroup, self).parse_args(ctx, [])  # the group's own options: their defaults
+            command.parse_args(ctx, [])  # the group's own options: their defaults
             ctx._protected_args, ctx.args = args[:1], args[1:]
             return ctx.args
-        return super().parse_args(ctx, args)
+        ctx.allow_interspersed_args, ctx.allow_extra_args = True, False
+        rest: list[str] = command.parse_args(ctx, args)
+        return rest
 
 
 profile_app = typer.Typer(

@@ -1,28 +1,26 @@
-"""Collectives against message size on real processes (gloo on CPU, NCCL on GPUs), started the way a
-trial's ranks are (`sweeper.launchers.ranks.launch`, one process per device).
+"""Collectives against message size, and the tiny block split by tensor parallelism, on the ranks of
+`sweep profile` (gloo on CPU, NCCL on GPUs; `sweeper.trainer.profile_run.profile_worker`).
 
-Every rank runs `comm_worker`; rank 0 writes `comm.json`: per collective and size the slowest
-rank's mean time and nccl-tests' bus bandwidth. The scope is `inter` when the ranks span more
-than one host (run under `srun -N2 ...` with the ranks' variables set by SLURM), else `intra`.
+Per collective and size: the slowest rank's mean time and nccl-tests' bus bandwidth. The scope is
+`inter` when the ranks span more than one host, else `intra`.
 """
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from sweeper.models import ModelShape
+from sweeper.profile import BlockPoint, CollectivePoint
 from sweeper.profile_lookup import traffic
-from sweeper.trainer.env import DistEnv, init_distributed, pick_device
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all")
-COMM_FILE = "comm.json"
 
 
 def _op(name: str, buf: torch.Tensor, world: int, rank: int) -> Callable[[], None]:
@@ -64,26 +62,17 @@ def _time(fn: Callable[[], None], device: torch.device, reps: int) -> float:
     return (time.perf_counter() - start) / reps
 
 
-def comm_worker(
-    *,
-    out_dir: Path,
-    sizes: list[int],
-    ops: list[str] | None = None,
-    budget_s: float = 0.05,
-    block: dict[str, Any] | None = None,
-) -> None:
-    """On every rank: each collective at each size, then (`block`: shape, settings, rows, precision)
-    the tiny block split over all ranks by tensor parallelism, without and with sequence parallelism.
-    Rank 0 writes the points (and what failed, with why)."""
-    env = DistEnv.from_environ()
-    device = pick_device(env)
-    init_distributed(env, device, timeout_s=300)
-    world, rank = env.world_size, env.rank
+def measure_collectives(
+    sizes: list[int], device: torch.device, *, ops: tuple[str, ...] = OPS, budget_s: float = 0.05
+) -> tuple[list[CollectivePoint], dict[str, str]]:
+    """On every rank of the process group: each collective at each size (the slowest rank's time);
+    returns the points and, per collective the backend lacks, why."""
+    world, rank = dist.get_world_size(), dist.get_rank()
     hosts: list[Any] = [None] * world
     dist.all_gather_object(hosts, socket.gethostname())
     scope = "intra" if len(set(hosts)) == 1 else "inter"
     points, failed = [], {}
-    for name in ops or OPS:
+    for name in ops:
         for nbytes in sizes:
             numel = max(nbytes // 4 // world * world, world)
             buf = torch.ones(numel, device=device)
@@ -101,22 +90,20 @@ def comm_worker(
                 break
             s = float(seconds.item())
             moved = numel * 4
-            busbw = float(traffic(name, torch.tensor(float(world)).numpy())) * moved / s / 1e9
-            points.append(
-                {"op": name, "scope": scope, "ranks": world, "bytes": moved, "seconds": s, "busbw_gbps": busbw}
-            )
-    blocks = tp_blocks(block, device, failed) if block is not None and scope == "intra" else []
-    if rank == 0:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(
-            {"points": points, "blocks": blocks, "failed": failed, "backend": dist.get_backend(), "hosts": hosts}
-        )
-        (out_dir / COMM_FILE).write_text(text)
-    dist.barrier()
-    dist.destroy_process_group()
+            busbw = float(traffic(name, np.array(float(world)))) * moved / s / 1e9
+            points.append(CollectivePoint(op=name, scope=scope, ranks=world, bytes=moved, seconds=s, busbw_gbps=busbw))
+    return points, failed
 
 
-def tp_blocks(block: dict[str, Any], device: torch.device, failed: dict[str, str]) -> list[dict[str, Any]]:
+def tp_blocks(
+    shape: ModelShape,
+    settings: dict[str, str],
+    *,
+    rows: int,
+    precision: str,
+    device: torch.device,
+    failed: dict[str, str],
+) -> list[BlockPoint]:
     """The tiny block over a tensor-parallel mesh of every rank (the slowest rank's seconds): its
     host overhead under DTensor and its collectives at that size, as BlockPoint rows (knob tp or tp_sp)."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -125,7 +112,6 @@ def tp_blocks(block: dict[str, Any], device: torch.device, failed: dict[str, str
     from sweeper.trainer.profiling import Timer
 
     world = dist.get_world_size()
-    shape, rows = block["shape"], block["rows"]
     if shape.heads % world or shape.kv_heads % world or rows % world:
         failed["tp block"] = f"{shape.heads} heads, {shape.kv_heads} kv heads, {rows} rows do not split over {world}"
         return []
@@ -135,9 +121,9 @@ def tp_blocks(block: dict[str, Any], device: torch.device, failed: dict[str, str
         try:
             mine = time_block(
                 shape,
-                block["settings"],
+                settings,
                 rows=rows,
-                precision=block["precision"],
+                precision=precision,
                 timer=Timer(device, budget_s=0.05),
                 tp_mesh=mesh["tp"],
                 sequence_parallel=sp,
@@ -147,5 +133,5 @@ def tp_blocks(block: dict[str, Any], device: torch.device, failed: dict[str, str
             continue
         slowest = torch.tensor([mine], dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        out.append({"knob": knob, "value": str(world), "rows": rows, "seconds": float(slowest.item())})
+        out.append(BlockPoint(knob=knob, value=str(world), rows=rows, seconds=float(slowest.item())))
     return out

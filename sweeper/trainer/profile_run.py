@@ -1,22 +1,33 @@
-"""`sweep profile`'s measurements in this process: the plan's shapes on its first GPU, or on the
-CPU with the threads one trial rank gets. The collectives run on one process per device, started
-by `sweeper.profiler` the way a trial's ranks are (`sweeper.trainer.profile_comm`)."""
+"""`sweep profile`'s measurements, on one process per device started as a trial's ranks are
+(`sweeper.profiler`): every rank measures the plan's shapes on its own device at once (on a CPU
+the ranks share the cores, as a trial's do), then the collectives and the tensor-parallel block
+run over all of them (`sweeper.trainer.profile_comm`); rank 0 writes the profile."""
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import socket
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from sweeper.hardware import GPUS, gpu_matches
 from sweeper.profile import SCHEMA, Profile, Versions
-from sweeper.profile_plan import MeasurePlan
-from sweeper.trainer.env import cuda_unusable_reason, prepare_process_environment, runtime_versions
+from sweeper.profile_plan import PROGRESS_MARK, MeasurePlan
+from sweeper.trainer.env import (
+    DistEnv,
+    init_distributed,
+    pick_device,
+    prepare_process_environment,
+    runtime_versions,
+)
 from sweeper.trainer.profile_block import measure_blocks
+from sweeper.trainer.profile_comm import measure_collectives, tp_blocks
 from sweeper.trainer.profiling import (
     Progress,
     Timer,
@@ -30,16 +41,6 @@ from sweeper.trainer.profiling import (
     measure_launch,
     modes_for,
 )
-
-
-def local_device(*, want_cuda: bool = True) -> torch.device:
-    """The first GPU where CUDA works, else the CPU."""
-    prepare_process_environment()
-    if want_cuda and cuda_unusable_reason() is None:
-        device = torch.device("cuda", 0)
-        torch.cuda.set_device(device)
-        return device
-    return torch.device("cpu")
 
 
 def gpu_key(device: torch.device) -> tuple[str, str]:
@@ -153,3 +154,53 @@ def measure_node(
         block=tuple(blocks),
     )
     return profile, skipped
+
+
+PROFILE_FILE = "profile.json"
+
+
+def profile_worker(
+    *, out_dir: Path, plan: MeasurePlan, precision: str, shapes_from: str, budget_s: float, want_cuda: bool = True
+) -> None:
+    """On every rank: the plan's measurements on this rank's device, then (two ranks or more) the
+    collectives and the tensor-parallel block over all of them. Rank 0 prints its progress (its log
+    is followed by `sweep profile`) and writes `profile.json`: the profile and what was left out."""
+    prepare_process_environment()
+    env = DistEnv.from_environ()
+    device = pick_device(env, want_cuda=want_cuda)
+    init_distributed(env, device, timeout_s=600)
+    rank, world = env.rank, env.world_size
+
+    def progress(what: str) -> None:
+        if rank == 0:
+            print(PROGRESS_MARK + what, flush=True)
+
+    profile, skipped = measure_node(
+        plan,
+        device=device,
+        precision=precision,
+        processes=world,
+        shapes_from=shapes_from,
+        progress=progress,
+        budget_s=budget_s,
+    )
+    torch.distributed.barrier()
+    if world >= 2:
+        progress(f"collectives on {world} processes")
+        points, failed = measure_collectives(list(plan.comm_bytes), device)
+        blocks = []
+        if plan.block_shape is not None:
+            settings = {k: v[0] for k, v in plan.block_values.items()}
+            blocks = tp_blocks(
+                plan.block_shape, settings, rows=plan.block_seq, precision=precision, device=device, failed=failed
+            )
+        profile = profile.model_copy(update={"collectives": tuple(points), "block": profile.block + tuple(blocks)})
+        skipped |= {f"collective {k}": v for k, v in failed.items()}
+    else:
+        skipped["collectives"] = "one device on this node: no collective to measure"
+    if rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / PROFILE_FILE).write_text(json.dumps({"profile": profile.to_dict(), "skipped": skipped}))
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    sys.stdout.flush()
