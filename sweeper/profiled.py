@@ -219,6 +219,19 @@ def host_overhead(lookup: Lookup, m: ModelShape, cols: Columns, *, dtype: str) -
     return np.maximum(framework, 0.0), np.maximum(recompute, 0.0)
 
 
+def host_block_s(lookup: Lookup, cols: Columns) -> np.ndarray:
+    """The host's time per block and micro-batch as the tiny block measured it: the base, plus each
+    knob value's measured difference."""
+    base = lookup.block_s("base", "base") or 0.0
+    out = np.full(len(cols["tp"]), base)
+    for knob in BLOCK_KNOBS:
+        for value in np.unique(cols[knob]):
+            measured = lookup.block_s(knob, _text(value))
+            if measured is not None:
+                out += np.where(cols[knob] == value, measured - base, 0.0)
+    return out
+
+
 def tp_overhead(lookup: Lookup, m: ModelShape, cols: Columns, *, dtype: str) -> np.ndarray:
     """What tensor parallelism adds to the block's host overhead per micro-batch (DTensor's dispatch,
     the plan's hooks): the tiny block split over the profile's ranks (knob tp, or tp_sp with sequence
@@ -290,7 +303,11 @@ def price(
         np.isnan(blk.attn_fwd) | (cp > 1), t["attention"], passes * (blk.attn_fwd + blk.attn_bwd) * slow
     )
     memory_bound = (passes * (blk.elem_fwd + blk.elem_bwd) + accum * loss) * slow
-    overhead, ac_overhead = host_overhead(lookup, m, cols, dtype=dtype)
+    if lookup.profile.gpu == "cpu":  # the host computes too: its overhead adds to the arithmetic
+        overhead, ac_overhead = host_overhead(lookup, m, cols, dtype=dtype)
+    else:  # a GPU computes while the host launches: the host shows only where it takes longer
+        overhead = np.maximum(host_block_s(lookup, cols) - np.nan_to_num(blk.total() + blk.recompute(mode)), 0.0)
+        ac_overhead = np.zeros(len(tp))
     overhead = overhead + tp_overhead(lookup, m, cols, dtype=dtype)
     framework = passes * overhead * slow + traits.microbatch_s * accum
     recompute = passes * (blk.recompute(mode) + ac_overhead) * slow

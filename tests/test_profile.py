@@ -207,3 +207,18 @@ def test_profile_parses_its_file_and_options_in_any_order_and_refuses_the_rest(t
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     r = sweep_cli("profile", str(spec), "--out", str(tmp_path / "p.json"), cwd=tmp_path)
     assert r.returncode == 2 and "--out" in r.stderr and ".yaml" in r.stderr
+
+
+def test_on_a_gpu_the_hosts_overhead_shows_only_where_it_outlasts_the_kernels(tmp_path):
+    # the tiny block took the host 5 ms a pass; fast kernels leave it exposed, slow ones hide it
+    def framework(tflops: float) -> float:
+        path = tmp_path / f"h200_{tflops}.yaml"
+        save_profile(synthetic_profile(tflops=tflops, gpu="h200"), path)
+        _, sweep = tiny_sweep(tmp_path, gpu="h200", profile=str(path))
+        cols = Layout.from_mapping({"tp": 1, "pp": 1, "micro_batch_size": 1}).columns(sweep)
+        passes = sweep.model.layers * int(cols["grad_accum"][0])
+        fixed = sweep.trainer.time.microbatch_s * int(cols["grad_accum"][0])
+        return (float(predict(cols, sweep).parts["framework"][0]) - fixed) / passes
+
+    assert 0.0 < framework(1000.0) < 5e-3
+    assert framework(1e-4) == 0.0
