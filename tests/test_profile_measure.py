@@ -4,12 +4,14 @@ and the tensor-parallel block), writes a profile `show` prints, and the dry run 
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 import yaml
 
 from sweeper.profile import load_profile
 from tests.conftest import SPACES, sweep_cli
 
 
+@pytest.mark.slow  # two gloo processes measure for a minute
 def test_profile_quick_measures_this_cpu_and_the_dry_run_uses_it(tmp_path):
     spec = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
     spec["space"] = {"tp": [1, 2], "micro_batch_size": [1, 2], "activation_checkpointing": ["none", "full"]}
