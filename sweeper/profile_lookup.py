@@ -26,17 +26,31 @@ class Curve:
 
     @classmethod
     def of(cls, points: Iterable[tuple[float, float]]) -> Curve:
+        """The points' curve, made non-decreasing in size (more work never takes less time: a point
+        below a smaller one's is a measurement a busy host disturbed; pool adjacent violators)."""
         by_size: dict[float, list[float]] = {}
         for size, seconds in points:
             by_size.setdefault(float(size), []).append(max(float(seconds), 1e-12))
         sizes = sorted(by_size)
-        return cls(np.log(np.array(sizes)), np.array([float(np.mean(np.log(by_size[s]))) for s in sizes], dtype=float))
+        log_s = [float(np.mean(np.log(by_size[s]))) for s in sizes]
+        return cls(np.log(np.array(sizes)), monotone(log_s, [len(by_size[s]) for s in sizes]))
 
     def __call__(self, size: np.ndarray) -> np.ndarray:
         x = np.log(np.maximum(np.asarray(size, dtype=float), 1e-300))
         inside = np.interp(x, self.log_size, self.log_s)
         above = self.log_s[-1] + (x - self.log_size[-1])  # constant throughput past the largest
         return np.exp(np.where(x > self.log_size[-1], above, inside))
+
+
+def monotone(values: list[float], weights: list[int]) -> np.ndarray:
+    """The weighted least-squares non-decreasing fit of `values` (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for v, w in zip(values, weights, strict=True):
+        blocks.append([v, float(w), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (v1, w1, n1), (v2, w2, n2) = blocks[-2], blocks.pop()
+            blocks[-1] = [(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2]
+    return np.concatenate([np.full(int(n), v) for v, _, n in blocks])
 
 
 def _per_unique(keys: np.ndarray, price: Callable[[tuple[int, ...]], float]) -> np.ndarray:
@@ -51,8 +65,12 @@ class Lookup:
 
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
+        # a shape as measured on a GPU (steady; two GEMMs of one size may differ by their aspect);
+        # on a CPU the ranks and the host's other work disturb single points more than shapes
+        # differ: there every shape reads the monotone curve of its kind
+        steady = profile.gpu != "cpu"
         self.gemm_exact: dict[tuple[str, int, int, int], tuple[float, float]] = {
-            (g.dtype, g.m, g.n, g.k): (g.fwd_s, g.bwd_s) for g in profile.gemm
+            (g.dtype, g.m, g.n, g.k): (g.fwd_s, g.bwd_s) for g in profile.gemm if steady
         }
         self.gemm_curves: dict[tuple[str, str], Curve] = {
             (dtype, part): Curve.of(
@@ -62,7 +80,9 @@ class Lookup:
             for part in ("fwd", "bwd")
         }
         self.attn_exact = {
-            (a.kernel, a.batch, a.heads, a.kv_heads, a.head_dim, a.seq): (a.fwd_s, a.bwd_s) for a in profile.attention
+            (a.kernel, a.batch, a.heads, a.kv_heads, a.head_dim, a.seq): (a.fwd_s, a.bwd_s)
+            for a in profile.attention
+            if steady
         }
         self.attn_curves = {
             (kernel, part): Curve.of(
