@@ -59,7 +59,14 @@ def run_profile(
     the profile to `out`, or to the user's cache for this GPU."""
     import torch
 
+    if sweep is not None and sweep.cluster.gpu.name == "cpu":
+        want_cuda = False  # a CPU sweep's trials run on the CPU, even on a node with GPUs
     cuda = want_cuda and torch.cuda.is_available()
+    if sweep is not None and not cuda and sweep.cluster.gpu.name != "cpu":
+        raise SweepError(
+            f"{sweep.source}: the cluster's GPU is {sweep.cluster.gpu.name} and this node has none that CUDA can use: "
+            "run `sweep profile` on one of the cluster's nodes"
+        )
     if sweep is not None:
         workloads, values = sweep_workloads(sweep), sweep_block_values(sweep)
         kernels = values["attention"]

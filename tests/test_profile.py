@@ -33,7 +33,7 @@ from sweeper.profile import (
 )
 from sweeper.profile_plan import DEFAULT_CPU, block_gemms, elementwise_sizes
 from sweeper.spec import parse_sweep
-from tests.conftest import SPACES, sweep_cli
+from tests.conftest import SPACES, cli_env, sweep_cli
 
 TINY = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
 
@@ -191,8 +191,6 @@ def test_the_cached_profile_of_the_clusters_gpu_is_used(tmp_path, monkeypatch):
     assert not np.allclose(predict(cols, after).total, predict(cols, before).total)
     # `forget --gpu` drops it, and the table prices again
     env_cache = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
-    from tests.conftest import cli_env
-
     r = sweep_cli("profile", "forget", "--gpu", "cpu", cwd=tmp_path, env=cli_env(**env_cache))
     assert r.returncode == 0, r.stderr
     assert not cached_profile_path("cpu").exists()
@@ -222,3 +220,10 @@ def test_on_a_gpu_the_hosts_overhead_shows_only_where_it_outlasts_the_kernels(tm
 
     assert 0.0 < framework(1000.0) < 5e-3
     assert framework(1e-4) == 0.0
+
+
+def test_profiling_a_gpu_sweep_on_a_node_without_one_is_refused(tmp_path):
+    spec, _ = tiny_sweep(tmp_path, gpu="h100-sxm")
+    r = sweep_cli("profile", str(spec), "--quick", cwd=tmp_path, env=cli_env(CUDA_VISIBLE_DEVICES=""))
+    assert r.returncode == 2, r.stderr
+    assert "the cluster's GPU is h100-sxm and this node has none" in r.stderr and "Traceback" not in r.stderr
