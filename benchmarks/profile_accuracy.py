@@ -9,8 +9,9 @@
    part apart (a fixed CRC32 of the layout puts a third of them aside: nothing was tuned on them).
 
 CPU (default): a tiny LLaMA (4 layers, hidden 128, seq 128) over tp, pp, dp, micro-batch,
-checkpointing, the attention and norm kernels and sharding, on 2 and 4 processes (23 layouts; 12
-with --quick). Goal: profiled median error <= 15 %, Spearman >= 0.9.
+checkpointing and the attention kernel, on 2 and 4 processes (20 layouts; 12 with --quick).
+Goal: profiled median error <= 15 %, Spearman >= 0.9. Also printed: the same against each
+trial's fastest step (a busy host only adds time).
 
 GPU (--device cuda, one GPU): a 1B LLaMA (16 layers, hidden 2048, 2k tokens, vocab 32000) over
 micro-batch 1-8, checkpointing none/selective/full, the attention kernels (flash2, cudnn,
@@ -53,7 +54,6 @@ CPU_GRID: list[tuple[int, dict[str, Any]]] = [
     (2, {"micro_batch_size": 4}),
     (2, {"micro_batch_size": 2, "activation_checkpointing": "selective"}),
     (2, {"micro_batch_size": 2, "activation_checkpointing": "full"}),
-    (2, {"micro_batch_size": 4, "activation_checkpointing": "full"}),
     (2, {"tp": 2, "micro_batch_size": 1}),
     (2, {"tp": 2, "micro_batch_size": 2}),
     (2, {"tp": 2, "micro_batch_size": 4}),
@@ -65,14 +65,12 @@ CPU_GRID: list[tuple[int, dict[str, Any]]] = [
     (2, {"pp": 2, "micro_batch_size": 1, "activation_checkpointing": "full"}),
     (2, {"pp": 2, "micro_batch_size": 2, "activation_checkpointing": "selective"}),
     (2, {"micro_batch_size": 2, "attention": "eager"}),
-    (2, {"micro_batch_size": 2, "rmsnorm": "fused"}),
-    (2, {"micro_batch_size": 2, "sharding": "zero1"}),
     (4, {"micro_batch_size": 2}),
     (4, {"tp": 2, "micro_batch_size": 2}),
     (4, {"pp": 2, "micro_batch_size": 1}),
     (4, {"tp": 2, "pp": 2, "micro_batch_size": 2}),
 ]
-CPU_QUICK = [0, 2, 4, 6, 8, 11, 13, 15, 16, 19, 20, 21]
+CPU_QUICK = [0, 2, 4, 5, 7, 10, 12, 14, 15, 16, 17, 18]
 # the knobs the issue's H200 runs varied; compile and float8 last (the slowest to start)
 GPU_GRID: list[tuple[int, dict[str, Any]]] = [
     (1, {"micro_batch_size": 1}),
@@ -130,6 +128,7 @@ class Row:
     held_out: bool
     status: str = "not run"
     measured_s: float = float("nan")
+    fastest_s: float = float("nan")
     profiled_s: float = float("nan")
     table_s: float = float("nan")
     note: str = ""
@@ -153,12 +152,12 @@ def predicted_s(sweep: Sweep, layout: Layout) -> float:
     return float(predict(layout.columns(sweep), sweep).total[0])
 
 
-def run_trial(sweep: Sweep, layout: Layout, workdir: Path, *, timeout_s: float) -> tuple[str, float, str]:
-    """(status, median step seconds, error) of one real trial on local processes."""
+def run_trial(sweep: Sweep, layout: Layout, workdir: Path, *, timeout_s: float) -> tuple[str, float, float, str]:
+    """(status, median and fastest step seconds, error) of one real trial on local processes."""
     result = launch_trial(sweep, layout, workdir=workdir, timeout_s=timeout_s)
     if result.status != OK or not result.step_times_s:
-        return str(result.status), float("nan"), (result.error or "")[:160]
-    return OK, statistics.median(result.step_times_s), ""
+        return str(result.status), float("nan"), float("nan"), (result.error or "")[:160]
+    return OK, statistics.median(result.step_times_s), min(result.step_times_s), ""
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -167,11 +166,11 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(pd.Series(a).rank().corr(pd.Series(b).rank()))
 
 
-def summary(rows: list[Row], which: str) -> str:
+def summary(rows: list[Row], which: str, *, against: str = "measured_s") -> str:
     ok = [r for r in rows if r.status == OK]
     if not ok:
         return f"{which}: no layout measured"
-    measured = np.array([r.measured_s for r in ok])
+    measured = np.array([getattr(r, against) for r in ok])
     parts = []
     for name, attr in (("table model (today)", "table_s"), ("profiled model", "profiled_s")):
         pred = np.array([getattr(r, attr) for r in ok])
@@ -241,7 +240,9 @@ def main() -> int:
         progress(f"trial {i + 1}/{len(rows)}: {row.label}")
         t0 = time.monotonic()
         limit = min(table.trial.timeout_min * 60, max(budget - elapsed, 60.0))  # a hung trial cannot eat the budget
-        row.status, row.measured_s, row.note = run_trial(table, layout, out / "trials" / f"t{i:02d}", timeout_s=limit)
+        row.status, row.measured_s, row.fastest_s, row.note = run_trial(
+            table, layout, out / "trials" / f"t{i:02d}", timeout_s=limit
+        )
         last_trial_s = time.monotonic() - t0
     frame = pd.DataFrame(
         [
@@ -250,6 +251,7 @@ def main() -> int:
                 "held_out": r.held_out,
                 "status": r.status,
                 "measured_s": r.measured_s,
+                "fastest_s": r.fastest_s,
                 "profiled_s": r.profiled_s,
                 "table_s": r.table_s,
                 "profiled_err": r.profiled_s / r.measured_s - 1.0,
@@ -266,6 +268,8 @@ def main() -> int:
         if r.note:
             print(f"  {r.label}: {r.status}: {r.note}")
     print(f"\nprofile: {measured.path}; table: {out / 'profile_accuracy.csv'}; {time.monotonic() - start:.0f} s")
+    # a busy host only adds time: each trial's fastest step is its least disturbed one
+    print(summary(rows, "all layouts, against each trial's fastest step", against="fastest_s"))
     print(summary([r for r in rows if not r.held_out], "fit part"))
     print(summary([r for r in rows if r.held_out], "held-out part"))
     print(summary(rows, "all layouts"))
