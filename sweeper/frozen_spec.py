@@ -56,7 +56,8 @@ def freeze_spec(sweep: Sweep, store: ResultsStore) -> Path:
     if sweep.model_file is not None:  # the config.json is part of what was run: kept beside it too
         text = _with_model_copy(text, sweep, store.root)
     if frozen.exists():
-        old = parse_sweep(frozen.read_bytes(), source=str(frozen))
+        # the profile is how the model prices, not what was measured (and may have moved since)
+        old = parse_sweep(frozen.read_bytes(), source=str(frozen), profiles=False)
         if _identity(old) != _identity(sweep):
             raise SweepError(
                 f"{sweep.source} changed since {frozen} was recorded (model, batch, cluster, space or "

@@ -119,6 +119,7 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
         f"memory recipe: [bold]{plan.memory.recipe}[/] ({recipe_summary(sweep)}); "
         "pruning compares the reserved peak + overhead with the card"
     )
+    console.print(f"step-time model: {pricing_line(sweep)}", markup=False)
     print_counts(console, plan_counts(plan), sweep.memory.probe_margin)
     print_estimate(console, cost_estimate(plan))
 
@@ -198,6 +199,12 @@ def _duration(hours: float) -> str:
     if hours >= 48:
         return f"{hours / 24:.1f} days"
     return f"{hours:.1f} h" if hours >= 1 else f"{hours * 60:.0f} min"
+
+
+def pricing_line(sweep) -> str:  # noqa: ANN001 - Sweep
+    """Which figures price the step: the measured profile (path, date, device) or the GPU table."""
+    pricing = sweep.cluster.pricing
+    return pricing.source if pricing is not None else f"no profile: GPU table figures ({sweep.cluster.gpu.name})"
 
 
 def recipe_summary(sweep) -> str:  # noqa: ANN001 - Sweep

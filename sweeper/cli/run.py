@@ -87,6 +87,7 @@ def plan_summary(plan) -> dict:  # noqa: ANN001
     """The dry run as data: counts, rejections per reason, and the candidate layouts."""
     from dataclasses import asdict
 
+    from sweeper.cli.render import pricing_line
     from sweeper.plan_summary import cost_estimate, plan_counts
 
     frame = plan.to_frame()
@@ -94,6 +95,7 @@ def plan_summary(plan) -> dict:  # noqa: ANN001
     counts, cost = plan_counts(plan), cost_estimate(plan)
     return {
         "name": plan.sweep.name,
+        "step_time_model": pricing_line(plan.sweep),
         "memory_recipe": plan.memory.recipe,
         "near_card": counts.near_card,
         "layouts": counts.layouts,

@@ -17,6 +17,8 @@ from sweeper.hf_config import ModelFile, read_config, resolve
 from sweeper.knobs import KNOBS
 from sweeper.layout import DECIDED_ALONE, unusable
 from sweeper.models import PRESETS, ModelShape
+from sweeper.profile import ProfileError, cached_profile_path, load_profile
+from sweeper.profiled import ProfiledPricing
 from sweeper.spec.messages import format_validation_error
 from sweeper.spec.schema import MAX_LAYOUTS, Cluster, HFConfigSpec, ModelSpec, Sweep, SweepFile
 from sweeper.spec_checks import check_layout_count
@@ -43,13 +45,16 @@ def model_shape(model: str | ModelSpec | HFConfigSpec, source: Path | None) -> t
     return spec.shape(file.architecture), file
 
 
-def build_sweep(raw: SweepFile, *, source: Path | None = None) -> Sweep:
-    """Resolve presets and check that every searched value can appear in some valid layout."""
+def build_sweep(raw: SweepFile, *, source: Path | None = None, profiles: bool = True) -> Sweep:
+    """Resolve presets and check that every searched value can appear in some valid layout;
+    `profiles`: read the cluster's measured profile (`cluster.profile`, else the user's cached one)."""
     shape, model_file = model_shape(raw.model, source)
     if shape.position == "learned" and shape.max_positions < raw.seq_len:
         # the table must hold every position trained (Megatron-LM: --max-position-embeddings >= --seq-length)
         shape = replace(shape, max_positions=raw.seq_len)
-    cluster = Cluster(raw.cluster.nodes, raw.cluster.gpus_per_node, raw.cluster.resolved_gpu())
+    gpu = raw.cluster.resolved_gpu()
+    pricing = cluster_pricing(raw.cluster.profile, gpu.name) if profiles else None
+    cluster = Cluster(raw.cluster.nodes, raw.cluster.gpus_per_node, gpu, pricing)
     space = raw.space.values()
     check_layout_count(space, MAX_LAYOUTS)  # before anything allocates the cross product
     sweep = Sweep(
@@ -71,6 +76,21 @@ def build_sweep(raw: SweepFile, *, source: Path | None = None) -> Sweep:
     )
     _check_usable(sweep)
     return sweep
+
+
+def cluster_pricing(named: str | None, gpu: str) -> ProfiledPricing | None:
+    """The measured profile the model prices from: the file `cluster.profile` names, else the user's
+    cached profile of this GPU if there is one, else None (the GPU table). A profile that cannot be
+    read, or was measured on another GPU, is an error naming `cluster.profile`."""
+    path = Path(named).expanduser() if named is not None else cached_profile_path(gpu)
+    if named is None and not path.is_file():
+        return None
+    if named is not None and not path.is_file():
+        raise SpecError(f"cluster.profile: {path}: no such profile file (`sweep profile --out {path}` writes one)")
+    try:
+        return ProfiledPricing(load_profile(path, gpu=gpu), str(path))
+    except ProfileError as e:
+        raise SpecError(f"cluster.profile: {e}") from None
 
 
 def _check_usable(sweep: Sweep) -> None:
@@ -99,8 +119,9 @@ def _check_usable(sweep: Sweep) -> None:
             raise SpecError(f"space.micro_batch_size: value {v} exceeds global_batch_size={gbs}")
 
 
-def parse_sweep(text: str | bytes, *, source: str = "<sweep file>") -> Sweep:
-    """Validate the text of a sweep file; every problem raises SpecError naming the field."""
+def parse_sweep(text: str | bytes, *, source: str = "<sweep file>", profiles: bool = True) -> Sweep:
+    """Validate the text of a sweep file; every problem raises SpecError naming the field.
+    `profiles=False` leaves the cluster's measured profile unread (the GPU table prices)."""
     if isinstance(text, bytes):
         if len(text) > MAX_SPEC_BYTES:
             raise SpecError(f"{source}: file is {len(text)} bytes; a sweep file must be under {MAX_SPEC_BYTES}")
@@ -116,7 +137,7 @@ def parse_sweep(text: str | bytes, *, source: str = "<sweep file>") -> Sweep:
     except ValidationError as e:
         raise SpecError(f"{source}: {format_validation_error(e)}") from None
     try:
-        return build_sweep(raw, source=Path(source) if source != "<sweep file>" else None)
+        return build_sweep(raw, source=Path(source) if source != "<sweep file>" else None, profiles=profiles)
     except SpecError as e:
         raise SpecError(f"{source}: {e}") from None
 
@@ -178,14 +199,15 @@ def read_yaml(text: str, source: str) -> Any:
         raise SpecError(f"{source}: invalid YAML: {' '.join(str(e).split())}") from None
 
 
-def load_sweep(path_or_name: str | Path) -> Sweep:
-    """Read a sweep file by path, or by bare name in the current directory, then among the shipped spaces."""
+def load_sweep(path_or_name: str | Path, *, profiles: bool = True) -> Sweep:
+    """Read a sweep file by path, or by bare name in the current directory, then among the shipped
+    spaces; `profiles=False`: without the cluster's measured profile (a trial's task needs none)."""
     path = find_sweep_file(path_or_name)
     try:
         data = path.read_bytes()
     except OSError as e:
         raise SpecError(f"{path}: cannot read: {e.strerror}") from None
-    return parse_sweep(data, source=str(path))
+    return parse_sweep(data, source=str(path), profiles=profiles)
 
 
 def shipped_spaces_dir() -> Path:

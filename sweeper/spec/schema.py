@@ -197,6 +197,12 @@ class ClusterSpec(_Strict):
     gpu: str | GPUSpec
     intra_node_gbps: float | None = Field(default=None, gt=0, le=100_000, description="GB/s per GPU within a node")
     inter_node_gbps: float | None = Field(default=None, gt=0, le=100_000, description="GB/s per GPU between nodes")
+    profile: str | None = Field(
+        default=None,
+        min_length=1,
+        description="a measured profile (`sweep profile`) the step-time model prices from; default: the "
+        "user's cached profile of this GPU, if any",
+    )
 
     @field_validator("gpu")
     @classmethod
@@ -262,6 +268,8 @@ class SearchSettings(_Strict):
 
 
 if TYPE_CHECKING:
+    from sweeper.perfmodel import StepPricing
+
     MemorySettings = MemoryOptions
 else:
     # `memory:` is one recipe's options, told apart by `recipe` (filled in from workload.kind by
@@ -416,6 +424,9 @@ class Cluster:
     nodes: int
     gpus_per_node: int
     gpu: GPU
+    # a measured profile's pricing of the step (sweeper.profiled), or None: the GPU table's. How the
+    # model prices, not what is measured: left out of equality and of the sweep's identity
+    pricing: StepPricing | None = field(default=None, compare=False, repr=False)
 
     @property
     def world(self) -> int:
