@@ -10,7 +10,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import yaml
@@ -19,6 +19,20 @@ from sweeper.spec import Sweep, parse_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACES = ROOT / "search_spaces"
+
+
+def in_ci() -> bool:
+    """Whether this is a CI run (`CI` set and not false, as CI services and `.ci/run`'s callers set it)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def missing_reference(path: Path, why: str) -> NoReturn:
+    """A file promised in ../shared/reference/ (beside the repository) is absent: in CI the test
+    fails, for CI must run every reference case; elsewhere it skips, saying what is missing."""
+    message = f"{path} is absent: {why}"
+    if in_ci():
+        pytest.fail(f"{message} (a CI run must not skip a reference case: restore ../shared/reference/)")
+    pytest.skip(message)
 
 
 def base_spec(**overrides: Any) -> dict[str, Any]:
