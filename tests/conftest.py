@@ -217,12 +217,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _shared_fixtures(item: pytest.Item) -> list[str]:
-    """The fixtures made once per session or module that `item` uses, directly or not."""
+    """The fixtures made once per session or module that `item` uses, directly or not. Where one of
+    them is parametrized (the parity launches, once per kernel setting), each name carries the item's
+    parameters of those fixtures: the launch of each setting is a group of its own."""
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
         return []
-    return sorted(
+    shared = sorted(
         name
         for name, defs in info.name2fixturedefs.items()
         if name not in _NOT_SHARED and any(d.scope in ("session", "package", "module") for d in defs)
     )
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    instance = ",".join(str(params[name]) for name in shared if name in params)
+    return [f"{name}[{instance}]" if instance else name for name in shared]
