@@ -10,7 +10,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import yaml
@@ -26,6 +26,20 @@ def _no_user_profiles(tmp_path_factory: pytest.TempPathFactory) -> None:
     """An empty profile cache for the whole session (the `sweep` subprocesses inherit it): a profile
     the developer measured (`sweep profile`) must not change what the tests predict."""
     os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg_cache"))
+
+
+def in_ci() -> bool:
+    """Whether this is a CI run (`CI` set and not false, as CI services and `.ci/run`'s callers set it)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def missing_reference(path: Path, why: str) -> NoReturn:
+    """A file promised in ../shared/reference/ (beside the repository) is absent: in CI the test
+    fails, for CI must run every reference case; elsewhere it skips, saying what is missing."""
+    message = f"{path} is absent: {why}"
+    if in_ci():
+        pytest.fail(f"{message} (a CI run must not skip a reference case: restore ../shared/reference/)")
+    pytest.skip(message)
 
 
 def base_spec(**overrides: Any) -> dict[str, Any]:
@@ -210,12 +224,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _shared_fixtures(item: pytest.Item) -> list[str]:
-    """The fixtures made once per session or module that `item` uses, directly or not."""
+    """The fixtures made once per session or module that `item` uses, directly or not. Where one of
+    them is parametrized (the parity launches, once per kernel setting), each name carries the item's
+    parameters of those fixtures: the launch of each setting is a group of its own."""
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
         return []
-    return sorted(
+    shared = sorted(
         name
         for name, defs in info.name2fixturedefs.items()
         if name not in _NOT_SHARED and any(d.scope in ("session", "package", "module") for d in defs)
     )
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    instance = ",".join(str(params[name]) for name in shared if name in params)
+    return [f"{name}[{instance}]" if instance else name for name in shared]

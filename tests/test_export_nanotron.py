@@ -4,8 +4,9 @@ nanotron's `get_config_from_file` (src/nanotron/config/config.py at c2528430, th
 Ultra-Scale Playbook sweep ran) builds its dataclasses with dacite, strict: an unknown, missing or
 mistyped field is refused. The PyPI release (0.4, March 2024) predates this schema, so the source is
 the `git archive` of that commit kept beside the repository in
-../shared/reference/nanotron/ (its README says why); without it, or without dacite (the `test`
-extra), the test skips saying so. The harness (tests/parsers/nanotron_config.py) runs once, in a
+../shared/reference/nanotron/ (its README says why); without dacite (the `test` extra) the test
+skips saying so; without the archive it skips too, except in CI (`CI=true`), where it fails:
+CI runs every reference case (tests.conftest.missing_reference). The harness (tests/parsers/nanotron_config.py) runs once, in a
 subprocess, for the whole grid.
 """
 
@@ -24,7 +25,7 @@ from sweeper.knobs import KNOBS
 from sweeper.layout import Layout
 from sweeper.spec import Sweep, parse_sweep
 from sweeper.trainers.nanotron import NANOTRON_COMMIT, to_nanotron
-from tests.conftest import ROOT, base_spec
+from tests.conftest import ROOT, base_spec, missing_reference
 from tests.test_export_parsers import run_harness
 
 ARCHIVE = ROOT.parent / "shared" / "reference" / "nanotron" / f"nanotron-{NANOTRON_COMMIT[:8]}.tar.gz"
@@ -79,7 +80,7 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]
     if importlib.util.find_spec("dacite") is None:
         pytest.skip("dacite is not installed (pip install -e '.[test]'): nanotron's config loader needs it")
     if not ARCHIVE.is_file():
-        pytest.skip(f"{ARCHIVE} is absent: nanotron's config code at {NANOTRON_COMMIT[:8]} is not on PyPI")
+        missing_reference(ARCHIVE, f"nanotron's config code at {NANOTRON_COMMIT[:8]} is not on PyPI")
     src = tmp_path_factory.mktemp("nanotron")
     with tarfile.open(ARCHIVE) as tar:
         tar.extractall(src, filter="data")
@@ -131,7 +132,7 @@ def test_nanotron_refuses_a_field_it_lacks(loaded):
 
 def test_the_archive_is_the_pinned_commit():
     if not ARCHIVE.is_file():
-        pytest.skip(f"{ARCHIVE} is absent")
+        missing_reference(ARCHIVE, f"the git archive of nanotron at {NANOTRON_COMMIT[:8]}")
     with tarfile.open(ARCHIVE) as tar:
         names = tar.getnames()
     assert f"nanotron-{NANOTRON_COMMIT}/src/nanotron/config/config.py" in names

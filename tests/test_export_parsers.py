@@ -8,7 +8,8 @@
   megatron/training/arguments.py at NVIDIA/Megatron-LM c1e938b. It is not on PyPI (megatron-core
   lacks megatron/training): SWEEP_MEGATRON_LM names a tree holding that commit's `megatron/`, else
   the archive of that tree in ../shared/reference/megatron-lm/ (beside the repository) is read,
-  else it is downloaded from GitHub at test time; with none of them the Megatron tests skip saying so.
+  else it is downloaded from GitHub at test time; with none of them the Megatron tests skip saying
+  so, except in CI (`CI=true`), where they fail: CI runs every reference case.
 The harnesses under tests/parsers/ run in subprocesses, one per trainer for the whole grid.
 """
 
@@ -47,7 +48,7 @@ from sweeper.layout import Layout
 from sweeper.spec import Sweep, parse_sweep
 from sweeper.statuses import PlanReason
 from sweeper.workloads import render_command, workload_env
-from tests.conftest import ROOT, base_spec
+from tests.conftest import ROOT, base_spec, missing_reference
 
 PARSERS = Path(__file__).parent / "parsers"
 CACHE = Path(os.environ.get("SWEEP_TEST_CACHE", Path.home() / ".cache" / "sweep-tests"))
@@ -276,9 +277,10 @@ def megatron_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     try:
         data = urllib.request.urlopen(url, timeout=30).read()
     except OSError as e:
-        pytest.skip(
-            f"Megatron-LM's arguments.py is not on PyPI, {MEGATRON_ARCHIVE} is absent and {url} cannot be "
-            f"fetched ({e}); set SWEEP_MEGATRON_LM to a tree of NVIDIA/Megatron-LM at {MEGATRON_COMMIT}"
+        missing_reference(
+            MEGATRON_ARCHIVE,
+            f"Megatron-LM's arguments.py is not on PyPI and {url} cannot be fetched ({e}); set "
+            f"SWEEP_MEGATRON_LM to a tree of NVIDIA/Megatron-LM at {MEGATRON_COMMIT}",
         )
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         return extract_megatron(tar, root)

@@ -1,10 +1,12 @@
 """Functions the context-parallel and expert-parallel parity tests run on every rank (through `launch`),
-and the tiny MoE model they share with the single-process reference."""
+the one 2-rank launch of every parity module (`two_rank_parity`), and the tiny MoE model and
+references they share with the single-process runs."""
 
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +24,26 @@ from sweeper.trainer.model import Transformer, build_model, canonical_name, loss
 from sweeper.trainer.moe import MoE, apply_ep, expert_slice, is_expert_param
 from sweeper.trainer.train import make_optimizer, reduce_losses, synthetic_batch
 
-from .workers import start
+from .bounds import Reference, Run, Variant, batches, measure, train
+from .workers import parity_cases, start
 
 # ---- context parallel: the tiny LLaMA of the dense parity tests, its sequence split over cp ranks
 
 
-def cp_and_ep_parity(
-    *, out_dir: Path, cp: dict[str, Any], ep: dict[str, Any], trainer: list[dict[str, Any]] | None = None
+def two_rank_parity(
+    *,
+    out_dir: Path,
+    dense: dict[str, Any],
+    cp: dict[str, Any],
+    ep: dict[str, Any],
+    trainer: list[dict[str, Any]] | None = None,
 ) -> None:
-    """The context-parallel cases, then the expert-parallel ones, then the layouts through the
-    trainer's own setup (test_cp_ep_trainer), in one 2-rank launch: the ranks start up once."""
+    """Every 2-rank parity case in one launch (the ranks start up once): the dense layouts of
+    test_parity and test_parity_families (`workers.parity_cases`), the context-parallel cases,
+    the expert-parallel ones, then the cp/ep layouts through the trainer's own setup
+    (test_cp_ep_trainer)."""
     env, device = start()
+    parity_cases(env, device, out_dir=out_dir, **dense)
     _cp_parity(env, device, out_dir=out_dir, **cp)
     _ep_parity(env, device, out_dir=out_dir, **ep)
     for case in trainer or []:
@@ -76,24 +87,12 @@ def _cp_parity(
     model = build_model(shape, sweep.seq_len, attend=cp.attention, norm_fn=norm_kernel(shape, "eager"))
     materialize(model, shape, seed=sweep.trial.seed, device=device)
     model.rope_cos, model.rope_sin = cp.local_rope(model.rope_cos, model.rope_sin)
-    params = list(model.parameters())
-    opt = make_optimizer(params, lr=sweep.trial.lr, device=device)
+    opt = make_optimizer(list(model.parameters()), lr=sweep.trial.lr, device=device)
     x, y = synthetic_batch(shape, batch=sweep.global_batch_size, seq_len=sweep.seq_len, seed=sweep.trial.seed)
-    x, y = cp.shard(x), cp.shard(y)
-    losses, grads = [], {}
-    for step in range(steps):
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        # every rank holds as many tokens: the global mean loss is the mean of the ranks' losses
-        _average([p.grad for p in params], env.world_size)
-        losses.append(_mean_over_ranks(loss, env.world_size))
-        if step == 0:
-            grads = {k: p.grad.clone() for k, p in model.named_parameters()}
-        opt.step()
-    if env.rank == 0:
-        state = {k: p.detach().clone() for k, p in model.named_parameters()}
-        torch.save({"losses": losses, "grads": grads, "params": state}, out_dir / "cp_rank0.pt")
+    # every rank holds as many tokens: the global mean loss is the mean of the ranks' losses
+    out = train(model, opt, [(cp.shard(x), cp.shard(y))], steps, loss_fn, sync=_dense_sync)
+    if env.rank == 0:  # every parameter is replicated over cp
+        torch.save(out, out_dir / "cp_rank0.pt")
     dist.barrier()
 
 
@@ -164,21 +163,31 @@ def tiny_batch(case: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def train_tiny_moe(
-    model: TinyMoE, x: torch.Tensor, y: torch.Tensor, case: dict[str, Any], *, sync: Any = None
-) -> dict[str, Any]:
-    """`case["steps"]` AdamW steps on (x, y); `sync(model, loss)` averages gradients and returns the global loss."""
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    losses, grads = [], {}
-    for step in range(case["steps"]):
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        loss.backward()
-        losses.append(sync(model, loss) if sync else loss.item())
-        if step == 0:
-            grads = {k: p.grad.clone() for k, p in model.named_parameters()}
-        opt.step()
-    params = {k: p.detach().clone() for k, p in model.named_parameters()}
-    return {"losses": losses, "grads": grads, "params": params}
+    model: TinyMoE, micro: list[tuple[torch.Tensor, torch.Tensor]], case: dict[str, Any], *, sync: Any = None
+) -> Run:
+    """`case["steps"]` AdamW steps on the micro-batches; `sync(model, loss)` averages gradients and returns the global loss."""
+
+    def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+    return train(model, torch.optim.AdamW(model.parameters(), lr=0.01), micro, case["steps"], cross_entropy, sync=sync)
+
+
+def tiny_moe_reference(case: dict[str, Any]) -> Reference:
+    """The tiny MoE on the whole batch in one process, with its noise floor (tests/trainer/bounds.py)."""
+    return _tiny_moe_reference(tuple(sorted(case.items())))
+
+
+@cache
+def _tiny_moe_reference(items: tuple[tuple[str, Any], ...]) -> Reference:
+    case = dict(items)
+
+    def run(variant: Variant) -> Run:
+        model = TinyMoE(case)
+        init_tiny_moe(model, case)
+        return train_tiny_moe(model.to(variant.dtype), batches(*tiny_batch(case), variant), case)
+
+    return measure(run)
 
 
 def _ep_parity(env: DistEnv, device: torch.device, *, out_dir: Path, cases: list[dict[str, Any]]) -> None:
@@ -199,7 +208,7 @@ def _ep_parity(env: DistEnv, device: torch.device, *, out_dir: Path, cases: list
         x, y = tiny_batch(case)
         per_rank = case["batch"] // env.world_size
         rows = slice(env.rank * per_rank, (env.rank + 1) * per_rank)
-        out = train_tiny_moe(model, x[rows], y[rows], case, sync=_ep_sync)
+        out = train_tiny_moe(model, [(x[rows], y[rows])], case, sync=_ep_sync)
         torch.save(out, out_dir / f"{case['id']}_rank{env.rank}.pt")
         dist.barrier()
 
@@ -241,43 +250,37 @@ def model_case(case_id: str, shape: ModelShape, *, cp: int, ep: int) -> dict[str
     return {"id": case_id, "shape": shape, "cp": cp, "ep": ep, "seq": 32, "batch": 4, "steps": 4}
 
 
-def model_reference(case: dict[str, Any]) -> dict[str, Any]:
-    """The case's model in one process on the whole batch, without checkpointing."""
-    model = model_for(case | {"ac": "none"}, device=torch.device("cpu"))
-    x, y = synthetic_batch(case["shape"], batch=case["batch"], seq_len=case["seq"], seed=0)
-    return train_model(model, x, y, case["steps"])
+def model_reference(case: dict[str, Any]) -> Reference:
+    """The case's model in one process on the whole batch, without checkpointing, with its noise floor."""
+    return _model_reference(tuple(sorted((case | {"ac": "none"}).items())))
 
 
-def merge_ranks(ranks: list[dict[str, Any]], what: str, ep: int) -> dict[str, torch.Tensor]:
-    """One model's tensors from the ranks' files: under ep experts joined along dim 0; the rest
-    must be equal on both ranks."""
-    out = {}
-    for name, t in ranks[0][what].items():
-        if ep > 1 and is_expert_param(name):
-            out[name] = torch.cat([r[what][name] for r in ranks])
-        else:
-            assert torch.equal(t, ranks[1][what][name]), f"{what} of {name} differ between ranks"
-            out[name] = t
-    return out
+@cache
+def _model_reference(items: tuple[tuple[str, Any], ...]) -> Reference:
+    case = dict(items)
+
+    def run(variant: Variant) -> Run:
+        model = model_for(case, device=torch.device("cpu")).to(variant.dtype)
+        x, y = synthetic_batch(case["shape"], batch=case["batch"], seq_len=case["seq"], seed=0)
+        return train_model(model, batches(x, y, variant), case["steps"])
+
+    return measure(run)
 
 
-def parity_diffs(
-    ranks: list[dict[str, Any]], ref: dict[str, Any], ep: int, *, grad_tol: float, grad_rtol: float
-) -> tuple[float, float, float]:
-    """(max loss difference, max step-0 gradient difference, max final parameter difference);
-    fails on the first gradient beyond max(grad_tol, grad_rtol * the tensor's largest gradient)."""
+def merge_ranks(ranks: list[dict[str, Any]], ep: int) -> Run:
+    """One model's run from the ranks' files: under ep experts joined along dim 0; the losses and
+    everything else must be equal on both ranks."""
     assert ranks[0]["losses"] == ranks[1]["losses"]
-    dloss = max(abs(a - b) for a, b in zip(ranks[0]["losses"], ref["losses"], strict=True))
-    grads, params = merge_ranks(ranks, "grads", ep), merge_ranks(ranks, "params", ep)
-    assert set(grads) == set(ref["grads"])
-    dgrad = 0.0
-    for name, g in ref["grads"].items():
-        diff = (grads[name] - g).abs().max().item()
-        allowed = max(grad_tol, grad_rtol * g.abs().max().item())
-        assert diff <= allowed, f"step-0 gradient of {name} differs by {diff:.2e} (allowed {allowed:.1e})"
-        dgrad = max(dgrad, diff)
-    dparam = max((params[k] - v).abs().max().item() for k, v in ref["params"].items())
-    return dloss, dgrad, dparam
+    out: Run = {"losses": ranks[0]["losses"]}
+    for what in ("grads", "params"):
+        out[what] = {}
+        for name, t in ranks[0][what].items():
+            if ep > 1 and is_expert_param(name):
+                out[what][name] = torch.cat([r[what][name] for r in ranks])
+            else:
+                assert torch.equal(t, ranks[1][what][name]), f"{what} of {name} differ between ranks"
+                out[what][name] = t
+    return out
 
 
 def model_for(case: dict[str, Any], *, device: torch.device, cp: int = 1, ep: int = 1) -> Transformer:
@@ -304,19 +307,11 @@ def model_for(case: dict[str, Any], *, device: torch.device, cp: int = 1, ep: in
     return model
 
 
-def train_model(model: Transformer, x: torch.Tensor, y: torch.Tensor, steps: int, sync: Any = None) -> dict[str, Any]:
-    opt = make_optimizer(list(model.parameters()), lr=0.003, device=x.device)
-    losses, grads = [], {}
-    for step in range(steps):
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        losses.append(sync(model, loss) if sync else loss.item())
-        if step == 0:
-            grads = {canonical_name(k, model.shape): p.grad.clone() for k, p in model.named_parameters()}
-        opt.step()
-    params = {canonical_name(k, model.shape): p.detach().clone() for k, p in model.named_parameters()}
-    return {"losses": losses, "grads": grads, "params": params}
+def train_model(
+    model: Transformer, micro: list[tuple[torch.Tensor, torch.Tensor]], steps: int, sync: Any = None
+) -> Run:
+    opt = make_optimizer(list(model.parameters()), lr=0.003, device=micro[0][0].device)
+    return train(model, opt, micro, steps, loss_fn, sync=sync, name=lambda k: canonical_name(k, model.shape))
 
 
 def _model_case(case: dict[str, Any], out_dir: Path, rank: int, device: torch.device) -> None:
@@ -332,7 +327,7 @@ def _model_case(case: dict[str, Any], out_dir: Path, rank: int, device: torch.de
         rows = slice(rank * case["batch"] // world, (rank + 1) * case["batch"] // world)
         x, y = x[rows], y[rows]
     sharded = _ep_sync if ep > 1 else None
-    out = train_model(model, x, y, case["steps"], sync=sharded or _dense_sync)
+    out = train_model(model, [(x, y)], case["steps"], sync=sharded or _dense_sync)
     torch.save(out, out_dir / f"{case['id']}_rank{rank}.pt")
     dist.barrier()
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,16 @@ from sweeper.trainer import kernels
 from sweeper.trainer.model import Transformer, build_model, loss_fn, materialize, norm_kernel
 from sweeper.trainer.train import make_optimizer, synthetic_batch
 
+from .bounds import Reference, Run, Variant, batches, measure, train
+
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
+# The kernels the ranks of a parity launch run; each launch runs once with each. "isa-default": the
+# CPU's own, as pytest found them; "isa-avx2": AVX2's, as on a CPU without AVX-512: MKL's
+# (MKL_ENABLE_INSTRUCTIONS; on an AMD CPU MKL computes the same bits without it) and ATen's and
+# inductor's vectorised kernels (ATEN_CPU_CAPABILITY). The reference runs in pytest's process with
+# the CPU's own, so a bound that holds on one instruction set only fails here.
+KERNELS = {"isa-default": {}, "isa-avx2": {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}}
 
 
 # Variants of the tiny model (ModelShape fields replaced), by name
@@ -61,10 +69,17 @@ trial: {{steps: 10, warmup_steps: 1, timeout_min: 5, precision: {precision}, lr:
 
 
 def run_workers(
-    target: str, *, nprocs: int, workdir: Path, timeout_s: float = 300, env: dict[str, str] | None = None, **kwargs: Any
+    target: str,
+    *,
+    nprocs: int,
+    workdir: Path,
+    timeout_s: float = 300,
+    env: dict[str, str] | None = None,
+    module: str = "workers",
+    **kwargs: Any,
 ) -> Any:
-    """Run `tests.trainer.workers:<target>` on `nprocs` processes; fail the test with the logs if a rank failed."""
-    task = {"kind": "call", "target": f"tests.trainer.workers:{target}", "kwargs": kwargs}
+    """Run `tests.trainer.<module>:<target>` on `nprocs` processes; fail the test with the logs if a rank failed."""
+    task = {"kind": "call", "target": f"tests.trainer.{module}:{target}", "kwargs": kwargs}
     done = launch(
         task, nprocs=nprocs, timeout_s=timeout_s, workdir=workdir, extra_env={"PYTHONPATH": str(ROOT), **(env or {})}
     )
@@ -91,25 +106,27 @@ def plain_model(sweep: Sweep, *, attention: str = "flash2", rmsnorm: str = "eage
     return model
 
 
+# Optimizer steps of every parity run: AdamW's state is in use from the second, and each step's
+# loss is computed from the parameters the last one updated (and resharded, broadcast, synced)
+STEPS = 2
+
+
 @cache
 def reference(
-    tied: bool = False, attention: str = "flash2", rmsnorm: str = "eager", steps: int = 10, model: str = "llama"
-) -> dict[str, Any]:
-    """The single-process run every layout must reproduce: the whole global batch in one micro-batch."""
+    tied: bool = False, attention: str = "flash2", rmsnorm: str = "eager", steps: int = STEPS, model: str = "llama"
+) -> Reference:
+    """The single-process run every layout must reproduce (the whole global batch in one
+    micro-batch), with its noise floor (tests/trainer/bounds.py)."""
+    return measure(partial(train_single, tied, attention, rmsnorm, steps, model))
+
+
+def train_single(tied: bool, attention: str, rmsnorm: str, steps: int, model: str, variant: Variant) -> Run:
+    """The tiny model (`MODELS[model]`) trained `steps` AdamW steps in one process, in the variant's arithmetic."""
     sweep = tiny_sweep(1, tied=tied, model=model)
-    model = plain_model(sweep, attention=attention, rmsnorm=rmsnorm)
-    opt = make_optimizer(list(model.parameters()), lr=sweep.trial.lr, device=CPU)
+    net = plain_model(sweep, attention=attention, rmsnorm=rmsnorm).to(variant.dtype)
+    opt = make_optimizer(list(net.parameters()), lr=sweep.trial.lr, device=CPU)
     x, y = synthetic_batch(sweep.model, batch=sweep.global_batch_size, seq_len=sweep.seq_len, seed=sweep.trial.seed)
-    losses, grads = [], {}
-    for step in range(steps):
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        losses.append(loss.item())
-        if step == 0:
-            grads = {k: p.grad.clone() for k, p in model.named_parameters()}
-        opt.step()
-    return {"losses": losses, "grads": grads, "params": {k: p.detach().clone() for k, p in model.named_parameters()}}
+    return train(net, opt, batches(x, y, variant), steps, loss_fn)
 
 
 def merged(out_dir: Path, case_id: str) -> dict[str, Any]:
@@ -123,8 +140,3 @@ def merged(out_dir: Path, case_id: str) -> dict[str, Any]:
         out["grads"].update(part["grads"])
         out["params"].update(part["params"])
     return out
-
-
-def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert set(a) == set(b), f"parameters differ: {sorted(set(a) ^ set(b))}"
-    return max((a[k] - b[k]).abs().max().item() for k in a)

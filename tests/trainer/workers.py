@@ -62,13 +62,19 @@ def trainer_for(sweep: Sweep, layout: Layout, device: torch.device, world: int) 
     )
 
 
-def parity(*, out_dir: Path, cases: list[dict[str, Any]], steps: int = 10) -> None:
+def parity(*, out_dir: Path, cases: list[dict[str, Any]], steps: int) -> None:
+    """`parity_cases` in a launch of its own."""
+    env, device = start()
+    parity_cases(env, device, out_dir=out_dir, cases=cases, steps=steps)
+    dist.destroy_process_group()
+
+
+def parity_cases(env: DistEnv, device: torch.device, *, out_dir: Path, cases: list[dict[str, Any]], steps: int) -> None:
     """Train each case's layout `steps` steps; save losses, step-0 gradients and final parameters.
 
     Only ranks with dp and tp coordinate 0 save (the others hold copies or shards of the same);
     the test merges the pipeline stages' files.
     """
-    env, device = start()
     for case in cases:
         layout = Layout(**case["knobs"])
         trainer = trainer_for(case["sweep"], layout, device, env.world_size)
@@ -84,7 +90,6 @@ def parity(*, out_dir: Path, cases: list[dict[str, Any]], steps: int = 10) -> No
         if trainer.mesh["dp"].get_local_rank() == 0 and trainer.mesh["tp"].get_local_rank() == 0:
             torch.save({"losses": loss, "grads": grads, "params": params}, out_dir / f"{case['id']}_rank{env.rank}.pt")
         dist.barrier()
-    dist.destroy_process_group()
 
 
 # ---- memory check: what autograd keeps, by storage ------------------------------------------
