@@ -21,13 +21,15 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState
 
+from sweeper.acquisition import best_chance
 from sweeper.errors import SweepError
 from sweeper.knobs import KNOBS
 from sweeper.layout import Layout
 from sweeper.learn import Learning
-from sweeper.memfit import fit_chance
+from sweeper.memfit import fit_chance, refitted_total
 from sweeper.perfmodel import Calibration, StepTime
 from sweeper.plan import Plan
+from sweeper.prior import EffectPrior, Prior
 from sweeper.residual import Residual, features, ok_chance
 from sweeper.statuses import PlanStatus, TrialStatus
 from sweeper.stopping import SlowerThanBest, mfu_seconds
@@ -59,11 +61,12 @@ def build_search(
     sampler: str | None = None,
     max_trials: int | None = None,
     seed: int | None = None,
+    prior: Prior | None = None,
 ) -> LayoutSearch:
     """The search of a plan: its sampler, its study (in `storage`, or in memory when None), its policy.
 
     The one constructor the orchestrator, the benchmarks and the tests use; settings not given
-    come from the sweep's `search` section.
+    come from the sweep's `search` section. `prior`: what earlier sweeps taught (a learned profile).
     """
     settings = plan.sweep.search
     sampler = sampler or settings.sampler
@@ -88,6 +91,7 @@ def build_search(
         seed=seed,
         seed_trials=settings.seed_trials,
         stop_margin=settings.stop_margin,
+        prior=prior,
     )
 
 
@@ -155,6 +159,7 @@ class LayoutSearch:
         seed: int = 0,
         seed_trials: int | None = None,
         stop_margin: float | None = None,
+        prior: Prior | None = None,
     ) -> None:
         self.plan = plan
         self.study = study
@@ -169,7 +174,7 @@ class LayoutSearch:
         self.outcome: dict[int, str] = {}  # plan row -> trial status
         self.running: set[int] = set()
         self.reported: dict[int, int] = {}  # Optuna trial -> steps reported as intermediate values
-        self.learning = Learning(plan)
+        self.learning = Learning(plan, prior=prior or Prior())
         if not self.policy.in_plan_order:  # grid runs the plan as planned
             self.learning.add_probes()
         # the residual process is defined over every layout the search could ever run: the
@@ -178,6 +183,9 @@ class LayoutSearch:
         self._pos = np.full(len(plan), -1, dtype=np.int64)
         self._pos[self._scored] = np.arange(self._scored.size)
         self.residual = Residual(features(plan.cols, self._scored, self.searched))
+        # learned knob-value effects: the residual's prior mean (None without a learned profile)
+        effects = EffectPrior(plan.cols, self._scored, self.searched, prior) if prior else None
+        self.effects = effects if effects is not None and effects.active else None
         self._fitted = 0  # measured layouts the residual was last fitted on
         self._scratch: optuna.Study | None = None  # the named sampler's own study (tpe, gp, random)
         self._scratch_of: dict[int, int] = {}  # plan row -> its scratch trial, while it runs
@@ -200,10 +208,8 @@ class LayoutSearch:
     @property
     def pred_mfu(self) -> np.ndarray:
         """MFU of every layout as the search now expects it: the recalibrated model, corrected by the residual."""
-        self._refit()
-        mean, _ = self.residual.predict(self._pos[self._scored])
         out = self.learning.pred_mfu.copy()
-        out[self._scored] = out[self._scored] * np.exp(-mean)
+        out[self._scored] = out[self._scored] * np.exp(-self._residual_mean(self._scored))
         return out
 
     @property
@@ -244,22 +250,30 @@ class LayoutSearch:
         if self.policy.exploit(started=started):
             rows = np.asarray(untried, dtype=np.int64)
             if self.policy.by_prior(started=started):
-                return self._enqueue(int(rows[np.argmax(self.learning.pred_mfu[rows] * self.fit_chance(rows))]))
+                prior = self.learning.pred_mfu[rows] * np.exp(-self._learned_mean(rows))
+                return self._enqueue(int(rows[np.argmax(prior * self.fit_chance(rows))]))
             return self._enqueue(int(rows[np.argmax(self.scores(rows))]))
         return self._ask_sampler(max_rejections)
 
     def fit_chance(self, rows: np.ndarray) -> np.ndarray:
-        """The chance each layout fits the card: 1 once proven, the plan's (estimate's error band) otherwise."""
+        """The chance each layout fits the card: 1 once proven, the plan's (estimate's error band) otherwise.
+
+        With a learned memory fit (a learned profile's, refitted by this sweep's peaks), the layouts in
+        doubt (uncertain, re-admitted) are judged on the refitted estimate instead of the plan's."""
         chance = self.plan.fit_chance[rows].copy()
-        readmitted = np.isin(rows, list(self.learning.readmitted))
-        if readmitted.any():  # pruned, then re-admitted by a refit or as a probe: the estimate's band
-            chance[readmitted] = fit_chance(self.plan.memory.total[rows[readmitted]], self.plan.memory.capacity_bytes)
+        mem = self.plan.memory
+        total = refitted_total(mem, self.learning.memory_fit) if self.learning.prior.memory else mem.total
+        doubt = np.isin(rows, list(self.learning.readmitted))
+        if self.learning.prior.memory:
+            doubt |= self.plan.status[rows] == PlanStatus.UNCERTAIN
+        if doubt.any():  # pruned, then re-admitted by a refit or as a probe: the estimate's band
+            chance[doubt] = fit_chance(total[rows[doubt]], mem.capacity_bytes)
         chance[np.isin(rows, list(self.learning.proven))] = 1.0
         return chance
 
     def scores(self, rows: np.ndarray) -> np.ndarray:
-        """Expected speed (1 / step time: the recalibrated model corrected by the residual's mean),
-        times the chance to run.
+        """Log of the chance each layout runs and is the best (`sweeper.acquisition`), from its expected
+        speed (1 / step time: the recalibrated model corrected by the residual's mean) and its chance to run.
 
         The posterior's mean, not an expected improvement: with the model as prior the first trials
         follow its order, and the search leaves it only where measurements contradict it (a slow
@@ -267,16 +281,28 @@ class LayoutSearch:
         rewards the residual's uncertainty away from what ran, and spent the few trials that count
         on layouts the model ranks far down (benchmarks/search_public.py: 10 of 15 tuned ultrascale
         cells within 5 trials with it, 13 without; the quirk replay 15-18 trials, 4 without)."""
+        log_speed = -(np.log(self._calibrated_total(rows)) + self._residual_mean(rows))
+        measured = self.learning.measured
+        return best_chance(log_speed, self._ok_chance(rows), -np.log(np.fromiter(measured.values(), float)))
+
+    def _residual_mean(self, rows: np.ndarray) -> np.ndarray:
+        """log(true / calibrated step time) as the search expects it: the learned effects, if any, and
+        the residual process fitted to what this sweep measured beyond them."""
         self._refit()
         mean, _ = self.residual.predict(self._pos[rows])
-        return self._ok_chance(rows) * np.exp(-(np.log(self._calibrated_total(rows)) + mean))
+        return mean + self._learned_mean(rows)
+
+    def _learned_mean(self, rows: np.ndarray) -> np.ndarray:
+        return self.effects.mean(self._pos[rows]) if self.effects is not None else np.zeros(len(rows))
 
     def _ok_chance(self, rows: np.ndarray) -> np.ndarray:
         """The chance to fit, moved by what the finished layouts like these did (ran, or failed).
 
         An OOM says something of memory only: it moves the layouts whose fit is in doubt (uncertain,
         re-admitted), and the plan's candidates only when it was a candidate's (the estimate was too
-        low there); a layout proven to fit (`Learning.proven`) is moved only by crashes and runs."""
+        low there); a layout proven to fit (`Learning.proven`) is moved only by crashes and runs. A
+        layout in doubt is never moved above its chance to fit by neighbours that ran: they may need
+        less memory (one that needs more and ran proves it fits)."""
         seen = np.asarray(list(self.outcome), dtype=np.int64)
         status = [TrialStatus(s) for s in self.outcome.values()]
         ran = np.asarray([s.succeeded() or s.was_stopped() for s in status], dtype=float)
@@ -295,6 +321,8 @@ class LayoutSearch:
                 out[mask] = ok_chance(
                     self.residual.x, self._pos[rows[mask]], prior[mask], self._pos[seen[told]], ran[told]
                 )
+        doubt = ~proven & ~candidate
+        out[doubt] = np.minimum(out[doubt], prior[doubt])
         return out
 
     def _calibrated_total(self, rows: np.ndarray) -> np.ndarray:
@@ -308,7 +336,11 @@ class LayoutSearch:
             return
         rows = np.asarray(list(measured), dtype=np.int64)
         times = np.asarray([measured[int(r)] for r in rows])
-        self.residual.fit(self._pos[rows], np.log(times / self._calibrated_total(rows)))
+        log_ratio = np.log(times / self._calibrated_total(rows))
+        if self.effects is not None:  # the learned effects, corrected by what this sweep measured
+            self.effects.measured(self._pos[rows])
+            log_ratio = log_ratio - self.effects.mean(self._pos[rows])
+        self.residual.fit(self._pos[rows], log_ratio)
         self._fitted = len(measured)
 
     def _ask_sampler(self, max_rejections: int) -> Proposal:
