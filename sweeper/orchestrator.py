@@ -21,6 +21,7 @@ from sweeper.identity import sweep_identity
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure
 from sweeper.layout import Layout
 from sweeper.plan import Plan, leave_out, make_plan
+from sweeper.remember import Memory, learns
 from sweeper.results import InFlight, ResultsStore, now_utc, row_from
 from sweeper.search import LayoutSearch, build_search, trial_attrs
 from sweeper.slow_trials import crashed, judge, saved_gpu_hours
@@ -71,6 +72,7 @@ class SweepRun:
     notes: list[str] = field(default_factory=list)  # what the run did that the user should know
     fatal: str | None = None  # why the sweep stopped on its own (this machine cannot run any trial)
     warnings: list[str] = field(default_factory=list)
+    memory: Memory | None = None  # the learned profile it started from and keeps what it learns in
 
     @property
     def budget(self) -> int:
@@ -93,10 +95,17 @@ def prepare(sweep: Sweep, launcher: Launcher, *, storage: str | None = None) -> 
     left_out = int((runnable & (plan.status == PlanStatus.INVALID)).sum())
     if not plan.candidate_mask.any():
         raise SweepError(f"{sweep.name}: no candidate layout is left after the plan (see `sweep run --dry-run`)")
+    enabled = learns(sweep, measures_here=launcher.measures_here)
+    memory = Memory.of(sweep, sweep_id=identity, cluster_name=launcher.cluster_name(), enabled=enabled)
     with storage_errors(storage):
-        search = build_search(plan, storage=storage)
+        search = build_search(plan, storage=storage, prior=memory.prior)
         study = search.study
-        run = SweepRun(sweep, plan, store, search, launcher, spec_path, identity=identity)
+        run = SweepRun(sweep, plan, store, search, launcher, spec_path, identity=identity, memory=memory)
+        if memory.prior is not None:
+            run.notes.append(
+                f"started from the learned profile {memory.key.path} ({len(memory.prior.sources)} earlier "
+                f"sweep(s): {', '.join(memory.prior.sources)}); this sweep's trials correct it"
+            )
         if left_out:
             run.notes.append(f"{left_out} valid layout(s) left out: {launcher.cannot_run_reason}")
         _load_finished(run)
@@ -268,7 +277,21 @@ def _record(run: SweepRun, rec: InFlight, outcome: JobOutcome) -> dict[str, Any]
     _tell(run, rec, values)
     run.store.clear_inflight(rec.trial_number)
     run.rows.append(row)
+    _remember(run)
     return row
+
+
+def _remember(run: SweepRun) -> None:
+    """Keep what the finished trials taught in the learned profile, after each one (a killed sweep keeps
+    it too); a profile that cannot be written costs the next sweep its prior, not this sweep its run."""
+    if run.memory is None:
+        return
+    try:
+        run.memory.keep(run.search, trials=len(run.rows))
+    except (OSError, SweepError) as e:
+        warning = f"the learned profile {run.memory.key.path} was not updated: {e}"
+        if not any(w.startswith("the learned profile") for w in run.warnings):
+            run.warnings.append(warning)
 
 
 def _tell(run: SweepRun, rec: InFlight, row: dict[str, Any]) -> None:
