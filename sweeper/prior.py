@@ -28,16 +28,18 @@ from typing import Any
 import numpy as np
 
 from sweeper.memfit import MemoryFit
-from sweeper.perfmodel import Calibration
+from sweeper.perfmodel import Calibration, StepTime
 
 # How many measured layouts of the new sweep a learned number counts as, at most (the learned
 # number is backed by `trials` layouts of other models; another model shares a trainer's quirk,
 # not always its size). After n own layouts it holds weight / (weight + n) of the say.
 CALIBRATION_WEIGHT = 2.0
 EFFECT_WEIGHT = 2.0
-# A sweep's own effects (what it saves): a weak ridge towards 0, so that a value measured once
-# with others is not given the whole of a layout's error alone.
-OWN_RIDGE = 0.5
+# A sweep's own effects (what it saves, `own_lessons`): each costs as much as this share of the layouts
+# with its value being off by it, so an effect is fitted where more than that share are off the same
+# way, and left at 0 (the value as the model predicts) where the scales and the other effects explain them.
+EFFECT_COST = 0.5
+EFFECT_BOUND = 4.0  # in log space: 55x either way; beyond, a layout is broken, not slow
 
 EffectKey = tuple[str, Any]  # (knob, value)
 
@@ -64,9 +66,6 @@ class Prior:
     @property
     def calibration_weight(self) -> float:
         return min(float(self.calibration_trials), CALIBRATION_WEIGHT)
-
-    def is_empty(self) -> bool:
-        return self.calibration is None and not self.effects and self.memory is None
 
 
 def python_value(v: Any) -> Any:
@@ -121,27 +120,48 @@ class EffectPrior:
         return out
 
 
-def ridge(x: np.ndarray, y: np.ndarray, centre: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """argmin |y - x b|^2 + sum(weight * (b - centre)^2): each coefficient's prior counts as `weight` observations."""
-    a = x.T @ x + np.diag(weight)
-    return np.linalg.solve(a, x.T @ y + weight * centre)
+def own_lessons(
+    model: StepTime, cols: Mapping[str, np.ndarray], rows: np.ndarray, step_s: np.ndarray, searched: Sequence[str]
+) -> tuple[Calibration, dict[EffectKey, LearnedEffect]]:
+    """What one sweep's measured layouts say on their own (no learned prior: what is saved must not
+    count an earlier sweep twice): the model's two scales and each searched knob value's effect,
+    fitted together.
 
+    log(step) = log(compute_scale * compute + comm_scale * comm) + the effects of the layout's values,
+    with `residual.calibrate`'s robust (soft-L1) loss and priors on the scales, and an L1 penalty on
+    the effects: an effect costs what `EFFECT_COST` of the layouts with its value cost if all were off
+    by it, so it is fitted where most of them are, and what most layouts do is the norm (a level
+    shared by every layout is the scales', nearly free). Fitted apart, a quirk of a
+    third to a half of the measured layouts tilts the scales (compute up, communication down) and
+    the effects then carry the tilt to the next model as small effects of every value. Sparse, the
+    fit says what a quirk is, one value several times off, with the rest at 0 and the scales where
+    the other layouts put them; values that every measured layout had together share it equally
+    (the sweep cannot tell which it was). One-hot values are not identifiable one by one (a constant
+    moves between knobs freely), which the penalty settles too: no effect where none is needed."""
+    from scipy.optimize import least_squares
 
-def own_effects(
-    cols: Mapping[str, np.ndarray], rows: np.ndarray, log_ratio: np.ndarray, searched: Sequence[str]
-) -> dict[EffectKey, LearnedEffect]:
-    """What one sweep's measured layouts say of each searched knob value, on their own (no learned
-    prior: what is saved must not count an earlier sweep twice). A weak ridge (`OWN_RIDGE`) towards
-    0 shares a layout's error between its values until other layouts tell them apart; the errors are
-    taken from their median, so a quirk of a few values is theirs, not a level spread over all."""
+    from sweeper.residual import CALIBRATION_SPREAD, LEVEL_PRIOR, SCALE_BOUNDS, SCALE_PRIOR
+
     rows = np.asarray(rows, dtype=int)
     if rows.size == 0:
-        return {}
-    effects = EffectPrior(cols, rows, searched, Prior())
-    x = effects.onehot(np.arange(rows.size))
-    y = np.asarray(log_ratio, dtype=float)
-    y = y - np.median(y)  # the level is the scales' (the calibration's); the effects say how layouts differ
-    n = len(effects.keys)
-    beta = ridge(x, y, np.zeros(n), np.full(n, OWN_RIDGE))
-    counts = x.sum(axis=0)
-    return {key: LearnedEffect(float(b), int(n)) for key, b, n in zip(effects.keys, beta, counts) if n > 0}
+        return Calibration(), {}
+    keys = EffectPrior(cols, rows, searched, Prior())
+    x = keys.onehot(np.arange(rows.size))
+    log_y = np.log(np.asarray(step_s, dtype=float))
+    compute, comm = model.compute[rows], model.comm[rows]
+    k, counts = x.shape[1], x.sum(axis=0)
+
+    def loss(p: np.ndarray) -> np.ndarray:
+        t = np.exp(p[0]) * compute + np.exp(p[1]) * comm
+        r = (log_y - np.log(np.maximum(t, 1e-12)) - x @ p[2:]) / CALIBRATION_SPREAD
+        scales = [(p[1] - p[0]) / SCALE_PRIOR, (p[0] + p[1]) / (2 * LEVEL_PRIOR)]
+        # 1/2 f^2 per term: soft L1 of the data (|r| - 1 far out); |effect| / spread (smoothed at 0) times
+        # EFFECT_COST times the layouts with the value
+        sparse = np.sqrt(2 * EFFECT_COST * counts / CALIBRATION_SPREAD * np.sqrt(p[2:] ** 2 + 1e-4))
+        return np.concatenate([np.sign(r) * np.sqrt(2 * (np.sqrt(1 + r**2) - 1)), scales, sparse])
+
+    lo, hi = np.log(SCALE_BOUNDS)
+    bounds = ([lo, lo, *[-EFFECT_BOUND] * k], [hi, hi, *[EFFECT_BOUND] * k])
+    p = least_squares(loss, np.zeros(k + 2), bounds=bounds).x
+    effects = {key: LearnedEffect(float(np.round(b, 4)), int(n)) for key, b, n in zip(keys.keys, p[2:], counts)}
+    return Calibration(float(np.exp(p[0])), float(np.exp(p[1])), int(rows.size)), effects

@@ -17,8 +17,7 @@ import numpy as np
 from sweeper.hardware import GIB
 from sweeper.learned_profile import LearnedKey, Lessons, MemoryLesson, load, save
 from sweeper.memfit import refit
-from sweeper.prior import Prior, own_effects
-from sweeper.residual import calibrate
+from sweeper.prior import Prior, own_lessons
 from sweeper.search import LayoutSearch
 from sweeper.spec import Sweep
 
@@ -67,10 +66,7 @@ def lessons_of(search: LayoutSearch, *, sweep_id: str, trials: int) -> Lessons |
     if measured:
         rows = np.asarray(list(measured), dtype=np.int64)
         times = np.asarray([measured[int(r)] for r in rows])
-        model = learning.model
-        cal = calibrate(model, rows.tolist(), times.tolist())
-        calibrated = cal.compute_scale * model.compute[rows] + cal.comm_scale * model.comm[rows]
-        effects = own_effects(plan.cols, rows, np.log(times / calibrated), search.searched)
+        cal, effects = own_lessons(learning.model, plan.cols, rows, times, search.searched)
     memory = None
     if peaks:
         rows_p = list(peaks)

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from sweeper.hardware import GIB
 from sweeper.identity import sweep_identity
 from sweeper.knobs import KNOBS
 from sweeper.launchers.replay import ReplayLauncher
@@ -25,7 +26,7 @@ from sweeper.orchestrator import step as loop_step
 from sweeper.perfmodel import Calibration
 from sweeper.plan import make_plan
 from sweeper.prior import LearnedEffect
-from sweeper.remember import Memory, learns
+from sweeper.remember import Memory, learns, lessons_of
 from sweeper.search import build_search
 from sweeper.spec import Sweep, load_sweep, parse_sweep
 
@@ -200,3 +201,37 @@ def test_a_learned_profile_seeds_the_next_sweep_and_its_trials_correct_it(tmp_pa
 
 def _step(plan, row: int) -> float:
     return float(plan.throughput.total[row])
+
+
+def test_measured_peaks_are_kept_and_raise_the_next_sweeps_chance_to_fit(tmp_path):
+    """A sweep measured peaks 40 % under the estimate's activations; the next model's uncertain layouts
+    are judged on the refitted estimate, and its candidates stay certain."""
+    first = parse_sweep(yaml.safe_dump(_spec(tmp_path, "first", FIRST)))
+    plan = make_plan(first)
+    search = build_search(plan, sampler="auto", max_trials=40)
+    mem = plan.memory
+    act = mem.activations + mem.logits
+    true_gib = (mem.allocated - 0.4 * act + 1.0 * GIB) / GIB
+    for r in np.flatnonzero(plan.status == "candidate")[:3]:
+        search.observe(
+            int(r),
+            status="ok",
+            mfu=0.5,
+            step_time_s=_step(plan, int(r)),
+            peak_mem_gib=float(true_gib[r]),
+            device="cuda",
+        )
+    kept = lessons_of(search, sweep_id=sweep_identity(first), trials=3)
+    assert kept is not None and kept.memory is not None
+    assert (kept.memory.act_scale, kept.memory.offset_gib, kept.memory.peaks) == pytest.approx((0.6, 1.0, 3))
+    save(LearnedKey.of(first), kept)
+    second = parse_sweep(yaml.safe_dump(_spec(tmp_path, "second", SECOND)))
+    prior = Memory.of(second, sweep_id=sweep_identity(second), cluster_name=None, enabled=True).prior
+    assert prior is not None and prior.memory is not None and prior.memory.act_scale == pytest.approx(0.6)
+    plan = make_plan(second)
+    doubt = np.flatnonzero(plan.status == "uncertain")
+    certain = np.flatnonzero(plan.status == "candidate")
+    plain = build_search(plan, sampler="auto", max_trials=40)
+    seeded = build_search(plan, sampler="auto", max_trials=40, prior=prior)
+    assert doubt.size and np.all(seeded.fit_chance(doubt) > plain.fit_chance(doubt))
+    assert np.all(seeded.fit_chance(certain) == 1.0)
