@@ -17,7 +17,8 @@ import numpy as np
 from sweeper.hardware import GIB
 from sweeper.learned_profile import LearnedKey, Lessons, MemoryLesson, load, save
 from sweeper.memfit import refit
-from sweeper.prior import Prior, own_lessons
+from sweeper.perfmodel import Calibration
+from sweeper.prior import EffectKey, LearnedEffect, Prior, own_lessons
 from sweeper.search import LayoutSearch
 from sweeper.spec import Sweep
 
@@ -62,7 +63,8 @@ def lessons_of(search: LayoutSearch, *, sweep_id: str, trials: int) -> Lessons |
     if not measured and not peaks:
         return None
     sweep = plan.sweep
-    cal, effects = None, {}
+    cal: Calibration | None = None
+    effects: dict[EffectKey, LearnedEffect] = {}
     if measured:
         rows = np.asarray(list(measured), dtype=np.int64)
         times = np.asarray([measured[int(r)] for r in rows])
