@@ -16,6 +16,7 @@ from sweeper.hardware import GIB
 from sweeper.memfit import MemoryFit, mirror, needs_at_least, needs_at_most, probe_rows, refit, refitted_total
 from sweeper.perfmodel import Calibration, StepTime
 from sweeper.plan import Plan
+from sweeper.prior import Prior
 from sweeper.residual import calibrate
 from sweeper.statuses import PlanStatus
 
@@ -43,9 +44,14 @@ class Learning:
     proven: set[int] = field(default_factory=set)  # fit for certain: they ran, or need no more than one that ran
     memory_fit: MemoryFit = field(default_factory=MemoryFit)
     calibration: Calibration = field(default_factory=Calibration)
+    prior: Prior = field(default_factory=Prior)  # what earlier sweeps taught (a learned profile), or nothing
 
     def __post_init__(self) -> None:
         self.pred_mfu: np.ndarray = self.model.mfu
+        if self.prior.calibration is not None:  # nothing measured yet: the learned scales
+            self._recalibrate(calibrate(self.model, [], [], prior=self.prior.calibration))
+        if self.prior.memory is not None:
+            self.memory_fit = self.prior.memory
 
     @property
     def model(self) -> StepTime:
@@ -63,10 +69,15 @@ class Learning:
         """Refit the model's two scales to every measured step time (robust to a quirk: `residual.calibrate`)."""
         self.measured[row] = step_time_s
         rows = list(self.measured)
+        times = [self.measured[r] for r in rows]
+        p = self.prior
+        self._recalibrate(calibrate(self.model, rows, times, prior=p.calibration, prior_weight=p.calibration_weight))
+
+    def _recalibrate(self, calibration: Calibration) -> None:
+        self.calibration = calibration
         model = self.model
-        self.calibration = calibrate(model, rows, [self.measured[r] for r in rows])
         scale = model.total / np.maximum(
-            self.calibration.compute_scale * model.compute + self.calibration.comm_scale * model.comm, 1e-12
+            calibration.compute_scale * model.compute + calibration.comm_scale * model.comm, 1e-12
         )
         self.pred_mfu = model.mfu * scale
 
@@ -85,7 +96,9 @@ class Learning:
             self.reserved[row] = reserved_gib
         mem = self.plan.memory
         rows = list(self.peaks)
-        self.memory_fit = refit(mem, rows, [self.peaks[r] for r in rows], [self.reserved.get(r) for r in rows])
+        self.memory_fit = refit(
+            mem, rows, [self.peaks[r] for r in rows], [self.reserved.get(r) for r in rows], prior=self.prior.memory
+        )
         total = refitted_total(mem, self.memory_fit)
         why = self.memory_fit.describe()
         # excluding is a prediction, not a fact (an OOM is): only from two peaks on, and only

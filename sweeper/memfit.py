@@ -105,13 +105,23 @@ class MemoryFit:
 
 
 def refit(
-    est: Estimate, rows: Sequence[int], allocated_gib: Sequence[float | None], reserved_gib: Sequence[float | None]
+    est: Estimate,
+    rows: Sequence[int],
+    allocated_gib: Sequence[float | None],
+    reserved_gib: Sequence[float | None],
+    *,
+    prior: MemoryFit | None = None,
 ) -> MemoryFit:
     """Fit the activation scale and the fixed offset to measured peaks of finished layouts.
 
     Where only reserved is measured, allocated is taken as reserved / the estimate's gap.
     One peak: the scale that explains it (clipped), the rest as offset. Two or more with
     different activations: least squares on [activations, 1].
+
+    `prior` (a learned profile's fit, from other sweeps): what the sweep's own peaks cannot
+    tell comes from it, and nothing else: one peak (or peaks of the same activations) keeps the
+    prior's fixed offset and fits the scale that explains them exactly; two peaks that can split
+    scale and offset drop it. Its reserved factor stands until a peak of this sweep gives one.
     """
     idx, alloc, ratios = [], [], []
     for r, a, v in zip(rows, allocated_gib, reserved_gib):
@@ -125,7 +135,7 @@ def refit(
             idx.append(r)
             alloc.append(v * GIB / gap)
     if not idx:
-        return MemoryFit()
+        return prior or MemoryFit()
     i = np.asarray(idx, dtype=int)
     act = est.activations[i] + est.logits[i]
     states = est.allocated[i] - act
@@ -135,9 +145,10 @@ def refit(
         scale = float(np.clip(scale, *SCALE_BOUNDS))
         offset = float(np.mean(y - scale * act))
     else:
-        scale = float(np.clip(np.mean(y) / max(float(np.mean(act)), 1.0), *SCALE_BOUNDS))
+        known = prior.offset_bytes if prior is not None else 0.0
+        scale = float(np.clip(np.mean(y - known) / max(float(np.mean(act)), 1.0), *SCALE_BOUNDS))
         offset = float(np.mean(y - scale * act))
-    factor = float(np.median(ratios)) if ratios else None
+    factor = float(np.median(ratios)) if ratios else (prior.reserved_factor if prior is not None else None)
     return MemoryFit(scale, offset, factor, len(i))
 
 

@@ -22,6 +22,7 @@ from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failu
 from sweeper.layout import Layout
 from sweeper.plan import Plan, leave_out, make_plan
 from sweeper.plan_summary import no_candidates_message
+from sweeper.remember import Memory, learns
 from sweeper.results import InFlight, ResultsStore, now_utc, row_from
 from sweeper.rows_told import learn_rows, measured, rebuild_from_rows, row_attrs
 from sweeper.search import LayoutSearch, build_search
@@ -69,6 +70,7 @@ class SweepRun:
     fatal: str | None = None  # why the sweep stopped on its own (this machine cannot run any trial)
     warnings: list[str] = field(default_factory=list)
     spec_digest: str = ""  # of the recorded sweep file, checked before each trial starts (frozen_spec.check_unchanged)
+    memory: Memory | None = None  # the learned profile it started from and keeps what it learns in
 
     @property
     def budget(self) -> int:
@@ -100,12 +102,28 @@ def prepare(
     storage = storage or preflight(sweep)
     identity = sweep_identity(sweep)
     store, spec_path = open_results(sweep, identity)
+    enabled = learns(sweep, measures_here=launcher.measures_here)
+    memory = Memory.of(sweep, sweep_id=identity, cluster_name=launcher.cluster_name(), enabled=enabled)
     with storage_errors(storage):
-        search = build_search(plan, storage=storage, own_file=storage == default_storage(store.root))
+        own_file = storage == default_storage(store.root)
+        search = build_search(plan, storage=storage, own_file=own_file, prior=memory.prior)
         study = search.study
         run = SweepRun(
-            sweep, plan, store, search, launcher, spec_path, identity=identity, spec_digest=digest(spec_path)
+            sweep,
+            plan,
+            store,
+            search,
+            launcher,
+            spec_path,
+            identity=identity,
+            spec_digest=digest(spec_path),
+            memory=memory,
         )
+        if memory.prior is not None:
+            run.notes.append(
+                f"started from the learned profile {memory.key.path} ({len(memory.prior.sources)} earlier "
+                f"sweep(s): {', '.join(memory.prior.sources)}); this sweep's trials correct it"
+            )
         if left_out:
             run.notes.append(f"{left_out} valid layout(s) left out: {launcher.cannot_run_reason}")
         run.rows.extend(store.rows())
@@ -277,7 +295,21 @@ def _record(run: SweepRun, rec: InFlight, outcome: JobOutcome) -> dict[str, Any]
     _tell(run, rec, values)
     run.store.clear_inflight(rec.trial_number)
     run.rows.append(row)
+    _remember(run)
     return row
+
+
+def _remember(run: SweepRun) -> None:
+    """Keep what the finished trials taught in the learned profile, after each one (a killed sweep keeps
+    it too); a profile that cannot be written costs the next sweep its prior, not this sweep its run."""
+    if run.memory is None:
+        return
+    try:
+        run.memory.keep(run.search, trials=len(run.rows))
+    except (OSError, SweepError) as e:
+        warning = f"the learned profile {run.memory.key.path} was not updated: {e}"
+        if not any(w.startswith("the learned profile") for w in run.warnings):
+            run.warnings.append(warning)
 
 
 def _tell(run: SweepRun, rec: InFlight, row: dict[str, Any]) -> None:

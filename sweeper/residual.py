@@ -146,15 +146,29 @@ def ok_chance(x: np.ndarray, index: np.ndarray, prior: np.ndarray, seen: np.ndar
     return (PRIOR_WEIGHT * prior + w @ ran) / (PRIOR_WEIGHT + w.sum(axis=1))
 
 
-def calibrate(pred: StepTime, rows: Sequence[int], measured_step_s: Sequence[float]) -> Calibration:
+def calibrate(
+    pred: StepTime,
+    rows: Sequence[int],
+    measured_step_s: Sequence[float],
+    *,
+    prior: Calibration | None = None,
+    prior_weight: float = 0.0,
+) -> Calibration:
     """The compute and communication scales that fit measured step times, robust to a quirk.
 
     Minimises, over the log of both scales, the soft-L1 loss of log(measured / calibrated step
     time) (scale `CALIBRATION_SPREAD`) plus the scales' prior; a point or two fit closely, a few
     points several times off the rest hardly move the scales (scipy's `least_squares`).
+
+    `prior` (a learned profile's scales): each scale is pulled towards it as by `prior_weight`
+    measured layouts that sat exactly on it, so the sweep's own trials outweigh it as they come
+    (after n of them it holds prior_weight / (prior_weight + n) of the say); with nothing
+    measured, the scales are the prior's.
     """
+    centre = np.log([prior.compute_scale, prior.comm_scale]) if prior is not None else np.zeros(2)
+    pull = np.sqrt(prior_weight) if prior is not None else 0.0
     if not len(rows):
-        return Calibration()
+        return Calibration(prior.compute_scale, prior.comm_scale, 0) if prior is not None else Calibration()
     idx = np.asarray(rows, dtype=int)
     log_y = np.log(np.asarray(measured_step_s, dtype=float))
     compute, comm = pred.compute[idx], pred.comm[idx]
@@ -166,8 +180,10 @@ def calibrate(pred: StepTime, rows: Sequence[int], measured_step_s: Sequence[flo
 
     def loss(p: np.ndarray) -> np.ndarray:  # soft L1 on the data (signed, so smooth at 0), squared on the prior
         r = misfit(p)
-        prior = [(p[1] - p[0]) / SCALE_PRIOR, (p[0] + p[1]) / (2 * LEVEL_PRIOR)]
-        return np.concatenate([np.sign(r) * np.sqrt(2 * (np.sqrt(1 + r**2) - 1)), prior])
+        prior_terms = [(p[1] - p[0]) / SCALE_PRIOR, (p[0] + p[1]) / (2 * LEVEL_PRIOR)]
+        learned = pull * (p - centre) / CALIBRATION_SPREAD  # zero without a learned prior
+        return np.concatenate([np.sign(r) * np.sqrt(2 * (np.sqrt(1 + r**2) - 1)), prior_terms, learned])
 
-    fit = least_squares(loss, np.zeros(2), bounds=([lo, lo], [hi, hi]))
+    start = np.clip(centre, lo, hi)
+    fit = least_squares(loss, start, bounds=([lo, lo], [hi, hi]))
     return Calibration(float(np.exp(fit.x[0])), float(np.exp(fit.x[1])), len(idx))

@@ -21,19 +21,20 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState
 
-from sweeper.errors import SweepError
+from sweeper.acquisition import best_chance
 from sweeper.knobs import KNOBS
 from sweeper.layout import Layout
 from sweeper.learn import Learning
-from sweeper.memfit import fit_chance
+from sweeper.memfit import fit_chance, refitted_total
 from sweeper.perfmodel import Calibration, StepTime
 from sweeper.plan import Plan
+from sweeper.prior import EffectPrior, Prior
 from sweeper.residual import Residual, features, ok_chance
+from sweeper.schedule import Schedule, make_sampler
 from sweeper.statuses import PlanStatus, TrialStatus
 from sweeper.stopping import SlowerThanBest, mfu_seconds
 from sweeper.study import mirror_trial, open_study, tell_study, trial_attrs
 
-SAMPLERS = ("auto", "grid", "random", "tpe", "gp")
 FAILED_OBJECTIVE = 0.0  # what a failed, OOM or rejected layout is worth to a sampler (MFU 0)
 
 
@@ -46,11 +47,6 @@ class Proposal:
     layout: Layout
 
 
-def is_exhaustive(sampler: str, n_candidates: int, max_trials: int) -> bool:
-    """Whether the search runs every candidate (grid always; auto when they fit in the budget)."""
-    return sampler == "grid" or (sampler == "auto" and n_candidates <= max_trials)
-
-
 def build_search(
     plan: Plan,
     *,
@@ -60,12 +56,13 @@ def build_search(
     max_trials: int | None = None,
     seed: int | None = None,
     own_file: bool = False,
+    prior: Prior | None = None,
 ) -> LayoutSearch:
     """The search of a plan: its sampler, its study (in `storage`, or in memory when None), its policy.
 
     The one constructor the orchestrator, the benchmarks and the tests use; settings not given
     come from the sweep's `search` section; `own_file`: the storage is the results folder's own
-    `optuna.db`, for this sweep's study alone.
+    `optuna.db`, for this sweep's study alone. `prior`: what earlier sweeps taught (a learned profile).
     """
     settings = plan.sweep.search
     sampler = sampler or settings.sampler
@@ -90,50 +87,8 @@ def build_search(
         seed=seed,
         seed_trials=settings.seed_trials,
         stop_margin=settings.stop_margin,
+        prior=prior,
     )
-
-
-def make_sampler(name: str, *, seed: int, budget: int) -> optuna.samplers.BaseSampler:
-    """The Optuna sampler that proposes for search.sampler tpe, gp or random (in the scratch study)."""
-    if name in ("random", "grid", "auto"):
-        return optuna.samplers.RandomSampler(seed=seed)
-    if name == "tpe":
-        startup = max(2, min(10, budget // 4))
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=startup)
-    if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=max(2, min(10, budget // 4)))
-    raise SweepError(f"search.sampler: {name!r} not allowed; allowed: {', '.join(SAMPLERS)}")
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """The scheduling policy: which trials the search's model picks, which an Optuna sampler proposes.
-
-    grid: every candidate in plan order. auto: every trial the layout of highest expected
-    speed (the first `seed_trials`, when set, the model's best predicted). tpe, gp,
-    random: the sampler alone.
-    """
-
-    sampler: str
-    exhaustive: bool
-    seed_trials: int
-
-    @classmethod
-    def of(cls, sampler: str, *, n_candidates: int, max_trials: int, seed_trials: int | None = None) -> Schedule:
-        seeds = (seed_trials or 0) if sampler == "auto" else 0
-        return cls(sampler, is_exhaustive(sampler, n_candidates, max_trials), seeds)
-
-    @property
-    def in_plan_order(self) -> bool:
-        return self.sampler == "grid"
-
-    def exploit(self, *, started: int) -> bool:
-        """Whether the next trial (after `started` ones) is the search's own pick (not a sampler's)."""
-        return self.sampler in ("auto", "grid")
-
-    def by_prior(self, *, started: int) -> bool:
-        """Whether the next trial is the prior's best predicted layout (the seed trials)."""
-        return started < self.seed_trials
 
 
 class LayoutSearch:
@@ -157,6 +112,7 @@ class LayoutSearch:
         seed: int = 0,
         seed_trials: int | None = None,
         stop_margin: float | None = None,
+        prior: Prior | None = None,
     ) -> None:
         self.plan = plan
         self.study = study
@@ -171,7 +127,7 @@ class LayoutSearch:
         self.outcome: dict[int, str] = {}  # plan row -> trial status
         self.running: set[int] = set()
         self.reported: dict[int, int] = {}  # Optuna trial -> steps reported as intermediate values
-        self.learning = Learning(plan)
+        self.learning = Learning(plan, prior=prior or Prior())
         if not self.policy.in_plan_order:  # grid runs the plan as planned
             self.learning.add_probes()
         # the residual process is defined over every layout the search could ever run: the
@@ -180,6 +136,9 @@ class LayoutSearch:
         self._pos = np.full(len(plan), -1, dtype=np.int64)
         self._pos[self._scored] = np.arange(self._scored.size)
         self.residual = Residual(features(plan.cols, self._scored, self.searched))
+        # learned knob-value effects: the residual's prior mean (None without a learned profile)
+        effects = EffectPrior(plan.cols, self._scored, self.searched, prior) if prior else None
+        self.effects = effects if effects is not None and effects.active else None
         self._fitted = 0  # measured layouts the residual was last fitted on
         self._scratch: optuna.Study | None = None  # the named sampler's own study (tpe, gp, random)
         self._scratch_of: dict[int, int] = {}  # plan row -> its scratch trial, while it runs
@@ -201,10 +160,8 @@ class LayoutSearch:
     @property
     def pred_mfu(self) -> np.ndarray:
         """MFU of every layout as the search now expects it: the recalibrated model, corrected by the residual."""
-        self._refit()
-        mean, _ = self.residual.predict(self._pos[self._scored])
         out = self.learning.pred_mfu.copy()
-        out[self._scored] = out[self._scored] * np.exp(-mean)
+        out[self._scored] = out[self._scored] * np.exp(-self._residual_mean(self._scored))
         return out
 
     @property
@@ -249,7 +206,8 @@ class LayoutSearch:
         elif self.policy.exploit(started=(started := len(self.done) + len(self.running))):
             rows = np.asarray(untried, dtype=np.int64)
             if self.policy.by_prior(started=started):
-                row = int(rows[np.argmax(self.learning.pred_mfu[rows] * self.fit_chance(rows))])
+                prior = self.learning.pred_mfu[rows] * np.exp(-self._learned_mean(rows))
+                row = int(rows[np.argmax(prior * self.fit_chance(rows))])
             else:
                 row = int(rows[np.argmax(self.scores(rows))])
         else:
@@ -258,17 +216,24 @@ class LayoutSearch:
         return row
 
     def fit_chance(self, rows: np.ndarray) -> np.ndarray:
-        """The chance each layout fits the card: 1 once proven, the plan's (estimate's error band) otherwise."""
+        """The chance each layout fits the card: 1 once proven, the plan's (estimate's error band) otherwise.
+
+        With a learned memory fit (a learned profile's, refitted by this sweep's peaks), the layouts in
+        doubt (uncertain, re-admitted) are judged on the refitted estimate instead of the plan's."""
         chance = self.plan.fit_chance[rows].copy()
-        readmitted = np.isin(rows, list(self.learning.readmitted))
-        if readmitted.any():  # pruned, then re-admitted by a refit or as a probe: the estimate's band
-            chance[readmitted] = fit_chance(self.plan.memory.total[rows[readmitted]], self.plan.memory.capacity_bytes)
+        mem = self.plan.memory
+        total = refitted_total(mem, self.learning.memory_fit) if self.learning.prior.memory else mem.total
+        doubt = np.isin(rows, list(self.learning.readmitted))
+        if self.learning.prior.memory:
+            doubt |= self.plan.status[rows] == PlanStatus.UNCERTAIN
+        if doubt.any():  # pruned, then re-admitted by a refit or as a probe: the estimate's band
+            chance[doubt] = fit_chance(total[rows[doubt]], mem.capacity_bytes)
         chance[np.isin(rows, list(self.learning.proven))] = 1.0
         return chance
 
     def scores(self, rows: np.ndarray) -> np.ndarray:
-        """Expected speed (1 / step time: the recalibrated model corrected by the residual's mean),
-        times the chance to run.
+        """Log of the chance each layout runs and is the best (`sweeper.acquisition`), from its expected
+        speed (1 / step time: the recalibrated model corrected by the residual's mean) and its chance to run.
 
         The posterior's mean, not an expected improvement: with the model as prior the first trials
         follow its order, and the search leaves it only where measurements contradict it (a slow
@@ -276,16 +241,28 @@ class LayoutSearch:
         rewards the residual's uncertainty away from what ran, and spent the few trials that count
         on layouts the model ranks far down (benchmarks/search_public.py: 10 of 15 tuned ultrascale
         cells within 5 trials with it, 13 without; the quirk replay 15-18 trials, 4 without)."""
+        log_speed = -(np.log(self._calibrated_total(rows)) + self._residual_mean(rows))
+        measured = self.learning.measured
+        return best_chance(log_speed, self._ok_chance(rows), -np.log(np.fromiter(measured.values(), float)))
+
+    def _residual_mean(self, rows: np.ndarray) -> np.ndarray:
+        """log(true / calibrated step time) as the search expects it: the learned effects, if any, and
+        the residual process fitted to what this sweep measured beyond them."""
         self._refit()
         mean, _ = self.residual.predict(self._pos[rows])
-        return self._ok_chance(rows) * np.exp(-(np.log(self._calibrated_total(rows)) + mean))
+        return mean + self._learned_mean(rows)
+
+    def _learned_mean(self, rows: np.ndarray) -> np.ndarray:
+        return self.effects.mean(self._pos[rows]) if self.effects is not None else np.zeros(len(rows))
 
     def _ok_chance(self, rows: np.ndarray) -> np.ndarray:
         """The chance to fit, moved by what the finished layouts like these did (ran, or failed).
 
         An OOM says something of memory only: it moves the layouts whose fit is in doubt (uncertain,
         re-admitted), and the plan's candidates only when it was a candidate's (the estimate was too
-        low there); a layout proven to fit (`Learning.proven`) is moved only by crashes and runs."""
+        low there); a layout proven to fit (`Learning.proven`) is moved only by crashes and runs. A
+        layout in doubt is never moved above its chance to fit by neighbours that ran: they may need
+        less memory (one that needs more and ran proves it fits)."""
         seen = np.asarray(list(self.outcome), dtype=np.int64)
         status = [TrialStatus(s) for s in self.outcome.values()]
         ran = np.asarray([s.succeeded() or s.was_stopped() for s in status], dtype=float)
@@ -304,6 +281,8 @@ class LayoutSearch:
                 out[mask] = ok_chance(
                     self.residual.x, self._pos[rows[mask]], prior[mask], self._pos[seen[told]], ran[told]
                 )
+        doubt = ~proven & ~candidate
+        out[doubt] = np.minimum(out[doubt], prior[doubt])
         return out
 
     def _calibrated_total(self, rows: np.ndarray) -> np.ndarray:
@@ -317,7 +296,11 @@ class LayoutSearch:
             return
         rows = np.asarray(list(measured), dtype=np.int64)
         times = np.asarray([measured[int(r)] for r in rows])
-        self.residual.fit(self._pos[rows], np.log(times / self._calibrated_total(rows)))
+        log_ratio = np.log(times / self._calibrated_total(rows))
+        if self.effects is not None:  # the learned effects, corrected by what this sweep measured
+            self.effects.measured(self._pos[rows])
+            log_ratio = log_ratio - self.effects.mean(self._pos[rows])
+        self.residual.fit(self._pos[rows], log_ratio)
         self._fitted = len(measured)
 
     def _ask_sampler(self, max_rejections: int) -> int:

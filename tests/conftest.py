@@ -144,11 +144,27 @@ pytest_plugins = ["tests.slurm_cluster"]
 # (`slurm_cluster` is handled by the `slurm` marker, which every test that asks for it carries).
 _NOT_SHARED = frozenset({"slurm_cluster", "private_tmpdir", "tmp_path_factory", "worker_id", "testrun_uid"})
 _GROUPS_DIR = pytest.StashKey[Path]()
+_CACHE_DIR = pytest.StashKey[Path]()
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test its own `XDG_CACHE_HOME` (its `sweep` subprocesses inherit it): no learned profile of another test."""
+    cache = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    return cache
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """The controller of `pytest -n 2 --dist loadgroup` makes a folder where each worker writes
     the group of each test it collected (read by `pytest_xdist_make_scheduler`)."""
+    # learned profiles (`sweeper.learned_profile`) live in the user's cache: never the real one, and never
+    # one shared by two tests (a sweep's profile would steer the next test's sweep): a folder for the
+    # session here, in place before any session fixture runs a sweep, and one per test (`_own_cache`)
+    import tempfile
+
+    config.stash[_CACHE_DIR] = Path(tempfile.mkdtemp(prefix="sweep-test-cache-"))
+    os.environ["XDG_CACHE_HOME"] = str(config.stash[_CACHE_DIR])
     if config.getoption("dist", "no") == "loadgroup" and not hasattr(config, "workerinput"):
         import tempfile
 
@@ -156,6 +172,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if _CACHE_DIR in config.stash:
+        import shutil
+
+        shutil.rmtree(config.stash[_CACHE_DIR], ignore_errors=True)
     if _GROUPS_DIR in config.stash:
         import shutil
 

@@ -48,6 +48,23 @@ def test_refit_recovers_a_known_scale_and_offset():
     assert refitted_total(mem, MemoryFit())[rows] == pytest.approx(mem.total[rows])
 
 
+def test_a_learned_fit_fills_what_one_peak_cannot_tell_and_yields_to_two():
+    plan = megatron_plan()
+    mem = plan.memory
+    rows = [int(r) for r in np.flatnonzero(plan.candidate_mask)[:4]]
+    act = mem.activations + mem.logits
+    true = (mem.allocated - act + 0.7 * act + 1.5 * GIB) / GIB
+    learned = MemoryFit(0.8, 1.5 * GIB, 1.1, 0)  # from other sweeps: the right fixed part, a scale off
+    one = refit(mem, rows[:1], [float(true[rows[0]])], [None], prior=learned)
+    assert one.offset_bytes == pytest.approx(1.5 * GIB) and one.act_scale == pytest.approx(0.7, rel=1e-6)
+    assert one.reserved_factor == 1.1 and one.points == 1  # the learned reserved factor, until a peak gives one
+    alone = refit(mem, rows[:1], [float(true[rows[0]])], [None])
+    assert alone.offset_bytes == pytest.approx(0.0, abs=1.0) and alone.act_scale != pytest.approx(0.7, rel=0.01)
+    both = refit(mem, rows, [float(true[r]) for r in rows], [None] * 4, prior=MemoryFit(2.0, 9 * GIB, None, 0))
+    assert both.act_scale == pytest.approx(0.7, rel=1e-6) and both.offset_bytes == pytest.approx(1.5 * GIB, rel=1e-6)
+    assert refit(mem, [], [], [], prior=learned) == learned
+
+
 def test_megatron_memory_line_refits_and_readmits_a_pruned_layout(tmp_path):
     plan = megatron_plan()
     search = _search(tmp_path, plan)

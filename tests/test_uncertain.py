@@ -64,3 +64,44 @@ def test_the_search_weighs_an_uncertain_layout_by_its_chance():
     expected = search.learning.pred_mfu[rows] * plan.fit_chance[rows]
     first = search.ask()
     assert first is not None and first.row == rows[np.argmax(expected)]
+
+
+def _order(plan) -> list[int]:
+    """The rows in the order the search runs them, each measured at the model's own prediction."""
+    search = build_search(plan, sampler="auto", max_trials=len(plan), seed=0)
+    order = []
+    while (p := search.ask()) is not None:
+        order.append(p.row)
+        step = float(plan.throughput.total[p.row])  # the model is right: nothing reorders what is left
+        search.tell(p.optuna_trial, p.row, status="ok", mfu=float(plan.pred_mfu[p.row]), step_time_s=step)
+    return order
+
+
+def _edge_plan(share_over: float):
+    """LLaMA-7B at 8k: no model parallelism (tp = pp = 1) is the predicted best, `share_over` above a card
+    that every other layout fits (pipeline at tp 1: 3 % slower; tensor parallel 4 and 8: 14-31 %)."""
+    space = {"tp": [1, 4, 8], "pp": [1, 4], "micro_batch_size": [1], "sharding": ["zero1"]}
+    probe = make_plan(make_sweep(model="llama-7b", seq_len=8192, space=space, memory={"headroom": 0.0}))
+    gib = float(probe.memory.total[0]) / 2**30 / (1 + share_over)  # row 0: tp = pp = 1
+    card = {"nodes": 8, "gpus_per_node": 8, "gpu": {"memory_gib": gib, "peak_tflops": 312}}
+    plan = make_plan(make_sweep(model="llama-7b", seq_len=8192, space=space, memory={"headroom": 0.0}, cluster=card))
+    certain = np.flatnonzero(plan.status == "candidate")
+    assert plan.status[0] == "uncertain" and certain.size == 5
+    assert plan.pred_mfu[0] > plan.pred_mfu[certain].max()  # the predicted best
+    return plan, certain
+
+
+def test_an_uncertain_layout_predicted_best_runs_early():
+    plan, certain = _edge_plan(0.03)
+    assert 0.3 < plan.fit_chance[0] < 0.5
+    # expected speed times the chance to fit put it behind every certain layout (last of 6)
+    assert plan.pred_mfu[0] * plan.fit_chance[0] < plan.pred_mfu[certain].min()
+    order = _order(plan)
+    assert order.index(0) <= 1, order  # first or second: after at most the pipelined layout 3 % behind it
+
+
+def test_an_uncertain_layout_whose_chance_is_tiny_does_not_jump_the_queue():
+    plan, certain = _edge_plan(0.25)
+    assert plan.fit_chance[0] < 0.05
+    order = _order(plan)
+    assert order.index(0) == len(certain), order  # after every layout certain to fit, 14-31 % slower ones too

@@ -55,13 +55,40 @@ def run(
         run_live(sweep, fresh=fresh, yes=yes, top=top, rebuild_study=rebuild_study)
         return
     if as_json:
-        typer.echo(json.dumps(plan_summary(plan), indent=2))
+        typer.echo(json.dumps(plan_summary(plan) | {"learned_profile": learned_line(sweep)}, indent=2))
     else:
-        from sweeper.cli.render import print_plan
+        from sweeper.cli.render import make_console, print_plan
 
-        print_plan(plan, limit=limit)
+        console = make_console()
+        print_plan(plan, limit=limit, console=console)
+        console.print(learned_line(sweep), markup=False, highlight=False, soft_wrap=True)
     if not plan.candidate_mask.any():  # the summary above says why; scripts must not take it for a plan
         raise SweepError(no_candidates_message(plan))
+
+
+def learned_line(sweep) -> str:  # noqa: ANN001 - Sweep, imported lazily
+    """One line: the learned profile the sweep would start from (`sweeper.learned_profile`), or why none."""
+    from sweeper.identity import sweep_identity
+    from sweeper.launchers import launcher_classes, resolve_profile
+    from sweeper.learned_profile import status_line
+    from sweeper.remember import learns
+
+    profile = resolve_profile(sweep)
+    here = launcher_classes()[profile.kind].measures_here
+    return status_line(
+        sweep,
+        sweep_id=sweep_identity(sweep),
+        cluster_name=profile.cluster_name(),
+        enabled=learns(sweep, measures_here=here),
+        measures_here=here,
+    )
+
+
+def cluster_of(sweep) -> str | None:  # noqa: ANN001 - Sweep
+    """The cluster its launcher profile names (a SLURM partition), for its learned profile's key."""
+    from sweeper.launchers import resolve_profile
+
+    return resolve_profile(sweep).cluster_name()
 
 
 def write_plan(plan, path: Path) -> None:  # noqa: ANN001 - Plan, imported lazily

@@ -74,6 +74,11 @@ class LauncherProfile(BaseModel):
     def check(self, source: str) -> None:
         """Checks across fields, after validation; raise `SpecError` naming `source`."""
 
+    def cluster_name(self) -> str | None:
+        """The machine the trials run on, where the profile names one (a SLURM partition): the cluster
+        of the sweep's learned profile (`sweeper.learned_profile.LearnedKey`). None: not named."""
+        return None
+
 
 class Launcher(ABC):
     """A place where trials run. Subclasses: local processes, SLURM jobs, a replayed table."""
@@ -83,6 +88,9 @@ class Launcher(ABC):
     # The model of this launcher's profile; a class with one is registered under `kind`.
     profile_model: ClassVar[type[LauncherProfile] | None] = None
     cannot_run_reason: ClassVar[str] = "the launcher cannot run it"  # the plan's reason for `cannot_run`'s layouts
+    # Whether its trials measure the sweep's cluster here and now, so that what they teach is kept in the
+    # cluster's learned profile and earlier lessons apply (`search.learned_profile` decides when set).
+    measures_here: ClassVar[bool] = True
 
     @classmethod
     def from_profile(cls, profile: LauncherProfile, sweep: Sweep) -> Launcher:
@@ -111,6 +119,10 @@ class Launcher(ABC):
         proposes them. Default: none, as a cluster runs every layout its trainer runs; a replay
         table answers only the layouts it holds."""
         return np.zeros(len(cols["tp"]), dtype=bool)
+
+    def cluster_name(self) -> str | None:
+        """The machine its trials run on, where its profile names one (`LauncherProfile.cluster_name`)."""
+        return None
 
     def find(self, job: TrialJob) -> str | None:
         """The job id of `job` when it was started but its id never recorded (a `sweep run` killed

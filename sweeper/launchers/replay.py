@@ -75,6 +75,9 @@ class ReplayLauncher(Launcher):
     poll_s = 0.0
     profile_model = ReplayProfile
     cannot_run_reason = "not in the replay table: a replay answers only the layouts it holds"
+    # a replay's step times were measured elsewhere, on a cluster the sweep file may not name (a published
+    # table, a what-if): it neither learns the sweep's cluster nor is steered by it, unless the file says so
+    measures_here = False
 
     @classmethod
     def from_profile(cls, profile: LauncherProfile, sweep: Sweep) -> ReplayLauncher:

@@ -130,6 +130,10 @@ class SlurmProfile(LauncherProfile):
 
     site_only = ("setup", "sbatch_extra", "srun_args", "allow_directives")
 
+    def cluster_name(self) -> str | None:
+        # a partition is a set of like nodes on one interconnect: what a learned profile is about
+        return self.partition
+
     def check(self, source: str) -> None:
         """Deny options that redirect a job's output, environment, folder or requeueing."""
         allowed = set(self.allow_directives)
@@ -178,6 +182,9 @@ class SlurmLauncher(Launcher):
         # died around it: the retry is submitted excluding them
         self.failed_nodes: dict[int, str] = {}
         self.result_grace_s = profile.result_grace_s
+
+    def cluster_name(self) -> str | None:
+        return self.profile.cluster_name()
 
     def _executor(self, job: TrialJob) -> submitit.AutoExecutor:
         import submitit

@@ -265,6 +265,13 @@ class SearchSettings(_Strict):
         le=10,
         description="stop early when no untried layout is predicted to beat the best by this share",
     )
+    learned_profile: bool | None = Field(
+        default=None,
+        description=(
+            "start from what earlier sweeps on this cluster, GPU and trainer taught, and add what this one "
+            "teaches (default: yes, except for a replay, whose step times were measured elsewhere)"
+        ),
+    )
 
 
 if TYPE_CHECKING:

@@ -1,0 +1,214 @@
+"""The learned profile file: where it lives, what it holds, how sweeps' lessons combine into a prior,
+what `show` prints and `forget` removes, and the one-line refusal of a malformed file."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from sweeper.cli.profile_learned import learned_app
+from sweeper.errors import SpecError
+from sweeper.learned_profile import (
+    LearnedKey,
+    Lessons,
+    MemoryLesson,
+    describe,
+    forget,
+    learned_dir,
+    load,
+    profiles_dir,
+    read,
+    save,
+)
+from sweeper.perfmodel import Calibration
+from sweeper.prior import LearnedEffect
+from tests.conftest import base_spec, make_sweep, sweep_cli
+
+KEY = LearnedKey("8xa100-80gb", "a100-80gb", "builtin")
+
+
+def lessons(name: str, sweep_id: str, *, date: str = "2025-01-01T00:00:00+00:00", **over) -> Lessons:
+    values = dict(
+        sweep_id=sweep_id,
+        name=name,
+        model="llama-13b",
+        nodes=8,
+        date=date,
+        trials=12,
+        measured=10,
+        calibration=Calibration(1.2, 0.8, 10),
+        effects={("pp", 4): LearnedEffect(math.log(4.0), 3), ("sequence_parallel", True): LearnedEffect(-0.1, 5)},
+        memory=MemoryLesson(0.9, 1.5, 1.07, 4),
+    )
+    return Lessons(**(values | over))
+
+
+def test_each_test_has_a_cache_of_its_own(tmp_path_factory):
+    cache = Path(os.environ["XDG_CACHE_HOME"])
+    assert cache.is_relative_to(tmp_path_factory.getbasetemp())  # a folder of this test's, never the user's
+    assert profiles_dir() == cache / "sweep" / "profiles" and not learned_dir().exists()
+
+
+def test_a_sweeps_lessons_round_trip_through_the_file():
+    path = save(KEY, lessons("a13b", "aaaa"))
+    assert path == learned_dir() / "8xa100-80gb__a100-80gb__builtin.yaml"
+    data = yaml.safe_load(path.read_text())
+    assert (data["schema"], data["kind"], data["cluster"], data["gpu"], data["trainer"]) == (
+        1,
+        "learned",
+        "8xa100-80gb",
+        "a100-80gb",
+        "builtin",
+    )
+    assert data["sweeps"][0]["effects"][0] == {"knob": "pp", "value": 4, "log_ratio": 1.3863, "trials": 3}
+    back = load(KEY)
+    assert back is not None and back.key == KEY
+    (s,) = back.sweeps
+    assert s.effects[("pp", 4)] == LearnedEffect(1.3863, 3)
+    assert s.effects[("sequence_parallel", True)] == LearnedEffect(-0.1, 5)
+    assert s.calibration == Calibration(1.2, 0.8, 10) and s.memory == MemoryLesson(0.9, 1.5, 1.07, 4)
+
+
+def test_the_prior_combines_the_sweeps_but_the_one_asking():
+    save(KEY, lessons("a", "aaaa", date="2025-01-01T00:00:00+00:00"))
+    save(
+        KEY,
+        lessons(
+            "b",
+            "bbbb",
+            date="2025-02-01T00:00:00+00:00",
+            calibration=Calibration(0.6, 0.8, 30),
+            effects={("pp", 4): LearnedEffect(0.0, 1)},
+            memory=MemoryLesson(1.1, 0.5, None, 1),
+        ),
+    )
+    save(KEY, lessons("a", "aaaa", date="2025-03-01T00:00:00+00:00", trials=14))  # a resumed: replaces its entry
+    profile = load(KEY)
+    assert profile is not None and [(s.name, s.trials) for s in profile.sweeps] == [("b", 12), ("a", 14)]
+    prior = profile.prior()
+    assert prior is not None and prior.sources == ("b", "a")
+    assert prior.calibration is not None
+    assert prior.calibration.compute_scale == pytest.approx(math.exp((10 * math.log(1.2) + 30 * math.log(0.6)) / 40))
+    assert prior.calibration_trials == 40 and prior.calibration_weight == 2.0
+    assert prior.effects[("pp", 4)].log_ratio == pytest.approx(3 * 1.3863 / 4) and prior.effects[("pp", 4)].trials == 4
+    assert prior.memory is not None and prior.memory.act_scale == pytest.approx((4 * 0.9 + 1.1) / 5)
+    assert prior.memory.offset_bytes == pytest.approx((4 * 1.5 + 0.5) / 5 * 2**30)
+    assert prior.memory.reserved_factor == pytest.approx(1.07) and prior.memory.points == 0
+    alone = profile.prior(exclude="aaaa")  # sweep a, resumed, starts from b's lessons only
+    assert alone is not None and alone.sources == ("b",) and alone.effects[("pp", 4)].log_ratio == 0.0
+    assert load(KEY).prior(exclude="aaaa") is not None  # type: ignore[union-attr]
+    assert profile.prior(exclude="nothing-else") is not None
+    only = LearnedKey("other", "a100-80gb", "builtin")
+    save(only, lessons("c", "cccc"))
+    assert load(only).prior(exclude="cccc") is None  # type: ignore[union-attr]
+
+
+def test_show_prints_every_number_with_its_sweep():
+    path = save(KEY, lessons("a13b", "aaaa"))
+    lines = describe(path)
+    text = "\n".join(lines)
+    assert lines[0].startswith(
+        f"learned profile {path} (schema 1): cluster 8xa100-80gb, GPU a100-80gb, trainer builtin"
+    )
+    assert "sweep a13b (llama-13b, 8 node(s), id aaaa)" in text
+    assert "step time = 1.200 x the model's compute + 0.800 x its communication, fitted to 10 measured" in text
+    assert "pp=4: 4.00x the model's step time (slower than predicted) from 3 measured layout(s) (from a13b)" in text
+    assert "sequence_parallel=true: 0.90x the model's step time (faster than predicted)" in text
+    assert "memory: activations x0.900 the estimate's, +1.50 GiB fixed, reserved 1.070x allocated" in text
+    assert "a next sweep here starts from (combined over a13b):" in text
+    assert "pp=4: 4.00x the model's step time (slower than predicted), counted as 2 layout(s)" in text
+    result = CliRunner().invoke(learned_app, ["show-learned", str(path)])
+    assert result.exit_code == 0 and result.output.splitlines() == lines
+    listed = CliRunner().invoke(learned_app, ["show-learned"])
+    assert listed.exit_code == 0 and listed.output.splitlines() == [lines[0]]
+
+
+def test_forget_removes_one_key_or_all():
+    other = LearnedKey("gpu-partition", "h100-sxm", "megatron")
+    a, b = save(KEY, lessons("a", "aaaa")), save(other, lessons("b", "bbbb"))
+    assert forget(KEY) == [a] and not a.exists() and b.exists()
+    assert forget(KEY) == []
+    save(KEY, lessons("a", "aaaa"))
+    assert forget(None) == sorted([a, b]) and not list(learned_dir().glob("*.yaml"))
+
+
+def test_forget_learned_names_a_profile_by_its_file_its_name_or_a_sweep_file(tmp_path):
+    runner = CliRunner()
+    path = save(KEY, lessons("a", "aaaa"))
+    result = runner.invoke(learned_app, ["forget-learned", path.stem])
+    assert result.exit_code == 0 and result.output == f"removed {path}\n" and not path.exists()
+    save(KEY, lessons("a", "aaaa"))
+    assert runner.invoke(learned_app, ["forget-learned", str(path)]).output == f"removed {path}\n"
+    save(KEY, lessons("a", "aaaa"))
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(base_spec()))  # 8 x A100-80GB, the built-in trainer: KEY
+    assert runner.invoke(learned_app, ["forget-learned", str(spec)]).output == f"removed {path}\n"
+    assert runner.invoke(learned_app, ["forget-learned"]).output == "no learned profile to remove\n"
+    with pytest.raises(SpecError, match="neither a learned profile"):
+        runner.invoke(learned_app, ["forget-learned", "no-such"], catch_exceptions=False)
+
+
+@pytest.mark.parametrize(
+    "edit,field",
+    [
+        ({"schema": 2}, "schema: Input should be 1"),
+        ({"kind": "measured"}, "kind: Input should be 'learned'"),
+        ({"gpu": None}, "gpu: "),
+        ({"sweeps": [{"id": "x"}]}, "sweeps.0.name: Field required"),
+        ({"colour": "red"}, "colour: unknown field"),
+    ],
+)
+def test_a_malformed_profile_is_refused_in_one_line_naming_the_field(edit, field):
+    path = save(KEY, lessons("a", "aaaa"))
+    data = yaml.safe_load(path.read_text()) | edit
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError) as e:
+        load(KEY)
+    assert str(e.value).startswith(f"{path}: {field}") and "\n" not in str(e.value)
+
+
+def test_a_profile_under_another_keys_name_is_refused():
+    path = save(KEY, lessons("a", "aaaa"))
+    other = LearnedKey("elsewhere", "a100-80gb", "builtin")
+    other.path.write_text(path.read_text())
+    with pytest.raises(SpecError, match="holds the learned profile of cluster 8xa100-80gb"):
+        load(other)
+    with pytest.raises(SpecError, match="not a learned profile"):
+        KEY.path.write_text("- a list\n")
+        read(KEY.path)
+
+
+def test_the_key_is_the_partition_or_the_node_s_make():
+    sweep = make_sweep()
+    assert LearnedKey.of(sweep) == KEY
+    assert LearnedKey.of(sweep, "booster").cluster == "booster"
+    odd = LearnedKey("a/b c", "x:y", "builtin")
+    assert odd.slug == "a-b-c__x-y__builtin"
+
+
+def test_the_dry_run_says_which_learned_profile_it_uses(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(base_spec(results_dir=str(tmp_path / "results"))))
+    env_run = sweep_cli("run", str(spec), "--dry-run", cwd=tmp_path)
+    assert env_run.returncode == 0, env_run.stderr
+    line = [ln for ln in env_run.stdout.splitlines() if ln.startswith("learned profile:")]
+    assert line == [
+        f"learned profile: none yet for cluster 8xa100-80gb, GPU a100-80gb, trainer builtin; "
+        f"this sweep's trials will start {KEY.path}"
+    ]
+    save(KEY, lessons("a13b", "aaaa"))
+    used = sweep_cli("run", str(spec), "--dry-run", cwd=tmp_path).stdout
+    assert f"learned profile: {KEY.path}, from 1 earlier sweep(s) (a13b), used as the prior" in used
+    spec.write_text(yaml.safe_dump(base_spec(search={"learned_profile": False})))
+    assert (
+        "learned profile: not used (search.learned_profile: false)"
+        in sweep_cli("run", str(spec), "--dry-run", cwd=tmp_path).stdout
+    )
+    spec.write_text(yaml.safe_dump(base_spec(search={"learned_profile": "yes"})))
+    bad = sweep_cli("run", str(spec), "--dry-run", cwd=tmp_path)
+    assert bad.returncode == 2 and "search.learned_profile" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
