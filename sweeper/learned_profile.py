@@ -47,21 +47,18 @@ from sweeper.hardware import GIB
 from sweeper.memfit import MemoryFit
 from sweeper.perfmodel import Calibration
 from sweeper.prior import EffectKey, LearnedEffect, Prior
+from sweeper.profile import LEARNED, cache_dir
 from sweeper.spec import Sweep
 
 SCHEMA = 1
-KIND = "learned"
+KIND = LEARNED
 MAX_SWEEPS = 8  # the most recent sweeps kept per key: a cluster's software changes; old lessons go
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-def profiles_dir() -> Path:
-    """Where profiles live: `${XDG_CACHE_HOME:-~/.cache}/sweep/profiles`."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sweep" / "profiles"
-
-
 def learned_dir() -> Path:
-    return profiles_dir() / KIND
+    """`${XDG_CACHE_HOME:-~/.cache}/sweep/profiles/learned`, beside the measured profiles."""
+    return cache_dir() / KIND
 
 
 @dataclass(frozen=True)

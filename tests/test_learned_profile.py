@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from sweeper.cli.profile_learned import learned_app
+from sweeper.cli.profile import profile_app
 from sweeper.errors import SpecError
 from sweeper.learned_profile import (
     LearnedKey,
@@ -21,12 +21,12 @@ from sweeper.learned_profile import (
     forget,
     learned_dir,
     load,
-    profiles_dir,
     read,
     save,
 )
 from sweeper.perfmodel import Calibration
 from sweeper.prior import LearnedEffect
+from sweeper.profile import cache_dir
 from tests.conftest import base_spec, make_sweep, sweep_cli
 
 KEY = LearnedKey("8xa100-80gb", "a100-80gb", "builtin")
@@ -51,7 +51,7 @@ def lessons(name: str, sweep_id: str, *, date: str = "2025-01-01T00:00:00+00:00"
 def test_each_test_has_a_cache_of_its_own(tmp_path_factory):
     cache = Path(os.environ["XDG_CACHE_HOME"])
     assert cache.is_relative_to(tmp_path_factory.getbasetemp())  # a folder of this test's, never the user's
-    assert profiles_dir() == cache / "sweep" / "profiles" and not learned_dir().exists()
+    assert cache_dir() == cache / "sweep" / "profiles" and not learned_dir().exists()
 
 
 def test_a_sweeps_lessons_round_trip_through_the_file():
@@ -122,10 +122,10 @@ def test_show_prints_every_number_with_its_sweep():
     assert "memory: activations x0.900 the estimate's, +1.50 GiB fixed, reserved 1.070x allocated" in text
     assert "a next sweep here starts from (combined over a13b):" in text
     assert "pp=4: 4.00x the model's step time (slower than predicted), counted as 2 layout(s)" in text
-    result = CliRunner().invoke(learned_app, ["show-learned", str(path)])
+    result = CliRunner().invoke(profile_app, ["show", str(path)])
     assert result.exit_code == 0 and result.output.splitlines() == lines
-    listed = CliRunner().invoke(learned_app, ["show-learned"])
-    assert listed.exit_code == 0 and listed.output.splitlines() == [lines[0]]
+    listed = CliRunner().invoke(profile_app, ["show"])
+    assert listed.exit_code == 0 and listed.output.splitlines() == [f"{path}: {lines[0]}"]
 
 
 def test_forget_removes_one_key_or_all():
@@ -140,17 +140,17 @@ def test_forget_removes_one_key_or_all():
 def test_forget_learned_names_a_profile_by_its_file_its_name_or_a_sweep_file(tmp_path):
     runner = CliRunner()
     path = save(KEY, lessons("a", "aaaa"))
-    result = runner.invoke(learned_app, ["forget-learned", path.stem])
-    assert result.exit_code == 0 and result.output == f"removed {path}\n" and not path.exists()
+    result = runner.invoke(profile_app, ["forget", "--learned", path.stem])
+    assert result.exit_code == 0 and result.output == f"deleted {path}\n" and not path.exists()
     save(KEY, lessons("a", "aaaa"))
-    assert runner.invoke(learned_app, ["forget-learned", str(path)]).output == f"removed {path}\n"
+    assert runner.invoke(profile_app, ["forget", "--learned", str(path)]).output == f"deleted {path}\n"
     save(KEY, lessons("a", "aaaa"))
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump(base_spec()))  # 8 x A100-80GB, the built-in trainer: KEY
-    assert runner.invoke(learned_app, ["forget-learned", str(spec)]).output == f"removed {path}\n"
-    assert runner.invoke(learned_app, ["forget-learned"]).output == "no learned profile to remove\n"
+    assert runner.invoke(profile_app, ["forget", "--learned", str(spec)]).output == f"deleted {path}\n"
+    assert runner.invoke(profile_app, ["forget", "--learned"]).output == "no learned profile to delete\n"
     with pytest.raises(SpecError, match="neither a learned profile"):
-        runner.invoke(learned_app, ["forget-learned", "no-such"], catch_exceptions=False)
+        runner.invoke(profile_app, ["forget", "--learned", "no-such"], catch_exceptions=False)
 
 
 @pytest.mark.parametrize(

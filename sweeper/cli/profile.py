@@ -82,10 +82,24 @@ def profile(
 
 
 @profile_app.command("show")
-def show(path: Annotated[Path, typer.Argument(help="a profile file (measured or learned)")]) -> None:
-    """Print what a profile holds and where each number came from."""
-    for line in describe_file(path):
-        typer.echo(line)
+def show(
+    path: Annotated[
+        Path | None, typer.Argument(help="a profile file (measured or learned); none: list this user's cached ones")
+    ] = None,
+) -> None:
+    """Print what a profile holds and where each number came from (without a file: the cached profiles)."""
+    if path is not None:
+        for line in describe_file(path):
+            typer.echo(line)
+        return
+    from sweeper.learned_profile import learned_dir
+    from sweeper.profile import cache_dir
+
+    found = sorted(cache_dir().glob("*.profile.yaml")) + sorted(learned_dir().glob("*.yaml"))
+    if not found:
+        typer.echo(f"no cached profile under {cache_dir()}")
+    for p in found:
+        typer.echo(f"{p}: {describe_file(p)[0]}")
 
 
 @profile_app.command("forget")
@@ -94,12 +108,25 @@ def forget(
     gpu: Annotated[
         str | None, typer.Option("--gpu", help="delete the cached measured profile of this GPU (a GPU table key)")
     ] = None,
+    learned: Annotated[
+        bool,
+        typer.Option(
+            "--learned",
+            help="delete learned profiles: the one FILE names (its file, its name, or a sweep file's cluster), else all",
+        ),
+    ] = False,
 ) -> None:
-    """Delete cached profiles: one file, or a GPU's measured profile (--gpu), or every measured profile."""
+    """Delete cached profiles: one file, a GPU's measured profile (--gpu), every measured profile, or
+    learned ones (--learned)."""
     from sweeper.profile import cache_dir, cached_profile_path
 
     if path is not None and gpu is not None:
         raise SweepError("give a profile file or --gpu, not both")
+    if learned:
+        if gpu is not None:
+            raise SweepError("--learned and --gpu: a learned profile is named by its file or a sweep file, not a GPU")
+        _forget_learned(None if path is None else str(path))
+        return
     if path is not None:
         describe_file(path)  # refuses a file that is no profile before deleting it
         targets = [path]
@@ -118,18 +145,48 @@ def forget(
 
 def describe_file(path: Path) -> list[str]:
     """The lines `show` prints, by the file's `kind:` (a learned profile is `sweeper.learned_profile`'s)."""
+    from sweeper.learned_profile import describe as describe_learned
     from sweeper.profile import LEARNED, describe, load_profile, read_header
 
     header: dict[str, Any] = read_header(path)
     if header.get("kind") == LEARNED:
-        import importlib
-
-        from sweeper.profile import ProfileError
-
-        try:
-            learned = importlib.import_module("sweeper.learned_profile")
-        except ModuleNotFoundError:
-            raise ProfileError(f"{path}: kind: learned is not readable by this version of sweep") from None
-        lines: list[str] = learned.describe(path)
-        return lines
+        return describe_learned(path)
     return describe(load_profile(path), path)
+
+
+def _forget_learned(key: str | None) -> None:
+    """`forget --learned [KEY]`: the learned profile KEY names, or every learned profile."""
+    from sweeper.learned_profile import forget
+
+    removed = forget(None if key is None else _learned_key(key))
+    for path in removed:
+        typer.echo(f"deleted {path}")
+    if not removed:
+        typer.echo("no learned profile to delete")
+
+
+def _learned_key(text: str):  # noqa: ANN202 - LearnedKey, imported lazily
+    """The key TEXT names: a learned profile's file or file name (without .yaml), else a sweep file's cluster."""
+    from sweeper.cli.run import cluster_of
+    from sweeper.errors import SpecError
+    from sweeper.learned_profile import LearnedKey, learned_dir, read
+    from sweeper.profile import LEARNED, ProfileError, read_header
+    from sweeper.spec import load_sweep
+
+    path = Path(text)
+    for candidate in (path, learned_dir() / f"{path.name.removesuffix('.yaml')}.yaml"):
+        if not (candidate.is_file() and candidate.suffix == ".yaml"):
+            continue
+        try:
+            if read_header(candidate).get("kind") == LEARNED:
+                return read(candidate).key
+        except ProfileError:
+            pass  # not a profile at all: perhaps a sweep file
+    try:
+        sweep = load_sweep(text)
+    except SpecError:
+        raise SpecError(
+            f"{text}: neither a learned profile (under {learned_dir()}) nor a sweep file; "
+            "`sweep profile show` lists the cached profiles"
+        ) from None
+    return LearnedKey.of(sweep, cluster_of(sweep))
