@@ -68,7 +68,18 @@ def freeze_spec(sweep: Sweep, store: ResultsStore) -> Path:
 
 def _identity(s: Sweep) -> tuple:
     """What makes results comparable: everything but the search budget, launcher and paths."""
-    return (s.name, s.model, s.seq_len, s.global_batch_size, s.cluster, s.space, s.trial, s.memory, s.workload)
+    return (
+        s.name,
+        s.model,
+        s.seq_len,
+        s.global_batch_size,
+        s.cluster,
+        s.node_counts,
+        s.space,
+        s.trial,
+        s.memory,
+        s.workload,
+    )
 
 
 def check_rows_identity(store: ResultsStore) -> None:

@@ -101,9 +101,7 @@ def prepare(sweep: Sweep, launcher: Launcher, *, storage: str | None = None) -> 
             run.notes.append(f"{left_out} valid layout(s) left out: {launcher.cannot_run_reason}")
         _load_finished(run)
         if run.rows and not study.trials:  # the study was deleted or set aside: tell it every row
-            n = rebuild(
-                study, sweep.space, search.searched, run.rows, lambda r: search.done.get(_plan_row(run, r), 0.0)
-            )
+            n = rebuild(study, search.space, search.params, run.rows, lambda r: search.done.get(_plan_row(run, r), 0.0))
             run.notes.append(
                 f"the Optuna study had no trials but trials/ holds {len(run.rows)} rows: "
                 f"rebuilt it from them ({n} told); new trials continue the numbering after them"
@@ -115,9 +113,10 @@ def prepare(sweep: Sweep, launcher: Launcher, *, storage: str | None = None) -> 
 def _plan_row(run: SweepRun, r: dict[str, Any]) -> int:
     """The plan row a result row ran (a candidate, or a pruned layout the trials re-admitted), -1 if none."""
     layout = Layout.from_mapping({k: r[k] for k in Layout.__dataclass_fields__ if r.get(k) is not None})
-    row = run.plan.row_of(layout)
+    nodes = r.get("nodes")
+    row = run.plan.row_of(layout, nodes=nodes)
     if row is None:
-        row = run.plan.row_of(layout, pruned=True)
+        row = run.plan.row_of(layout, pruned=True, nodes=nodes)
     return -1 if row is None else row
 
 
@@ -135,7 +134,7 @@ def _resume_inflight(run: SweepRun) -> None:
     keep: set[int] = set()
     records = [InFlight.from_json(data) for data in run.store.inflight()]
     named = {
-        _job(run, r.trial_number, Layout.from_mapping(r.layout), attempt=r.attempt).workdir
+        _job(run, r.trial_number, Layout.from_mapping(r.layout), attempt=r.attempt, row=r.row).workdir
         for r in records
         if r.trial_number not in finished
     }
@@ -149,7 +148,7 @@ def _resume_inflight(run: SweepRun) -> None:
             _tell(run, rec, row)
             run.store.clear_inflight(number)
             continue
-        job = _job(run, number, Layout.from_mapping(rec.layout), attempt=rec.attempt)
+        job = _job(run, number, Layout.from_mapping(rec.layout), attempt=rec.attempt, row=rec.row)
         keep.add(rec.optuna_trial)
         run.search.running.add(rec.row)
         if rec.job_id is None:  # killed between saving the record and starting the job
@@ -180,7 +179,7 @@ def _resume_inflight(run: SweepRun) -> None:
     run.search.fail_stale_running(keep)
 
 
-def _job(run: SweepRun, number: int, layout: Layout, *, attempt: int) -> TrialJob:
+def _job(run: SweepRun, number: int, layout: Layout, *, attempt: int, row: int) -> TrialJob:
     return TrialJob(
         number=number,
         layout=layout,
@@ -189,6 +188,8 @@ def _job(run: SweepRun, number: int, layout: Layout, *, attempt: int) -> TrialJo
         workdir=run.store.jobs_dir.resolve() / f"trial-{number:05d}-a{attempt}",
         timeout_s=run.sweep.trial.timeout_min * 60,
         attempt=attempt,
+        # a sweep over several node counts runs each layout at its own (the plan row's)
+        nodes=run.plan.nodes_of(row) if run.sweep.several_sizes else None,
     )
 
 
@@ -203,7 +204,7 @@ def _submit(
     started_at: str | None = None,
     previous_error: str | None = None,
 ) -> None:
-    job = _job(run, number, layout, attempt=attempt)
+    job = _job(run, number, layout, attempt=attempt, row=row)
     check_not_link(job.workdir)  # the trial writes its result and logs there
     submitted = now_utc().isoformat()
     rec = InFlight(
@@ -259,7 +260,8 @@ def _record(run: SweepRun, rec: InFlight, outcome: JobOutcome) -> dict[str, Any]
         sweep_id=run.identity,
         started_at=_ts(rec.started_at),
         finished_at=now_utc(),
-        gpu_hours_saved=saved_gpu_hours(run.sweep, outcome.result),
+        gpu_hours_saved=saved_gpu_hours(run.plan.sweep_of(plan_row), outcome.result),
+        nodes=run.plan.nodes_of(plan_row),
     )
     if rec.previous_error and values.get("error"):
         values["error"] = f"{values['error']} (attempt 1: {rec.previous_error})"
@@ -433,6 +435,8 @@ def run_sweep(
             run_loop(run, progress=progress)
         finally:
             signal.signal(signal.SIGINT, previous)
+    for n, why in run.search.left_out.items():  # a sweep over several node counts: sizes it stopped spending on
+        run.notes.append(f"{n} node(s): no more trials spent there: {why}")
     return run
 
 

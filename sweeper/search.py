@@ -29,6 +29,7 @@ from sweeper.memfit import fit_chance
 from sweeper.perfmodel import Calibration, StepTime
 from sweeper.plan import Plan
 from sweeper.residual import Residual, features, ok_chance
+from sweeper.search_sizes import at_next_size
 from sweeper.statuses import PlanStatus, TrialStatus
 from sweeper.stopping import SlowerThanBest, mfu_seconds
 from sweeper.study import open_study, tell_study, trial_attrs
@@ -162,6 +163,12 @@ class LayoutSearch:
         self.sampler = sampler
         self.rows = np.flatnonzero(plan.candidate_mask)
         self.searched = [k for k in KNOBS if len(self.sweep.space[k]) > 1]
+        # a sweep over several node counts: `nodes` is one more parameter of every Optuna trial
+        self.space: dict[str, tuple[Any, ...]] = dict(self.sweep.space)
+        if self.sweep.several_sizes:
+            self.space["nodes"] = self.sweep.node_counts
+        self.params = [*self.searched, *(["nodes"] if self.sweep.several_sizes else [])]
+        self.left_out: dict[int, str] = {}  # node count -> why the search no longer spends trials there
         self.policy = Schedule.of(sampler, n_candidates=len(self.rows), max_trials=max_trials, seed_trials=seed_trials)
         self.stop_margin = stop_margin
         self._rng = np.random.default_rng(seed)
@@ -214,11 +221,11 @@ class LayoutSearch:
     def model(self) -> StepTime:
         return self.learning.model
 
-    def row_of(self, layout: Layout) -> int | None:
-        """The plan row that runs this layout: a candidate, or a pruned layout the trials re-admitted."""
-        row = self.plan.row_of(layout)
+    def row_of(self, layout: Layout, nodes: int | None = None) -> int | None:
+        """The plan row that runs this layout (on `nodes`): a candidate, or a pruned layout the trials re-admitted."""
+        row = self.plan.row_of(layout, nodes=nodes)
         if row is None:
-            valid = self.plan.row_of(layout, pruned=True)
+            valid = self.plan.row_of(layout, pruned=True, nodes=nodes)
             row = valid if valid in self.learning.readmitted else None
         return row
 
@@ -242,11 +249,21 @@ class LayoutSearch:
             return self._enqueue(untried[0])
         started = len(self.done) + len(self.running)
         if self.policy.exploit(started=started):
-            rows = np.asarray(untried, dtype=np.int64)
+            rows = at_next_size(self, np.asarray(untried, dtype=np.int64))
             if self.policy.by_prior(started=started):
                 return self._enqueue(int(rows[np.argmax(self.learning.pred_mfu[rows] * self.fit_chance(rows))]))
             return self._enqueue(int(rows[np.argmax(self.scores(rows))]))
         return self._ask_sampler(max_rejections)
+
+    def model_step_s(self, rows: np.ndarray) -> np.ndarray:
+        """Step time of each layout as the recalibrated model predicts it (without the residual)."""
+        return self._calibrated_total(rows)
+
+    def expected_step_s(self, rows: np.ndarray) -> np.ndarray:
+        """Step time each layout is expected to take: the recalibrated model corrected by the residual."""
+        self._refit()
+        mean, _ = self.residual.predict(self._pos[rows])
+        return self._calibrated_total(rows) * np.exp(mean)
 
     def fit_chance(self, rows: np.ndarray) -> np.ndarray:
         """The chance each layout fits the card: 1 once proven, the plan's (estimate's error band) otherwise."""
@@ -317,8 +334,9 @@ class LayoutSearch:
         assert self._scratch is not None
         for _ in range(max_rejections):
             trial = self._scratch.ask()
-            values = {k: trial.suggest_categorical(k, list(self.sweep.space[k])) for k in self.searched}
-            row = self.row_of(self._layout(values))
+            values = {k: trial.suggest_categorical(k, list(self.space[k])) for k in self.params}
+            nodes = values.pop("nodes", None)
+            row = self.row_of(self._layout(values), nodes)
             if row is None or row in self.excluded:
                 self._scratch.tell(trial, FAILED_OBJECTIVE)
             elif row in self.done:
@@ -334,10 +352,7 @@ class LayoutSearch:
     def _enqueue(self, row: int) -> Proposal:
         """The sweep's study gets one RUNNING trial with the layout's parameters and attributes, made in
         one write (a trial asked and then suggested would take one per knob)."""
-        params = {k: _python(self.plan.cols[k][row]) for k in self.searched}
-        dists: dict[str, BaseDistribution] = {
-            k: CategoricalDistribution(list(self.sweep.space[k])) for k in self.searched
-        }
+        params, dists = self._params(row)
         attrs = trial_attrs(self.plan.layout(row))
         if self._number is not None:
             attrs["trial_number"] = self._number
@@ -348,6 +363,12 @@ class LayoutSearch:
         trial_id = storage.create_new_trial(self.study._study_id, template_trial=template)
         self.running.add(row)
         return Proposal(storage.get_trial_number_from_id(trial_id), row, self.plan.layout(row))
+
+    def _params(self, row: int) -> tuple[dict[str, Any], dict[str, BaseDistribution]]:
+        """A plan row as Optuna parameters: its searched knobs, and its node count in a sweep over several."""
+        params = {k: _python(self.plan.cols[k][row]) for k in self.params}
+        dists: dict[str, BaseDistribution] = {k: CategoricalDistribution(list(self.space[k])) for k in self.params}
+        return params, dists
 
     def report_steps(self, optuna_trial: int, step_mfu: list[float]) -> int | None:
         """Report the MFU of each measured step not yet reported; the number of steps after which the
@@ -404,10 +425,7 @@ class LayoutSearch:
         if number is not None:
             self._scratch.tell(number, value, skip_if_finished=True)
             return
-        params = {k: _python(self.plan.cols[k][row]) for k in self.searched}
-        dists: dict[str, BaseDistribution] = {
-            k: CategoricalDistribution(list(self.sweep.space[k])) for k in self.searched
-        }
+        params, dists = self._params(row)
         self._scratch.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=value))
 
     def tell(

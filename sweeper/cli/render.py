@@ -72,6 +72,9 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     gpu = sweep.cluster.gpu
 
     table = Table(title=f"{sweep.name}: candidate layouts", title_justify="left", header_style="bold")
+    several = sweep.several_sizes  # the node count of each layout, first
+    if several:
+        table.add_column("nodes", justify="right")
     for k in varying[:3]:
         table.add_column(label(k), justify="right")
     table.add_column("dp", justify="right")
@@ -86,7 +89,8 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     shown = cands if limit <= 0 else cands.head(limit)
     for row in shown.itertuples(index=False):
         r = row._asdict()
-        cells = [_fmt(r[k]) for k in varying[:3]] + [str(r["dp"]), str(r["grad_accum"])]
+        cells = [str(r["nodes"])] if several else []
+        cells += [_fmt(r[k]) for k in varying[:3]] + [str(r["dp"]), str(r["grad_accum"])]
         cells += [_fmt(r[k]) for k in varying[3:]]
         cells += [
             _gib(r["mem_allocated_gib"]),
@@ -107,7 +111,7 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     m = sweep.model
     console.print(
         f"\n[bold]{sweep.name}[/]: {m.name} ({param_counts(m)}), seq {sweep.seq_len}, "
-        f"global batch {sweep.global_batch_size}, {sweep.cluster.nodes}×{sweep.cluster.gpus_per_node} {gpu.name}"
+        f"global batch {sweep.global_batch_size}, {_nodes_text(sweep)}×{sweep.cluster.gpus_per_node} {gpu.name}"
     )
     console.print(
         f"memory recipe: [bold]{plan.memory.recipe}[/] ({recipe_summary(sweep)}); "
@@ -131,6 +135,23 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     )
     summary.add_row("[bold]candidates[/]", f"[bold]{counts.get(PlanStatus.CANDIDATE, 0)}[/]")
     console.print(summary)
+    if several or sweep.goal is not None:
+        print_plan_sizes(plan, console)
+
+
+def _nodes_text(sweep) -> str:  # noqa: ANN001 - Sweep
+    """`8`, or `{8, 16, 32}` for a sweep over several node counts."""
+    return f"{{{', '.join(map(str, sweep.node_counts))}}}" if sweep.several_sizes else str(sweep.cluster.nodes)
+
+
+def print_plan_sizes(plan: Plan, console: Console) -> None:
+    """The dry run's answer per node count: each size's best predicted layout and its whole run."""
+    from sweeper.cli.render_sizes import print_sizes
+    from sweeper.sizes import marks, predicted_best
+
+    found = [predicted_best(plan, n) for n in plan.sweep.node_counts]
+    title = f"{plan.sweep.name}: best predicted layout per node count (the model uncalibrated: ±band)"
+    print_sizes(console, found, marks(found, plan.sweep.goal), plan.sweep.goal, title)
 
 
 def recipe_summary(sweep) -> str:  # noqa: ANN001 - Sweep

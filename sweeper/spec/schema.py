@@ -160,12 +160,35 @@ class GPUSpec(_Strict):
         return GPU(self.name, self.memory_gib, self.peak_tflops, None, self.fp8_tflops, "user-defined")
 
 
+MAX_NODES = 100_000
+
+
 class ClusterSpec(_Strict):
-    nodes: int = Field(ge=1, le=100_000)
+    nodes: int | list[int] = Field(description="nodes of the allocation, or a list of node counts to compare")
     gpus_per_node: int = Field(ge=1, le=1024)
     gpu: str | GPUSpec
     intra_node_gbps: float | None = Field(default=None, gt=0, le=100_000, description="GB/s per GPU within a node")
     inter_node_gbps: float | None = Field(default=None, gt=0, le=100_000, description="GB/s per GPU between nodes")
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _node_counts(cls, v: Any) -> Any:
+        # one line naming the field, whatever is wrong: a list is sorted, each count 1 to MAX_NODES, once
+        values = v if isinstance(v, list) else [v]
+        bad = [x for x in values if isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= MAX_NODES]
+        if not values or bad:
+            raise ValueError(
+                f"cluster.nodes: {bad[0] if bad else '[]'!r} not allowed; allowed: a whole number of nodes "
+                f"1 to {MAX_NODES}, or a list of them"
+            )
+        if len(set(values)) != len(values):
+            raise ValueError(f"cluster.nodes lists a node count twice: {values}")
+        return sorted(values) if isinstance(v, list) else v
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The node counts, smallest first (one for a scalar `nodes`)."""
+        return tuple(self.nodes) if isinstance(self.nodes, list) else (self.nodes,)
 
     @field_validator("gpu")
     @classmethod
@@ -186,10 +209,6 @@ class ClusterSpec(_Strict):
             gpu = replace(gpu, inter_gbps=self.inter_node_gbps)
         return gpu
 
-    @property
-    def world(self) -> int:
-        return self.nodes * self.gpus_per_node
-
 
 class TrialSettings(_Strict):
     """How one trial is run and measured (the 10-step protocol)."""
@@ -207,6 +226,21 @@ class TrialSettings(_Strict):
             raise ValueError(
                 f"warmup_steps must be smaller than steps, but got warmup_steps={self.warmup_steps}, steps={self.steps}"
             )
+        return self
+
+
+class GoalSpec(_Strict):
+    """The training run the layout is for: its tokens, and what a GPU-hour costs (any currency)."""
+
+    tokens: float = Field(gt=0, le=1e18, description="tokens the whole training run processes")
+    gpu_hour_cost: float | None = Field(default=None, ge=0, le=1e9, description="price of one GPU-hour")
+    max_days: float | None = Field(default=None, gt=0, le=1e6, description="the run must end within this many days")
+    max_cost: float | None = Field(default=None, gt=0, le=1e18, description="the run must cost at most this")
+
+    @model_validator(mode="after")
+    def _cost_needs_price(self) -> GoalSpec:
+        if self.max_cost is not None and self.gpu_hour_cost is None:
+            raise ValueError("goal.max_cost needs goal.gpu_hour_cost (the price of one GPU-hour)")
         return self
 
 
@@ -339,6 +373,7 @@ class SweepFile(_Strict):
     launcher: str | dict[str, Any] = "local"
     workload: WorkloadSpec = WorkloadSpec()
     results_dir: str = "results"
+    goal: GoalSpec | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -405,6 +440,25 @@ class Sweep:
     results_dir: Path = Path("results")
     source: Path | None = field(default=None, compare=False)
     workload: WorkloadSpec = WorkloadSpec()
+    # the node counts compared (cluster.nodes a list), smallest first; () or one: a sweep of one size,
+    # whose cluster is `cluster`. Each size is `at(n)`: the same model, batch and space on n nodes.
+    sizes: tuple[int, ...] = ()
+    goal: GoalSpec | None = field(default=None, compare=False)  # how a layout's speed becomes days and cost
+
+    @property
+    def node_counts(self) -> tuple[int, ...]:
+        """Every node count of the sweep (the cluster's alone for a sweep of one size)."""
+        return self.sizes or (self.cluster.nodes,)
+
+    @property
+    def several_sizes(self) -> bool:
+        return len(self.node_counts) > 1
+
+    def at(self, nodes: int) -> Sweep:
+        """This sweep on `nodes` nodes: its own world, dp and gradient accumulation, one size."""
+        if nodes not in self.node_counts:
+            raise ValueError(f"nodes: {nodes} is not one of the sweep's node counts {list(self.node_counts)}")
+        return replace(self, cluster=replace(self.cluster, nodes=nodes), sizes=())
 
     @property
     def results_path(self) -> Path:
