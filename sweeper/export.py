@@ -69,6 +69,7 @@ def layout_record(row: Mapping[str, Any], sweep: Sweep) -> dict[str, Any]:
         "dp": _plain(row.get("dp")),
         "grad_accum": _plain(row.get("grad_accum")),
         "num_devices": _plain(row.get("num_devices")),
+        "nodes": sweep.cluster.nodes,  # the node count the layout was chosen for
         "seq_len": sweep.seq_len,
         "global_batch_size": sweep.global_batch_size,
         "layers": sweep.model.layers,
@@ -239,7 +240,8 @@ def to_torchtitan(row: Mapping[str, Any], sweep: Sweep) -> str:
     sections, notes = torchtitan_sections(rec)
     lines = [
         f"# torchtitan {TORCHTITAN_TOML_VERSION} config fragment: sweep {sweep.name}, trial {rec['trial_number']}"
-        + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else ""),
+        + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else "")
+        + f", chosen for {rec['nodes']} node(s)",
         (
             f"# names from pytorch/torchtitan {TORCHTITAN_TOML_VERSION} torchtitan/config/job_config.py; "
             f"torchtitan {TORCHTITAN_CLI_VERSION} and later take no TOML: see --format torchtitan-cli"
@@ -298,7 +300,8 @@ def to_torchtitan_cli(row: Mapping[str, Any], sweep: Sweep) -> str:
     module, config = model.get("module", "llama3"), model.get("config", "<your config function>")
     lines = [
         f"# torchtitan {TORCHTITAN_CLI_VERSION} overrides: sweep {sweep.name}, trial {rec['trial_number']}"
-        + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else ""),
+        + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else "")
+        + f", chosen for {rec['nodes']} node(s)",
         f"# append to: torchrun ... -m torchtitan.train --module {module} --config {config}",
         f"# names from pytorch/torchtitan {TORCHTITAN_CLI_VERSION} torchtitan/config/configs.py and trainer.py",
     ]
@@ -438,7 +441,8 @@ def to_megatron(row: Mapping[str, Any], sweep: Sweep) -> str:
     _, env_notes = megatron_env(rec)
     lines = [
         f"# Megatron-LM flags: sweep {sweep.name}, trial {rec['trial_number']}"
-        + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else ""),
+        + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else "")
+        + f", chosen for {rec['nodes']} node(s)",
         f"# names from NVIDIA/Megatron-LM megatron/training/arguments.py at {MEGATRON_COMMIT[:7]}",
     ]
     lines += [f"# environment: {n}" for n in env_notes]

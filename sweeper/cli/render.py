@@ -198,6 +198,7 @@ def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
         )
         return
     varying = [k for k in KNOBS if k not in BASE_KNOBS and shown_in_tables(k, rows)]
+    base = (*(("nodes",) if len({r.get("nodes") for r in rows}) > 1 else ()), *BASE_KNOBS)  # several node counts
     table = Table(title=title, title_justify="left", header_style="bold")
     text_labels = {label(k) for k, knob in KNOBS.items() if knob.kind is str}
     for col in (
@@ -207,13 +208,13 @@ def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
         "MFU 95%",
         "TFLOP/s/GPU",
         "step s",
-        *(label(k) for k in (*BASE_KNOBS, *varying)),
+        *(label(k) for k in (*base, *varying)),
         "peak GiB",
         "pred GiB",
     ):
         table.add_column(col, justify="left" if col in text_labels else "right")
     for i, r in enumerate(chosen, 1):
-        knobs = [_cell(r.get(k)) for k in (*BASE_KNOBS, *varying)]
+        knobs = [_cell(r.get(k)) for k in (*base, *varying)]
         table.add_row(
             str(i),
             str(r["trial_number"]),

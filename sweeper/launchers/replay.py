@@ -132,7 +132,7 @@ class ReplayLauncher(Launcher):
             return JobOutcome(
                 failure(TrialStatus.FAILED, f"replay table status {status!r} is not a trial status", job), handle.job_id
             )
-        result |= {"status": status, **job.layout.as_dict()}
+        result |= {"status": status, **job.layout.as_dict(), "num_devices": sweep.cluster.world}
         if result.get("step_times_s") is not None:
             result["step_times_s"] = _times(result["step_times_s"])
             if result["step_times_s"] is None:

@@ -235,7 +235,8 @@ def to_nanotron(row: Mapping[str, Any], sweep: Sweep) -> str:
     lines = [
         f"# nanotron config: sweep {sweep.name}"
         + (f", trial {rec['trial_number']}" if rec["trial_number"] is not None else "")
-        + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else ""),
+        + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else "")
+        + f", chosen for {rec['nodes']} node(s)",
         f"# fields of huggingface/nanotron src/nanotron/config/ at {NANOTRON_COMMIT[:8]}",
         f"# launch, on every node, from nanotron's repository: {launch_command(rec, sweep)}",
     ]
