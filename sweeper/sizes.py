@@ -130,10 +130,15 @@ def _nodes(row: Mapping[str, Any], sweep: Sweep) -> int:
 
 
 def _tps(row: Mapping[str, Any], sweep: Sweep) -> float | None:
-    if row.get("tokens_per_s"):
+    if _number(row.get("tokens_per_s")):
         return float(row["tokens_per_s"])
-    t = row.get("step_time_mean_s")
+    t = _number(row.get("step_time_mean_s"))
     return sweep.global_batch_size * sweep.seq_len / t if t else None
+
+
+def _number(v: Any) -> float | None:
+    """A measured value, or None where the row has none (null, or NaN from a pandas frame)."""
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
 
 def answers(plan: Plan, rows: Sequence[Mapping[str, Any]]) -> list[SizeAnswer]:
@@ -155,7 +160,7 @@ def _pairs(plan: Plan, rows: Sequence[Mapping[str, Any]]) -> tuple[list[float], 
 
     measured, predicted = [], []
     for r in rows:
-        if r.get("status") != TrialStatus.OK or not r.get("step_time_mean_s"):
+        if r.get("status") != TrialStatus.OK or not _number(r.get("step_time_mean_s")):
             continue
         layout = Layout.from_mapping({k: r[k] for k in KNOBS if r.get(k) is not None})
         n = _nodes(r, plan.sweep)

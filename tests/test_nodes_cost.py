@@ -79,6 +79,27 @@ def test_replay_over_two_node_counts_picks_the_cheaper_by_cost_and_the_faster_by
     megatron = sweep_cli("best", str(path), "--by", "cost", "-f", "megatron", cwd=tmp_path).stdout
     assert "chosen for 8 node(s)" in megatron.splitlines()[0]
 
+    r = sweep_cli("report", str(path), cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    page = (tmp_path / "results" / "sizes" / "report.html").read_text()
+    assert (tmp_path / "results" / "sizes" / "nodes_cost.png").stat().st_size > 10_000
+    assert "days against cost" in page
+
+
+def test_report_points_measure_each_size_against_the_smallest(tmp_path):
+    from sweeper.report.sizes_data import size_points
+
+    sweep = parse_sweep(
+        yaml.safe_dump(_spec(tmp_path, cluster={"nodes": [8, 16], "gpus_per_node": 8, "gpu": "a100-80gb"}))
+    )
+    plan = make_plan(sweep)
+    r8 = int(((plan.nodes == 8) & plan.candidate_mask).nonzero()[0][0])
+    rows = [plan.layout(r8).as_dict() | {"trial_number": 0, "status": "ok", "nodes": 8, "step_time_mean_s": 10.0}]
+    pts = size_points(plan, rows).points
+    assert [p.measured for p in pts] == [True, False]  # 16 nodes never ran: predicted, with the prior band
+    assert pts[0].days == pytest.approx(1e12 / (2048 * 2048 / 10.0) / 86400) and pts[0].efficiency == 1.0
+    assert pts[1].band == 0.3 and 0 < pts[1].efficiency < 1.2
+
 
 def _answer(nodes: int, tps: float, goal: GoalSpec) -> SizeAnswer:
     run = run_cost(tps, nodes * 8, goal)
