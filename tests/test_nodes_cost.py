@@ -188,3 +188,21 @@ def test_bad_goal_from_the_command_line_exits_2(tmp_path):
     r = sweep_cli("run", str(path), "--dry-run", cwd=tmp_path)
     assert r.returncode == 2 and "goal.max_cost" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_trial_is_stopped_early_against_its_own_node_counts_best():
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from sweeper.stopping import SlowerThanBest
+
+    dist = {"nodes": CategoricalDistribution([1, 32])}
+    study = optuna.create_study(direction="maximize", pruner=SlowerThanBest(slower=1.5, min_steps=2))
+    study.add_trial(create_trial(params={"nodes": 1}, distributions=dist, value=0.40))
+    for nodes, pruned in ((32, False), (1, True)):  # 0.20 MFU: half of 1 node's best, the first at 32
+        study.enqueue_trial({"nodes": nodes})
+        trial = study.ask(dist)
+        trial.report(0.2, 0)
+        trial.report(0.2, 1)
+        assert trial.should_prune() is pruned
+        study.tell(trial, state=TrialState.FAIL)
