@@ -99,9 +99,9 @@ def replay_table(g: pd.DataFrame, path: Path) -> None:
     t["status"] = t.ok.map({True: "ok", False: "oom"})
     t["step_time_mean_s"] = t.gbs * t.seq / (t.tps * t.gpus)
     t.loc[~t.ok, "step_time_mean_s"] = None
-    t[["nodes", *KEYS, "sequence_parallel", "activation_checkpointing", "attention", "status", "step_time_mean_s"]].to_csv(
-        path, index=False
-    )
+    t[
+        ["nodes", *KEYS, "sequence_parallel", "activation_checkpointing", "attention", "status", "step_time_mean_s"]
+    ].to_csv(path, index=False)
 
 
 def truth(g: pd.DataFrame) -> tuple[int, int]:

@@ -206,3 +206,20 @@ def test_a_trial_is_stopped_early_against_its_own_node_counts_best():
         trial.report(0.2, 1)
         assert trial.should_prune() is pruned
         study.tell(trial, state=TrialState.FAIL)
+
+
+def test_compare_lines_up_a_layout_across_node_counts(tmp_path):
+    from sweeper.results import ResultsStore, now_utc
+
+    store = ResultsStore(tmp_path / "r")
+    store.ensure()
+    base = {"tp": 2, "pp": 1, "micro_batch_size": 1, "started_at": now_utc(), "finished_at": now_utc()}
+    for i, (nodes, tp, mfu) in enumerate([(8, 2, 0.50), (16, 2, 0.45), (32, 2, 0.40), (8, 4, 0.48)]):
+        store.write_row(base | {"trial_number": i, "status": "ok", "nodes": nodes, "tp": tp, "mfu": mfu})
+    r = sweep_cli("compare", "x", "--results-a", str(tmp_path / "r"), "-f", "json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    layouts = json.loads(r.stdout)["layouts"]
+    assert len(layouts) == 1 and layouts[0]["tp"] == 2  # tp=4 ran at one size only
+    assert layouts[0]["kept"] == pytest.approx(0.8) and layouts[0]["16"] == pytest.approx(0.45)
+    table = sweep_cli("compare", "x", "--results-a", str(tmp_path / "r"), cwd=tmp_path).stdout
+    assert "32 nodes" in table and "80%" in table
