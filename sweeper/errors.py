@@ -17,3 +17,18 @@ class NoSuccessError(SweepError):
     """The sweep has no successful trial: every format of `best`, and `run`, exit 1 so scripts notice."""
 
     exit_code = 1
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """`text` on one line (whitespace collapsed), at most about `limit` characters: whole sentences
+    while they fit, so that a message is never cut mid-sentence; a first sentence longer than that
+    is cut between words and marked with an ellipsis."""
+    flat = " ".join(str(text).split())
+    if len(flat) <= limit:
+        return flat
+    head = flat[: limit + 1]
+    end = head.rfind(". ")
+    if end > 0:
+        return flat[: end + 1]
+    cut = head.rfind(" ")
+    return flat[: cut if cut > 0 else limit].rstrip(" ,;:") + " …"

@@ -61,10 +61,13 @@ def layout_record(row: Mapping[str, Any], sweep: Sweep) -> dict[str, Any]:
     for k, knob in KNOBS.items():  # a row written before a knob existed ran at its default (etp: tp)
         if knobs[k] is None or (knob.follows and knobs[k] == knob.default):
             knobs[k] = knobs[knob.follows] if knob.follows else knob.default
+    # a layout the plan predicts best (`sweep best --plan`) says so: no trial measured it
+    predicted = {"predicted": True, "pred_mfu": _plain(row.get("pred_mfu"))} if row.get("predicted") else {}
     return {
         "sweep": sweep.name,
         "trial_number": _plain(row.get("trial_number")),
         "mfu": _plain(row.get("mfu")),
+        **predicted,
         **knobs,
         "dp": _plain(row.get("dp")),
         "grad_accum": _plain(row.get("grad_accum")),
@@ -78,6 +81,27 @@ def layout_record(row: Mapping[str, Any], sweep: Sweep) -> dict[str, Any]:
     }
 
 
+def provenance(rec: Mapping[str, Any]) -> str:
+    """Where an exported layout comes from, for its first comment line: its trial and MFU, or the
+    plan's prediction, which no trial measured ("" for a layout of neither)."""
+    if rec.get("predicted"):
+        mfu = rec.get("pred_mfu")
+        return "predicted by the plan, not measured (no trial ran it)" + (
+            f", predicted MFU {100 * mfu:.1f}%" if mfu is not None else ""
+        )
+    if rec.get("trial_number") is None:
+        return ""
+    return f"trial {rec['trial_number']}" + (f", MFU {100 * rec['mfu']:.2f}%" if rec.get("mfu") is not None else "")
+
+
+def provenance_suffix(rec: Mapping[str, Any]) -> str:
+    """`, trial 12, MFU 45.00%, chosen for 8 node(s)` (or the prediction) to follow the sweep's name in a header."""
+    source = provenance(rec)
+    # the node count the layout was chosen for: the same layout at another size has another dp
+    chosen = f", chosen for {rec['nodes']} node(s)" if rec.get("nodes") is not None else ""
+    return (f", {source}" if source else "") + chosen
+
+
 def to_json(row: Mapping[str, Any], sweep: Sweep) -> str:
     return json.dumps(layout_record(row, sweep), indent=2)
 
@@ -85,7 +109,9 @@ def to_json(row: Mapping[str, Any], sweep: Sweep) -> str:
 def to_yaml(row: Mapping[str, Any], sweep: Sweep) -> str:
     import yaml
 
-    return yaml.safe_dump(layout_record(row, sweep), sort_keys=False)
+    rec = layout_record(row, sweep)
+    note = f"# sweep {sweep.name}: {provenance(rec)}\n" if rec.get("predicted") else ""
+    return note + yaml.safe_dump(rec, sort_keys=False)
 
 
 def pipeline_stages(rec: Mapping[str, Any]) -> tuple[int, ...]:
@@ -239,9 +265,7 @@ def to_torchtitan(row: Mapping[str, Any], sweep: Sweep) -> str:
     rec = layout_record(row, sweep)
     sections, notes = torchtitan_sections(rec)
     lines = [
-        f"# torchtitan {TORCHTITAN_TOML_VERSION} config fragment: sweep {sweep.name}, trial {rec['trial_number']}"
-        + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else "")
-        + f", chosen for {rec['nodes']} node(s)",
+        f"# torchtitan {TORCHTITAN_TOML_VERSION} config fragment: sweep {sweep.name}{provenance_suffix(rec)}",
         (
             f"# names from pytorch/torchtitan {TORCHTITAN_TOML_VERSION} torchtitan/config/job_config.py; "
             f"torchtitan {TORCHTITAN_CLI_VERSION} and later take no TOML: see --format torchtitan-cli"
@@ -299,9 +323,7 @@ def to_torchtitan_cli(row: Mapping[str, Any], sweep: Sweep) -> str:
     model, model_notes = torchtitan_model(rec, version_02=False)
     module, config = model.get("module", "llama3"), model.get("config", "<your config function>")
     lines = [
-        f"# torchtitan {TORCHTITAN_CLI_VERSION} overrides: sweep {sweep.name}, trial {rec['trial_number']}"
-        + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else "")
-        + f", chosen for {rec['nodes']} node(s)",
+        f"# torchtitan {TORCHTITAN_CLI_VERSION} overrides: sweep {sweep.name}{provenance_suffix(rec)}",
         f"# append to: torchrun ... -m torchtitan.train --module {module} --config {config}",
         f"# names from pytorch/torchtitan {TORCHTITAN_CLI_VERSION} torchtitan/config/configs.py and trainer.py",
     ]
@@ -440,9 +462,7 @@ def to_megatron(row: Mapping[str, Any], sweep: Sweep) -> str:
     args, notes = megatron_args(rec)
     _, env_notes = megatron_env(rec)
     lines = [
-        f"# Megatron-LM flags: sweep {sweep.name}, trial {rec['trial_number']}"
-        + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else "")
-        + f", chosen for {rec['nodes']} node(s)",
+        f"# Megatron-LM flags: sweep {sweep.name}{provenance_suffix(rec)}",
         f"# names from NVIDIA/Megatron-LM megatron/training/arguments.py at {MEGATRON_COMMIT[:7]}",
     ]
     lines += [f"# environment: {n}" for n in env_notes]

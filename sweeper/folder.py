@@ -25,11 +25,12 @@ if TYPE_CHECKING:
 TRIAL_FILE = re.compile(r"^trial-(\d{5,})\.parquet$")  # what ResultsStore.write_row names a row
 INFLIGHT_FILE = re.compile(r"^trial-(\d{5,})\.json$")
 JOB_DIR = re.compile(r"^trial-\d{5,}-a\d+$")
-TEMP_FILE = re.compile(r"^\..+\.\d+\.tmp$")  # an atomic write's temp file, left by a kill
+TEMP_FILE = re.compile(r"^\..+\.(\d+)\.tmp$")  # an atomic write's temp file (its writer's pid), left by a kill
 # top-level names the tool creates; the study's SQLite file brings its journal files along
 OWN_FILES = {
     "sweep.yaml",
     ".sweep.yaml.tmp",
+    "hf_config.json",  # the copy of a config.json model (sweeper.frozen_spec), which sweep.yaml names
     "run.lock",
     "optuna.db",
     "optuna.db-journal",
@@ -57,11 +58,13 @@ def trial_number_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def foreign_entries(root: Path) -> list[Path]:
-    """Everything under `root` that the tool did not create (by name)."""
+def foreign_entries(root: Path, *, top_only: bool = False) -> list[Path]:
+    """Everything under `root` that the tool did not create (by name); `top_only`: in root itself only."""
     out = []
     for p in sorted(root.iterdir()):
         if p.name in OWN_DIRS and p.is_dir() and not p.is_symlink():
+            if top_only:
+                continue
             allowed = OWN_DIRS[p.name]
             out += [q for q in sorted(p.iterdir()) if not any(rx.match(q.name) for rx in allowed)]
         elif not (
@@ -102,7 +105,7 @@ def preflight(sweep: Sweep, *, repair: bool = False) -> str:
     and a readable database. `repair` (`--fresh`, `--rebuild-study`) lets an unreadable study
     through, as those two set it aside. Returns the storage."""
     root = sweep.results_path
-    check_trusted_folder(root)
+    check_trusted_folder(root, sweep.name)
     if sweep.search.storage:
         check_storage(sweep.search.storage, damaged_ok=repair)
         return sweep.search.storage
@@ -114,29 +117,93 @@ def preflight(sweep: Sweep, *, repair: bool = False) -> str:
 
 # what a results folder's own files are checked for before anything is read or written in it;
 # SQLite writes its journals beside the study, so a planted link there would be written through
-CHECKED = (*OWN_DIRS, "sweep.yaml", "run.lock", "optuna.db", "optuna.db-journal", "optuna.db-wal", "optuna.db-shm")
-# what the tool leaves in every results folder it made (run.lock first of all): a folder holding
-# other things and none of these was not made by `sweep`, and is refused rather than taken over
-MARKS = ("run.lock", "sweep.yaml", "trials")
+CHECKED = (
+    *OWN_DIRS,
+    "sweep.yaml",
+    "hf_config.json",
+    "run.lock",
+    "optuna.db",
+    "optuna.db-journal",
+    "optuna.db-wal",
+    "optuna.db-shm",
+)
 
 
-def check_trusted_folder(root: Path) -> None:
+def check_trusted_folder(root: Path, name: str) -> None:
     """The trust check, before anything under `root` is created, changed or deleted (`--fresh`,
-    `--rebuild-study` included): it can be made, or it is a results folder `sweep` made, of yours,
-    writable by you alone, with no link among its own files or job folders."""
+    `--rebuild-study` included): it can be made, or it is a results folder `sweep` made for the
+    sweep `name`, of yours, writable by you alone, with no link among its own files or job folders."""
     check_creatable(root)
     if not (root.exists() or root.is_symlink()):
         return
     check_private(root)
+    check_made_by_sweep(root, name)
+    jobs = root / "jobs"
+    for p in sorted(jobs.iterdir()) if jobs.is_dir() else []:
+        check_not_link(p)
+        # what a launch writes there (result.json, log.txt, ranks/, a node's folder): never through a link
+        for q in sorted(p.iterdir()) if p.is_dir() else []:
+            check_not_link(q)
+
+
+def check_made_by_sweep(root: Path, name: str) -> None:
+    """Refuse an existing folder that `sweep` did not make for this sweep, changing nothing in it.
+
+    Made by sweep: empty (nothing to take over); or holding a `sweep.yaml` that names this sweep
+    beside `trials/` (a run makes trials/ first and records the sweep file after); or, with no
+    sweep.yaml (a run stopped before recording it), holding only names of the tool's own. A
+    project folder that happens to hold a `trials/`, or an unrelated `sweep.yaml`, is neither."""
     entries = sorted(p.name for p in root.iterdir())
-    if entries and not any(m in entries for m in MARKS):
-        shown = ", ".join(entries[:3]) + (" ..." if len(entries) > 3 else "")
+    if not entries:
+        return
+    recorded = root / "sweep.yaml"
+    if recorded.is_file() and not recorded.is_symlink():
+        other, why = recorded_name(recorded)
+        if other is None:
+            raise SweepError(
+                f"{recorded} is not a sweep file ({why}), so {root} is not the results folder of the sweep "
+                f"{name!r}; nothing was changed in it. Give the sweep another name or results_dir"
+            )
+        if other != name:
+            raise SweepError(
+                f"{root} exists and holds the sweep file of {other!r}, not of the sweep {name!r}; nothing was "
+                "changed in it. Give the sweep another name or results_dir"
+            )
+        if (root / "trials").is_dir():
+            return
+        foreign = ["sweep.yaml but no trials/"]
+    else:
+        foreign = [p.name for p in foreign_entries(root, top_only=True)]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (" ..." if len(foreign) > 3 else "")
         raise SweepError(
             f"{root} exists and was not made by sweep (it holds {shown}); nothing was changed in it. "
             "Give the sweep another name or results_dir"
         )
-    jobs = root / "jobs"
-    for p in sorted(jobs.iterdir()) if jobs.is_dir() else []:
+
+
+def recorded_name(path: Path) -> tuple[str | None, str]:
+    """The `name` of a results folder's recorded sweep file, or None and why it is not a sweep file.
+    Read as YAML only (the sweep loader's own reader: no aliases, no deep nesting), not checked
+    against today's schema: a folder of an older version is still the sweep's."""
+    from sweeper.errors import SpecError
+    from sweeper.spec.loader import MAX_SPEC_BYTES, read_yaml
+
+    try:
+        data = read_yaml(path.read_bytes()[:MAX_SPEC_BYTES].decode("utf-8", errors="replace"), str(path))
+    except OSError as e:
+        return None, f"unreadable: {e.strerror or e}"
+    except SpecError as e:
+        return None, str(e).removeprefix(f"{path}: ")
+    value = data.get("name") if isinstance(data, dict) else None
+    return (value, "") if isinstance(value, str) else (None, "it names no sweep")
+
+
+def check_readable_folder(root: Path) -> None:
+    """What `best`, `status` and `report` check before reading a results folder: the same links
+    `sweep run` refuses (the folder itself, trials/, inflight/, sweep.yaml), refused alike: read
+    through a link, another folder's rows would be shown (and a report written) as this sweep's."""
+    for p in (root, root / "trials", root / "inflight", root / "sweep.yaml"):
         check_not_link(p)
 
 
@@ -151,8 +218,9 @@ def check_not_link(path: Path) -> None:
 
 
 def check_private(root: Path) -> None:
-    """Refuse a results folder (or its parts) that another user owns or that others can write:
-    whoever can write it can run code as the next `sweep run`."""
+    """Refuse a results folder (or its parts: its own files and folders, and every row and in-flight
+    record in them, which `sweep run` learns from and starts trials by) that another user owns or that
+    others can write: whoever can write it can run code as the next `sweep run`, or plant results."""
     me = os.geteuid()
     for p in [root, *(root / n for n in CHECKED)]:
         try:
@@ -161,15 +229,48 @@ def check_private(root: Path) -> None:
             continue
         if stat.S_ISLNK(st.st_mode):
             check_not_link(p)
-        if st.st_mode & (stat.S_IWOTH | stat.S_IWGRP):
-            raise SweepError(
-                f"{p} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); a results folder is trusted like code. "
-                f"Check its contents, then `chmod -R go-w {root}`"
-            )
-        if st.st_uid != me:
-            raise SweepError(
-                f"{p} belongs to user id {st.st_uid}, not to you ({me}); a results folder is trusted like code"
-            )
+        _check_owned(p, st, root, me)
+    for folder in ("trials", "inflight"):
+        d = root / folder
+        for p in sorted(d.iterdir()) if d.is_dir() and not d.is_symlink() else []:
+            st = p.lstat()
+            if not stat.S_ISLNK(st.st_mode):  # a link is skipped by name, never followed
+                _check_owned(p, st, root, me)
+
+
+def _check_owned(p: Path, st: os.stat_result, root: Path, me: int) -> None:
+    if st.st_mode & (stat.S_IWOTH | stat.S_IWGRP):
+        raise SweepError(
+            f"{p} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); a results folder is trusted like code. "
+            f"Check its contents, then `chmod -R go-w {root}`"
+        )
+    if st.st_uid != me:
+        raise SweepError(
+            f"{p} belongs to user id {st.st_uid}, not to you ({me}); a results folder is trusted like code"
+        )
+
+
+def remove_stale_temps(root: Path) -> int:
+    """Remove the temp files of atomic writes whose writer is dead (a `sweep run` killed while it wrote):
+    its process id is in the name, and a live writer's file is left alone. Returns how many went."""
+    removed = 0
+    for d in (root, *(root / n for n in OWN_DIRS if n != "jobs")):
+        for p in sorted(d.iterdir()) if d.is_dir() and not d.is_symlink() else []:
+            m = TEMP_FILE.match(p.name)
+            if m is not None and not _alive(int(m.group(1))) and (p.is_symlink() or p.is_file()):
+                p.unlink(missing_ok=True)
+                removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process, or no pid at all: not a writer of ours known dead
+    return True
 
 
 def make_private(root: Path) -> None:

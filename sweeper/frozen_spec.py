@@ -10,15 +10,18 @@ gone, are refused the same way.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from sweeper.errors import SweepError
 from sweeper.files import atomic_write_bytes
 from sweeper.folder import make_private
+from sweeper.hf_config import FROZEN_NAME
 from sweeper.results import ResultsStore
 from sweeper.spec import Sweep, parse_sweep
 
 FROZEN_SPEC = "sweep.yaml"
+FROZEN_MODEL = FROZEN_NAME  # the copy of a config.json model beside it
 
 
 def open_results(sweep: Sweep, identity: str) -> tuple[ResultsStore, Path]:
@@ -50,20 +53,40 @@ def freeze_spec(sweep: Sweep, store: ResultsStore) -> Path:
     if sweep.source is None:
         raise SweepError("a sweep run needs a sweep file (got a sweep without a source path)")
     text = Path(sweep.source).read_bytes()
+    if sweep.model_file is not None:  # the config.json is part of what was run: kept beside it too
+        text = _with_model_copy(text, sweep, store.root)
     if frozen.exists():
-        old = parse_sweep(frozen.read_bytes(), source=str(frozen))
+        # the profile is how the model prices, not what was measured (and may have moved since)
+        old = parse_sweep(frozen.read_bytes(), source=str(frozen), profiles=False)
         if _identity(old) != _identity(sweep):
             raise SweepError(
                 f"{sweep.source} changed since {frozen} was recorded (model, batch, cluster, space or "
                 "trial settings differ); run with --fresh to start over, or give the sweep a new name"
             )
     try:
+        if sweep.model_file is not None:  # first the copy the frozen file names
+            atomic_write_bytes(store.root / FROZEN_MODEL, sweep.model_file.text)
         atomic_write_bytes(frozen, text)
     except OSError as e:
         raise SweepError(
             f"cannot write {frozen}: {e.strerror or e}; nothing was run. Free the space and run again"
         ) from None
     return frozen
+
+
+def _with_model_copy(text: bytes, sweep: Sweep, root: Path) -> bytes:
+    """The sweep file as frozen when its model is a config.json: `model.hf_config` names the copy
+    kept beside it (FROZEN_MODEL), so that trials, `sweep best` and a later run read the file as it
+    was run, and a changed config.json is noticed as a changed sweep file is."""
+    import yaml
+
+    assert sweep.model_file is not None
+    data = yaml.safe_load(text)  # the loader read it already: a mapping without aliases
+    data["model"] = {"hf_config": FROZEN_MODEL}
+    note = (
+        f"# {sweep.source} as run; its model.hf_config {sweep.model_file.path} is copied beside it as {FROZEN_MODEL}\n"
+    )
+    return (note + yaml.safe_dump(data, sort_keys=False)).encode()
 
 
 def _identity(s: Sweep) -> tuple:
@@ -92,3 +115,35 @@ def check_rows_identity(store: ResultsStore) -> None:
             "model, seq_len, batch, cluster, space or trial settings. Move them away, give this sweep a new name, "
             "or start over with --fresh"
         )
+
+
+def digest(path: Path) -> str:
+    """The recorded sweep file's content hash, to notice an edit cheaply (`check_unchanged`)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def check_unchanged(path: Path, known: str, *, identity: str, source: Path | str | None) -> str:
+    """Before a trial starts (it re-reads the recorded sweep file): the file is as recorded, or edited
+    without changing what is measured (a comment, the budget). Returns its hash, to compare next time."""
+    from sweeper.identity import sweep_identity
+
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        data, found = b"", f"unreadable: {e.strerror or e}"
+    now = hashlib.sha256(data).hexdigest()
+    if data and now == known:
+        return known
+    if data:
+        try:
+            found = sweep_identity(parse_sweep(data, source=str(path)))
+        except (SweepError, ValueError) as e:
+            found = f"invalid: {' '.join(str(e).split())[:120]}"
+    if found != identity:
+        back = f"copy the sweep file back over it (`cp {source} {path}`)" if source else "put it back as it was"
+        raise SweepError(
+            f"{path} changed while the sweep ran (sweep identity {found}, this run's {identity}): the trials re-read it, "
+            f"so no more are started; the results so far are kept. To go on, {back} and run `sweep run` again; "
+            "to measure the new settings, start over with --fresh or give the sweep a new name"
+        )
+    return now

@@ -91,10 +91,25 @@ GPU_ALIASES: dict[str, str] = {
 }
 
 
+def _key(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
 def lookup_gpu(name: str) -> GPU | None:
     """The table entry for a GPU name (case-insensitive, a few common aliases), or None."""
-    key = name.strip().lower().replace("_", "-")
+    key = _key(name)
     return GPUS.get(GPU_ALIASES.get(key, key))
+
+
+def alias_of(name: str) -> str | None:
+    """The table name an alias stands for (`h100` -> `h100-sxm`); None for a table name or an unknown one."""
+    return GPU_ALIASES.get(_key(name))
+
+
+def known_gpus() -> str:
+    """The GPU names a sweep file may give, the aliases with what each stands for, in one line."""
+    aliases = ", ".join(f"{a} -> {name}" for a, name in GPU_ALIASES.items())
+    return f"{', '.join(GPUS)}; aliases: {aliases}"
 
 
 def gpu_matches(gpu: GPU, detected: str) -> bool:

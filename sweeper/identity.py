@@ -15,7 +15,7 @@ from typing import Any
 from sweeper.hardware import GPU
 from sweeper.knobs import KNOBS
 from sweeper.models import ModelShape
-from sweeper.spec import Sweep
+from sweeper.spec import Cluster, Sweep
 from sweeper.trainers import memory_record
 
 
@@ -35,10 +35,12 @@ def _plain(value: Any) -> Any:
 
 
 def _skipped(value: Any) -> tuple[str, ...]:
-    # a GPU's model assumptions, a dense model's (empty) mixture-of-experts fields and the unset
+    # a GPU's model assumptions, the cluster's profile, a dense model's (empty) mixture-of-experts fields and the unset
     # late fields (GPT-OSS's biases and sinks), which identities written before those fields existed did not hold
     if isinstance(value, GPU):
         return value.MODEL_FIELDS
+    if isinstance(value, Cluster):  # a profile changes how the model prices, not what is measured
+        return ("pricing",)
     if isinstance(value, ModelShape):
         late = tuple(f for f in ModelShape.LATE_FIELDS if not getattr(value, f))
         return late + (ModelShape.MOE_FIELDS if not value.is_moe else ())

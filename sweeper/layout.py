@@ -232,6 +232,22 @@ def _knob_not_in_trainer_why(c: Columns, s: Sweep, i: int) -> str:
     return f"the {s.workload.kind} trainer cannot run " + "; ".join(lacking)
 
 
+def _kernel_why(c: Columns, s: Sweep, i: int) -> str:
+    kernel, kind = at(c, "attention", i), s.workload.kind
+    missing = s.trainer.attention_missing()
+    if kernel in missing:  # the trainer has it, this installation lacks its package
+        return f"attention = {kernel} {missing[kernel]} (the {kind} trainer runs it with that package only)"
+    have = ", ".join(sorted(s.trainer.attention_here()))
+    return f"attention = {kernel}: the {kind} trainer has no such kernel (it has: {have})"
+
+
+def _kernel_detail(c: Columns, s: Sweep, i: int) -> str:
+    kernel = at(c, "attention", i)
+    why = s.trainer.attention_missing().get(kernel)
+    have = f"{s.workload.kind} trainer has: {', '.join(sorted(s.trainer.attention_here()))}"
+    return f"{kernel} ({have}{f'; {kernel} {why}' if why else ''})"
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         PlanReason.WORLD_NOT_DIVISIBLE,
@@ -327,11 +343,9 @@ RULES: tuple[Rule, ...] = (
     Rule(
         PlanReason.KERNEL_NOT_IN_WORKLOAD,
         "an attention kernel the workload's trainer does not have",
-        lambda c, s: ~np.isin(c["attention"], sorted(s.trainer.attention)),
-        lambda c, s, i: (
-            f"the {s.workload.kind} trainer has no attention kernel "
-            f"{' or '.join(sorted(set(KNOBS['attention'].choices) - s.trainer.attention))}"
-        ),
+        lambda c, s: ~np.isin(c["attention"], sorted(s.trainer.attention_here())),
+        _kernel_why,
+        _kernel_detail,
     ),
     Rule(
         PlanReason.KNOB_NOT_IN_TRAINER,

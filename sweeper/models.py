@@ -58,11 +58,13 @@ class ModelShape:
     attention_bias: bool = False
     mlp_bias: bool = False
     attention_sinks: bool = False
+    # Qwen2 (transformers' Qwen2Attention): biases on q, k and v, none on o
+    qkv_bias: bool = False
 
     # the fields only a mixture of experts sets: left out of a dense model's identity (sweeper.identity)
     MOE_FIELDS = ("experts", "experts_per_token", "moe_ffn", "shared_experts", "dense_layers", "router")
     # fields added after identities were first written: left out of an identity while unset
-    LATE_FIELDS = ("attention_bias", "mlp_bias", "attention_sinks")
+    LATE_FIELDS = ("attention_bias", "mlp_bias", "attention_sinks", "qkv_bias")
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -86,9 +88,11 @@ class ModelShape:
     @property
     def attention_params(self) -> int:
         """wq is hidden x q_dim, wo q_dim x hidden; wk and wv are hidden x kv_dim; biases for GPT
-        blocks and where `attention_bias` is set; a sink logit per head where `attention_sinks` is."""
+        blocks and where `attention_bias` is set (on q, k, v only where `qkv_bias` is); a sink logit
+        per head where `attention_sinks` is."""
         w = 2 * self.hidden * self.q_dim + 2 * self.hidden * self.kv_dim
         bias = self.q_dim + 2 * self.kv_dim + self.hidden if (self.biases or self.attention_bias) else 0
+        bias = bias or (self.q_dim + 2 * self.kv_dim if self.qkv_bias else 0)
         return w + bias + (self.heads if self.attention_sinks else 0)
 
     def _mlp_params(self, width: int) -> int:

@@ -15,24 +15,21 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sweeper.errors import SweepError
-from sweeper.folder import check_not_link, discard_own, preflight
-from sweeper.frozen_spec import open_results
+from sweeper.folder import check_not_link, discard_own, preflight, remove_stale_temps
+from sweeper.frozen_spec import check_unchanged, digest, open_results
 from sweeper.identity import sweep_identity
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure
 from sweeper.layout import Layout
 from sweeper.plan import Plan, leave_out, make_plan
+from sweeper.plan_summary import no_candidates_message
 from sweeper.results import InFlight, ResultsStore, now_utc, row_from
-from sweeper.search import LayoutSearch, build_search, trial_attrs
+from sweeper.rows_told import learn_rows, measured, rebuild_from_rows, row_attrs
+from sweeper.search import LayoutSearch, build_search
 from sweeper.slow_trials import crashed, judge, saved_gpu_hours
 from sweeper.spec import Sweep
 from sweeper.statuses import PlanStatus, TrialStatus
-from sweeper.study_guard import (
-    default_storage,
-    rebuild,
-    set_aside,
-    sqlite_path,
-    storage_errors,
-)
+from sweeper.study import check_history
+from sweeper.study_guard import default_storage, set_aside, sqlite_path, storage_errors
 from sweeper.trial import stops_sweep
 from sweeper.unwritten import left_unwritten, not_written, unwritten
 
@@ -71,6 +68,7 @@ class SweepRun:
     notes: list[str] = field(default_factory=list)  # what the run did that the user should know
     fatal: str | None = None  # why the sweep stopped on its own (this machine cannot run any trial)
     warnings: list[str] = field(default_factory=list)
+    spec_digest: str = ""  # of the recorded sweep file, checked before each trial starts (frozen_spec.check_unchanged)
 
     @property
     def budget(self) -> int:
@@ -82,50 +80,47 @@ class SweepRun:
         return sum(not not_written(r) for r in self.rows) + len(self.running)
 
 
-def prepare(sweep: Sweep, launcher: Launcher, *, storage: str | None = None) -> SweepRun:
-    """Plan the sweep, open its study and results, and pick up what an earlier run left."""
-    storage = storage or preflight(sweep)
-    identity = sweep_identity(sweep)
-    store, spec_path = open_results(sweep, identity)
+def plan_to_run(sweep: Sweep, launcher: Launcher) -> tuple[Plan, int]:
+    """The plan less the layouts the launcher cannot run, and how many valid ones that left out;
+    refused, with the reason that removed the most, when it leaves the search nothing to run."""
     plan = make_plan(sweep)
     runnable = plan.status != PlanStatus.INVALID
     plan = leave_out(plan, launcher.cannot_run, launcher.cannot_run_reason)
-    left_out = int((runnable & (plan.status == PlanStatus.INVALID)).sum())
     if not plan.candidate_mask.any():
-        raise SweepError(f"{sweep.name}: no candidate layout is left after the plan (see `sweep run --dry-run`)")
+        raise SweepError(no_candidates_message(plan))
+    return plan, int((runnable & (plan.status == PlanStatus.INVALID)).sum())
+
+
+def prepare(
+    sweep: Sweep, launcher: Launcher, *, storage: str | None = None, planned: tuple[Plan, int] | None = None
+) -> SweepRun:
+    """Plan the sweep (unless `planned` by `plan_to_run`), open its study and results, and pick up
+    what an earlier run left. The plan comes first: a sweep with nothing to run creates nothing."""
+    plan, left_out = planned or plan_to_run(sweep, launcher)
+    storage = storage or preflight(sweep)
+    identity = sweep_identity(sweep)
+    store, spec_path = open_results(sweep, identity)
     with storage_errors(storage):
-        search = build_search(plan, storage=storage)
+        search = build_search(plan, storage=storage, own_file=storage == default_storage(store.root))
         study = search.study
-        run = SweepRun(sweep, plan, store, search, launcher, spec_path, identity=identity)
+        run = SweepRun(
+            sweep, plan, store, search, launcher, spec_path, identity=identity, spec_digest=digest(spec_path)
+        )
         if left_out:
             run.notes.append(f"{left_out} valid layout(s) left out: {launcher.cannot_run_reason}")
-        _load_finished(run)
+        run.rows.extend(store.rows())
+        learn_rows(search, plan, run.rows)
+        # a study copied in from another sweep, or another history under this sweep's name: refused
+        check_history(study, storage, identity=identity, rows=run.rows, numbers=store.numbers())
         if run.rows and not study.trials:  # the study was deleted or set aside: tell it every row
-            n = rebuild(study, search.space, search.params, run.rows, lambda r: search.done.get(_plan_row(run, r), 0.0))
+            records = [InFlight.from_json(d) for d in store.inflight()]
+            n = rebuild_from_rows(search, plan, run.rows, records, count=store.next_trial_number())
             run.notes.append(
                 f"the Optuna study had no trials but trials/ holds {len(run.rows)} rows: "
-                f"rebuilt it from them ({n} told); new trials continue the numbering after them"
+                f"rebuilt it from them ({n} told, numbered like the sweep); new trials continue the numbering after them"
             )
         _resume_inflight(run)
     return run
-
-
-def _plan_row(run: SweepRun, r: dict[str, Any]) -> int:
-    """The plan row a result row ran (a candidate, or a pruned layout the trials re-admitted), -1 if none."""
-    layout = Layout.from_mapping({k: r[k] for k in Layout.__dataclass_fields__ if r.get(k) is not None})
-    nodes = r.get("nodes")
-    row = run.plan.row_of(layout, nodes=nodes)
-    if row is None:
-        row = run.plan.row_of(layout, pruned=True, nodes=nodes)
-    return -1 if row is None else row
-
-
-def _load_finished(run: SweepRun) -> None:
-    for r in run.store.rows():
-        run.rows.append(r)
-        row = _plan_row(run, r)
-        if row >= 0 and not not_written(r):  # its layout was not measured: it runs again
-            run.search.observe(row, **_measured(r))
 
 
 def _resume_inflight(run: SweepRun) -> None:
@@ -149,8 +144,12 @@ def _resume_inflight(run: SweepRun) -> None:
             run.store.clear_inflight(number)
             continue
         job = _job(run, number, Layout.from_mapping(rec.layout), attempt=rec.attempt, row=rec.row)
+        # its study trial: the one recorded, or the one made before a kill, or made now (killed before it)
+        optuna_trial = run.search.enqueue(rec.row, trial_number=number, known=rec.optuna_trial)
+        if optuna_trial != rec.optuna_trial:
+            rec = replace(rec, optuna_trial=optuna_trial)
+            run.store.record_inflight(number, rec.to_json())
         keep.add(rec.optuna_trial)
-        run.search.running.add(rec.row)
         if rec.job_id is None:  # killed between saving the record and starting the job
             found = run.launcher.find(job)
             if found is None:  # it never started: start it now, same attempt, same folder
@@ -171,8 +170,12 @@ def _resume_inflight(run: SweepRun) -> None:
         handle = run.launcher.reattach(job_id, job)
         if handle is not None:
             run.running[number] = Running(handle, rec)
-        elif job.attempt < MAX_ATTEMPTS or left_unwritten(job):
-            _resubmit(run, rec, f"job {rec.job_id} vanished")
+        elif left_unwritten(job):  # not a vanished job: the disk kept it from writing its result
+            _resubmit(
+                run, rec, f"job {job_id} could not write its result: the disk was full (see {job.workdir / 'log.txt'})"
+            )
+        elif job.attempt < MAX_ATTEMPTS:
+            _resubmit(run, rec, f"job {job_id} vanished")
         else:
             outcome = JobOutcome(failure(TrialStatus.FAILED, f"job {job_id} vanished twice", job), job_id)
             _record(run, rec, outcome)
@@ -198,18 +201,23 @@ def _submit(
     number: int,
     layout: Layout,
     *,
-    optuna_trial: int,
+    optuna_trial: int | None,
     row: int,
     attempt: int = 1,
     started_at: str | None = None,
     previous_error: str | None = None,
 ) -> None:
+    """Start a trial. A new one (`optuna_trial` None) gets its study trial only once its in-flight
+    record is saved: killed in between, the restart makes it from the record, numbered like the sweep,
+    where a study trial made first would be left without a row and shift every number after it."""
     job = _job(run, number, layout, attempt=attempt, row=row)
     check_not_link(job.workdir)  # the trial writes its result and logs there
+    # the trial re-reads the recorded sweep file: edited since, it would measure another sweep under this one's id
+    run.spec_digest = check_unchanged(run.spec_path, run.spec_digest, identity=run.identity, source=run.sweep.source)
     submitted = now_utc().isoformat()
     rec = InFlight(
         trial_number=number,
-        optuna_trial=optuna_trial,
+        optuna_trial=number if optuna_trial is None else optuna_trial,  # the number it is to have
         row=row,
         attempt=attempt,
         job_id=None,
@@ -221,6 +229,8 @@ def _submit(
     # saved before the job starts: a `sweep run` killed in between leaves a record, and the
     # restart finds the job by its folder instead of starting the same trial a second time
     run.store.record_inflight(number, rec.to_json())
+    if optuna_trial is None:
+        rec = replace(rec, optuna_trial=run.search.enqueue(row, trial_number=number))
     handle = run.launcher.submit(job)
     rec = replace(rec, job_id=handle.job_id)
     run.store.record_inflight(number, rec.to_json())  # before anything waits on the job
@@ -264,7 +274,7 @@ def _record(run: SweepRun, rec: InFlight, outcome: JobOutcome) -> dict[str, Any]
         nodes=run.plan.nodes_of(plan_row),
     )
     if rec.previous_error and values.get("error"):
-        values["error"] = f"{values['error']} (attempt 1: {rec.previous_error})"
+        values["error"] = f"{values['error']} (attempt {rec.attempt - 1}: {rec.previous_error})"
     run.store.write_row(values)
     row = row_from(values)
     _tell(run, rec, values)
@@ -280,24 +290,7 @@ def _tell(run: SweepRun, rec: InFlight, row: dict[str, Any]) -> None:
         run.search.abandon(rec.optuna_trial)
         run.search.running.discard(rec.row)
     else:
-        run.search.tell(rec.optuna_trial, rec.row, attrs=_attrs(row), **_measured(row))
-
-
-def _measured(row: dict[str, Any]) -> dict[str, Any]:
-    """What the search learns from a result row."""
-    return {
-        "status": row["status"],
-        "mfu": row.get("mfu"),
-        "step_time_s": row.get("step_time_mean_s"),
-        "peak_mem_gib": row.get("peak_mem_gib"),
-        "device": row.get("device"),
-        "peak_mem_reserved_gib": row.get("peak_mem_reserved_gib"),
-    }
-
-
-def _attrs(row: dict[str, Any]) -> dict[str, Any]:
-    """What the Optuna study keeps of a result row beside the layout: error line, job id, trial number."""
-    return trial_attrs(None, error=row.get("error"), job_id=row.get("job_id"), trial_number=int(row["trial_number"]))
+        run.search.tell(rec.optuna_trial, rec.row, attrs=row_attrs(row), **measured(row))
 
 
 def _ts(value: Any) -> Any:
@@ -315,12 +308,12 @@ def step(run: SweepRun, progress: Progress | None = None) -> bool:
         and not run.search.should_stop()
     ):
         number = run.store.next_trial_number()
-        proposal = run.search.ask(trial_number=number)
-        if proposal is None:
+        chosen = run.search.choose()
+        if chosen is None:
             break
-        _submit(run, number, proposal.layout, optuna_trial=proposal.optuna_trial, row=proposal.row)
+        _submit(run, number, run.plan.layout(chosen), optuna_trial=None, row=chosen)
         if progress:
-            progress.submitted(run, number, proposal.layout, run.running[number].handle.job_id)
+            progress.submitted(run, number, run.plan.layout(chosen), run.running[number].handle.job_id)
     for number, item in list(run.running.items()):
         outcome = judge(run, item, run.launcher.poll(item.handle))  # a clearly slow trial is stopped
         if outcome is None:
@@ -410,7 +403,11 @@ def run_sweep(
     # a folder that passed it; those two repair an unreadable study, so only that is let through
     storage = preflight(sweep, repair=fresh or rebuild_study)
     launcher = launcher or make_launcher(sweep)  # a launcher that cannot run the sweep: refused before the lock
+    # nothing to run: refused before the lock and the results folder exist, so that the corrected
+    # sweep file then runs without --fresh
+    planned = plan_to_run(sweep, launcher)
     with SweepLock(root):
+        stale = remove_stale_temps(root)  # a live writer's (a `sweep report` beside this run) is kept
         if fresh and any(p.name != "run.lock" for p in root.iterdir()):
             # a folder holding others' files is refused below before anything is asked or deleted
             if not foreign_entries(root) and not confirm(f"delete every result of {sweep.name} under {root}?"):
@@ -418,9 +415,11 @@ def run_sweep(
             discard_results(sweep)
         db = sqlite_path(sweep.search.storage or default_storage(root))
         aside = set_aside(db) if (rebuild_study and not fresh and db is not None and db.exists()) else None
-        run = prepare(sweep, launcher, storage=None if (fresh or rebuild_study) else storage)
+        run = prepare(sweep, launcher, storage=None if (fresh or rebuild_study) else storage, planned=planned)
         if aside is not None:
             run.notes.insert(0, f"--rebuild-study: {db} set aside as {aside.name}")
+        if stale:
+            run.notes.insert(0, f"removed {stale} temp file(s) that a killed writer left in {root}")
         previous = signal.getsignal(signal.SIGINT)
 
         def stop(signum: int, frame: Any) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
@@ -204,12 +204,30 @@ def gemm_efficiency_at(gemm: np.ndarray, cols: Columns, sweep: Sweep) -> np.ndar
     return eff * np.where(cols["float8"].astype(bool) & gpu.supports_fp8, FLOAT8_SPEEDUP, 1.0)
 
 
+class StepPricing(Protocol):
+    """Another pricing of the same parts: a measured profile of the machine (sweeper.profiled),
+    carried by the sweep's cluster. `source` says where its numbers came from (the dry run prints it)."""
+
+    @property
+    def source(self) -> str: ...
+
+    def predict(self, cols: Columns, sweep: Sweep, calibration: Calibration, traits: TimeTraits) -> StepTime: ...
+
+
 def predict(
     cols: Columns, sweep: Sweep, calibration: Calibration = Calibration(), traits: TimeTraits | None = None
 ) -> StepTime:
     """Step time by part and MFU for every layout in `cols` (derived columns included); `traits`
-    default to the sweep's trainer's (`sweep.trainer.time`)."""
+    default to the sweep's trainer's (`sweep.trainer.time`). With a profile on the sweep's cluster
+    (`cluster.pricing`) the profile prices the step, else the GPU table (`predict_table`)."""
     traits = traits if traits is not None else sweep.trainer.time
+    if sweep.cluster.pricing is not None:
+        return sweep.cluster.pricing.predict(cols, sweep, calibration, traits)
+    return predict_table(cols, sweep, calibration, traits)
+
+
+def predict_table(cols: Columns, sweep: Sweep, calibration: Calibration, traits: TimeTraits) -> StepTime:
+    """`predict` from the GPU table's figures and the trainer's traits."""
     m, gpu, cl = sweep.model, sweep.cluster.gpu, sweep.cluster
     s, L, h, a = sweep.seq_len, m.layers, m.hidden, m.heads
     e = compute_bytes(sweep)

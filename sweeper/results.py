@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import sweeper
 from sweeper.errors import SweepError
 from sweeper.files import atomic_write, atomic_write_text
-from sweeper.folder import INFLIGHT_FILE, PRIVATE_DIR, trial_number_of
+from sweeper.folder import INFLIGHT_FILE, PRIVATE_DIR, check_readable_folder, trial_number_of
 from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
 from sweeper.trial import TrialResult
@@ -173,39 +173,50 @@ class ResultsStore:
         return path
 
     def rows(self) -> list[dict[str, Any]]:
-        """Every finished trial, in trial order; unreadable or foreign files are reported and skipped:
-        only the tool's own names (`trial-NNNNN.parquet`) are read, and with an `identity`, only
-        rows of that sweep."""
-        out: list[dict[str, Any]] = []
+        """Every finished trial, in trial order; unreadable, malformed or foreign files are reported and
+        skipped: only the tool's own names (`trial-NNNNN.parquet`) are read, each must hold one row with
+        the schema's types (`row_problem`), with an `identity` of that sweep, of the trial its name
+        says; of two files of one trial the second is left out."""
+        out: dict[int, dict[str, Any]] = {}
         self.foreign = []
         if not self.trials_dir.is_dir():
-            return out
-        for path in sorted(self.trials_dir.iterdir()):
+            return []
+        for path in sorted(self.trials_dir.iterdir(), key=_own_name_first):
             if path.name.startswith("."):
                 continue  # an atomic write's temp file
             if path.is_symlink():  # nothing under a results folder is followed through a link
                 self._warn(f"skipped {path}: a symbolic link, not followed")
                 continue
-            if trial_number_of(path.name) is None:
+            number = trial_number_of(path.name)
+            if number is None:
                 self._warn(f"skipped {path}: not a result file of the sweep (trial-NNNNN.parquet)")
                 continue
             try:
                 table = pq.read_table(path)
-                missing = {"trial_number", "status"} - set(table.column_names)
-                if missing:
-                    raise ValueError(f"missing columns {sorted(missing)}")
             except Exception as e:  # noqa: BLE001 - any unreadable file is skipped, by name
                 self._warn(f"skipped {path}: {' '.join(str(e).split())[:200]}")
                 continue
-            rows = table.to_pylist()
-            if self.identity is not None and any(r.get("sweep_id") not in (None, self.identity) for r in rows):
-                self.foreign.append(path)
-                found = rows[0].get("sweep_id") if rows else None
-                self._warn(f"skipped {path}: a row of another sweep (sweep_id {found}, this sweep {self.identity})")
+            problem = row_problem(table)
+            if problem is not None:
+                self._warn(f"skipped {path}: {problem}")
                 continue
-            out.extend(rows)
-        out.sort(key=lambda r: r["trial_number"])
-        return out
+            row = table.to_pylist()[0]
+            if self.identity is not None and row.get("sweep_id") not in (None, self.identity):
+                self.foreign.append(path)
+                self._warn(
+                    f"skipped {path}: a row of another sweep (sweep_id {row['sweep_id']}, this sweep {self.identity})"
+                )
+                continue
+            if row["trial_number"] != number:
+                self._warn(
+                    f"skipped {path}: field 'trial_number' is {row['trial_number']}, its file name trial {number}'s"
+                )
+                continue
+            if number in out:
+                self._warn(f"skipped {path}: a second file of trial {number} ({self.trial_path(number).name} is read)")
+                continue
+            out[number] = row
+        return [out[n] for n in sorted(out)]
 
     def frame(self) -> Any:
         """The finished trials as a pandas DataFrame with the full schema (empty when none)."""
@@ -248,13 +259,64 @@ class ResultsStore:
     def clear_inflight(self, number: int) -> None:
         (self.inflight_dir / f"trial-{number:05d}.json").unlink(missing_ok=True)
 
-    def next_trial_number(self) -> int:
-        numbers = [n for p in self.trials_dir.glob("trial-*.parquet") if (n := trial_number_of(p.name)) is not None]
-        # by file name, so that even an unreadable record's number is never given out again
-        numbers += [
+    def numbers(self) -> set[int]:
+        """The trial numbers given out: of every row and in-flight record, by file name, so that even an
+        unreadable one's number is never given out again."""
+        numbers = {n for p in self.trials_dir.glob("trial-*.parquet") if (n := trial_number_of(p.name)) is not None}
+        return numbers | {
             int(m.group(1)) for p in self.inflight_dir.glob("trial-*.json") if (m := INFLIGHT_FILE.match(p.name))
-        ]
-        return max(numbers, default=-1) + 1
+        }
+
+    def next_trial_number(self) -> int:
+        return max(self.numbers(), default=-1) + 1
+
+
+def row_problem(table: pa.Table) -> str | None:
+    """Why a result file is not one row of the schema (a field missing or of another type, a status
+    that is none, two rows), None when it is one: columns the schema has since gained may be
+    missing, and a narrower number (int32) is a number."""
+    missing = [c for c in ("trial_number", "status") if c not in table.column_names]
+    if missing:
+        return f"field {missing[0]!r} is missing"
+    for f in table.schema:
+        if f.name in COLUMNS and not _fits(f.type, SCHEMA.field(f.name).type):
+            return f"field {f.name!r} is {f.type}, not {SCHEMA.field(f.name).type}"
+    if table.num_rows != 1:
+        return f"it holds {table.num_rows} rows; a result file holds one trial's row"
+    row = table.to_pylist()[0]
+    if row["trial_number"] is None:
+        return "field 'trial_number' is empty"
+    if row["status"] not in TrialStatus.__members__.values():
+        allowed = ", ".join(TrialStatus)
+        return f"field 'status' is {row['status']!r}, not a trial status ({allowed})"
+    return None
+
+
+def _fits(found: pa.DataType, expected: pa.DataType) -> bool:
+    """A column type that reads as the schema's: the same kind (a number, a string, a time, a list of numbers)."""
+    if found == expected or pa.types.is_null(found):
+        return True
+    kinds = (
+        (pa.types.is_integer, (pa.types.is_integer,)),
+        (pa.types.is_floating, (pa.types.is_integer, pa.types.is_floating)),
+        (pa.types.is_string, (pa.types.is_string, pa.types.is_large_string)),
+        (pa.types.is_timestamp, (pa.types.is_timestamp,)),
+        (pa.types.is_boolean, (pa.types.is_boolean,)),
+    )
+    for is_kind, accepted in kinds:
+        if is_kind(expected):
+            return any(a(found) for a in accepted)
+    if pa.types.is_list(expected) and (pa.types.is_list(found) or pa.types.is_large_list(found)):
+        return _fits(found.value_type, expected.value_type)
+    return False
+
+
+def _own_name_first(path: Path) -> tuple[int, str]:
+    """The tool's own names (`trial-00007.parquet`) before any other spelling of a number
+    (`trial-000007.parquet`), so that of two files of one trial the other spelling is left out."""
+    number = trial_number_of(path.name)
+    own = number is not None and path.name == f"trial-{number:05d}.parquet"
+    return (0 if own else 1, path.name)
 
 
 _RECORD_FIELDS = {"trial_number": int, "optuna_trial": int, "row": int, "attempt": int, "layout": dict}
@@ -293,6 +355,7 @@ def open_results(spec: str, results: Path | None) -> tuple[Path, ResultsStore]:
 
     sweep = load_sweep(spec) if results is None else None
     root = results or sweep.results_path  # type: ignore[union-attr]
+    check_readable_folder(root)
     if not (root / "trials").is_dir():
         raise SweepError(f"no results under {root} (run `sweep run {spec}` first)")
     if sweep is None and (root / "sweep.yaml").is_file():

@@ -23,12 +23,15 @@ Columns = Mapping[str, np.ndarray]
 
 @dataclass(frozen=True)
 class Rule:
-    """A validity rule: `broken` marks the rows that violate it; `explain` says why for one row."""
+    """A validity rule: `broken` marks the rows that violate it; `explain` says why for one row;
+    `detail`, where given, says it shorter after `summary` in the dry run's count of the reason
+    (the value and the limit: `flash1 (builtin trainer has: ...)`); else `explain` does."""
 
     code: PlanReason
     summary: str
     broken: Callable[[Columns, Sweep], np.ndarray]
     explain: Callable[[Columns, Sweep, int], str]
+    detail: Callable[[Columns, Sweep, int], str] | None = None
 
 
 def scalar(v: Any) -> Any:

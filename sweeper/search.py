@@ -32,7 +32,7 @@ from sweeper.residual import Residual, features, ok_chance
 from sweeper.search_sizes import at_next_size
 from sweeper.statuses import PlanStatus, TrialStatus
 from sweeper.stopping import SlowerThanBest, mfu_seconds
-from sweeper.study import open_study, tell_study, trial_attrs
+from sweeper.study import mirror_trial, open_study, tell_study, trial_attrs
 
 SAMPLERS = ("auto", "grid", "random", "tpe", "gp")
 FAILED_OBJECTIVE = 0.0  # what a failed, OOM or rejected layout is worth to a sampler (MFU 0)
@@ -60,11 +60,13 @@ def build_search(
     sampler: str | None = None,
     max_trials: int | None = None,
     seed: int | None = None,
+    own_file: bool = False,
 ) -> LayoutSearch:
     """The search of a plan: its sampler, its study (in `storage`, or in memory when None), its policy.
 
     The one constructor the orchestrator, the benchmarks and the tests use; settings not given
-    come from the sweep's `search` section.
+    come from the sweep's `search` section; `own_file`: the storage is the results folder's own
+    `optuna.db`, for this sweep's study alone.
     """
     settings = plan.sweep.search
     sampler = sampler or settings.sampler
@@ -80,7 +82,7 @@ def build_search(
             study_name=name, direction="maximize", sampler=optuna_sampler, pruner=SlowerThanBest()
         )
     else:
-        study = open_study(storage, name, sampler=optuna_sampler)
+        study = open_study(storage, name, sampler=optuna_sampler, own_file=own_file)
     return LayoutSearch(
         plan,
         study,
@@ -164,10 +166,9 @@ class LayoutSearch:
         self.rows = np.flatnonzero(plan.candidate_mask)
         self.searched = [k for k in KNOBS if len(self.sweep.space[k]) > 1]
         # a sweep over several node counts: `nodes` is one more parameter of every Optuna trial
-        self.space: dict[str, tuple[Any, ...]] = dict(self.sweep.space)
-        if self.sweep.several_sizes:
-            self.space["nodes"] = self.sweep.node_counts
-        self.params = [*self.searched, *(["nodes"] if self.sweep.several_sizes else [])]
+        sizes = {"nodes": self.sweep.node_counts} if self.sweep.several_sizes else {}
+        self.space: dict[str, tuple[Any, ...]] = dict(self.sweep.space) | sizes
+        self.params = [*self.searched, *sizes]
         self.left_out: dict[int, str] = {}  # node count -> why the search no longer spends trials there
         self.policy = Schedule.of(sampler, n_candidates=len(self.rows), max_trials=max_trials, seed_trials=seed_trials)
         self.stop_margin = stop_margin
@@ -188,7 +189,6 @@ class LayoutSearch:
         self._fitted = 0  # measured layouts the residual was last fitted on
         self._scratch: optuna.Study | None = None  # the named sampler's own study (tpe, gp, random)
         self._scratch_of: dict[int, int] = {}  # plan row -> its scratch trial, while it runs
-        self._number: int | None = None  # the sweep's number of the trial being asked
         if not self.policy.exploit(started=0):
             optuna.logging.set_verbosity(logging.WARNING)
             self._scratch = optuna.create_study(
@@ -238,32 +238,36 @@ class LayoutSearch:
         return len(self.untried())
 
     def ask(self, *, max_rejections: int = 200, trial_number: int | None = None) -> Proposal | None:
-        """The next new candidate, or None when every candidate has been tried, runs or is excluded.
+        """The next new candidate with its trial in the study, or None when every candidate has been
+        tried, runs or is excluded. `trial_number`: the sweep's number for it (`enqueue`)."""
+        row = self.choose(max_rejections=max_rejections)
+        if row is None:
+            return None
+        return Proposal(self.enqueue(row, trial_number=trial_number), row, self.plan.layout(row))
 
-        `trial_number`: the sweep's number for the trial, kept as the Optuna trial's user attribute."""
-        self._number = trial_number
+    def choose(self, *, max_rejections: int = 200) -> int | None:
+        """The plan row to run next, marked running (its study trial is made by `enqueue`), or None."""
         untried = self.untried()
         if not untried:
             return None
         if self.policy.in_plan_order:
-            return self._enqueue(untried[0])
-        started = len(self.done) + len(self.running)
-        if self.policy.exploit(started=started):
+            row = untried[0]
+        elif self.policy.exploit(started=(started := len(self.done) + len(self.running))):
             rows = at_next_size(self, np.asarray(untried, dtype=np.int64))
             if self.policy.by_prior(started=started):
-                return self._enqueue(int(rows[np.argmax(self.learning.pred_mfu[rows] * self.fit_chance(rows))]))
-            return self._enqueue(int(rows[np.argmax(self.scores(rows))]))
-        return self._ask_sampler(max_rejections)
-
-    def model_step_s(self, rows: np.ndarray) -> np.ndarray:
-        """Step time of each layout as the recalibrated model predicts it (without the residual)."""
-        return self._calibrated_total(rows)
+                row = int(rows[np.argmax(self.learning.pred_mfu[rows] * self.fit_chance(rows))])
+            else:
+                row = int(rows[np.argmax(self.scores(rows))])
+        else:
+            row = self._ask_sampler(max_rejections)
+        self.running.add(row)
+        return row
 
     def expected_step_s(self, rows: np.ndarray) -> np.ndarray:
         """Step time each layout is expected to take: the recalibrated model corrected by the residual."""
         self._refit()
         mean, _ = self.residual.predict(self._pos[rows])
-        return self._calibrated_total(rows) * np.exp(mean)
+        return self.model_step_s(rows) * np.exp(mean)
 
     def fit_chance(self, rows: np.ndarray) -> np.ndarray:
         """The chance each layout fits the card: 1 once proven, the plan's (estimate's error band) otherwise."""
@@ -286,7 +290,7 @@ class LayoutSearch:
         cells within 5 trials with it, 13 without; the quirk replay 15-18 trials, 4 without)."""
         self._refit()
         mean, _ = self.residual.predict(self._pos[rows])
-        return self._ok_chance(rows) * np.exp(-(np.log(self._calibrated_total(rows)) + mean))
+        return self._ok_chance(rows) * np.exp(-(np.log(self.model_step_s(rows)) + mean))
 
     def _ok_chance(self, rows: np.ndarray) -> np.ndarray:
         """The chance to fit, moved by what the finished layouts like these did (ran, or failed).
@@ -314,7 +318,8 @@ class LayoutSearch:
                 )
         return out
 
-    def _calibrated_total(self, rows: np.ndarray) -> np.ndarray:
+    def model_step_s(self, rows: np.ndarray) -> np.ndarray:
+        """Step time of each layout as the recalibrated model predicts it (without the residual)."""
         m, c = self.model, self.calibration
         return np.maximum(c.compute_scale * m.compute[rows] + c.comm_scale * m.comm[rows], 1e-12)
 
@@ -325,10 +330,10 @@ class LayoutSearch:
             return
         rows = np.asarray(list(measured), dtype=np.int64)
         times = np.asarray([measured[int(r)] for r in rows])
-        self.residual.fit(self._pos[rows], np.log(times / self._calibrated_total(rows)))
+        self.residual.fit(self._pos[rows], np.log(times / self.model_step_s(rows)))
         self._fitted = len(measured)
 
-    def _ask_sampler(self, max_rejections: int) -> Proposal:
+    def _ask_sampler(self, max_rejections: int) -> int:
         """A proposal of the named sampler, from its scratch study: rejected or repeated layouts are told
         there (MFU 0, or their known result) and never reach the sweep's study."""
         assert self._scratch is not None
@@ -345,30 +350,42 @@ class LayoutSearch:
                 self._scratch.tell(trial, state=TrialState.FAIL)
             else:
                 self._scratch_of[row] = trial.number
-                return self._enqueue(row)
+                return row
         # the sampler keeps proposing what is known: take an untried candidate at random
-        return self._enqueue(int(self._rng.choice(self.untried())))
+        return int(self._rng.choice(self.untried()))
 
-    def _enqueue(self, row: int) -> Proposal:
+    def enqueue(self, row: int, *, trial_number: int | None = None, known: int | None = None) -> int:
         """The sweep's study gets one RUNNING trial with the layout's parameters and attributes, made in
-        one write (a trial asked and then suggested would take one per knob)."""
-        params, dists = self._params(row)
-        attrs = trial_attrs(self.plan.layout(row))
-        if self._number is not None:
-            attrs["trial_number"] = self._number
-        template = optuna.trial.create_trial(
-            state=TrialState.RUNNING, params=params, distributions=dists, user_attrs=attrs
-        )
-        storage = self.study._storage
-        trial_id = storage.create_new_trial(self.study._study_id, template_trial=template)
-        self.running.add(row)
-        return Proposal(storage.get_trial_number_from_id(trial_id), row, self.plan.layout(row))
+        one write (a trial asked and then suggested would take one per knob); returns its number.
 
-    def _params(self, row: int) -> tuple[dict[str, Any], dict[str, BaseDistribution]]:
-        """A plan row as Optuna parameters: its searched knobs, and its node count in a sweep over several."""
-        params = {k: _python(self.plan.cols[k][row]) for k in self.params}
-        dists: dict[str, BaseDistribution] = {k: CategoricalDistribution(list(self.space[k])) for k in self.params}
-        return params, dists
+        With the sweep's `trial_number` the trial carries it and is numbered by it (`mirror_trial`:
+        `known`, a number recorded for it, or the one made before a kill, is taken, not made twice)."""
+        self.running.add(row)
+        attrs = {} if trial_number is None else {"trial_number": trial_number}
+        template = self.trial_of(self.plan.layout(row), attrs=attrs, nodes=self.plan.nodes_of(row))
+        if trial_number is not None:
+            return mirror_trial(self.study, template, number=trial_number, known=known)
+        trial_id = self.study._storage.create_new_trial(self.study._study_id, template_trial=template)
+        return self.study._storage.get_trial_number_from_id(trial_id)
+
+    def trial_of(
+        self,
+        layout: Layout,
+        *,
+        attrs: dict[str, Any],
+        state: TrialState = TrialState.RUNNING,
+        value: float | None = None,
+        nodes: int | None = None,
+    ) -> optuna.trial.FrozenTrial:
+        """A study trial of `layout`: its searched knobs (and `nodes`) as parameters, when in the space."""
+        knobs = layout.as_dict() | ({"nodes": nodes} if "nodes" in self.params else {})
+        params = {k: _python(knobs[k]) for k in self.params}
+        if any(v not in self.space[k] for k, v in params.items()):
+            params = {}  # a row outside the space: its trial keeps the number, not the parameters
+        dists: dict[str, BaseDistribution] = {k: CategoricalDistribution(list(self.space[k])) for k in params}
+        return optuna.trial.create_trial(
+            state=state, value=value, params=params, distributions=dists, user_attrs=trial_attrs(layout) | attrs
+        )
 
     def report_steps(self, optuna_trial: int, step_mfu: list[float]) -> int | None:
         """Report the MFU of each measured step not yet reported; the number of steps after which the
@@ -407,7 +424,7 @@ class LayoutSearch:
         if status.is_oom():
             self.learning.learn_oom(row, self.untried())
         if measured and not step_time_s and mfu:  # a table of MFU only: its step time is the same fact
-            step_time_s = mfu_seconds(self.sweep) / mfu
+            step_time_s = mfu_seconds(self.plan.sweep_of(row)) / mfu
         if measured and step_time_s:
             self.learning.learn_step_time(row, step_time_s)
         device_peak = bool(device) and not str(device).startswith("cpu")  # CPU RSS growth is no allocator peak
@@ -425,8 +442,11 @@ class LayoutSearch:
         if number is not None:
             self._scratch.tell(number, value, skip_if_finished=True)
             return
-        params, dists = self._params(row)
-        self._scratch.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=value))
+        self._scratch.add_trial(
+            self.trial_of(
+                self.plan.layout(row), attrs={}, state=TrialState.COMPLETE, value=value, nodes=self.plan.nodes_of(row)
+            )
+        )
 
     def tell(
         self,

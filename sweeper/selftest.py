@@ -21,6 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from sweeper.errors import one_line
 from sweeper.hardware import GPU, GPUS, gpu_matches
 from sweeper.statuses import TrialStatus
 
@@ -73,7 +74,7 @@ def _guard(group: str, name: str, fn: Callable[[], list[Check]]) -> list[Check]:
     try:
         return fn()
     except Exception as e:  # noqa: BLE001 - reported as a row
-        return [Check(group, name, Verdict.FAIL, f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")]
+        return [Check(group, name, Verdict.FAIL, f"{type(e).__name__}: {one_line(e)}")]
 
 
 def table_gpu(detected: str) -> GPU | None:
@@ -159,7 +160,7 @@ def kernel_checks(device: Any, *, seq_len: int = 1024, heads: int = 16, head_dim
                     "kernels",
                     f"attention={name}",
                     Verdict.FAIL if name == "eager" else Verdict.SKIP,
-                    f"unavailable: {' '.join(str(e).split())[:200]}",
+                    f"unavailable: {one_line(e)}",
                     relied=name == "eager",
                 )
             )
@@ -170,7 +171,7 @@ def kernel_checks(device: Any, *, seq_len: int = 1024, heads: int = 16, head_dim
             fn(x, torch.ones(head_dim, device=device, dtype=dtype), 1e-5)
             rows.append(Check("kernels", f"rmsnorm={name}", Verdict.PASS, "runs", relied=name == "eager"))
         except kernels.KernelUnavailable as e:
-            rows.append(Check("kernels", f"rmsnorm={name}", Verdict.SKIP, f"unavailable: {e}", relied=False))
+            rows.append(Check("kernels", f"rmsnorm={name}", Verdict.SKIP, f"unavailable: {one_line(e)}", relied=False))
     try:
         kernels.check_float8(device)
         rows.append(Check("kernels", "float8", Verdict.PASS, "fp8 matmuls and torchao present", relied=False))
@@ -260,7 +261,7 @@ def layout_checks(gpu: GPU | None, gpus: int, *, cuda: bool, workdir: Path) -> l
         predicted = float(plan.memory.total[index]) / 1024**3 if index is not None else None
         result = launch_trial(sweep, layout, workdir=workdir / label)
         if result.status != TrialStatus.OK:
-            rows.append(Check("layouts", label, Verdict.FAIL, f"{result.status}: {(result.error or '')[:300]}"))
+            rows.append(Check("layouts", label, Verdict.FAIL, f"{result.status}: {one_line(result.error or '')}"))
             continue
         measured = result.peak_mem_gib or 0.0
         what = "peak allocated" if cuda else "peak RSS growth"
@@ -342,9 +343,7 @@ def run_selftest(*, gpus: int | None = None, workdir: Path | None = None) -> Rep
     try:
         checks, device, gpu = environment_checks()
     except Exception as e:  # noqa: BLE001 - torch itself is broken: that is the report
-        return Report(
-            [Check("environment", "torch", Verdict.FAIL, f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")]
-        )
+        return Report([Check("environment", "torch", Verdict.FAIL, f"{type(e).__name__}: {one_line(e)}")])
     cuda = device.type == "cuda"
     checks += _guard("kernels", "probes", lambda: kernel_checks(device))
     checks += _guard("throughput", "matmul", lambda: matmul_check(device, gpu))

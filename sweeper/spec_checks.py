@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import re
 import shlex
 import string
 from collections.abc import Mapping
@@ -56,19 +57,33 @@ def check_workload(command: str, env: Mapping[str, str], cwd: str | None) -> Non
         except ValueError as e:
             raise ValueError(f"workload.command: cannot split it like a shell line: {e}") from None
         for word in words:
-            try:
-                fields = [f for _, f, _, _ in string.Formatter().parse(word) if f is not None]
-            except ValueError as e:
-                raise ValueError(f"workload.command: bad braces in {word!r}: {e}") from None
-            for f in fields:
-                name = f.split(".")[0].split("[")[0].split("!")[0]
-                if name not in PLACEHOLDERS:
-                    raise ValueError(
-                        f"workload.command: unknown placeholder {{{f}}} in {word!r}; "
-                        f"allowed: {', '.join(sorted(PLACEHOLDERS))}"
-                    )
+            if word != "{flags}":
+                check_placeholders(word)
     for name in env:
         if not name or name[0].isdigit() or not set(name) <= ENV_NAME_CHARS:
             raise ValueError(f"workload.env: {name!r} is not an environment variable name (letters, digits, '_')")
     if cwd is not None and not Path(cwd).expanduser().is_dir():
         raise ValueError(f"workload.cwd: {cwd!r} is not an existing folder")
+
+
+def check_placeholders(word: str) -> None:
+    """Each field of one word of the command is a plain {name} of a known name: `str.format` would
+    otherwise read attributes ({nproc.foo}), index ({tp[5]}) or pad to any width ({nproc:>99999999999})
+    in every trial, long after the dry run said the file was fine."""
+    allowed = ", ".join(sorted(PLACEHOLDERS))
+    try:
+        fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(word) if f is not None]
+    except ValueError as e:
+        raise ValueError(f"workload.command: bad braces in {word!r}: {e}") from None
+    for name, spec, conv in fields:
+        shown = "{" + name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}"
+        if name == "flags":
+            raise ValueError(f"workload.command: {{flags}} must be a word of its own, not part of {word!r}")
+        base = re.split(r"[.\[]", name, maxsplit=1)[0]
+        if base not in PLACEHOLDERS:
+            raise ValueError(f"workload.command: unknown placeholder {shown} in {word!r}; allowed: {allowed}")
+        if spec or conv or base != name:
+            raise ValueError(
+                f"workload.command: placeholder {shown} in {word!r} must be a plain {{{base}}} (no attribute, index, "
+                f"conversion or format spec); allowed: {allowed}"
+            )

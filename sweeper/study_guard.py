@@ -1,19 +1,18 @@
 """The Optuna study's storage, checked before anything is created, its errors made one line,
-and a study rebuilt from the result rows when it is gone or unreadable.
+and an unreadable study set aside for `--rebuild-study`.
 
 The Parquet rows are the record of a sweep; the study is the search's memory of them. Losing
 the study must not force `--fresh` (which would throw the rows away too): every finished row is
-told to a new study, so the sampler knows them and nothing reruns.
+told to a new study (`sweeper.study.rebuild_study`), so the sampler knows them and nothing reruns.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from sweeper.errors import SweepError
 
@@ -123,32 +122,3 @@ def storage_errors(storage: str) -> Iterator[None]:
             raise SweepError(corrupt_message(path, detail)) from None  # damaged: --rebuild-study repairs it
         hint = "the results already written are intact; fix the storage and run `sweep run` again"
         raise SweepError(f"the Optuna study ({storage}) failed: {detail}; {hint}") from None
-
-
-def rebuild(
-    study: Any,
-    space: Mapping[str, Sequence[Any]],
-    searched: Sequence[str],
-    rows: Sequence[Mapping[str, Any]],
-    objective: Any,
-) -> int:
-    """Tell a study that has no trials every finished row (as COMPLETE trials with their objective);
-    returns how many were added. `objective(row)` is what the search told for that row."""
-    import optuna
-    from optuna.distributions import BaseDistribution, CategoricalDistribution
-
-    dists: dict[str, BaseDistribution] = {k: CategoricalDistribution(list(space[k])) for k in searched}
-    trials = []
-    for r in rows:
-        if any(r.get(k) not in space[k] for k in searched):
-            continue  # a row outside the current space cannot be told; it stays in the dataset
-        trials.append(
-            optuna.trial.create_trial(
-                params={k: r[k] for k in searched},
-                distributions=dists,
-                value=float(objective(r)),
-                user_attrs={"kind": "rebuilt", "trial_number": int(r["trial_number"])},
-            )
-        )
-    study.add_trials(trials)
-    return len(trials)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.export import layout_record
+from sweeper.files import open_own
 from sweeper.layout import Layout
 from sweeper.process import free_port, kill_group
 from sweeper.spec import Sweep
@@ -130,7 +131,8 @@ def run_external(sweep: Sweep, layout: Layout, *, workdir: Path, timeout_s: floa
     for name, text in sweep.trainer.files(rec, sweep).items():
         # on SLURM every node's task writes the same text: a whole file replaces, never half of one
         tmp = workdir / f".{name}.{os.getpid()}"
-        tmp.write_text(text)
+        with open_own(tmp) as f:  # a link planted at the temp name is replaced, never written through
+            f.write(text.encode())
         os.replace(tmp, workdir / name)
     try:
         argv = render_command(wl.command, sweep, layout, wl.kind, workdir)
@@ -138,7 +140,7 @@ def run_external(sweep: Sweep, layout: Layout, *, workdir: Path, timeout_s: floa
         return without_run(sweep, layout, status=FAILED, error=str(e))
     env, env_notes = workload_env(sweep, layout)
     start = time.monotonic()
-    with open(log_path, "wb") as log:
+    with open_own(log_path) as log:
         log.write("".join(f"sweep: {n}\n" for n in env_notes).encode())
         log.flush()
         try:

@@ -21,6 +21,13 @@ ROOT = Path(__file__).resolve().parents[1]
 SPACES = ROOT / "search_spaces"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_user_profiles(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """An empty profile cache for the whole session (the `sweep` subprocesses inherit it): a profile
+    the developer measured (`sweep profile`) must not change what the tests predict."""
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg_cache"))
+
+
 def base_spec(**overrides: Any) -> dict[str, Any]:
     """A valid LLaMA-13B sweep on 8 nodes of 8 A100-80GB, with fields replaced by `overrides`."""
     spec: dict[str, Any] = {

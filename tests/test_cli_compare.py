@@ -13,8 +13,9 @@ from sweeper.results import ResultsStore
 from tests.conftest import sweep_cli
 
 
-def row(n: int, *, tp: int, pp: int, mfu: float | None, status: str = "ok") -> dict[str, Any]:
-    knobs = {k: knob.default for k, knob in KNOBS.items()} | {"tp": tp, "pp": pp}
+def row(n: int, *, tp: int, pp: int, mfu: float | None, status: str = "ok", etp: int = 0) -> dict[str, Any]:
+    # etp as a result row holds it: the tp it follows, unless set (Layout resolves it)
+    knobs = {k: knob.default for k, knob in KNOBS.items()} | {"tp": tp, "pp": pp, "etp": etp or tp}
     return {"trial_number": n, "status": status, "mfu": mfu, **knobs, "dp": 8 // (tp * pp), "num_devices": 8}
 
 
@@ -72,6 +73,29 @@ def test_compare_cli_json_and_table(tmp_path):
     t = sweep_cli(*base, cwd=tmp_path, timeout=120)
     assert t.returncode == 0 and "3 layouts shared, 2 with an MFU on both sides" in t.stdout
     assert f"geometric mean B / A: {math.sqrt(1.1 * 0.9):.3f}" in t.stdout and "oom" in t.stdout
+
+
+def test_compare_shows_etp_only_where_it_departs_from_tp(tmp_path):
+    a, b = two_sweeps(tmp_path)  # dense: etp follows tp in every row
+    base = ["compare", "a", "b", "--results-a", str(a), "--results-b", str(b)]
+    header = next(ln for ln in sweep_cli(*base, cwd=tmp_path, timeout=120).stdout.splitlines() if "MFU A" in ln)
+    assert [c.strip() for c in header.strip("┃ ").split("┃")] == [
+        "tp",
+        "pp",
+        "mbs",
+        "MFU A",
+        "MFU B",
+        "B / A",
+        "status A",
+        "status B",
+    ]
+    moe_a, moe_b = tmp_path / "moe_a", tmp_path / "moe_b"
+    for root in (moe_a, moe_b):
+        write(root, [row(0, tp=2, pp=1, mfu=0.4, etp=1), row(1, tp=2, pp=1, mfu=0.3, etp=2)])
+    moe = sweep_cli(
+        "compare", "a", "b", "--results-a", str(moe_a), "--results-b", str(moe_b), cwd=tmp_path, timeout=120
+    )
+    assert "etp" in next(ln for ln in moe.stdout.splitlines() if "MFU A" in ln)
 
 
 def test_compare_without_results_is_one_line_error(tmp_path):

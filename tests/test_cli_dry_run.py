@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from tests.conftest import ROOT, SPACES
 
@@ -53,9 +54,125 @@ def test_dry_run_prints_table_and_summary():
     r = sweep_cli("run", str(SPACES / "llama13b_2k.yaml"), "--dry-run")
     assert r.returncode == 0, r.stderr
     assert "candidate layouts" in r.stdout
-    assert "layouts in the cross product" in r.stdout and "2048" in r.stdout
-    assert "pruned: predicted memory" in r.stdout
+    assert "layouts in the cross product: 2048" in r.stdout
     assert "GiB/GPU" in r.stdout
+    data = json.loads(sweep_cli("run", str(SPACES / "llama13b_2k.yaml"), "--dry-run", "--json").stdout)
+    # every status with its count on a line of its own, uncertain included: the lines add up to the cross product
+    lines = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith("  ") and line.split()}
+    assert set(data["counts"]) == {"candidate", "uncertain", "pruned", "invalid"}
+    assert sum(data["counts"].values()) == data["layouts"] == 2048
+    for status, n in data["counts"].items():
+        assert lines[status].split()[1] == str(n), lines[status]
+    assert "predicted memory over 95% of 80 GiB" in lines["pruned"]
+    # the invalid ones per reason, each naming the value and the limit, adding up to the invalid count
+    reasons = [line.split(maxsplit=1) for line in r.stdout.splitlines() if line.startswith(" " * 14)]
+    assert sum(int(n) for n, _ in reasons) == data["counts"]["invalid"]
+    assert [int(n) for n, _ in reasons] == [512, 192]
+    assert reasons[0][1].startswith(
+        "an attention kernel the workload's trainer does not have: flash1 (builtin trainer has: cudnn, eager, "
+        "flash2, fused_softmax, sdpa_efficient, sdpa_math; flash1 needs the flash-attn 1.x package"
+    )
+
+
+def test_dry_run_gives_the_budget_and_the_estimated_cost():
+    r = sweep_cli("run", str(SPACES / "llama13b_2k.yaml"), "--dry-run")
+    est = json.loads(sweep_cli("run", str(SPACES / "llama13b_2k.yaml"), "--dry-run", "--json").stdout)["estimate"]
+    assert (est["budget"], est["trials"], est["runnable"], est["parallel"], est["gpus_per_trial"]) == (
+        40,
+        40,
+        991,
+        4,
+        64,
+    )
+    assert (
+        "search: 40 trials of 991 runnable layouts (search.max_trials 40), 4 at a time (search.parallel), 64 GPUs each"
+        in r.stdout
+    )
+    line = next(ln for ln in r.stdout.splitlines() if "GPU-hours" in ln)
+    assert line.startswith(
+        f"estimated cost: {est['gpu_hours']:,.0f} GPU-hours, {est['wall_hours']:.1f} h wall (an estimate:"
+    )
+    assert "2 min of start-up + 10 steps at the plan's predicted step time" in line and "no queue wait" in line
+
+
+def zero_candidates(tmp_path: Path, batch: int) -> Path:
+    """tiny_cpu with a global batch of `batch` and micro-batches of 2, its results under tmp_path."""
+    spec = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
+    spec.update(name="zero", global_batch_size=batch, results_dir=str(tmp_path / "results"))
+    spec["space"]["micro_batch_size"] = [2]
+    spec["search"] = {"max_trials": 1, "parallel": 1}
+    spec["trial"] = {"steps": 2, "warmup_steps": 1, "timeout_min": 5, "precision": "fp32"}
+    path = tmp_path / "zero.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+ZERO = (
+    "error: zero: no candidate layout is left after the plan; the reason that removed the most (6 of 8 layouts): "
+    "micro_batch_size*dp does not divide the global batch: micro_batch_size*dp = 2*1 does not divide "
+    "global_batch_size = 3"
+)
+
+
+def test_zero_candidates_exit_2_with_the_reason_that_removed_the_most(tmp_path):
+    spec = zero_candidates(tmp_path, batch=3)
+    dry = sweep_cli("run", str(spec), "--dry-run")
+    assert dry.returncode == 2, dry.stdout
+    assert dry.stderr.strip().splitlines()[-1] == ZERO
+    assert "  candidate  0" in dry.stdout and "  invalid    8" in dry.stdout  # the summary still says why
+    as_json = sweep_cli("run", str(spec), "--dry-run", "--json")
+    assert as_json.returncode == 2 and json.loads(as_json.stdout)["counts"] == {"invalid": 8}
+
+
+def test_a_run_that_plans_nothing_leaves_nothing_behind(tmp_path):
+    spec = zero_candidates(tmp_path, batch=3)
+    r = sweep_cli("run", str(spec))
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == ZERO
+    assert not (tmp_path / "results").exists()  # no folder, lock, sweep.yaml or study
+    # the corrected file then runs, without --fresh
+    spec.write_text(spec.read_text().replace("global_batch_size: 3", "global_batch_size: 4"))
+    ok = sweep_cli("run", str(spec))
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert len(pd.read_parquet(tmp_path / "results" / "zero" / "trials")) == 1
+
+
+def test_a_gpu_alias_is_named_in_the_dry_run(tmp_path):
+    spec = tmp_path / "h100.yaml"
+    spec.write_text((SPACES / "llama13b_2k.yaml").read_text().replace("gpu: a100-80gb", "gpu: h100"))
+    r = sweep_cli("run", str(spec), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "8×8 h100-sxm (cluster.gpu h100 is an alias of h100-sxm)" in r.stdout
+    spec.write_text((SPACES / "llama13b_2k.yaml").read_text().replace("gpu: a100-80gb", "gpu: h1000"))
+    bad = sweep_cli("run", str(spec), "--dry-run")
+    assert bad.returncode == 2 and "known: a100-40gb, a100-80gb, h100-sxm" in bad.stderr
+    assert "aliases: a100 -> a100-80gb, a100-80g -> a100-80gb, a100-40g -> a100-40gb, h100 -> h100-sxm" in bad.stderr
+
+
+def test_float8_mfu_says_it_is_against_the_bf16_peak(tmp_path):
+    text = (SPACES / "llama13b_2k.yaml").read_text().replace("gpu: a100-80gb", "gpu: h100-sxm")
+    spec = tmp_path / "f8.yaml"
+    spec.write_text(text.replace("  rmsnorm: [eager, fused]", "  float8: [false, true]"))
+    note = (
+        "pred MFU of a float8 layout is against the card's dense bf16 peak, as torchtitan counts it, not its fp8 peak"
+    )
+    for args in (["run", str(spec), "--dry-run"], ["best", str(spec), "--plan"]):
+        r = sweep_cli(*args)
+        assert r.returncode == 0 and note in r.stdout, r.stdout[-3000:]
+    spec.write_text(text)  # no float8 layout: no note
+    assert "float8" not in sweep_cli("run", str(spec), "--dry-run").stdout
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o027, 0o640)])
+def test_the_plan_file_takes_the_users_mode(tmp_path, umask, mode):
+    import os
+
+    old = os.umask(umask)
+    try:
+        r = sweep_cli("run", "tiny_cpu", "--dry-run", "--out", str(tmp_path / "plan.csv"), cwd=tmp_path)
+    finally:
+        os.umask(old)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "plan.csv").stat().st_mode & 0o777 == mode
 
 
 @pytest.mark.parametrize("ext", ["parquet", "csv"])

@@ -10,9 +10,9 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "sweeper"
-# the layers above the launchers: they start sweeps and trials, and may use any launcher (the
+# the layers above the launchers: they start sweeps, trials and profiles, and may use any launcher (the
 # sweep loop, `orchestrator`, with the parts it delegates: `slow_trials`, `unwritten`)
-ABOVE = ("cli", "orchestrator.py", "slow_trials.py", "unwritten.py", "selftest.py", "launchers")
+ABOVE = ("cli", "orchestrator.py", "slow_trials.py", "unwritten.py", "selftest.py", "profiler.py", "launchers")
 
 
 def imports(path: Path) -> set[str]:

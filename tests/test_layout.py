@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sweeper.layout import Layout
@@ -148,20 +150,44 @@ def test_sharding_collapses_at_dp1():
     assert plan.counts() == {"candidate": 1, "invalid": 1}
 
 
-@pytest.mark.parametrize("kernel", ["flash1"])
-def test_builtin_trainer_lacks_flash1(kernel):
-    r = Layout(attention=kernel).rejection(make_sweep())
+def installed_flash_attn(folder: Path, version: str) -> Path:
+    """An installed flash-attn as pip leaves it for importlib.metadata: its dist-info folder on a path entry."""
+    info = folder / f"flash_attn-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: flash-attn\nVersion: {version}\n")
+    return folder
+
+
+def test_builtin_trainer_runs_flash1_only_where_flash_attn_1_is_installed(tmp_path, monkeypatch):
+    # no flash-attn here: refused, naming the kernel and the package it needs
+    r = Layout(attention="flash1").rejection(make_sweep())
     assert r is not None and r.code == "kernel_not_in_workload"
-    assert r.message == "the builtin trainer has no attention kernel flash1"
+    assert r.message == (
+        "attention = flash1 needs the flash-attn 1.x package, and flash-attn here is not installed "
+        "(the builtin trainer runs it with that package only)"
+    )
     megatron = {"kind": "megatron", "command": "pretrain_gpt.py {flags}"}
-    assert Layout(attention=kernel).rejection(make_sweep(workload=megatron)) is None  # Megatron-LM has them
+    assert Layout(attention="flash1").rejection(make_sweep(workload=megatron)) is None  # Megatron-LM has it
+    # flash-attn 2: still refused, saying which version is there
+    monkeypatch.syspath_prepend(str(installed_flash_attn(tmp_path / "v2", "2.7.4")))
+    r = Layout(attention="flash1").rejection(make_sweep())
+    assert r is not None and "flash-attn here is 2.x" in r.message
+    # flash-attn 1.x: the kernel probe of a trial (and of `sweep selftest`) finds it, so the plan keeps it
+    monkeypatch.syspath_prepend(str(installed_flash_attn(tmp_path / "v1", "1.0.9")))
+    assert Layout(attention="flash1").rejection(make_sweep()) is None
+
+
+def test_a_trainer_without_the_kernel_names_what_it_has():
+    nanotron = {"kind": "nanotron", "command": "torchrun run_train.py --config-file cfg.yaml"}
+    r = Layout(attention="eager").rejection(make_sweep(workload=nanotron))
+    assert r is not None and r.message == "attention = eager: the nanotron trainer has no such kernel (it has: flash2)"
 
 
 def test_plan_rejects_kernels_of_the_workload_only():
     space = {"tp": [1, 2], "attention": ["eager", "fused_softmax", "flash1", "flash2"]}
     plan = make_plan(make_sweep(space=space, cluster=HUGE))
     attention = plan.cols["attention"]
-    lacking = attention == "flash1"  # fused_softmax: the built-in trainer compiles it (trainer/kernels.py)
+    lacking = attention == "flash1"  # no flash-attn 1.x here; fused_softmax: the built-in trainer compiles it
     assert (plan.reason_code[lacking] == "kernel_not_in_workload").all() and lacking.sum() == 2
     assert (plan.status[~lacking] == "candidate").all()
     megatron = make_plan(

@@ -50,9 +50,16 @@ def test_megatron_needs_sequence_parallel_where_expert_and_tensor_parallelism_me
 
 
 def test_the_builtin_trainer_keeps_each_expert_whole():
-    r = Layout(tp=2, ep=2).rejection(make_sweep(model="mixtral-8x7b"))
-    assert r is not None and r.code.value == "experts_not_in_workload"
-    assert r.message == "the builtin trainer runs etp = 1 only, not etp = 2 (tp = 2)"
+    # at tp = 2 the reason is tp, whatever etp (it follows tp here): a message naming etp sent users there
+    for etp in (0, 1):
+        r = Layout(tp=2, ep=2, etp=etp).rejection(make_sweep(model="mixtral-8x7b"))
+        assert r is not None and r.code.value == "experts_not_in_workload"
+        assert r.message == (
+            "the builtin trainer runs a mixture of experts only with tp = 1, not tp = 2 "
+            "(it has no tensor-parallel MoE block; no etp value changes that)"
+        )
+    r = Layout(tp=1, ep=2, etp=2).rejection(make_sweep(model="mixtral-8x7b"))
+    assert r is not None and r.message == "the builtin trainer runs etp = 1 only, not etp = 2 (tp = 1)"
 
 
 @pytest.mark.parametrize(

@@ -112,3 +112,33 @@ def test_unreadable_files(text, words):
 def test_missing_file_lists_shipped_spaces():
     with pytest.raises(SpecError, match="llama13b_2k"):
         find_sweep_file("no_such_sweep")
+
+
+KNOB_NAMES = (
+    "tp, pp, micro_batch_size, sequence_parallel, activation_checkpointing, attention, rmsnorm, sharding, "
+    "pp_schedule, virtual_stages, compile, float8, cp, ep, etp"
+)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"space": None}, f"space: must be a mapping of knob: [values] ({KNOB_NAMES}), got nothing"),
+        ({"space": [1, 2]}, f"space: must be a mapping of knob: [values] ({KNOB_NAMES}), got a list"),
+        (
+            {"trial": 3},
+            "trial: must be a mapping of fields (steps, warmup_steps, timeout_min, precision, seed, lr), got 3",
+        ),
+        (
+            {"model": None},
+            "model: must be a preset name, a mapping of the shape (layers, hidden, heads, ffn, vocab, ...), "
+            "or {hf_config: path}",
+        ),
+        ({"model": {"hf_config": "c.json", "layers": 2}}, "model.layers: unknown field; allowed: hf_config"),
+    ],
+)
+def test_a_section_that_is_not_a_mapping_is_one_line_naming_it(override, message):
+    with pytest.raises(SpecError) as info:
+        parse_sweep(yaml.safe_dump(base_spec(**override)))
+    assert str(info.value) == f"<sweep file>: {message}"
+    assert "instance of" not in str(info.value)

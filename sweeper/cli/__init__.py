@@ -48,6 +48,7 @@ def abort(message: str, *, code: int = 2) -> NoReturn:
 def _register() -> None:
     from sweeper.cli import best as best_cmd
     from sweeper.cli import compare as compare_cmd
+    from sweeper.cli import profile as profile_cmd
     from sweeper.cli import report as report_cmd
     from sweeper.cli import run as run_cmd
     from sweeper.cli import selftest as selftest_cmd
@@ -61,6 +62,7 @@ def _register() -> None:
     app.command("report", help=report_cmd.__doc__)(report_cmd.report)
     app.command("compare", help=compare_cmd.__doc__)(compare_cmd.compare)
     app.command("selftest", help=selftest_cmd.__doc__)(selftest_cmd.selftest)
+    app.add_typer(profile_cmd.profile_app, name="profile", help=profile_cmd.__doc__)
 
 
 _register()

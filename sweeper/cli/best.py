@@ -43,7 +43,24 @@ def best(
         Winner,
         typer.Option("--by", help="the winner over node counts: time (the fastest run) or cost (the cheapest)"),
     ] = Winner.time,
+    plan: Annotated[
+        bool,
+        typer.Option(
+            "--plan",
+            metavar="",
+            help="the layouts the plan predicts best (the dry run's first rows), before any trial; marked predicted",
+        ),
+    ] = False,
 ) -> None:
+    if plan:
+        if results is not None:
+            raise SweepError(
+                "--plan exports the plan's prediction from the sweep file; --results reads measured ones: give one"
+            )
+        from sweeper.cli.best_plan import best_predicted
+
+        best_predicted(spec, top=top, fmt=fmt.value)
+        return
 
     from sweeper.results import best_rows, open_results
 

@@ -96,10 +96,12 @@ def _print_table(shared: pd.DataFrame, summary: dict[str, Any], name_a: str, nam
     from rich.table import Table
 
     from sweeper.cli.render import make_console
-    from sweeper.knobs import KNOBS, label
+    from sweeper.knobs import KNOBS, label, shown_in_tables
 
     console = make_console()
-    varying = [k for k, knob in KNOBS.items() if knob.always_shown or shared[k].nunique() > 1]
+    # as the other tables: a knob that does not vary, or only follows another (etp = tp, dense), is left out
+    records = shared[list(KNOBS)].to_dict(orient="records")
+    varying = [k for k, knob in KNOBS.items() if knob.always_shown or shown_in_tables(k, records)]
     table = Table(title=f"{name_a} (A) vs {name_b} (B): shared layouts", title_justify="left", header_style="bold")
     for col in (*(label(k) for k in varying), "MFU A", "MFU B", "B / A", "status A", "status B"):
         table.add_column(col, justify="right" if not col.startswith("status") else "left")

@@ -6,14 +6,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from sweeper.knobs import KNOBS, label, shown_in_tables
-from sweeper.layout import RULE_SUMMARIES
 from sweeper.models import ModelShape
 from sweeper.plan import Plan
-from sweeper.statuses import PlanReason, PlanStatus
+from sweeper.plan_summary import CostEstimate, PlanCounts, cost_estimate, plan_counts
+from sweeper.spec import Sweep
+from sweeper.statuses import PlanStatus
 
 if TYPE_CHECKING:
     from sweeper.noise import Margin
@@ -102,41 +104,118 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
         table.add_row(*cells)
     if len(cands):
         console.print(table)
+        print_float8_note(console, shown["float8"].tolist(), "pred MFU")
     if len(shown) < len(cands):
         console.print(
             f"[dim]… {len(cands) - len(shown)} more candidates (--limit 0 shows all; --out writes the plan)[/]"
         )
 
-    counts = plan.counts()
     m = sweep.model
     console.print(
         f"\n[bold]{sweep.name}[/]: {m.name} ({param_counts(m)}), seq {sweep.seq_len}, "
         f"global batch {sweep.global_batch_size}, {_nodes_text(sweep)}×{sweep.cluster.gpus_per_node} {gpu.name}"
+        + (f" (cluster.gpu {sweep.gpu_alias} is an alias of {gpu.name})" if sweep.gpu_alias else ""),
+        soft_wrap=True,
     )
+    if sweep.model_file is not None:
+        print_model_file(console, sweep)
     console.print(
         f"memory recipe: [bold]{plan.memory.recipe}[/] ({recipe_summary(sweep)}); "
         "pruning compares the reserved peak + overhead with the card"
     )
-    summary = Table(show_header=False, box=None, padding=(0, 2))
-    summary.add_row("layouts in the cross product", str(len(plan)))
-    for code, n in plan.reason_counts().items():
-        if code == PlanReason.LAUNCHER_CANNOT_RUN:  # the launcher's own words (a replay: its table)
-            summary.add_row(f"  left out: {plan.reason[plan.reason_code == code][0]}", str(n))
-        elif code != PlanReason.MEMORY:
-            summary.add_row(f"  invalid: {RULE_SUMMARIES.get(code, code)}", str(n))
-    summary.add_row(
-        f"  pruned: predicted memory over {100 * (1 - sweep.memory.headroom):.0f}% of {gpu.memory_gib:g} GiB",
-        str(counts.get(PlanStatus.PRUNED, 0)),
-    )
-    near = plan.near_card()
-    summary.add_row(
-        f"    of them within {100 * sweep.memory.probe_margin:.0f}% of the card (a probe trial if clearly fastest)",
-        str(int(near.sum())),
-    )
-    summary.add_row("[bold]candidates[/]", f"[bold]{counts.get(PlanStatus.CANDIDATE, 0)}[/]")
-    console.print(summary)
-    if several or sweep.goal is not None:
+    console.print(f"step-time model: {pricing_line(sweep)}", markup=False)
+    print_counts(console, plan_counts(plan), sweep.memory.probe_margin)
+    print_estimate(console, cost_estimate(plan))
+    if sweep.several_sizes or sweep.goal is not None:
         print_plan_sizes(plan, console)
+
+
+def print_model_file(console: Console, sweep: Sweep) -> None:
+    """The shape a config.json gives (`model: {hf_config: ...}`), and a sequence longer than it was trained on."""
+    file = sweep.model_file
+    assert file is not None
+    console.print(escape(f"model: {file.architecture} from {file.path}: {shape_line(sweep.model)}"), soft_wrap=True)
+    if file.max_positions is not None and sweep.seq_len > file.max_positions:
+        say(
+            message_console(stderr=False),
+            "note",
+            f"seq_len {sweep.seq_len} is longer than the config's max_position_embeddings {file.max_positions}",
+        )
+
+
+def shape_line(m: ModelShape) -> str:
+    """A shape in a line: `32 layers, hidden 4096, 32 heads (8 kv, head_dim 128), ffn 14336, ...`."""
+    parts = [
+        f"{m.layers} layers",
+        f"hidden {m.hidden}",
+        f"{m.heads} heads ({m.kv_heads} kv, head_dim {m.head_dim})",
+        f"ffn {m.ffn}",
+        f"vocab {m.vocab}",
+        "tied embeddings" if m.tied_embeddings else "untied embeddings",
+    ]
+    parts += [
+        name
+        for name, on in (("q/k norm", m.qk_norm), ("qkv bias", m.qkv_bias), ("attention bias", m.attention_bias))
+        if on
+    ]
+    if m.is_moe:
+        parts.append(f"{m.experts} experts of {m.expert_ffn}, top {m.experts_per_token}")
+        parts += [f"{m.shared_experts} shared"] if m.shared_experts else []
+        parts += [f"{m.dense_layers} dense blocks first"] if m.dense_layers else []
+    return ", ".join(parts) + f"; {param_counts(m)}"
+
+
+def print_counts(console: Console, counts: PlanCounts, probe_margin: float) -> None:
+    """Every status with its count, then the invalid ones per reason: the lines add up to the cross product."""
+    width = len(str(counts.layouts))
+    console.print(f"layouts in the cross product: [bold]{counts.layouts}[/]")
+    for s in counts.statuses:
+        text = escape(s.text) + (":" if s.reasons else "")
+        if s.status == PlanStatus.PRUNED:
+            near = f"{counts.near_card} of them within {100 * probe_margin:.0f}% of the card"
+            text += f" ({near}: a probe trial if clearly fastest)"
+        line = f"  {s.status:<10} {s.count:>{width}}  {text}"
+        console.print(f"[bold]{line}[/]" if s.status == PlanStatus.CANDIDATE else line, soft_wrap=True)
+        for r in s.reasons:
+            console.print(f"  {'':<10} {'':>{width}}  {r.count:>{width}}  {escape(r.text)}", soft_wrap=True)
+
+
+def print_estimate(console: Console, cost: CostEstimate) -> None:
+    """The trial budget, and the sweep's GPU-hours and wall time, saying that they are an estimate."""
+    console.print(
+        f"search: {cost.trials} trials of {cost.runnable} runnable layouts (search.max_trials {cost.budget}), "
+        f"{cost.parallel} at a time (search.parallel), {_gpus_each(cost)} GPUs each",
+        soft_wrap=True,
+    )
+    if not cost.trials:
+        console.print("estimated cost: nothing to run, 0 GPU-hours")
+        return
+    console.print(
+        f"estimated cost: [bold]{_amount(cost.gpu_hours)} GPU-hours[/], {_duration(cost.wall_hours)} wall "
+        f"(an estimate: {cost.assumes})",
+        soft_wrap=True,
+    )
+
+
+def _amount(v: float) -> str:
+    return f"{v:,.0f}" if v >= 10 else f"{v:.2g}"
+
+
+def _duration(hours: float) -> str:
+    if hours >= 48:
+        return f"{hours / 24:.1f} days"
+    return f"{hours:.1f} h" if hours >= 1 else f"{hours * 60:.0f} min"
+
+
+def pricing_line(sweep) -> str:  # noqa: ANN001 - Sweep
+    """Which figures price the step: the measured profile (path, date, device) or the GPU table."""
+    pricing = sweep.cluster.pricing
+    return pricing.source if pricing is not None else f"no profile: GPU table figures ({sweep.cluster.gpu.name})"
+
+
+def _gpus_each(cost: CostEstimate) -> str:
+    """`64`, or `64 to 256` over several node counts (each trial at its layout's)."""
+    return f"{cost.gpus_per_trial} to {cost.gpus_most}" if cost.gpus_most else str(cost.gpus_per_trial)
 
 
 def _nodes_text(sweep) -> str:  # noqa: ANN001 - Sweep
@@ -231,6 +310,7 @@ def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
         table.caption = "peak GiB on CPU: RSS growth of a rank during the run, not an allocator peak like pred GiB"
         table.caption_justify = "left"
     console.print(table)
+    print_float8_note(console, [r.get("float8") for r in chosen], "MFU")
     console.print(f"{len(rows)} trials: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
     verdict = winner_margin(rows)
     if verdict is not None:  # whole, never wrapped: a script or a test reads the line
@@ -252,3 +332,34 @@ def _cell(v: Any) -> str:
 
 def _num(v: Any, digits: int) -> str:
     return "-" if v is None else f"{v:.{digits}g}"
+
+
+def print_predicted(rows: list[dict[str, Any]], *, knobs: list[str], title: str) -> None:
+    """The plan's best layouts (`sweep best --plan`): predicted MFU and memory, and `knobs` beside tp, pp, dp, mbs."""
+    console = make_console()
+    varying = [k for k in knobs if k not in BASE_KNOBS]
+    table = Table(header_style="bold")
+    text_labels = {label(k) for k, knob in KNOBS.items() if knob.kind is str}
+    for col in ("#", "pred MFU", *(label(k) for k in (*BASE_KNOBS, *varying)), "pred GiB"):
+        table.add_column(col, justify="left" if col in text_labels else "right")
+    for i, r in enumerate(rows, 1):
+        cells = [_cell(r.get(k)) for k in (*BASE_KNOBS, *varying)]
+        table.add_row(str(i), f"{100 * r['pred_mfu']:.1f}%", *cells, _num(r.get("mem_total_gib"), 3))
+    console.print(title, soft_wrap=True)
+    console.print(table)
+    print_float8_note(console, [r.get("float8") for r in rows], "pred MFU")
+
+
+# MFU's denominator is the bf16 peak for a float8 run too (sweeper.hardware.GPU.peak_flops, as
+# torchtitan counts it): its matmuls may run at up to the fp8 peak, twice as fast, so its MFU can
+# pass what a bf16 run reaches, and a reader takes 81 % for a mistake unless told
+FLOAT8_MFU_NOTE = (
+    "{column} of a float8 layout is against the card's dense bf16 peak, as torchtitan counts it, not its "
+    "fp8 peak (twice that): it can pass what bf16 layouts reach"
+)
+
+
+def print_float8_note(console: Console, float8: list[Any], column: str) -> None:
+    """Under a table that shows MFU: the note above, where one of its rows is a float8 layout."""
+    if any(bool(v) and v == v for v in float8):  # NaN: a row from before the knob existed
+        console.print(f"[dim]{FLOAT8_MFU_NOTE.format(column=column)}[/]", soft_wrap=True)

@@ -41,6 +41,7 @@ def run(
 ) -> None:
     from sweeper.launchers import plan_for_launcher
     from sweeper.plan import make_plan
+    from sweeper.plan_summary import no_candidates_message
     from sweeper.spec import load_sweep
 
     sweep = load_sweep(spec)
@@ -49,6 +50,8 @@ def run(
     if out is not None:
         write_plan(plan, out)
     if not dry_run:
+        if not plan.candidate_mask.any():  # refused before the results folder is made
+            raise SweepError(no_candidates_message(plan))
         run_live(sweep, fresh=fresh, yes=yes, top=top, rebuild_study=rebuild_study)
         return
     if as_json:
@@ -57,6 +60,8 @@ def run(
         from sweeper.cli.render import print_plan
 
         print_plan(plan, limit=limit)
+    if not plan.candidate_mask.any():  # the summary above says why; scripts must not take it for a plan
+        raise SweepError(no_candidates_message(plan))
 
 
 def write_plan(plan, path: Path) -> None:  # noqa: ANN001 - Plan, imported lazily
@@ -71,24 +76,33 @@ def write_plan(plan, path: Path) -> None:  # noqa: ANN001 - Plan, imported lazil
     frame = plan.to_frame()
     try:
         if suffix == ".parquet":
-            atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
+            atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False), private=False)
         else:
-            atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
+            atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False), private=False)
     except OSError as e:
         raise SweepError(f"--out {path}: cannot write: {e.strerror}") from None
 
 
 def plan_summary(plan) -> dict:  # noqa: ANN001
     """The dry run as data: counts, rejections per reason, and the candidate layouts."""
+    from dataclasses import asdict
+
+    from sweeper.cli.render import pricing_line
+    from sweeper.plan_summary import cost_estimate, plan_counts
+
     frame = plan.to_frame()
     cands = frame[frame.status == PlanStatus.CANDIDATE]
+    counts, cost = plan_counts(plan), cost_estimate(plan)
     return {
         "name": plan.sweep.name,
+        "step_time_model": pricing_line(plan.sweep),
         "memory_recipe": plan.memory.recipe,
-        "near_card": int(plan.near_card().sum()),
-        "layouts": len(plan),
-        "counts": plan.counts(),
+        "near_card": counts.near_card,
+        "layouts": counts.layouts,
+        "counts": {s.status: s.count for s in counts.statuses if s.count},  # they add up to layouts
         "reasons": plan.reason_counts(),
+        "statuses": [asdict(s) for s in counts.statuses],
+        "estimate": {**asdict(cost), "assumes": cost.assumes},
         "candidates": json.loads(cands.drop(columns=["status", "reason"]).to_json(orient="records")),
     }
 

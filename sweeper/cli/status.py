@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -14,16 +15,17 @@ from sweeper.statuses import TrialStatus
 def status(
     spec: Annotated[str, typer.Argument(help="sweep file (path or bare name)")],
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object per trial")] = False,
+    results: Annotated[
+        Path | None, typer.Option("--results", help="a results folder (default: results_dir/<name> of the sweep)")
+    ] = None,
 ) -> None:
     from rich.table import Table
 
     from sweeper.cli.progress import describe
-    from sweeper.identity import sweep_identity
-    from sweeper.results import ResultsStore
-    from sweeper.spec import load_sweep
+    from sweeper.results import open_results
 
-    sweep = load_sweep(spec)
-    store = ResultsStore(sweep.results_path, identity=sweep_identity(sweep))
+    # no results folder: an error, as for `sweep best` (not "0 finished" from the wrong folder)
+    root, store = open_results(spec, results)
     rows = store.rows()
     inflight = store.inflight()
     now = datetime.now(UTC)
@@ -72,7 +74,7 @@ def status(
     for w in store.warnings:
         say(err, "warning", w)
     table = Table(
-        title=f"{sweep.name}: {len(rows)} finished, {len(inflight)} running", title_justify="left", header_style="bold"
+        title=f"{root.name}: {len(rows)} finished, {len(inflight)} running", title_justify="left", header_style="bold"
     )
     for col in ("trial", "status", "job id", "elapsed", "MFU", "layout"):
         table.add_column(col)
@@ -87,3 +89,6 @@ def status(
             it["layout"],
         )
     console.print(table)
+    from sweeper.cli.render import print_float8_note
+
+    print_float8_note(console, [r.get("float8") for r in rows if r.get("mfu") is not None], "MFU")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from sweeper.errors import SpecError
+from sweeper.files import open_own, own_dir
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, LauncherProfile, TrialJob, failure, tail
 from sweeper.process import kill_group, read_result
 from sweeper.spec import Sweep
@@ -80,9 +81,10 @@ class LocalLauncher(Launcher):
         return cls()
 
     def submit(self, job: TrialJob) -> Handle:
-        job.workdir.mkdir(parents=True, exist_ok=True)
-        out, log = job.workdir / "result.json", job.workdir / "log.txt"
-        with open(out, "wb") as stdout, open(log, "ab") as stderr:
+        # the job folder's own names are the tool's: a link at any of them is replaced, never written through
+        own_dir(job.workdir)
+        own_dir(job.workdir / "ranks")  # `sweep trial --workdir` writes the ranks' task and logs there
+        with open_own(job.workdir / "result.json") as stdout, open_own(job.workdir / "log.txt", append=True) as stderr:
             proc = subprocess.Popen(
                 trial_command(job),
                 stdout=stdout,

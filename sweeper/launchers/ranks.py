@@ -13,18 +13,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sweeper.files import open_own, own_dir
 from sweeper.layout import Layout
 from sweeper.process import free_port, kill_group, read_result
 from sweeper.spec import Sweep
-from sweeper.trainer.evidence import (
-    INFRASTRUCTURE_FAILURE,
-    oom_evidence,
-    oom_kill_count,
-)
+from sweeper.trainer.evidence import INFRASTRUCTURE_FAILURE, OomSigns, OomWatch, oom_evidence
 from sweeper.trial import FAILED, OOM, TIMEOUT, TrialResult, without_run
 
 # After rank 0 wrote its result (or a rank died), how long the others get to finish on their own.
@@ -46,7 +44,7 @@ class Launched:
         return self.workdir / "out"
 
     pids: list[int] = field(default_factory=list)
-    oom_kills_before: int | None = None  # the cgroup's oom_kill counter at the start
+    oom_signs: OomSigns = field(default_factory=OomSigns)  # what the OOM killer left while they ran
 
     @property
     def sigkilled(self) -> list[int]:
@@ -66,7 +64,7 @@ class Launched:
     def oom(self) -> tuple[int, str] | None:
         """(rank, evidence) of a rank SIGKILLed for memory; None without evidence (see trainer.evidence)."""
         for rank in self.sigkilled:
-            why = oom_evidence(self.pids[rank], self.log_tail(rank, 200), self.oom_kills_before)
+            why = oom_evidence(self.pids[rank], self.log_tail(rank, 200), self.oom_signs)
             if why:
                 return rank, why
         return None
@@ -85,14 +83,17 @@ def launch(
     task: dict[str, Any], *, nprocs: int, timeout_s: float, workdir: Path, extra_env: dict[str, str] | None = None
 ) -> Launched:
     """Run `task` (see `sweeper.trainer.worker`) on `nprocs` local processes; kill them all at `timeout_s`."""
-    (workdir / "logs").mkdir(parents=True, exist_ok=True)
-    (workdir / "out").mkdir(exist_ok=True)
+    # `workdir` is the caller's; what the launch makes in it is its own, and a link planted at one
+    # of those names (a copied results folder) is replaced, never written through
+    workdir.mkdir(parents=True, exist_ok=True)
+    own_dir(workdir / "logs")
+    own_dir(workdir / "out")
     # what `out` holds is this launch's own: a trial restarted in the same folder must not end on
     # the last attempt's result.json, nor be judged on its steps.txt (appended to, step by step)
     for stale in (workdir / "out").iterdir():
-        if stale.is_file():
+        if stale.is_symlink() or not stale.is_dir():
             stale.unlink()
-    with open(workdir / "task.pkl", "wb") as f:
+    with open_own(workdir / "task.pkl") as f:  # the ranks unpickle it
         pickle.dump(task, f)
     base = {
         **os.environ,
@@ -104,33 +105,32 @@ def launch(
         **(extra_env or {}),
     }
     base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
-    oom_kills_before = oom_kill_count()
-    start = time.monotonic()
-    procs = []
-    for rank in range(nprocs):
-        env = base | {"RANK": str(rank), "LOCAL_RANK": str(rank)}
-        with open(workdir / "logs" / f"rank{rank}.log", "wb") as log:
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "sweeper.trainer.worker", str(workdir)],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                    preexec_fn=_die_with_parent,
+    watch = OomWatch()  # before the first rank: the kernel log is read from here on
+    try:
+        start = time.monotonic()
+        procs = []
+        for rank in range(nprocs):
+            env = base | {"RANK": str(rank), "LOCAL_RANK": str(rank)}
+            with open_own(workdir / "logs" / f"rank{rank}.log") as log:
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "sweeper.trainer.worker", str(workdir)],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                        preexec_fn=_die_with_parent,
+                    )
                 )
-            )
-    timed_out, killed = _wait(procs, deadline=start + timeout_s, result=workdir / "out" / "result.json")
-    return Launched(
-        workdir,
-        [p.returncode for p in procs],
-        timed_out,
-        killed,
-        time.monotonic() - start,
-        [p.pid for p in procs],
-        oom_kills_before,
-    )
+        pids = [p.pid for p in procs]
+        timed_out, killed = _wait(
+            procs, deadline=start + timeout_s, result=workdir / "out" / "result.json", look=lambda: watch.look(pids)
+        )
+        signs = watch.finish(pids)
+    finally:
+        watch.close()
+    return Launched(workdir, [p.returncode for p in procs], timed_out, killed, time.monotonic() - start, pids, signs)
 
 
 def _die_with_parent() -> None:
@@ -146,8 +146,11 @@ def _die_with_parent() -> None:
             os._exit(1)
 
 
-def _wait(procs: list[subprocess.Popen[bytes]], *, deadline: float, result: Path) -> tuple[bool, set[int]]:
+def _wait(
+    procs: list[subprocess.Popen[bytes]], *, deadline: float, result: Path, look: Callable[[], None]
+) -> tuple[bool, set[int]]:
     """Wait for every process; end early once rank 0 reported or a rank died and the rest lingered.
+    `look` is called at every round (the OOM watch's look at the cgroup's members).
 
     Returns (timed out, ranks we killed).
     """
@@ -155,6 +158,7 @@ def _wait(procs: list[subprocess.Popen[bytes]], *, deadline: float, result: Path
     # poll() every rank each round (not any(), which stops at the first live one): a rank that
     # died while rank 0 waits in a collective must be seen now, not at the time limit
     while [p.poll() for p in procs].count(None):
+        look()
         now = time.monotonic()
         if now >= deadline:
             return True, _kill(procs)
@@ -194,7 +198,7 @@ def launch_trial(
     limit = timeout_s if timeout_s is not None else sweep.trial.timeout_min * 60
     task = {"kind": "trial", "sweep": sweep, "layout": layout}
     for attempt in (1, 2):
-        folder = workdir if attempt == 1 else workdir / "retry"
+        folder = workdir if attempt == 1 else own_dir(workdir / "retry")
         done = launch(task, nprocs=sweep.cluster.world, timeout_s=limit, workdir=folder, extra_env=extra_env)
         path = done.out_dir / "result.json"
         # the free port was taken between choosing it and rank 0 listening on it: once more
@@ -235,5 +239,5 @@ def _unexplained(done: Launched) -> str:
     sig = signal.Signals(-done.returncodes[rank]).name  # type: ignore[operator]
     return (
         f"{INFRASTRUCTURE_FAILURE}: rank {rank} was killed by {sig} with no sign of running out of memory "
-        "(cgroup oom_kill counter, kernel log, CUDA message)"
+        f"(cgroup oom_kill counter, kernel log, CUDA message){done.oom_signs.note()}"
     )

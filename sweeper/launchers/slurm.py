@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field, StringConstraints
 
 from sweeper.errors import SpecError, SweepError
+from sweeper.files import own_dir
 from sweeper.folder import check_trusted_file
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, LauncherProfile, TrialJob, failure, tail
 from sweeper.launchers.task import run_task, task_count, tasks_per_node
@@ -219,7 +220,7 @@ class SlurmLauncher(Launcher):
         return self.sweep.at(job.nodes) if job.nodes is not None else self.sweep
 
     def submit(self, job: TrialJob) -> Handle:
-        job.workdir.mkdir(parents=True, exist_ok=True)
+        own_dir(job.workdir)  # a link planted at the job's folder is replaced, never followed
         executor = self._executor(job)
         with clean_submit_environment():
             sj = executor.submit(slurm_task, str(job.spec_path), job.layout.as_dict(), str(job.workdir), job.nodes)

@@ -43,7 +43,7 @@ def run_task(spec_path: str, layout: dict[str, Any], out_dir: str, nodes: int | 
     from sweeper.layout import Layout
     from sweeper.spec import load_sweep
 
-    sweep, lay = load_sweep(spec_path), Layout.from_mapping(layout)
+    sweep, lay = load_sweep(spec_path, profiles=False), Layout.from_mapping(layout)  # the model is not needed here
     sweep = sweep.at(nodes) if nodes is not None else sweep
     if sweep.trainer.runs_command:  # one task per node runs the trainer's own command
         from sweeper.workloads import run_external

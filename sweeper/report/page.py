@@ -71,7 +71,7 @@ def write_report(sweep: Sweep, df: pd.DataFrame, out_dir: Path, *, plan: Plan | 
     shown = [p for p in plots if p is not None]
     page = render_html(sweep, summary_lines(sweep, plan, df), shown, df, out_dir, why=why, plan=plan, knobs=knobs)
     path = out_dir / "report.html"
-    atomic_write_text(path, page)
+    atomic_write_text(path, page, private=False)  # for the user to open and share, as the PNGs beside it
     files = [p.file for p in [*shown, *(w for w in why if isinstance(w, Plot))] if p.file]
     return path, files
 

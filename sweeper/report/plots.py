@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sweeper.files import atomic_write
 from sweeper.plan import Plan
 from sweeper.report.data import (
     Plot,
@@ -49,8 +50,14 @@ def _pyplot() -> Any:
 
 
 def _save(fig: Figure, out_dir: Path, name: str) -> str:
-    fig.savefig(out_dir / name, dpi=110, bbox_inches="tight")
-    _pyplot().close(fig)
+    """Written like every file of the tool (temp file, rename): a link planted at the name is
+    replaced, never written through, and a reader never sees half a PNG."""
+    try:
+        atomic_write(
+            out_dir / name, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"), private=False
+        )
+    finally:
+        _pyplot().close(fig)
     return name
 
 

@@ -12,24 +12,50 @@ import yaml
 from pydantic import ValidationError
 
 from sweeper.errors import SpecError
+from sweeper.hardware import alias_of
+from sweeper.hf_config import ModelFile, read_config, resolve
 from sweeper.knobs import KNOBS
 from sweeper.layout import DECIDED_ALONE, unusable
-from sweeper.models import PRESETS
+from sweeper.models import PRESETS, ModelShape
+from sweeper.profile import ProfileError, cached_profile_path, load_profile
+from sweeper.profiled import ProfiledPricing
 from sweeper.spec.messages import format_validation_error
-from sweeper.spec.schema import MAX_LAYOUTS, Cluster, Sweep, SweepFile
+from sweeper.spec.schema import MAX_LAYOUTS, Cluster, HFConfigSpec, ModelSpec, Sweep, SweepFile
 from sweeper.spec_checks import check_layout_count
 
 MAX_SPEC_BYTES = 1 << 20  # a sweep file is a few dozen lines; anything bigger is a mistake
+# a sweep file nests a few levels (model: moe: ...); PyYAML composes by recursion, so a kilobyte of
+# brackets would otherwise end in a RecursionError thousands of frames deep
+MAX_YAML_DEPTH = 32
 
 
-def build_sweep(raw: SweepFile, *, source: Path | None = None) -> Sweep:
-    """Resolve presets and check that every searched value can appear in some valid layout."""
-    shape = PRESETS[raw.model.lower()] if isinstance(raw.model, str) else raw.model.shape()
+def model_shape(model: str | ModelSpec | HFConfigSpec, source: Path | None) -> tuple[ModelShape, ModelFile | None]:
+    """The shape `model:` gives: a preset's, the mapping's, or a config.json's (read relative to the
+    sweep file's folder), with that file."""
+    if isinstance(model, str):
+        return PRESETS[model.lower()], None
+    if isinstance(model, ModelSpec):
+        return model.shape(), None
+    base = source.parent if source is not None else Path.cwd()
+    file, fields = read_config(resolve(model.hf_config, base))
+    try:
+        spec = ModelSpec.model_validate(fields)
+    except ValidationError as e:
+        raise SpecError(f"model.hf_config: {file.path}: {format_validation_error(e)}") from None
+    return spec.shape(file.architecture), file
+
+
+def build_sweep(raw: SweepFile, *, source: Path | None = None, profiles: bool = True) -> Sweep:
+    """Resolve presets and check that every searched value can appear in some valid layout;
+    `profiles`: read the cluster's measured profile (`cluster.profile`, else the user's cached one)."""
+    shape, model_file = model_shape(raw.model, source)
     if shape.position == "learned" and shape.max_positions < raw.seq_len:
         # the table must hold every position trained (Megatron-LM: --max-position-embeddings >= --seq-length)
         shape = replace(shape, max_positions=raw.seq_len)
     sizes = raw.cluster.sizes
-    cluster = Cluster(sizes[0], raw.cluster.gpus_per_node, raw.cluster.resolved_gpu())
+    gpu = raw.cluster.resolved_gpu()
+    pricing = cluster_pricing(raw.cluster.profile, gpu.name) if profiles else None
+    cluster = Cluster(sizes[0], raw.cluster.gpus_per_node, gpu, pricing)
     space = raw.space.values()
     check_layout_count(space, MAX_LAYOUTS)  # before anything allocates the cross product
     sweep = Sweep(
@@ -48,6 +74,8 @@ def build_sweep(raw: SweepFile, *, source: Path | None = None) -> Sweep:
         workload=raw.workload,
         sizes=sizes if isinstance(raw.cluster.nodes, list) else (),
         goal=raw.goal,
+        gpu_alias=raw.cluster.gpu if isinstance(raw.cluster.gpu, str) and alias_of(raw.cluster.gpu) else "",
+        model_file=model_file,
     )
     _check_sizes(sweep)
     _check_usable(sweep)
@@ -74,6 +102,21 @@ def _check_sizes(sweep: Sweep) -> None:
                 f"cluster.nodes: {n} cannot be used: no tp*cp*pp of the space divides world = {world} GPUs "
                 f"with micro_batch_size*dp dividing global_batch_size = {sweep.global_batch_size}"
             )
+
+
+def cluster_pricing(named: str | None, gpu: str) -> ProfiledPricing | None:
+    """The measured profile the model prices from: the file `cluster.profile` names, else the user's
+    cached profile of this GPU if there is one, else None (the GPU table). A profile that cannot be
+    read, or was measured on another GPU, is an error naming `cluster.profile`."""
+    path = Path(named).expanduser() if named is not None else cached_profile_path(gpu)
+    if named is None and not path.is_file():
+        return None
+    if named is not None and not path.is_file():
+        raise SpecError(f"cluster.profile: {path}: no such profile file (`sweep profile --out {path}` writes one)")
+    try:
+        return ProfiledPricing(load_profile(path, gpu=gpu), str(path))
+    except ProfileError as e:
+        raise SpecError(f"cluster.profile: {e}") from None
 
 
 def _check_usable(sweep: Sweep) -> None:
@@ -104,8 +147,9 @@ def _check_usable(sweep: Sweep) -> None:
             raise SpecError(f"space.micro_batch_size: value {v} exceeds global_batch_size={gbs}")
 
 
-def parse_sweep(text: str | bytes, *, source: str = "<sweep file>") -> Sweep:
-    """Validate the text of a sweep file; every problem raises SpecError naming the field."""
+def parse_sweep(text: str | bytes, *, source: str = "<sweep file>", profiles: bool = True) -> Sweep:
+    """Validate the text of a sweep file; every problem raises SpecError naming the field.
+    `profiles=False` leaves the cluster's measured profile unread (the GPU table prices)."""
     if isinstance(text, bytes):
         if len(text) > MAX_SPEC_BYTES:
             raise SpecError(f"{source}: file is {len(text)} bytes; a sweep file must be under {MAX_SPEC_BYTES}")
@@ -113,7 +157,7 @@ def parse_sweep(text: str | bytes, *, source: str = "<sweep file>") -> Sweep:
             text = text.decode("utf-8")
         except UnicodeDecodeError as e:
             raise SpecError(f"{source}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    data = _load_yaml(text, source)
+    data = read_yaml(text, source)
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a mapping of fields (name, model, ...), got {type(data).__name__}")
     try:
@@ -121,13 +165,16 @@ def parse_sweep(text: str | bytes, *, source: str = "<sweep file>") -> Sweep:
     except ValidationError as e:
         raise SpecError(f"{source}: {format_validation_error(e)}") from None
     try:
-        return build_sweep(raw, source=Path(source) if source != "<sweep file>" else None)
+        return build_sweep(raw, source=Path(source) if source != "<sweep file>" else None, profiles=profiles)
     except SpecError as e:
         raise SpecError(f"{source}: {e}") from None
 
 
 class _NoAliasLoader(yaml.SafeLoader):
-    """SafeLoader that refuses aliases, so an anchor 'bomb' cannot expand into gigabytes."""
+    """SafeLoader that refuses aliases, so an anchor 'bomb' cannot expand into gigabytes, and
+    nesting deeper than MAX_YAML_DEPTH."""
+
+    _depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
@@ -135,7 +182,18 @@ class _NoAliasLoader(yaml.SafeLoader):
             raise yaml.MarkedYAMLError(
                 "while reading the sweep file", None, "aliases (*name) are not supported", event.start_mark
             )
-        return super().compose_node(parent, index)
+        if self._depth >= MAX_YAML_DEPTH:
+            raise yaml.MarkedYAMLError(
+                "while reading the sweep file",
+                None,
+                f"nested more than {MAX_YAML_DEPTH} levels deep (a sweep file needs a few)",
+                self.peek_event().start_mark,
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         # a key given twice would silently keep the last value: `seq_len: 64` ... `seq_len: 128`
@@ -153,7 +211,7 @@ class _NoAliasLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _load_yaml(text: str, source: str) -> Any:
+def read_yaml(text: str, source: str) -> Any:
     """The YAML document; a syntax error is one line naming the file, line and column (PyYAML's
     own text names `<unicode string>` and spans several lines)."""
     try:
@@ -169,14 +227,15 @@ def _load_yaml(text: str, source: str) -> Any:
         raise SpecError(f"{source}: invalid YAML: {' '.join(str(e).split())}") from None
 
 
-def load_sweep(path_or_name: str | Path) -> Sweep:
-    """Read a sweep file by path, or by bare name in the current directory, then among the shipped spaces."""
+def load_sweep(path_or_name: str | Path, *, profiles: bool = True) -> Sweep:
+    """Read a sweep file by path, or by bare name in the current directory, then among the shipped
+    spaces; `profiles=False`: without the cluster's measured profile (a trial's task needs none)."""
     path = find_sweep_file(path_or_name)
     try:
         data = path.read_bytes()
     except OSError as e:
         raise SpecError(f"{path}: cannot read: {e.strerror}") from None
-    return parse_sweep(data, source=str(path))
+    return parse_sweep(data, source=str(path), profiles=profiles)
 
 
 def shipped_spaces_dir() -> Path:

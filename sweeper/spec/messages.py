@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from sweeper.spec.schema import SweepFile
+from sweeper.spec.schema import GPUSpec, HFConfigSpec, ModelSpec, SweepFile
 from sweeper.trainers import RECIPES, recipes_taking
 
 _UNION_BRANCH_MISMATCH = {"string_type", "model_type", "dict_type", "model_attributes_type", "list_type"}
@@ -27,6 +27,8 @@ def format_validation_error(e: ValidationError) -> str:
             loc = "memory" if msg.startswith("memory.") else loc
         elif err["type"] == "missing":
             msg = "required field is missing"
+        elif err["type"] in _NOT_A_MAPPING:
+            msg = _not_a_mapping(err["loc"], err.get("input"))
         elif err["type"] == "union_tag_invalid":
             ctx = err.get("ctx", {})
             key, tags = str(ctx.get("discriminator", "")).strip("'"), str(ctx.get("expected_tags", ""))
@@ -45,6 +47,19 @@ def format_validation_error(e: ValidationError) -> str:
         else:
             lines.append(f"{loc}: {msg}")
     return "; ".join(dict.fromkeys(lines))
+
+
+# pydantic's "Input should be a valid dictionary or instance of SpaceSpec": a section given as
+# nothing (`space:`), a list or a scalar where the file needs a mapping of fields
+_NOT_A_MAPPING = {"model_type", "dict_type", "model_attributes_type"}
+
+
+def _not_a_mapping(loc: tuple[Any, ...], given: Any) -> str:
+    """What the section must hold, its fields, and what it holds instead."""
+    fields = ", ".join(_allowed_fields((*loc, "")))
+    what = "a mapping of knob: [values]" if _path(loc) == ["space"] else "a mapping of fields"
+    got = "nothing" if given is None else ("a list" if isinstance(given, list) else repr(given))
+    return f"must be {what} ({fields}), got {got}"
 
 
 def _path(loc: tuple[Any, ...]) -> list[str]:
@@ -76,9 +91,11 @@ def _other_recipes_option(loc: tuple[Any, ...]) -> str | None:
 
 
 def _is_union_tag(part: Any) -> bool:
-    return isinstance(part, str) and (
-        part in {"str", "int", "bool", "float"} or "[" in part or part in {"ModelSpec", "GPUSpec"}
-    )
+    return isinstance(part, str) and (part in {"str", "int", "bool", "float"} or "[" in part or part in _TAGGED)
+
+
+# the union branches pydantic names in an error's path, by the class each one validates with
+_TAGGED: dict[str, type[BaseModel]] = {"ModelSpec": ModelSpec, "GPUSpec": GPUSpec, "HFConfigSpec": HFConfigSpec}
 
 
 def _allowed_fields(loc: tuple[Any, ...]) -> list[str]:
@@ -87,6 +104,9 @@ def _allowed_fields(loc: tuple[Any, ...]) -> list[str]:
         if _is_recipe_tag(loc, i):
             model = RECIPES[str(part)].options
             continue
+        if part in _TAGGED:  # the branch of a union the value was checked as
+            model = _TAGGED[part]
+            continue
         if _is_union_tag(part):
             continue
         info = model.model_fields.get(str(part))
@@ -94,6 +114,8 @@ def _allowed_fields(loc: tuple[Any, ...]) -> list[str]:
             break
         inner = _pydantic_class(info.annotation)
         if inner is None:
+            if i + 1 < len(loc) - 1 and loc[i + 1] in _TAGGED:  # a tagged union: its branch comes next
+                continue
             break
         model = inner
     return list(model.model_fields)

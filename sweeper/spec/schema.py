@@ -11,11 +11,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
-from sweeper.hardware import GPU, GPUS, lookup_gpu
+from sweeper.hardware import GPU, known_gpus, lookup_gpu
+from sweeper.hf_config import ModelFile
 from sweeper.knobs import KNOBS
 from sweeper.models import PRESETS, ModelShape
+from sweeper.spec.goal import GoalSpec, node_counts
 from sweeper.spec_checks import check_workload
 from sweeper.trainers import RECIPES, TRAINERS, default_recipe, option_types
 from sweeper.trainers.base import MemoryOptions, Recipe, Trainer
@@ -75,6 +77,7 @@ class ModelSpec(_Strict):
     attention_bias: bool = Field(default=False, description="biases on the q, k, v and o projections (GPT-OSS)")
     mlp_bias: bool = Field(default=False, description="biases on a SwiGLU MLP's, the experts' and the router's layers")
     attention_sinks: bool = Field(default=False, description="a learned sink logit per head and block (GPT-OSS)")
+    qkv_bias: bool = Field(default=False, description="biases on the q, k and v projections only (Qwen2)")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelSpec:
@@ -145,7 +148,36 @@ class ModelSpec(_Strict):
             attention_bias=self.attention_bias,
             mlp_bias=self.mlp_bias,
             attention_sinks=self.attention_sinks,
+            qkv_bias=self.qkv_bias,
         )
+
+
+class HFConfigSpec(_Strict):
+    """A Hugging Face config.json as the model (`sweeper.hf_config` lists the architectures read)."""
+
+    hf_config: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="a config.json (Llama, Mistral, Qwen2/3, Mixtral, Qwen MoE); relative to the sweep file's folder",
+    )
+
+
+def _model_kind(v: Any) -> str | None:
+    """Which form of `model:` a value is: a preset name, a shape, or a config.json (None: none of them)."""
+    if isinstance(v, str):
+        return "str"
+    if isinstance(v, HFConfigSpec) or (isinstance(v, dict) and "hf_config" in v):
+        return "HFConfigSpec"
+    return "ModelSpec" if isinstance(v, (dict, ModelSpec)) else None
+
+
+MODEL_FORMS = "a preset name, a mapping of the shape (layers, hidden, heads, ffn, vocab, ...), or {hf_config: path}"
+ModelField = Annotated[
+    Union[  # noqa: UP007 - a tagged union of the three forms
+        Annotated[str, Tag("str")], Annotated[ModelSpec, Tag("ModelSpec")], Annotated[HFConfigSpec, Tag("HFConfigSpec")]
+    ],
+    Discriminator(_model_kind, custom_error_type="model_form", custom_error_message=f"must be {MODEL_FORMS}"),
+]
 
 
 class GPUSpec(_Strict):
@@ -160,30 +192,23 @@ class GPUSpec(_Strict):
         return GPU(self.name, self.memory_gib, self.peak_tflops, None, self.fp8_tflops, "user-defined")
 
 
-MAX_NODES = 100_000
-
-
 class ClusterSpec(_Strict):
     nodes: int | list[int] = Field(description="nodes of the allocation, or a list of node counts to compare")
     gpus_per_node: int = Field(ge=1, le=1024)
     gpu: str | GPUSpec
     intra_node_gbps: float | None = Field(default=None, gt=0, le=100_000, description="GB/s per GPU within a node")
     inter_node_gbps: float | None = Field(default=None, gt=0, le=100_000, description="GB/s per GPU between nodes")
+    profile: str | None = Field(
+        default=None,
+        min_length=1,
+        description="a measured profile (`sweep profile`) the step-time model prices from; default: the "
+        "user's cached profile of this GPU, if any",
+    )
 
     @field_validator("nodes", mode="before")
     @classmethod
     def _node_counts(cls, v: Any) -> Any:
-        # one line naming the field, whatever is wrong: a list is sorted, each count 1 to MAX_NODES, once
-        values = v if isinstance(v, list) else [v]
-        bad = [x for x in values if isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= MAX_NODES]
-        if not values or bad:
-            raise ValueError(
-                f"cluster.nodes: {bad[0] if bad else '[]'!r} not allowed; allowed: a whole number of nodes "
-                f"1 to {MAX_NODES}, or a list of them"
-            )
-        if len(set(values)) != len(values):
-            raise ValueError(f"cluster.nodes lists a node count twice: {values}")
-        return sorted(values) if isinstance(v, list) else v
+        return node_counts(v)
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -195,7 +220,7 @@ class ClusterSpec(_Strict):
     def _known_gpu(cls, v: str | GPUSpec) -> str | GPUSpec:
         if isinstance(v, str) and lookup_gpu(v) is None:
             raise ValueError(
-                f"unknown GPU {v!r}; known: {', '.join(GPUS)} (or give a mapping {{memory_gib, peak_tflops}})"
+                f"unknown GPU {v!r}; known: {known_gpus()} (or give a mapping {{memory_gib, peak_tflops}})"
             )
         return v
 
@@ -229,21 +254,6 @@ class TrialSettings(_Strict):
         return self
 
 
-class GoalSpec(_Strict):
-    """The training run the layout is for: its tokens, and what a GPU-hour costs (any currency)."""
-
-    tokens: float = Field(gt=0, le=1e18, description="tokens the whole training run processes")
-    gpu_hour_cost: float | None = Field(default=None, ge=0, le=1e9, description="price of one GPU-hour")
-    max_days: float | None = Field(default=None, gt=0, le=1e6, description="the run must end within this many days")
-    max_cost: float | None = Field(default=None, gt=0, le=1e18, description="the run must cost at most this")
-
-    @model_validator(mode="after")
-    def _cost_needs_price(self) -> GoalSpec:
-        if self.max_cost is not None and self.gpu_hour_cost is None:
-            raise ValueError("goal.max_cost needs goal.gpu_hour_cost (the price of one GPU-hour)")
-        return self
-
-
 class SearchSettings(_Strict):
     max_trials: int = Field(default=40, ge=1, le=1_000_000)
     parallel: int = Field(default=1, ge=1, le=10_000)
@@ -265,6 +275,8 @@ class SearchSettings(_Strict):
 
 
 if TYPE_CHECKING:
+    from sweeper.perfmodel import StepPricing
+
     MemorySettings = MemoryOptions
 else:
     # `memory:` is one recipe's options, told apart by `recipe` (filled in from workload.kind by
@@ -362,7 +374,7 @@ class SweepFile(_Strict):
     """The whole sweep file as written."""
 
     name: str
-    model: str | ModelSpec
+    model: ModelField
     seq_len: int = Field(ge=1, le=10_000_000)
     global_batch_size: int = Field(ge=1, le=100_000_000, description="sequences per optimizer step")
     cluster: ClusterSpec
@@ -397,9 +409,12 @@ class SweepFile(_Strict):
 
     @field_validator("model")
     @classmethod
-    def _known_model(cls, v: str | ModelSpec) -> str | ModelSpec:
+    def _known_model(cls, v: str | ModelSpec | HFConfigSpec) -> str | ModelSpec | HFConfigSpec:
         if isinstance(v, str) and v.lower() not in PRESETS:
-            raise ValueError(f"unknown model preset {v!r}; presets: {', '.join(PRESETS)} (or give a mapping)")
+            raise ValueError(
+                f"unknown model preset {v!r}; presets: {', '.join(PRESETS)} "
+                "(or give a mapping of the shape, or {hf_config: path})"
+            )
         return v
 
     @field_validator("launcher")
@@ -417,6 +432,9 @@ class Cluster:
     nodes: int
     gpus_per_node: int
     gpu: GPU
+    # a measured profile's pricing of the step (sweeper.profiled), or None: the GPU table's. How the
+    # model prices, not what is measured: left out of equality and of the sweep's identity
+    pricing: StepPricing | None = field(default=None, compare=False, repr=False)
 
     @property
     def world(self) -> int:
@@ -444,6 +462,10 @@ class Sweep:
     # whose cluster is `cluster`. Each size is `at(n)`: the same model, batch and space on n nodes.
     sizes: tuple[int, ...] = ()
     goal: GoalSpec | None = field(default=None, compare=False)  # how a layout's speed becomes days and cost
+    # cluster.gpu as the file spells it where that is an alias (`h100` for h100-sxm), for the dry run to say so
+    gpu_alias: str = field(default="", compare=False)
+    # the config.json the model was read from (`model: {hf_config: ...}`); its shape is `model`
+    model_file: ModelFile | None = field(default=None, compare=False)
 
     @property
     def node_counts(self) -> tuple[int, ...]:

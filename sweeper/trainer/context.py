@@ -37,6 +37,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
+from sweeper.errors import one_line
 from sweeper.trainer.kernels import SDPA_BACKENDS, KernelUnavailable
 
 
@@ -191,7 +192,7 @@ def cp_backend(
         except torch.OutOfMemoryError:
             raise
         except Exception as e:  # any failure of the probe is the kernel's
-            errors.append(" ".join(str(e).split())[:300])
+            errors.append(one_line(e))
         finally:
             if device.type == "cuda":
                 torch.cuda.empty_cache()

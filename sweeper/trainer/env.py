@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from sweeper.errors import one_line
 from sweeper.process import free_port
 
 
@@ -98,7 +99,7 @@ def cuda_unusable_reason() -> str | None:
     try:
         torch.cuda.init()  # raises with the driver's own message
     except Exception as e:  # noqa: BLE001 - any reason is the answer
-        return f"CUDA cannot initialise: {' '.join(str(e).split())[:300]}"
+        return f"CUDA cannot initialise: {one_line(e)}"
     return "torch.cuda.is_available() is False (no visible GPU, or the driver is missing)"
 
 

@@ -15,6 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from sweeper.errors import one_line
+from sweeper.packages import flash_attn_major
+
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 NormFn = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
 
@@ -24,16 +27,6 @@ SDPA_BACKENDS: dict[str, SDPBackend] = {
     "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
     "cudnn": SDPBackend.CUDNN_ATTENTION,
 }
-
-
-def flash_attn_major() -> int | None:
-    """The major version of the installed flash-attn package, or None when it is not installed."""
-    import importlib.metadata
-
-    try:
-        return int(importlib.metadata.version("flash-attn").split(".")[0])
-    except (importlib.metadata.PackageNotFoundError, ValueError):
-        return None
 
 
 class KernelUnavailable(RuntimeError):
@@ -200,9 +193,9 @@ def attention_kernel(
         except Exception as e:  # any failure of the probe is the kernel's, except memory
             if _is_oom(e):
                 raise torch.OutOfMemoryError(
-                    f"attention={name} probe at micro-batch {batch}, {heads} heads, seq {seq_len}: {' '.join(str(e).split())[:300]}"
+                    f"attention={name} probe at micro-batch {batch}, {heads} heads, seq {seq_len}: {one_line(e)}"
                 ) from e
-            errors.append(" ".join(str(e).split())[:300])
+            errors.append(one_line(e))
         finally:
             if device.type == "cuda":
                 torch.cuda.empty_cache()  # the probe's blocks are not the trial's

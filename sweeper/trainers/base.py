@@ -171,7 +171,8 @@ class Trainer:
 
     kind: ClassVar[str]
     recipe: ClassVar[Recipe]  # its memory recipe (what `memory.recipe` defaults to)
-    # the attention kernels it can run; the plan rejects the others (rule kernel_not_in_workload)
+    # the attention kernels it can run; the plan rejects the others (rule kernel_not_in_workload),
+    # and those `attention_missing` names where a package they need is not installed
     attention: ClassVar[frozenset[str]] = frozenset(KNOBS["attention"].choices)
     # whether its non-interleaved 1F1B runs fewer micro-batches than stages (warm-up of
     # min(pp - rank - 1, m) forwards, the bubble paid). torch.distributed.pipelining's Schedule1F1B
@@ -196,6 +197,16 @@ class Trainer:
     routers: ClassVar[frozenset[str]] = frozenset({"softmax", "sigmoid"})
     # Megatron-LM asserts sequence parallel wherever expert and tensor parallelism meet
     ep_tp_needs_sp: ClassVar[bool] = False
+
+    def attention_missing(self) -> dict[str, str]:
+        """Kernels of `attention` that need a package this installation lacks, each with what it
+        needs (`needs the ... package, ...`): the plan refuses them here and says why (none for a
+        trainer whose kernels need nothing beyond it)."""
+        return {}
+
+    def attention_here(self) -> frozenset[str]:
+        """The attention kernels the plan keeps: the trainer's, less those a package here lacks."""
+        return self.attention - set(self.attention_missing())
 
     @property
     def folds_experts_over_tp(self) -> bool:

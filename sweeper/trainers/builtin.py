@@ -8,6 +8,7 @@ import numpy as np
 
 from sweeper.knobs import KNOBS
 from sweeper.memory import compute_bytes
+from sweeper.packages import flash_attn_major
 from sweeper.perfmodel import TimeTraits
 from sweeper.trainers.base import Arrays, MemoryOptions, ParsedLog, Recipe, Trainer, unit_params
 
@@ -68,9 +69,8 @@ class Builtin(Trainer):
 
     kind = "builtin"
     recipe = BuiltinRecipe()
-    # it runs flash1 only where the flash-attn 1.x package is installed, which clusters rarely have
-    # (flash-attn 2 replaced it), so the plan keeps it off the built-in workload
-    attention: ClassVar[frozenset[str]] = frozenset(KNOBS["attention"].choices) - {"flash1"}
+    # every kernel; flash1 only where the flash-attn 1.x package is installed (`attention_missing`)
+    attention: ClassVar[frozenset[str]] = frozenset(KNOBS["attention"].choices)
     runs_command = False
     # torch's Schedule1F1B refuses fewer micro-batches than stages; there the built-in trainer runs
     # ScheduleGPipe (sweeper.trainer.parallel.build_pipeline). With m < pp a 1F1B's first stage warms
@@ -89,6 +89,16 @@ class Builtin(Trainer):
     # cp gathers the group's keys and values before the attention kernel (torchtitan's default
     # context_parallel_rotate_method "allgather"; the built-in trainer's CPU path likewise)
     time: ClassVar[TimeTraits] = TimeTraits(cp_ring=False)
+
+    def attention_missing(self) -> dict[str, str]:
+        """flash1 runs on the flash-attn 1.x package (sweeper.trainer.kernels), which clusters
+        rarely have (flash-attn 2 replaced it): without it here the plan refuses flash1, as the
+        kernel probe of a trial and of `sweep selftest` would (the same `flash_attn_major`)."""
+        major = flash_attn_major()
+        if major == 1:
+            return {}
+        have = "not installed" if major is None else f"{major}.x"
+        return {"flash1": f"needs the flash-attn 1.x package, and flash-attn here is {have}"}
 
     def runs_cp(self, cols: Columns) -> np.ndarray:
         """cp > 1 runs with tp (and SP), pp (1F1B, interleaved, a tied head) and dp, each checked
@@ -112,11 +122,12 @@ class Builtin(Trainer):
         return super().runs_experts(cols) & ~blocked & ~fsdp_ep & ~cols["float8"].astype(bool)
 
     def experts_refusal(self, cols: Columns, i: int) -> str:
-        if not super().runs_experts(cols)[i]:
-            return super().experts_refusal(cols, i)
+        # tp first: at tp > 1 no etp value helps, and a message about etp would send the user there
         why = _moe_blocker(cols)[i]
         if why:
             return f"the {self.kind} trainer runs a mixture of experts only with {why}"
+        if not super().runs_experts(cols)[i]:
+            return super().experts_refusal(cols, i)
         if cols["float8"][i]:
             return f"the {self.kind} trainer runs no float8 mixture of experts (its grouped experts are no nn.Linear)"
         return f"the {self.kind} trainer runs ep > 1 with sharding none or zero1 only, not fsdp"
@@ -131,7 +142,7 @@ def _moe_blocker(cols: Columns) -> np.ndarray:
 
     def why(tp: int, compiled: bool) -> str:
         if tp > 1:
-            return f"tp = 1, not tp = {tp}"
+            return f"tp = 1, not tp = {tp} (it has no tensor-parallel MoE block; no etp value changes that)"
         return "compile off" if compiled else ""
 
     rows = zip(cols["tp"].tolist(), cols["compile"].astype(bool).tolist(), strict=True)

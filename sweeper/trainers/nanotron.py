@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 import yaml
 
-from sweeper.export import layout_record
+from sweeper.export import layout_record, provenance_suffix
 from sweeper.memory import compute_bytes
 from sweeper.perfmodel import PipelineStall, TimeTraits
 from sweeper.trainers.base import EnvNeeds, MemoryOptions, ParsedLog, Recipe, StateBytes, TableRecipe, Trainer
@@ -169,7 +169,11 @@ def nanotron_config(rec: Mapping[str, Any], sweep: Sweep) -> tuple[dict[str, Any
         "vocab_size": m.vocab,
     }
     config = {
-        "general": {"project": "sweep", "run": f"{rec['sweep']}-trial{rec['trial_number']}", "seed": 42},
+        "general": {
+            "project": "sweep",
+            "run": f"{rec['sweep']}-" + ("predicted" if rec.get("predicted") else f"trial{rec['trial_number']}"),
+            "seed": 42,
+        },
         "parallelism": parallelism,
         "model": {
             "ddp_bucket_cap_mb": 25,
@@ -233,10 +237,7 @@ def to_nanotron(row: Mapping[str, Any], sweep: Sweep) -> str:
     rec = layout_record(row, sweep)
     config, notes = nanotron_config(rec, sweep)
     lines = [
-        f"# nanotron config: sweep {sweep.name}"
-        + (f", trial {rec['trial_number']}" if rec["trial_number"] is not None else "")
-        + (f", MFU {100 * rec['mfu']:.2f}%" if rec["mfu"] is not None else "")
-        + f", chosen for {rec['nodes']} node(s)",
+        f"# nanotron config: sweep {sweep.name}{provenance_suffix(rec)}",
         f"# fields of huggingface/nanotron src/nanotron/config/ at {NANOTRON_COMMIT[:8]}",
         f"# launch, on every node, from nanotron's repository: {launch_command(rec, sweep)}",
     ]

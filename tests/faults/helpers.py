@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -130,3 +132,72 @@ def kill(pid: int, sig: int = signal.SIGKILL) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
+
+
+# `sweep ARGS` in a subprocess whose function TARGET ("module:Class.method") does ACTION at its
+# CALL-th call (1-based): SIGKILL itself before the call or after it returns, fill the disk of
+# FILL (a file written until the file system refuses a byte) and then make the call, or run the
+# Python CODE and then make the call
+_PLACED = """
+import os, signal, sys
+from importlib import import_module
+from sweeper.cli import main
+
+target, call, action, fill, code = {target!r}, {call}, {action!r}, {fill!r}, {code!r}
+module, _, attr = target.partition(":")
+owner_name, _, name = attr.rpartition(".")
+owner = import_module(module)
+for part in filter(None, owner_name.split(".")):
+    owner = getattr(owner, part)
+original, seen = getattr(owner, name), [0]
+
+def fill_disk(path):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        for size in (65536, 4096, 1):
+            try:
+                while os.write(fd, b"\\0" * size):
+                    pass
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+
+def placed(*args, **kwargs):
+    seen[0] += 1
+    if seen[0] == call and action == "kill-before":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if seen[0] == call and action == "fill-disk":
+        fill_disk(fill)
+    if seen[0] == call and action == "exec-before":
+        exec(code)
+    out = original(*args, **kwargs)
+    if seen[0] == call and action == "kill-after":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return out
+
+setattr(owner, name, placed)
+sys.argv = ["sweep", *{args!r}]
+main()
+"""
+
+
+def sweep_placed(
+    target: str, *args: str, call: int, action: str, cwd: Path, fill: Path | None = None, code: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """`sweep ARGS` with a fault placed at one exact moment (see _PLACED): a SIGKILL before or after
+    the CALL-th call of TARGET, the disk of `fill` filled just before it, or `code` run just before
+    it; run to its end."""
+    assert action in ("kill-before", "kill-after", "fill-disk", "exec-before")
+    script = _PLACED.format(
+        target=target, call=call, action=action, fill=str(fill) if fill else "", code=code, args=list(args)
+    )
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=cwd,
+        env=cli_env(),
+        text=True,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=600,
+    )

@@ -11,11 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeper.trainer.evidence import (
-    INFRASTRUCTURE_FAILURE,
-    oom_evidence,
-    oom_kill_count,
-)
+from sweeper.trainer.evidence import INFRASTRUCTURE_FAILURE, OomSigns, oom_evidence
 from tests.faults.helpers import (
     alive,
     assert_no_processes_left,
@@ -69,11 +65,18 @@ def freeze_trial(root: Path, frozen: list[int]) -> int:
     return trial
 
 
-def test_oom_needs_evidence():
-    before = oom_kill_count()
-    assert oom_evidence(1, "step 3 ok\nloss 1.2", before) is None  # a bare SIGKILL is no OOM
-    why = oom_evidence(1, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", before)
+def test_oom_needs_evidence_that_names_the_rank():
+    assert oom_evidence(1, "step 3 ok\nloss 1.2", OomSigns()) is None  # a bare SIGKILL is no OOM
+    why = oom_evidence(1, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", OomSigns())
     assert why is not None and "OutOfMemoryError" in why
+    # the cgroup's counter counts only when the cgroup held nothing but the trial (tests/faults/test_oom_attribution.py)
+    shared = OomSigns(counter_rise=(2, 3), cgroup_shared="process 77 (python3)")
+    assert oom_evidence(1, "", shared) is None and "also holds process 77 (python3)" in shared.note()
+    assert oom_evidence(1, "", OomSigns(counter_rise=(2, 3))) == "the cgroup's oom_kill counter rose from 2 to 3"
+    assert oom_evidence(5, "", OomSigns(killed_pids=frozenset({4}))) is None
+    assert (
+        oom_evidence(4, "", OomSigns(killed_pids=frozenset({4}))) == "the kernel log names pid 4 as killed for memory"
+    )
 
 
 def test_a_killed_rank_is_seen_at_once_retried_once_and_never_called_oom(tmp_path: Path):

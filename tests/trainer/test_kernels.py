@@ -60,6 +60,20 @@ def test_kernels_missing_here_are_unavailable_with_a_reason(name: str, reason: s
     assert classify(info.value, rank=0).status == KERNEL_UNAVAILABLE
 
 
+def test_selftest_gives_a_missing_kernels_reason_whole() -> None:
+    # `sweep selftest` cut these at 200 characters, mid-sentence ("... the math kernel and the fused")
+    from sweeper.selftest import kernel_checks
+
+    rows = {c.name: c for c in kernel_checks(CPU)}
+    for name in ("sdpa_efficient", "cudnn"):
+        with pytest.raises(KernelUnavailable) as info:
+            kernels.attention_kernel(
+                name, heads=4, kv_heads=4, head_dim=32, seq_len=128, dtype=torch.float32, device=CPU
+            )
+        whole = " ".join(str(info.value).split())
+        assert rows[f"attention={name}"].detail == f"unavailable: {whole}" and whole.endswith("."), whole
+
+
 def test_float8_is_unavailable_without_a_cuda_gpu() -> None:
     with pytest.raises(KernelUnavailable, match="float8 needs a CUDA GPU"):
         kernels.check_float8(CPU)

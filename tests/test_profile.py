@@ -1,0 +1,229 @@
+"""Machine profiles (`sweeper.profile`, `sweeper.profiled`): the file round-trips and is refused with
+one line naming the field; the step-time model prices from a profile as its numbers say; a sweep's
+identity ignores the profile; the cached profile of the cluster's GPU is found."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from sweeper.errors import SpecError
+from sweeper.identity import sweep_identity
+from sweeper.layout import Layout
+from sweeper.perfmodel import predict
+from sweeper.profile import (
+    SCHEMA,
+    AttentionPoint,
+    BlockPoint,
+    CollectivePoint,
+    ElementwisePoint,
+    GemmPoint,
+    Profile,
+    ProfileError,
+    Versions,
+    cache_dir,
+    cached_profile_path,
+    describe,
+    load_profile,
+    save_profile,
+)
+from sweeper.profile_plan import DEFAULT_CPU, block_gemms, elementwise_sizes
+from sweeper.spec import parse_sweep
+from tests.conftest import SPACES, cli_env, sweep_cli
+
+TINY = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
+
+
+def synthetic_profile(*, tflops: float = 0.05, gbps: float = 5.0, gpu: str = "cpu") -> Profile:
+    """A profile of a machine whose GEMMs run at `tflops` and whose memory-bound work moves 8 bytes
+    per element at `gbps` (each with a 20 us launch), over the default CPU shapes."""
+    gemm, elem = [], []
+    for w in DEFAULT_CPU:
+        for tp in w.tps:
+            for rows in (16, *(b * w.seq_len for b in w.micro_batches)):
+                for m, n, k in block_gemms(w.shape, rows, tp):
+                    t = 20e-6 + 2.0 * m * n * k / (tflops * 1e12)
+                    gemm.append(GemmPoint(dtype="fp32", m=m, n=n, k=k, fwd_s=t, bwd_s=2 * t))
+                for op, r, width in elementwise_sizes(w.shape, rows, tp):
+                    t = 20e-6 + 8.0 * r * width / (gbps * 1e9)
+                    elem.append(ElementwisePoint(op=op, mode="eager", elements=r * width, fwd_s=t, bwd_s=2 * t))
+    elem += [
+        ElementwisePoint(op="adamw", mode="fused", elements=n, fwd_s=1e-5 + 28.0 * n / 5e9, bwd_s=0.0)
+        for n in (10**3, 10**7)
+    ]
+    attention = [
+        AttentionPoint(
+            kernel="flash2", batch=1, heads=h, kv_heads=2, head_dim=16, seq=s, fwd_s=1e-4 * s / 64, bwd_s=2e-4 * s / 64
+        )
+        for h in (2, 4)
+        for s in (16, 64, 128)
+    ]
+    comm = [
+        CollectivePoint(
+            op=op, scope="intra", ranks=2, bytes=b, seconds=1e-4 + b / 1e9, busbw_gbps=b / (1e-4 + b / 1e9) / 1e9
+        )
+        for op in ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+        for b in (4096, 1 << 20, 1 << 24)
+    ]
+    return Profile(
+        schema=SCHEMA,
+        gpu=gpu,
+        device="test CPU",
+        host="here",
+        measured_at="2026-01-01T00:00:00+00:00",
+        versions=Versions(python="3.11", torch="2.13", backend="gloo"),
+        shapes_from="default",
+        processes=2,
+        cpus=2,
+        threads=1,
+        launch_s=2e-5,
+        block_base={"attention": "flash2", "rmsnorm": "eager", "activation_checkpointing": "none", "compile": "false"},
+        gemm=tuple(gemm),
+        attention=tuple(attention),
+        elementwise=tuple(elem),
+        block=(BlockPoint(knob="base", value="base", rows=16, seconds=5e-3),),
+        collectives=tuple(comm),
+    )
+
+
+def tiny_sweep(tmp_path: Path, **cluster: object):
+    spec = dict(TINY, cluster={**TINY["cluster"], **cluster})
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path, parse_sweep(path.read_text(), source=str(path))
+
+
+def test_profile_round_trips(tmp_path):
+    p = synthetic_profile()
+    save_profile(p, tmp_path / "p.profile.yaml")
+    back = load_profile(tmp_path / "p.profile.yaml")
+    assert back == p
+    text = (tmp_path / "p.profile.yaml").read_text()
+    assert text.startswith("schema: 1\nkind: measured\ngpu: cpu\n")
+    assert any("GEMM fp32" in line for line in describe(back, tmp_path / "p.profile.yaml"))
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        ({"schema": 999}, "schema: 999 is not readable here; allowed: 1"),
+        ({"kind": "guessed"}, "kind: 'guessed' unknown; allowed: measured, learned"),
+        ({"launch_s": "fast"}, "launch_s: "),
+        ({"gemm": [{"dtype": "fp64", "m": 1, "n": 1, "k": 1, "fwd_s": 1, "bwd_s": 1}]}, "gemm.0.dtype: "),
+        ({"gpu": "h100-sxm"}, "gpu: h100-sxm was measured on test CPU; this sweep's cluster has gpu cpu"),
+    ],
+)
+def test_a_bad_profile_is_one_line_naming_the_field(tmp_path, edit, words):
+    data = synthetic_profile().to_dict() | edit
+    bad = tmp_path / "bad.profile.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError) as e:
+        load_profile(bad, gpu="cpu")
+    assert words in str(e.value) and "\n" not in str(e.value)
+    # through the sweep file: exit 2, the field named, no traceback
+    spec, _ = tiny_sweep(tmp_path)
+    spec.write_text(spec.read_text().replace("gpu: cpu", f"gpu: cpu\n  profile: {bad}"))
+    r = sweep_cli("run", str(spec), "--dry-run", cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "cluster.profile" in r.stderr and words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_missing_profile_file_is_named(tmp_path):
+    with pytest.raises(SpecError, match="cluster.profile: .*nowhere.yaml: no such profile file"):
+        tiny_sweep(tmp_path, profile=str(tmp_path / "nowhere.yaml"))
+
+
+def test_the_profile_prices_the_parts_as_its_numbers_say(tmp_path):
+    save_profile(synthetic_profile(), tmp_path / "fast.yaml")
+    save_profile(synthetic_profile(tflops=0.025), tmp_path / "slow_gemm.yaml")
+    _, table = tiny_sweep(tmp_path)
+    _, fast = tiny_sweep(tmp_path, profile=str(tmp_path / "fast.yaml"))
+    _, slow = tiny_sweep(tmp_path, profile=str(tmp_path / "slow_gemm.yaml"))
+    cols = Layout.from_mapping({"tp": 1, "pp": 1, "micro_batch_size": 2}).columns(table)
+    a, b, t = predict(cols, fast), predict(cols, slow), predict(cols, table)
+    # half the GEMM throughput: the matmul part grows by its arithmetic (the 20 us launches stay), nothing else moves
+    assert 1.5 < b.parts["matmul"][0] / a.parts["matmul"][0] < 2.0
+    assert b.parts["memory_bound"][0] == pytest.approx(a.parts["memory_bound"][0])
+    assert b.total[0] > a.total[0] and b.mfu[0] < a.mfu[0]
+    # the profile's numbers, not the table's: another step time, and the same parts the report reads
+    assert set(a.parts) == set(t.parts) and a.total[0] != pytest.approx(t.total[0], rel=0.05)
+    assert a.total[0] == pytest.approx(sum(a.parts[k] for k in a.parts if not k.endswith("_hidden"))[0])
+
+
+def test_checkpointing_and_tensor_parallelism_cost_what_the_profile_measured(tmp_path):
+    save_profile(synthetic_profile(), tmp_path / "p.yaml")
+    _, sweep = tiny_sweep(tmp_path, profile=str(tmp_path / "p.yaml"))
+
+    def total(**knobs: object) -> float:
+        cols = Layout.from_mapping({"tp": 1, "pp": 1, "micro_batch_size": 2} | knobs).columns(sweep)
+        return float(predict(cols, sweep).total[0])
+
+    # full recomputation runs the forward again: more than selective's memory-bound forward, which costs something
+    assert total(activation_checkpointing="full") > total(activation_checkpointing="selective") > total()
+    # a tensor-parallel layout pays its measured collectives
+    cols = Layout.from_mapping({"tp": 2, "pp": 1, "micro_batch_size": 2}).columns(sweep)
+    assert predict(cols, sweep).parts["tp_comm"][0] > 0
+
+
+def test_the_profile_leaves_the_identity_alone(tmp_path):
+    save_profile(synthetic_profile(), tmp_path / "p.yaml")
+    _, plain = tiny_sweep(tmp_path)
+    _, profiled = tiny_sweep(tmp_path, profile=str(tmp_path / "p.yaml"))
+    assert profiled.cluster.pricing is not None and plain.cluster.pricing is None
+    assert sweep_identity(profiled) == sweep_identity(plain)
+    assert profiled.cluster == plain.cluster
+    assert replace(profiled.cluster, pricing=None) == plain.cluster
+
+
+def test_the_cached_profile_of_the_clusters_gpu_is_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert cache_dir() == tmp_path / "cache" / "sweep" / "profiles"
+    _, before = tiny_sweep(tmp_path)
+    save_profile(synthetic_profile(), cached_profile_path("cpu"))
+    _, after = tiny_sweep(tmp_path)
+    assert before.cluster.pricing is None
+    assert after.cluster.pricing is not None and str(cached_profile_path("cpu")) in after.cluster.pricing.source
+    cols = Layout.from_mapping({"tp": 1, "pp": 1, "micro_batch_size": 1}).columns(before)
+    assert not np.allclose(predict(cols, after).total, predict(cols, before).total)
+    # `forget --gpu` drops it, and the table prices again
+    env_cache = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    r = sweep_cli("profile", "forget", "--gpu", "cpu", cwd=tmp_path, env=cli_env(**env_cache))
+    assert r.returncode == 0, r.stderr
+    assert not cached_profile_path("cpu").exists()
+    r = sweep_cli("profile", "forget", "--gpu", "cpu", cwd=tmp_path, env=cli_env(**env_cache))
+    assert r.returncode == 2 and "no cached profile" in r.stderr
+
+
+def test_profile_parses_its_file_and_options_in_any_order_and_refuses_the_rest(tmp_path):
+    spec, _ = tiny_sweep(tmp_path)
+    for args in (["--bogus"], ["extra"]):
+        r = sweep_cli("profile", str(spec), *args, cwd=tmp_path)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    r = sweep_cli("profile", str(spec), "--out", str(tmp_path / "p.json"), cwd=tmp_path)
+    assert r.returncode == 2 and "--out" in r.stderr and ".yaml" in r.stderr
+
+
+def test_on_a_gpu_the_hosts_overhead_shows_only_where_it_outlasts_the_kernels(tmp_path):
+    # the tiny block took the host 5 ms a pass; fast kernels leave it exposed, slow ones hide it
+    def framework(tflops: float) -> float:
+        path = tmp_path / f"h200_{tflops}.yaml"
+        save_profile(synthetic_profile(tflops=tflops, gpu="h200"), path)
+        _, sweep = tiny_sweep(tmp_path, gpu="h200", profile=str(path))
+        cols = Layout.from_mapping({"tp": 1, "pp": 1, "micro_batch_size": 1}).columns(sweep)
+        passes = sweep.model.layers * int(cols["grad_accum"][0])
+        fixed = sweep.trainer.time.microbatch_s * int(cols["grad_accum"][0])
+        return (float(predict(cols, sweep).parts["framework"][0]) - fixed) / passes
+
+    assert 0.0 < framework(1000.0) < 5e-3
+    assert framework(1e-4) == 0.0
+
+
+def test_profiling_a_gpu_sweep_on_a_node_without_one_is_refused(tmp_path):
+    spec, _ = tiny_sweep(tmp_path, gpu="h100-sxm")
+    r = sweep_cli("profile", str(spec), "--quick", cwd=tmp_path, env=cli_env(CUDA_VISIBLE_DEVICES=""))
+    assert r.returncode == 2, r.stderr
+    assert "the cluster's GPU is h100-sxm and this node has none" in r.stderr and "Traceback" not in r.stderr
