@@ -72,6 +72,7 @@ def layout_record(row: Mapping[str, Any], sweep: Sweep) -> dict[str, Any]:
         "dp": _plain(row.get("dp")),
         "grad_accum": _plain(row.get("grad_accum")),
         "num_devices": _plain(row.get("num_devices")),
+        "nodes": sweep.cluster.nodes,  # the node count the layout was chosen for
         "seq_len": sweep.seq_len,
         "global_batch_size": sweep.global_batch_size,
         "layers": sweep.model.layers,
@@ -94,9 +95,11 @@ def provenance(rec: Mapping[str, Any]) -> str:
 
 
 def provenance_suffix(rec: Mapping[str, Any]) -> str:
-    """`, trial 12, MFU 45.00%` (or the prediction) to follow the sweep's name in a header; "" for neither."""
+    """`, trial 12, MFU 45.00%, chosen for 8 node(s)` (or the prediction) to follow the sweep's name in a header."""
     source = provenance(rec)
-    return f", {source}" if source else ""
+    # the node count the layout was chosen for: the same layout at another size has another dp
+    chosen = f", chosen for {rec['nodes']} node(s)" if rec.get("nodes") is not None else ""
+    return (f", {source}" if source else "") + chosen
 
 
 def to_json(row: Mapping[str, Any], sweep: Sweep) -> str:

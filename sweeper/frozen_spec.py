@@ -91,7 +91,18 @@ def _with_model_copy(text: bytes, sweep: Sweep, root: Path) -> bytes:
 
 def _identity(s: Sweep) -> tuple:
     """What makes results comparable: everything but the search budget, launcher and paths."""
-    return (s.name, s.model, s.seq_len, s.global_batch_size, s.cluster, s.space, s.trial, s.memory, s.workload)
+    return (
+        s.name,
+        s.model,
+        s.seq_len,
+        s.global_batch_size,
+        s.cluster,
+        s.node_counts,
+        s.space,
+        s.trial,
+        s.memory,
+        s.workload,
+    )
 
 
 def check_rows_identity(store: ResultsStore) -> None:

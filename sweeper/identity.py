@@ -61,7 +61,7 @@ def _memory(sweep: Sweep) -> dict[str, Any]:
 
 def sweep_identity(sweep: Sweep) -> str:
     """16 hex digits over name, model, seq_len, batch, cluster, space, trial, memory and workload
-    settings: not the budget, sampler, launcher or paths, which change how, not what, is measured."""
+    settings (and the node counts of a sweep over several): not the budget, sampler, launcher, goal or paths, which change how, not what, is measured."""
     what = {
         "name": sweep.name,
         "model": sweep.model,
@@ -73,5 +73,7 @@ def sweep_identity(sweep: Sweep) -> str:
         "memory": _memory(sweep),
         "workload": sweep.workload,
     }
+    if sweep.several_sizes:  # a sweep of one size keeps the identity it had before node lists existed
+        what["nodes"] = list(sweep.node_counts)
     text = json.dumps(_plain(what), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -147,7 +147,7 @@ def _resume_inflight(run: SweepRun) -> None:
     keep: set[int] = set()
     records = [InFlight.from_json(data) for data in run.store.inflight()]
     named = {
-        _job(run, r.trial_number, Layout.from_mapping(r.layout), attempt=r.attempt).workdir
+        _job(run, r.trial_number, Layout.from_mapping(r.layout), attempt=r.attempt, row=r.row).workdir
         for r in records
         if r.trial_number not in finished
     }
@@ -161,7 +161,7 @@ def _resume_inflight(run: SweepRun) -> None:
             _tell(run, rec, row)
             run.store.clear_inflight(number)
             continue
-        job = _job(run, number, Layout.from_mapping(rec.layout), attempt=rec.attempt)
+        job = _job(run, number, Layout.from_mapping(rec.layout), attempt=rec.attempt, row=rec.row)
         # its study trial: the one recorded, or the one made before a kill, or made now (killed before it)
         optuna_trial = run.search.enqueue(rec.row, trial_number=number, known=rec.optuna_trial)
         if optuna_trial != rec.optuna_trial:
@@ -200,7 +200,7 @@ def _resume_inflight(run: SweepRun) -> None:
     run.search.fail_stale_running(keep)
 
 
-def _job(run: SweepRun, number: int, layout: Layout, *, attempt: int) -> TrialJob:
+def _job(run: SweepRun, number: int, layout: Layout, *, attempt: int, row: int) -> TrialJob:
     return TrialJob(
         number=number,
         layout=layout,
@@ -209,6 +209,8 @@ def _job(run: SweepRun, number: int, layout: Layout, *, attempt: int) -> TrialJo
         workdir=run.store.jobs_dir.resolve() / f"trial-{number:05d}-a{attempt}",
         timeout_s=run.sweep.trial.timeout_min * 60,
         attempt=attempt,
+        # a sweep over several node counts runs each layout at its own (the plan row's)
+        nodes=run.plan.nodes_of(row) if run.sweep.several_sizes else None,
     )
 
 
@@ -226,7 +228,7 @@ def _submit(
     """Start a trial. A new one (`optuna_trial` None) gets its study trial only once its in-flight
     record is saved: killed in between, the restart makes it from the record, numbered like the sweep,
     where a study trial made first would be left without a row and shift every number after it."""
-    job = _job(run, number, layout, attempt=attempt)
+    job = _job(run, number, layout, attempt=attempt, row=row)
     check_not_link(job.workdir)  # the trial writes its result and logs there
     # the trial re-reads the recorded sweep file: edited since, it would measure another sweep under this one's id
     run.spec_digest = check_unchanged(run.spec_path, run.spec_digest, identity=run.identity, source=run.sweep.source)
@@ -286,7 +288,8 @@ def _record(run: SweepRun, rec: InFlight, outcome: JobOutcome) -> dict[str, Any]
         sweep_id=run.identity,
         started_at=_ts(rec.started_at),
         finished_at=now_utc(),
-        gpu_hours_saved=saved_gpu_hours(run.sweep, outcome.result),
+        gpu_hours_saved=saved_gpu_hours(run.plan.sweep_of(plan_row), outcome.result),
+        nodes=run.plan.nodes_of(plan_row),
     )
     if rec.previous_error and values.get("error"):
         values["error"] = f"{values['error']} (attempt {rec.attempt - 1}: {rec.previous_error})"
@@ -463,6 +466,8 @@ def run_sweep(
             run_loop(run, progress=progress)
         finally:
             signal.signal(signal.SIGINT, previous)
+    for n, why in run.search.left_out.items():  # a sweep over several node counts: sizes it stopped spending on
+        run.notes.append(f"{n} node(s): no more trials spent there: {why}")
     return run
 
 

@@ -46,8 +46,23 @@ class Plan:
         """The throughput model's MFU (uncalibrated), for every layout."""
         return self.throughput.mfu
 
+    @property
+    def nodes(self) -> np.ndarray:
+        """The node count of every layout (one value for a sweep of one size)."""
+        return self.cols["nodes"]
+
+    def nodes_of(self, i: int) -> int:
+        return int(self.cols["nodes"][i])
+
+    def sweep_of(self, i: int) -> Sweep:
+        """The sweep at the node count of row i: its world, dp and gradient accumulation."""
+        return self.sweep.at(self.nodes_of(i)) if self.sweep.several_sizes else self.sweep
+
     def _row_of_key(self, mask: np.ndarray) -> dict[tuple[Any, ...], int]:
-        return {_canonical_key({k: v[r : r + 1] for k, v in self.cols.items()}): int(r) for r in np.flatnonzero(mask)}
+        return {
+            (self.nodes_of(int(r)), *_canonical_key({k: v[r : r + 1] for k, v in self.cols.items()})): int(r)
+            for r in np.flatnonzero(mask)
+        }
 
     @cached_property
     def _candidate_of_key(self) -> dict[tuple[Any, ...], int]:
@@ -64,12 +79,15 @@ class Plan:
     def _pruned_of_key(self) -> dict[tuple[Any, ...], int]:
         return self._row_of_key(self.status == PRUNED)
 
-    def row_of(self, layout: Layout, *, pruned: bool = False) -> int | None:
-        """The candidate row that runs this layout (itself, or the layout it runs identically to),
-        or None when the plan rejected it; with `pruned`, the pruned row instead (the search may
-        re-admit one that trials showed fits)."""
+    def row_of(self, layout: Layout, *, pruned: bool = False, nodes: int | None = None) -> int | None:
+        """The candidate row that runs this layout (itself, or the layout it runs identically to)
+        on `nodes` nodes (default: the smallest size), or None when the plan rejected it; with
+        `pruned`, the pruned row instead (the search may re-admit one that trials showed fits)."""
         table = self._pruned_of_key if pruned else self._candidate_of_key
-        return table.get(_canonical_key(layout.columns(self.sweep)))
+        n = self.sweep.cluster.nodes if nodes is None else int(nodes)
+        if n not in self.sweep.node_counts:
+            return None
+        return table.get((n, *_canonical_key(layout.columns(self.sweep.at(n)))))
 
     @property
     def candidate_mask(self) -> np.ndarray:
@@ -100,7 +118,8 @@ class Plan:
         """One row per layout: knobs, dp, grad_accum, status, reason and the memory breakdown (GiB)."""
         import pandas as pd
 
-        data: dict[str, Any] = {k: self.cols[k] for k in KNOBS}
+        data: dict[str, Any] = {"nodes": self.cols["nodes"]} if self.sweep.several_sizes else {}
+        data |= {k: self.cols[k] for k in KNOBS}
         data["dp"] = self.cols["dp"]
         data["grad_accum"] = self.cols["grad_accum"]
         data["status"] = self.status
@@ -110,6 +129,8 @@ class Plan:
         data["peak_stage"] = self.memory.stage if self.memory.stage is not None else np.zeros(len(self), dtype=np.int64)
         data["mem_share"] = np.round(self.memory.total / (self.sweep.cluster.gpu.memory_gib * 1024**3), 4)
         data["pred_mfu"] = np.where(self.status == INVALID, np.nan, np.round(self.pred_mfu, 4))
+        if self.sweep.several_sizes or self.sweep.goal is not None:
+            data |= _run_columns(self)
         frame = pd.DataFrame(data)
         for k, knob in KNOBS.items():
             if knob.kind is bool:
@@ -139,8 +160,53 @@ def _dtype(kind: type) -> Any:
     return {int: np.int64, bool: np.bool_, str: np.str_}[kind]
 
 
+def _run_columns(plan: Plan) -> dict[str, np.ndarray]:
+    """The predicted tokens/s of each layout and, with a goal, the days, GPU-hours and cost of the
+    whole run (`sweeper.cost`); NaN where the plan predicts nothing."""
+    from sweeper.cost import run_columns
+
+    tokens_per_s = plan.sweep.global_batch_size * plan.sweep.seq_len / plan.throughput.total
+    world = plan.nodes * plan.sweep.cluster.gpus_per_node
+    return run_columns(np.where(plan.status == INVALID, np.nan, tokens_per_s), world, plan.sweep.goal)
+
+
 def make_plan(sweep: Sweep) -> Plan:
-    """Enumerate, validate, de-duplicate and memory-check every layout of the sweep's space."""
+    """Every layout of the sweep's space at each of its node counts, validated, de-duplicated and
+    memory-checked per node count: the rows of one size after another (`cols["nodes"]`)."""
+    plans = [_plan_one(sweep.at(n)) for n in sweep.node_counts]
+    if len(plans) == 1:
+        return replace(plans[0], sweep=sweep)
+    return Plan(
+        sweep,
+        {k: np.concatenate([p.cols[k] for p in plans]) for k in plans[0].cols},
+        np.concatenate([p.status.astype(object) for p in plans]).astype(str),
+        np.concatenate([p.reason_code.astype(object) for p in plans]).astype(str),
+        np.concatenate([p.reason.astype(object) for p in plans]).astype(str),
+        _joined_estimate([p.memory for p in plans]),
+        StepTime(
+            np.concatenate([p.throughput.compute for p in plans]),
+            np.concatenate([p.throughput.comm for p in plans]),
+            plans[0].throughput.calibration,
+            np.concatenate([p.throughput.mfu for p in plans]),
+        ),
+    )
+
+
+def _joined_estimate(parts: list[Estimate]) -> Estimate:
+    """The estimates of each size's layouts, one after another (the card and recipe are the same)."""
+    fields = ("weights", "grads", "optimizer", "activations", "logits", "buffers", "allocator", "overhead")
+    first = parts[0]
+    stages = [p.stage if p.stage is not None else np.full(len(p.weights), -1) for p in parts]
+    return Estimate(
+        **{f: np.concatenate([getattr(p, f) for p in parts]) for f in fields},
+        capacity_bytes=first.capacity_bytes,
+        recipe=first.recipe,
+        stage=np.concatenate(stages).astype(np.int64),
+    )
+
+
+def _plan_one(sweep: Sweep) -> Plan:
+    """Enumerate, validate, de-duplicate and memory-check every layout of one size's space."""
     raw, codes = cross_product(sweep.space)
     cols = with_derived(raw, sweep)
     radix = {k: len(sweep.space[k]) + 1 for k in KNOBS}
@@ -149,6 +215,7 @@ def make_plan(sweep: Sweep) -> Plan:
     code = np.full(n, "", dtype=object)
     reason = np.full(n, "", dtype=object)
 
+    cols["nodes"] = np.full(n, sweep.cluster.nodes, dtype=np.int64)
     reject(cols, codes, sweep, status, code, reason)
     _mark_duplicates(cols, codes, radix, status, code, reason)
     # memory and throughput only for the valid rows (a few % of a large space); NaN elsewhere

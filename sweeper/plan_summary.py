@@ -165,6 +165,7 @@ class CostEstimate:
     trial_s: float  # one trial, the mean over the runnable layouts (start-up + steps; at most the time limit)
     gpu_hours: float
     wall_hours: float
+    gpus_most: int = 0  # over several node counts: the largest size's GPUs (gpus_per_trial: the smallest's)
 
     @property
     def assumes(self) -> str:
@@ -187,6 +188,9 @@ def cost_estimate(plan: Plan) -> CostEstimate:
     )
     trial_s = float(per_trial.mean()) if per_trial.size else 0.0
     parallel = min(sweep.search.parallel, max(trials, 1))
+    # over several node counts each layout's trial takes its own size's GPUs: GPU-hours weigh each by them
+    gpus_of = plan.nodes[runnable] * sweep.cluster.gpus_per_node
+    gpu_s = float((per_trial * gpus_of).mean()) if per_trial.size else 0.0
     gpus = sweep.cluster.world
     return CostEstimate(
         budget=sweep.search.max_trials,
@@ -197,6 +201,7 @@ def cost_estimate(plan: Plan) -> CostEstimate:
         steps=sweep.trial.steps,
         startup_s=TRIAL_STARTUP_S,
         trial_s=trial_s,
-        gpu_hours=trials * trial_s * gpus / 3600,
+        gpu_hours=trials * gpu_s / 3600,
         wall_hours=math.ceil(trials / parallel) * trial_s / 3600,
+        gpus_most=int(gpus_of.max()) if sweep.several_sizes and gpus_of.size else 0,
     )

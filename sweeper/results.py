@@ -46,6 +46,7 @@ class TrialRecord:
     sweep_version: str | None = None
     sweep_id: str | None = None  # sweeper.identity.sweep_identity of the sweep that ran it
     gpu_hours_saved: float | None = None  # stopped early: GPU-hours of the steps it did not run
+    nodes: int | None = None  # the node count the trial ran on (cluster.nodes, or one of its list)
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,10 @@ def layout_of(row: Mapping[str, Any]) -> Layout:
 
 def plan_row(plan: Plan, row: Mapping[str, Any]) -> int:
     """The plan row a result row ran (a candidate, or a pruned layout the trials re-admitted), -1 if none."""
-    layout = layout_of(row)
-    found = plan.row_of(layout)
+    layout, nodes = layout_of(row), row.get("nodes")  # a sweep over several node counts: the row's own
+    found = plan.row_of(layout, nodes=nodes)
     if found is None:
-        found = plan.row_of(layout, pruned=True)
+        found = plan.row_of(layout, pruned=True, nodes=nodes)
     return -1 if found is None else found
 
 
@@ -68,7 +68,9 @@ def rebuild_from_rows(
     was told in, with the attributes it was told with; each trial in flight running; a placeholder for
     a number with neither (an unreadable row). Returns how many rows were told."""
     made: dict[int, FrozenTrial] = {
-        rec.trial_number: search.trial_of(Layout.from_mapping(rec.layout), attrs={"trial_number": rec.trial_number})
+        rec.trial_number: search.trial_of(
+            Layout.from_mapping(rec.layout), attrs={"trial_number": rec.trial_number}, nodes=plan.nodes_of(rec.row)
+        )
         for rec in records
     }
     for r in rows:
@@ -77,7 +79,11 @@ def rebuild_from_rows(
         state = TrialState.FAIL if lost else study_state(status, value)
         attrs = row_attrs(r) | {"status": str(status), "kind": "rebuilt"}
         made[int(r["trial_number"])] = search.trial_of(
-            layout_of(r), attrs=attrs, state=state, value=value if state == TrialState.COMPLETE else None
+            layout_of(r),
+            attrs=attrs,
+            state=state,
+            value=value if state == TrialState.COMPLETE else None,
+            nodes=r.get("nodes"),
         )
     rebuild_study(search.study, count, made)
     return len(rows)

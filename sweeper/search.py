@@ -31,6 +31,7 @@ from sweeper.plan import Plan
 from sweeper.prior import EffectPrior, Prior
 from sweeper.residual import Residual, features, ok_chance
 from sweeper.schedule import Schedule, make_sampler
+from sweeper.search_sizes import at_next_size
 from sweeper.statuses import PlanStatus, TrialStatus
 from sweeper.stopping import SlowerThanBest, mfu_seconds
 from sweeper.study import mirror_trial, open_study, tell_study, trial_attrs
@@ -120,6 +121,11 @@ class LayoutSearch:
         self.sampler = sampler
         self.rows = np.flatnonzero(plan.candidate_mask)
         self.searched = [k for k in KNOBS if len(self.sweep.space[k]) > 1]
+        # a sweep over several node counts: `nodes` is one more parameter of every Optuna trial
+        sizes = {"nodes": self.sweep.node_counts} if self.sweep.several_sizes else {}
+        self.space: dict[str, tuple[Any, ...]] = dict(self.sweep.space) | sizes
+        self.params = [*self.searched, *sizes]
+        self.left_out: dict[int, str] = {}  # node count -> why the search no longer spends trials there
         self.policy = Schedule.of(sampler, n_candidates=len(self.rows), max_trials=max_trials, seed_trials=seed_trials)
         self.stop_margin = stop_margin
         self._rng = np.random.default_rng(seed)
@@ -172,11 +178,11 @@ class LayoutSearch:
     def model(self) -> StepTime:
         return self.learning.model
 
-    def row_of(self, layout: Layout) -> int | None:
-        """The plan row that runs this layout: a candidate, or a pruned layout the trials re-admitted."""
-        row = self.plan.row_of(layout)
+    def row_of(self, layout: Layout, nodes: int | None = None) -> int | None:
+        """The plan row that runs this layout (on `nodes`): a candidate, or a pruned layout the trials re-admitted."""
+        row = self.plan.row_of(layout, nodes=nodes)
         if row is None:
-            valid = self.plan.row_of(layout, pruned=True)
+            valid = self.plan.row_of(layout, pruned=True, nodes=nodes)
             row = valid if valid in self.learning.readmitted else None
         return row
 
@@ -204,7 +210,7 @@ class LayoutSearch:
         if self.policy.in_plan_order:
             row = untried[0]
         elif self.policy.exploit(started=(started := len(self.done) + len(self.running))):
-            rows = np.asarray(untried, dtype=np.int64)
+            rows = at_next_size(self, np.asarray(untried, dtype=np.int64))
             if self.policy.by_prior(started=started):
                 prior = self.learning.pred_mfu[rows] * np.exp(-self._learned_mean(rows))
                 row = int(rows[np.argmax(prior * self.fit_chance(rows))])
@@ -214,6 +220,10 @@ class LayoutSearch:
             row = self._ask_sampler(max_rejections)
         self.running.add(row)
         return row
+
+    def expected_step_s(self, rows: np.ndarray) -> np.ndarray:
+        """Step time each layout is expected to take: the recalibrated model corrected by the residual."""
+        return self.model_step_s(rows) * np.exp(self._residual_mean(rows))
 
     def fit_chance(self, rows: np.ndarray) -> np.ndarray:
         """The chance each layout fits the card: 1 once proven, the plan's (estimate's error band) otherwise.
@@ -241,7 +251,7 @@ class LayoutSearch:
         rewards the residual's uncertainty away from what ran, and spent the few trials that count
         on layouts the model ranks far down (benchmarks/search_public.py: 10 of 15 tuned ultrascale
         cells within 5 trials with it, 13 without; the quirk replay 15-18 trials, 4 without)."""
-        log_speed = -(np.log(self._calibrated_total(rows)) + self._residual_mean(rows))
+        log_speed = -(np.log(self.model_step_s(rows)) + self._residual_mean(rows))
         measured = self.learning.measured
         return best_chance(log_speed, self._ok_chance(rows), -np.log(np.fromiter(measured.values(), float)))
 
@@ -285,7 +295,8 @@ class LayoutSearch:
         out[doubt] = np.minimum(out[doubt], prior[doubt])
         return out
 
-    def _calibrated_total(self, rows: np.ndarray) -> np.ndarray:
+    def model_step_s(self, rows: np.ndarray) -> np.ndarray:
+        """Step time of each layout as the recalibrated model predicts it (without the residual)."""
         m, c = self.model, self.calibration
         return np.maximum(c.compute_scale * m.compute[rows] + c.comm_scale * m.comm[rows], 1e-12)
 
@@ -296,7 +307,7 @@ class LayoutSearch:
             return
         rows = np.asarray(list(measured), dtype=np.int64)
         times = np.asarray([measured[int(r)] for r in rows])
-        log_ratio = np.log(times / self._calibrated_total(rows))
+        log_ratio = np.log(times / self.model_step_s(rows))
         if self.effects is not None:  # the learned effects, corrected by what this sweep measured
             self.effects.measured(self._pos[rows])
             log_ratio = log_ratio - self.effects.mean(self._pos[rows])
@@ -309,8 +320,9 @@ class LayoutSearch:
         assert self._scratch is not None
         for _ in range(max_rejections):
             trial = self._scratch.ask()
-            values = {k: trial.suggest_categorical(k, list(self.sweep.space[k])) for k in self.searched}
-            row = self.row_of(self._layout(values))
+            values = {k: trial.suggest_categorical(k, list(self.space[k])) for k in self.params}
+            nodes = values.pop("nodes", None)
+            row = self.row_of(self._layout(values), nodes)
             if row is None or row in self.excluded:
                 self._scratch.tell(trial, FAILED_OBJECTIVE)
             elif row in self.done:
@@ -331,7 +343,7 @@ class LayoutSearch:
         `known`, a number recorded for it, or the one made before a kill, is taken, not made twice)."""
         self.running.add(row)
         attrs = {} if trial_number is None else {"trial_number": trial_number}
-        template = self.trial_of(self.plan.layout(row), attrs=attrs)
+        template = self.trial_of(self.plan.layout(row), attrs=attrs, nodes=self.plan.nodes_of(row))
         if trial_number is not None:
             return mirror_trial(self.study, template, number=trial_number, known=known)
         trial_id = self.study._storage.create_new_trial(self.study._study_id, template_trial=template)
@@ -344,13 +356,14 @@ class LayoutSearch:
         attrs: dict[str, Any],
         state: TrialState = TrialState.RUNNING,
         value: float | None = None,
+        nodes: int | None = None,
     ) -> optuna.trial.FrozenTrial:
-        """A study trial of `layout` (its searched knobs as parameters, when they are in the space)."""
-        knobs = layout.as_dict()
-        params = {k: _python(knobs[k]) for k in self.searched}
-        if any(v not in self.sweep.space[k] for k, v in params.items()):
+        """A study trial of `layout`: its searched knobs (and `nodes`) as parameters, when in the space."""
+        knobs = layout.as_dict() | ({"nodes": nodes} if "nodes" in self.params else {})
+        params = {k: _python(knobs[k]) for k in self.params}
+        if any(v not in self.space[k] for k, v in params.items()):
             params = {}  # a row outside the space: its trial keeps the number, not the parameters
-        dists: dict[str, BaseDistribution] = {k: CategoricalDistribution(list(self.sweep.space[k])) for k in params}
+        dists: dict[str, BaseDistribution] = {k: CategoricalDistribution(list(self.space[k])) for k in params}
         return optuna.trial.create_trial(
             state=state, value=value, params=params, distributions=dists, user_attrs=trial_attrs(layout) | attrs
         )
@@ -392,7 +405,7 @@ class LayoutSearch:
         if status.is_oom():
             self.learning.learn_oom(row, self.untried())
         if measured and not step_time_s and mfu:  # a table of MFU only: its step time is the same fact
-            step_time_s = mfu_seconds(self.sweep) / mfu
+            step_time_s = mfu_seconds(self.plan.sweep_of(row)) / mfu
         if measured and step_time_s:
             self.learning.learn_step_time(row, step_time_s)
         device_peak = bool(device) and not str(device).startswith("cpu")  # CPU RSS growth is no allocator peak
@@ -410,7 +423,11 @@ class LayoutSearch:
         if number is not None:
             self._scratch.tell(number, value, skip_if_finished=True)
             return
-        self._scratch.add_trial(self.trial_of(self.plan.layout(row), attrs={}, state=TrialState.COMPLETE, value=value))
+        self._scratch.add_trial(
+            self.trial_of(
+                self.plan.layout(row), attrs={}, state=TrialState.COMPLETE, value=value, nodes=self.plan.nodes_of(row)
+            )
+        )
 
     def tell(
         self,

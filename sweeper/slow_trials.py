@@ -97,7 +97,7 @@ def stop_if_slow(
     """The outcome of stopping the trial now when its first measured steps are clearly slower than the
     best (the study's pruner says so), else None. `finished`: the trial already ended; its steps are
     reported one by one as if it were running (a table with only a mean step time: every step at it)."""
-    sweep = run.sweep
+    sweep = run.plan.sweep_of(item.record.row)  # its own node count's world
     times = list(step_times_s or [])
     if finished is not None and not times and finished.result.step_time_mean_s:
         times = [float(finished.result.step_time_mean_s)] * sweep.trial.steps

@@ -26,7 +26,8 @@ MIN_STEPS = 2  # measured steps (after the warm-up) before a trial may be stoppe
 
 
 class SlowerThanBest(optuna.pruners.BasePruner):
-    """Prune a trial whose reported per-step MFU (median) is `slower` times below the best finished MFU."""
+    """Prune a trial whose reported per-step MFU (median) is `slower` times below the best finished MFU
+    (at its node count, in a sweep over several)."""
 
     def __init__(self, slower: float = STOP_SLOWER, min_steps: int = MIN_STEPS) -> None:
         self.slower = slower
@@ -37,7 +38,9 @@ class SlowerThanBest(optuna.pruners.BasePruner):
         if len(values) < self.min_steps:
             return False
         done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        best = max((t.value for t in done if t.value is not None), default=None)
+        # over several node counts MFU falls as nodes grow: a trial is measured against its own size's best
+        nodes = trial.params.get("nodes")
+        best = max((t.value for t in done if t.value is not None and t.params.get("nodes") == nodes), default=None)
         return best is not None and float(np.median(values)) * self.slower < best
 
 

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from sweeper.errors import NoSuccessError, SweepError
+from sweeper.sizes import Winner
 
 
 class Format(StrEnum):
@@ -38,6 +39,10 @@ def best(
     results: Annotated[
         Path | None, typer.Option("--results", help="a results folder (default: results_dir/<name> of the sweep)")
     ] = None,
+    by: Annotated[
+        Winner,
+        typer.Option("--by", help="the winner over node counts: time (the fastest run) or cost (the cheapest)"),
+    ] = Winner.time,
     plan: Annotated[
         bool,
         typer.Option(
@@ -70,6 +75,9 @@ def best(
     from sweeper.cli.render import winner_margin
 
     verdict = winner_margin(rows)
+    from sweeper.cli.best_sizes import size_view
+
+    view = size_view(rows, root, spec)  # None: one node count and no goal, answered as before
     if fmt is Format.json:
         from collections import Counter
 
@@ -84,27 +92,43 @@ def best(
             # the winner against the runner-up: win, tie (within noise) or unknown, and the line that says it
             "margin": None if verdict is None else {**asdict(verdict), "sentence": verdict.sentence()},
         }
+        if view is not None:
+            from sweeper.cli.best_sizes import view_json
+
+            doc["per_nodes"] = view_json(view, by)
         typer.echo(json.dumps(doc, indent=2))
     elif fmt in (Format.yaml, Format.torchtitan, Format.torchtitan_cli, Format.megatron, Format.nanotron):
-        typer.echo(_export_winner(rows, root, spec, fmt.value), nl=False)
+        typer.echo(_export_winner(rows, root, spec, fmt.value, view, by), nl=False)
         if verdict is not None and verdict.within_noise():  # the export is one of two, said beside it
             say(err, "note", verdict.sentence())
     else:
         from sweeper.cli.render import print_best
 
+        if view is not None:
+            from sweeper.cli.best_sizes import print_view
+
+            print_view(view, by)
         print_best(rows, top=top, title=f"{root.name}: best layouts")
     if not best_rows(rows, 1):  # the same exit status whatever the format
         raise NoSuccessError(f"no successful trial under {root} ({len(rows)} trials)")
 
 
-def _export_winner(rows: list[dict[str, Any]], root: Path, spec: str, fmt: str) -> str:
-    """The best ok trial in a trainer's format; a sweep without one is a user error."""
+def _export_winner(
+    rows: list[dict[str, Any]], root: Path, spec: str, fmt: str, view: Any = None, by: Winner = Winner.time
+) -> str:
+    """The best ok trial in a trainer's format (over several node counts: the winner `--by`, for
+    its node count); a sweep without one is a user error."""
     from sweeper.results import best_rows, sweep_as_run
     from sweeper.trainers import EXPORTERS
 
     chosen = best_rows(rows, 1)
     if not chosen:
         raise NoSuccessError(f"no successful trial under {root} to export ({len(rows)} trials)")
+    if view is not None:
+        from sweeper.cli.best_sizes import winner_row
+
+        row, sweep, _ = winner_row(rows, view, by)
+        return EXPORTERS[fmt](row, sweep)
     return EXPORTERS[fmt](chosen[0], sweep_as_run(root, spec))
 
 

@@ -27,10 +27,20 @@ def predicted_rows(spec: str, top: int) -> tuple[Any, list[dict[str, Any]]]:
     if cands.empty:
         raise SweepError(no_candidates_message(plan))
     rows = [
-        {**r, "predicted": True, "trial_number": None, "mfu": None, "num_devices": sweep.cluster.world}
+        {**r, "predicted": True, "trial_number": None, "mfu": None, "num_devices": _world(sweep, r)}
         for r in json.loads(cands.head(top).to_json(orient="records"))
     ]
     return sweep, rows
+
+
+def _world(sweep: Any, row: dict[str, Any]) -> int:
+    """The row's GPUs: its own node count's in a sweep over several (the plan's `nodes` column)."""
+    return int(row.get("nodes", sweep.cluster.nodes)) * sweep.cluster.gpus_per_node
+
+
+def _at(sweep: Any, row: dict[str, Any]) -> Any:
+    """The sweep at the row's node count, which an export is written for."""
+    return sweep.at(int(row["nodes"])) if "nodes" in row else sweep
 
 
 def best_predicted(spec: str, *, top: int, fmt: str) -> None:
@@ -52,8 +62,8 @@ def best_predicted(spec: str, *, top: int, fmt: str) -> None:
             "predicted": True,  # the plan's model, not a measurement
             "best": rows[0],
             "top": rows,
-            "layout": layout_record(rows[0], sweep),
+            "layout": layout_record(rows[0], _at(sweep, rows[0])),
         }
         typer.echo(json.dumps(doc, indent=2))
     else:
-        typer.echo(EXPORTERS[fmt](rows[0], sweep), nl=False)
+        typer.echo(EXPORTERS[fmt](rows[0], _at(sweep, rows[0])), nl=False)

@@ -23,13 +23,23 @@ class Format(StrEnum):
 
 def compare(
     a: Annotated[str, typer.Argument(help="first sweep file (path or bare name); ignored with --results-a")],
-    b: Annotated[str, typer.Argument(help="second sweep file (path or bare name); ignored with --results-b")],
+    b: Annotated[
+        str | None,
+        typer.Argument(
+            help="second sweep file (path or bare name); ignored with --results-b; left out: A's node counts side by side"
+        ),
+    ] = None,
     results_a: Annotated[Path | None, typer.Option("--results-a", help="results folder of A")] = None,
     results_b: Annotated[Path | None, typer.Option("--results-b", help="results folder of B")] = None,
     fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json")] = Format.table,
 ) -> None:
     frame_a, name_a = _load(a, results_a)
-    frame_b, name_b = _load(b, results_b)
+    if b is None and results_b is None:  # one sweep over several node counts: each layout across its sizes
+        from sweeper.cli.compare_sizes import show_across_sizes
+
+        show_across_sizes(frame_a, name_a, as_json=fmt is Format.json)
+        return
+    frame_b, name_b = _load(b or "", results_b)
     shared = shared_layouts(frame_a, frame_b)
     summary = summarize(shared)
     if fmt is Format.json:

@@ -74,6 +74,9 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     gpu = sweep.cluster.gpu
 
     table = Table(title=f"{sweep.name}: candidate layouts", title_justify="left", header_style="bold")
+    several = sweep.several_sizes  # the node count of each layout, first
+    if several:
+        table.add_column("nodes", justify="right")
     for k in varying[:3]:
         table.add_column(label(k), justify="right")
     table.add_column("dp", justify="right")
@@ -88,7 +91,8 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     shown = cands if limit <= 0 else cands.head(limit)
     for row in shown.itertuples(index=False):
         r = row._asdict()
-        cells = [_fmt(r[k]) for k in varying[:3]] + [str(r["dp"]), str(r["grad_accum"])]
+        cells = [str(r["nodes"])] if several else []
+        cells += [_fmt(r[k]) for k in varying[:3]] + [str(r["dp"]), str(r["grad_accum"])]
         cells += [_fmt(r[k]) for k in varying[3:]]
         cells += [
             _gib(r["mem_allocated_gib"]),
@@ -109,7 +113,7 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     m = sweep.model
     console.print(
         f"\n[bold]{sweep.name}[/]: {m.name} ({param_counts(m)}), seq {sweep.seq_len}, "
-        f"global batch {sweep.global_batch_size}, {sweep.cluster.nodes}×{sweep.cluster.gpus_per_node} {gpu.name}"
+        f"global batch {sweep.global_batch_size}, {_nodes_text(sweep)}×{sweep.cluster.gpus_per_node} {gpu.name}"
         + (f" (cluster.gpu {sweep.gpu_alias} is an alias of {gpu.name})" if sweep.gpu_alias else ""),
         soft_wrap=True,
     )
@@ -122,6 +126,8 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     console.print(f"step-time model: {pricing_line(sweep)}", markup=False)
     print_counts(console, plan_counts(plan), sweep.memory.probe_margin)
     print_estimate(console, cost_estimate(plan))
+    if sweep.several_sizes or sweep.goal is not None:
+        print_plan_sizes(plan, console)
 
 
 def print_model_file(console: Console, sweep: Sweep) -> None:
@@ -178,7 +184,7 @@ def print_estimate(console: Console, cost: CostEstimate) -> None:
     """The trial budget, and the sweep's GPU-hours and wall time, saying that they are an estimate."""
     console.print(
         f"search: {cost.trials} trials of {cost.runnable} runnable layouts (search.max_trials {cost.budget}), "
-        f"{cost.parallel} at a time (search.parallel), {cost.gpus_per_trial} GPUs each",
+        f"{cost.parallel} at a time (search.parallel), {_gpus_each(cost)} GPUs each",
         soft_wrap=True,
     )
     if not cost.trials:
@@ -205,6 +211,26 @@ def pricing_line(sweep) -> str:  # noqa: ANN001 - Sweep
     """Which figures price the step: the measured profile (path, date, device) or the GPU table."""
     pricing = sweep.cluster.pricing
     return pricing.source if pricing is not None else f"no profile: GPU table figures ({sweep.cluster.gpu.name})"
+
+
+def _gpus_each(cost: CostEstimate) -> str:
+    """`64`, or `64 to 256` over several node counts (each trial at its layout's)."""
+    return f"{cost.gpus_per_trial} to {cost.gpus_most}" if cost.gpus_most else str(cost.gpus_per_trial)
+
+
+def _nodes_text(sweep) -> str:  # noqa: ANN001 - Sweep
+    """`8`, or `{8, 16, 32}` for a sweep over several node counts."""
+    return f"{{{', '.join(map(str, sweep.node_counts))}}}" if sweep.several_sizes else str(sweep.cluster.nodes)
+
+
+def print_plan_sizes(plan: Plan, console: Console) -> None:
+    """The dry run's answer per node count: each size's best predicted layout and its whole run."""
+    from sweeper.cli.render_sizes import print_sizes
+    from sweeper.sizes import marks, predicted_best
+
+    found = [predicted_best(plan, n) for n in plan.sweep.node_counts]
+    title = f"{plan.sweep.name}: best predicted layout per node count (the model uncalibrated: ±band)"
+    print_sizes(console, found, marks(found, plan.sweep.goal), plan.sweep.goal, title)
 
 
 def recipe_summary(sweep) -> str:  # noqa: ANN001 - Sweep
@@ -251,6 +277,7 @@ def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
         )
         return
     varying = [k for k in KNOBS if k not in BASE_KNOBS and shown_in_tables(k, rows)]
+    base = (*(("nodes",) if len({r.get("nodes") for r in rows}) > 1 else ()), *BASE_KNOBS)  # several node counts
     table = Table(title=title, title_justify="left", header_style="bold")
     text_labels = {label(k) for k, knob in KNOBS.items() if knob.kind is str}
     for col in (
@@ -260,13 +287,13 @@ def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
         "MFU 95%",
         "TFLOP/s/GPU",
         "step s",
-        *(label(k) for k in (*BASE_KNOBS, *varying)),
+        *(label(k) for k in (*base, *varying)),
         "peak GiB",
         "pred GiB",
     ):
         table.add_column(col, justify="left" if col in text_labels else "right")
     for i, r in enumerate(chosen, 1):
-        knobs = [_cell(r.get(k)) for k in (*BASE_KNOBS, *varying)]
+        knobs = [_cell(r.get(k)) for k in (*base, *varying)]
         table.add_row(
             str(i),
             str(r["trial_number"]),

@@ -48,10 +48,14 @@ def trial(
             help="folder for the ranks' logs and files, kept (default: a temporary folder, removed after an ok trial)",
         ),
     ] = None,
+    nodes: Annotated[
+        int | None,
+        typer.Option("--nodes", help="one of cluster.nodes when it lists several: the node count to run at"),
+    ] = None,
 ) -> None:
     from sweeper.spec import load_sweep
 
-    sweep = load_sweep(spec)
+    sweep = at_nodes(load_sweep(spec), nodes)
     layout = layout_from_sets(sweep, sets or [])
     check_local(sweep, timeout_s)
     result = run_local(sweep, layout, timeout_s=timeout_s, workdir=workdir)
@@ -59,6 +63,15 @@ def trial(
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:
         print_result(result)
+
+
+def at_nodes(sweep: Sweep, nodes: int | None) -> Sweep:
+    """The sweep at `--nodes` (default: its smallest node count); a count it does not list is refused."""
+    if nodes is None:
+        return sweep.at(sweep.cluster.nodes)
+    if nodes not in sweep.node_counts:
+        raise SweepError(f"--nodes {nodes}: not one of cluster.nodes {list(sweep.node_counts)}")
+    return sweep.at(nodes)
 
 
 def layout_from_sets(sweep: Sweep, sets: list[str]) -> Layout:

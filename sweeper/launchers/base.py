@@ -31,6 +31,7 @@ class TrialJob:
     workdir: Path  # per-trial folder for logs and the result file
     timeout_s: float
     attempt: int = 1
+    nodes: int | None = None  # the layout's node count in a sweep over several (None: the cluster's)
 
 
 @dataclass

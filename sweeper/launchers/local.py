@@ -38,10 +38,11 @@ def check_local_capacity(sweep: Sweep) -> None:
     Checked when a sweep is about to run (not for a dry run, which plans any cluster), before
     anything is created.
     """
-    if sweep.cluster.world > MAX_LOCAL_PROCESSES:
+    largest = sweep.at(max(sweep.node_counts))  # a sweep over several node counts: its largest
+    if largest.cluster.world > MAX_LOCAL_PROCESSES:
         raise SpecError(
-            f"launcher: the local launcher starts one process per device ({sweep.cluster.nodes} x "
-            f"{sweep.cluster.gpus_per_node} = {sweep.cluster.world}), more than {MAX_LOCAL_PROCESSES}; use a SLURM profile"
+            f"launcher: the local launcher starts one process per device ({largest.cluster.nodes} x "
+            f"{sweep.cluster.gpus_per_node} = {largest.cluster.world}), more than {MAX_LOCAL_PROCESSES}; use a SLURM profile"
         )
 
 
@@ -60,6 +61,7 @@ def trial_command(job: TrialJob) -> list[str]:
         f"{job.timeout_s:g}",
         "--workdir",
         str(job.workdir / "ranks"),
+        *(["--nodes", str(job.nodes)] if job.nodes is not None else []),
     ]
 
 

@@ -91,12 +91,18 @@ class ReplayLauncher(Launcher):
         self.sweep = sweep
         rows = load_table(table)
         self.knobs = [k for k in KNOBS if k in rows[0]] if rows else []
+        # a sweep over several node counts matches a table's `nodes` column too (each size its own rows)
+        self.by_nodes = sweep.several_sizes and bool(rows) and "nodes" in rows[0]
         self.table: dict[tuple, dict[str, Any]] = {}
         for r in rows:
             if not all(_known(r[k]) for k in self.knobs):  # a row without a knob's value matches no layout
                 continue
+            if self.by_nodes and not (_known(r["nodes"]) and _norm(r["nodes"]) in sweep.node_counts):
+                continue
             layout = Layout.from_mapping({k: _norm(r[k]) for k in self.knobs})
-            self.table.setdefault(self._key(layout.columns(sweep))[0], r)  # the first row of a layout wins
+            at = sweep.at(_norm(r["nodes"])) if self.by_nodes else sweep
+            cols = layout.columns(at) | ({"nodes": np.asarray([_norm(r["nodes"])])} if self.by_nodes else {})
+            self.table.setdefault(self._key(cols)[0], r)  # the first row of a layout wins
 
     def _key(self, cols: Columns) -> list[tuple]:
         """Each layout's key in the table: its knobs the table has, a knob with no effect there as the
@@ -105,6 +111,8 @@ class ReplayLauncher(Launcher):
         keyed = [
             np.where(noop[k], NO_EFFECT_VALUE[k], cols[k]) if k in noop else np.asarray(cols[k]) for k in self.knobs
         ]
+        if self.by_nodes:
+            keyed.append(np.asarray(cols["nodes"]))
         return [tuple(_norm(v) for v in values) for values in zip(*keyed)] if keyed else [()] * len(cols["tp"])
 
     def cannot_run(self, cols: Columns) -> np.ndarray:
@@ -116,7 +124,9 @@ class ReplayLauncher(Launcher):
 
     def poll(self, handle: Handle) -> JobOutcome:
         job = handle.job
-        row = self.table.get(self._key(job.layout.columns(self.sweep))[0])
+        sweep = self.sweep.at(job.nodes) if job.nodes is not None else self.sweep
+        cols = job.layout.columns(sweep) | ({"nodes": np.asarray([sweep.cluster.nodes])} if self.by_nodes else {})
+        row = self.table.get(self._key(cols)[0])
         if row is None:
             return JobOutcome(failure(TrialStatus.FAILED, "not in replay table", job), handle.job_id)
         result = {k: _clean(row.get(k)) for k in VALUE_COLUMNS if k in row}
@@ -125,7 +135,7 @@ class ReplayLauncher(Launcher):
             return JobOutcome(
                 failure(TrialStatus.FAILED, f"replay table status {status!r} is not a trial status", job), handle.job_id
             )
-        result |= {"status": status, **job.layout.as_dict()}
+        result |= {"status": status, **job.layout.as_dict(), "num_devices": sweep.cluster.world}
         if result.get("step_times_s") is not None:
             result["step_times_s"] = _times(result["step_times_s"])
             if result["step_times_s"] is None:
@@ -133,18 +143,18 @@ class ReplayLauncher(Launcher):
                     failure(TrialStatus.FAILED, "replay table step_times_s is not a list of numbers", job),
                     handle.job_id,
                 )
-        measured = (result.get("step_times_s") or [])[self.sweep.trial.warmup_steps :]
+        measured = (result.get("step_times_s") or [])[sweep.trial.warmup_steps :]
         if measured and result.get("step_time_mean_s") is None:
             result["step_time_mean_s"] = statistics.fmean(measured)
         measured_run = TrialStatus(status).succeeded() or TrialStatus(status).was_stopped()  # its steps ran
         if result.get("mfu") is None and result.get("step_time_mean_s") and measured_run:
-            tokens_per_s = self.sweep.global_batch_size * self.sweep.seq_len / result["step_time_mean_s"]
-            fpt = model_flops_per_token(self.sweep.model, self.sweep.seq_len)
+            tokens_per_s = sweep.global_batch_size * sweep.seq_len / result["step_time_mean_s"]
+            fpt = model_flops_per_token(sweep.model, sweep.seq_len)
             result["mfu"] = utilization(
                 tokens_per_s,
                 fpt,
-                num_devices=self.sweep.cluster.world,
-                peak_flops=self.sweep.cluster.gpu.peak_flops(self.sweep.trial.precision),
+                num_devices=sweep.cluster.world,
+                peak_flops=sweep.cluster.gpu.peak_flops(sweep.trial.precision),
             )
         if len(measured) > 1 and measured_run:  # the spread, as `trial.summarize` keeps it
             result |= {"step_time_std_s": statistics.stdev(measured), **interval_fields(measured, result.get("mfu"))}

@@ -154,13 +154,13 @@ def _directive(option: str) -> str:
     return _SHORT.get(name[:1], name) if option.startswith("-") and not option.startswith("--") else name
 
 
-def slurm_task(spec_path: str, layout: dict[str, Any], out_dir: str) -> dict[str, Any]:
+def slurm_task(spec_path: str, layout: dict[str, Any], out_dir: str, nodes: int | None = None) -> dict[str, Any]:
     """Runs in every task of the job: torchrun-style variables from SLURM's, then the shared entry point."""
     from submitit.helpers import TorchDistributedEnvironment
 
     if "RANK" not in os.environ:  # a profile's setup line may have set them itself
         TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # RANK, MASTER_ADDR/PORT, ...
-    return run_task(spec_path, layout, out_dir)
+    return run_task(spec_path, layout, out_dir, nodes)
 
 
 class SlurmLauncher(Launcher):
@@ -189,7 +189,7 @@ class SlurmLauncher(Launcher):
     def _executor(self, job: TrialJob) -> submitit.AutoExecutor:
         import submitit
 
-        p, cluster = self.profile, self.sweep.cluster
+        p, cluster = self.profile, self._sweep_of(job).cluster  # the layout's node count, not the smallest
         ex = submitit.AutoExecutor(folder=job.workdir / "slurm", cluster="slurm")
         tasks = tasks_per_node(self.sweep)
         params: dict[str, Any] = dict(
@@ -222,11 +222,15 @@ class SlurmLauncher(Launcher):
         ex.update_parameters(**params)
         return ex
 
+    def _sweep_of(self, job: TrialJob) -> Sweep:
+        """The sweep at the job's node count (a sweep over several asks each job for its layout's)."""
+        return self.sweep.at(job.nodes) if job.nodes is not None else self.sweep
+
     def submit(self, job: TrialJob) -> Handle:
         own_dir(job.workdir)  # a link planted at the job's folder is replaced, never followed
         executor = self._executor(job)
         with clean_submit_environment():
-            sj = executor.submit(slurm_task, str(job.spec_path), job.layout.as_dict(), str(job.workdir))
+            sj = executor.submit(slurm_task, str(job.spec_path), job.layout.as_dict(), str(job.workdir), job.nodes)
         return Handle(str(sj.job_id), job, sj)
 
     def poll(self, handle: Handle) -> JobOutcome | None:
@@ -301,7 +305,7 @@ class SlurmLauncher(Launcher):
             return None
         import submitit
 
-        ntasks = task_count(self.sweep)  # as many as `submit` started
+        ntasks = task_count(self._sweep_of(job))  # as many as `submit` started
         sj: submitit.SlurmJob[Any] = submitit.SlurmJob(folder=folder, job_id=job_id, tasks=tuple(range(ntasks)))
         return Handle(job_id, job, sj)
 

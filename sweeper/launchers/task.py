@@ -37,12 +37,14 @@ def node_rank(environ: dict[str, str] | None = None) -> int:
     return int(env.get("RANK", "0")) // max(1, int(env.get("LOCAL_WORLD_SIZE", "1")))
 
 
-def run_task(spec_path: str, layout: dict[str, Any], out_dir: str) -> dict[str, Any]:
-    """Run this task's part of one trial: a rank of the built-in trainer, or a node's external command."""
+def run_task(spec_path: str, layout: dict[str, Any], out_dir: str, nodes: int | None = None) -> dict[str, Any]:
+    """Run this task's part of one trial: a rank of the built-in trainer, or a node's external command;
+    `nodes`: the layout's node count in a sweep over several."""
     from sweeper.layout import Layout
     from sweeper.spec import load_sweep
 
     sweep, lay = load_sweep(spec_path, profiles=False), Layout.from_mapping(layout)  # the model is not needed here
+    sweep = sweep.at(nodes) if nodes is not None else sweep
     if sweep.trainer.runs_command:  # one task per node runs the trainer's own command
         from sweeper.workloads import run_external
 

@@ -56,8 +56,19 @@ def _row_layout(r: pd.Series) -> Layout:
 
 def match_plan_rows(plan: Plan, df: pd.DataFrame) -> np.ndarray | None:
     """For each result row, the index of the plan row with the same knob values; None if any is missing."""
-    index = {tuple(fmt_value(plan.cols[k][i]) for k in KNOBS): i for i in range(len(plan))}
-    found = [index.get(tuple(fmt_value(v) for v in _row_layout(r).as_dict().values())) for _, r in df.iterrows()]
+    # a sweep over several node counts holds each layout once per size: the row's own node count keys it
+    several = plan.sweep.several_sizes
+
+    def nodes_of(value: Any) -> tuple[Any, ...]:
+        return (fmt_value(value),) if several else ()
+
+    index = {
+        nodes_of(plan.cols["nodes"][i]) + tuple(fmt_value(plan.cols[k][i]) for k in KNOBS): i for i in range(len(plan))
+    }
+    found = [
+        index.get(nodes_of(r.get("nodes")) + tuple(fmt_value(v) for v in _row_layout(r).as_dict().values()))
+        for _, r in df.iterrows()
+    ]
     if not found or any(i is None for i in found):
         return None
     return np.asarray(found, dtype=np.int64)

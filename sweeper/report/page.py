@@ -27,6 +27,7 @@ from sweeper.report.plots import (
     plot_mfu_pred,
     plot_mfu_vs_mbs,
     plot_progress,
+    plot_sizes,
     plot_status,
 )
 from sweeper.spec import Sweep
@@ -63,6 +64,10 @@ def write_report(sweep: Sweep, df: pd.DataFrame, out_dir: Path, *, plan: Plan | 
         plot_progress(df, out_dir),
         plot_status(df, plan, out_dir),
     ]
+    if sweep.several_sizes:  # the answer per node count
+        from sweeper.report.sizes_data import size_points
+
+        plots.insert(0, plot_sizes(size_points(plan, df.to_dict("records")), out_dir))
     shown = [p for p in plots if p is not None]
     page = render_html(sweep, summary_lines(sweep, plan, df), shown, df, out_dir, why=why, plan=plan, knobs=knobs)
     path = out_dir / "report.html"

@@ -22,6 +22,7 @@ from sweeper.report.data import (
     successful,
 )
 from sweeper.report.explain import Explained, bar_segments
+from sweeper.report.sizes_data import SizePoints
 from sweeper.spec import Sweep
 from sweeper.statuses import PlanStatus, TrialStatus
 
@@ -355,3 +356,36 @@ def plot_breakdown(ex: Explained, knobs: list[str], out_dir: Path) -> Plot:
         "on its path). Lower, dark bar: the measured mean step time (for a row with only an MFU, the step time "
         "that MFU implies).",
     )
+
+
+def plot_sizes(points: SizePoints, out_dir: Path) -> Plot:
+    """Days against cost per node count (measured filled, predicted hollow with its band), and
+    each size's scaling efficiency against the smallest."""
+    title = "Node counts: days against cost, and scaling efficiency"
+    if not points.points:
+        return Plot("", title, "no node count has a runnable layout")
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11.0, 4.5))
+    for p in points.points:
+        style = {"color": "tab:blue"} if p.measured else {"facecolors": "none", "edgecolors": "tab:orange"}
+        left.scatter([p.cost], [p.days], s=60, **style)
+        if not p.measured and p.band:  # a prediction's band moves days and cost together
+            left.errorbar(
+                [p.cost], [p.days], xerr=[[p.cost * p.band]], yerr=[[p.days * p.band]], color="tab:orange", alpha=0.5
+            )
+        left.annotate(f"{p.nodes} nodes", (p.cost, p.days), fontsize=8, xytext=(4, 4), textcoords="offset points")
+    left.scatter([], [], color="tab:blue", label="measured")
+    left.scatter([], [], facecolors="none", edgecolors="tab:orange", label="predicted (± band)")
+    left.set_xlabel(points.cost_label)
+    left.set_ylabel(points.days_label)
+    left.legend(fontsize=8)
+    left.grid(alpha=0.3)
+    nodes = [p.nodes for p in points.points]
+    colors = ["tab:blue" if p.measured else "tab:orange" for p in points.points]
+    right.bar([str(n) for n in nodes], [100 * p.efficiency for p in points.points], color=colors)
+    right.axhline(100, color="gray", linestyle=":")
+    right.set_xlabel("nodes")
+    right.set_ylabel(f"scaling efficiency % (tokens/s per GPU against {nodes[0]} nodes)")
+    right.grid(alpha=0.3, axis="y")
+    caption = "filled/blue: the best measured trial of the size; hollow/orange: the best predicted layout"
+    return Plot(_save(fig, out_dir, "nodes_cost.png"), title, caption)

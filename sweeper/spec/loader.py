@@ -52,9 +52,10 @@ def build_sweep(raw: SweepFile, *, source: Path | None = None, profiles: bool = 
     if shape.position == "learned" and shape.max_positions < raw.seq_len:
         # the table must hold every position trained (Megatron-LM: --max-position-embeddings >= --seq-length)
         shape = replace(shape, max_positions=raw.seq_len)
+    sizes = raw.cluster.sizes
     gpu = raw.cluster.resolved_gpu()
     pricing = cluster_pricing(raw.cluster.profile, gpu.name) if profiles else None
-    cluster = Cluster(raw.cluster.nodes, raw.cluster.gpus_per_node, gpu, pricing)
+    cluster = Cluster(sizes[0], raw.cluster.gpus_per_node, gpu, pricing)
     space = raw.space.values()
     check_layout_count(space, MAX_LAYOUTS)  # before anything allocates the cross product
     sweep = Sweep(
@@ -71,11 +72,36 @@ def build_sweep(raw: SweepFile, *, source: Path | None = None, profiles: bool = 
         results_dir=Path(raw.results_dir),
         source=source,
         workload=raw.workload,
+        sizes=sizes if isinstance(raw.cluster.nodes, list) else (),
+        goal=raw.goal,
         gpu_alias=raw.cluster.gpu if isinstance(raw.cluster.gpu, str) and alias_of(raw.cluster.gpu) else "",
         model_file=model_file,
     )
+    _check_sizes(sweep)
     _check_usable(sweep)
     return sweep
+
+
+def _check_sizes(sweep: Sweep) -> None:
+    """Each listed node count must have some layout its GPUs and the global batch can use: a tp*cp*pp
+    of the space dividing its world, and a micro-batch size times the dp left dividing the batch."""
+    if not sweep.several_sizes:
+        return
+    s = sweep.space
+    for n in sweep.node_counts:
+        world = n * sweep.cluster.gpus_per_node
+        usable = any(
+            world % (tp * cp * pp) == 0 and sweep.global_batch_size % (mbs * (world // (tp * cp * pp))) == 0
+            for tp in s["tp"]
+            for cp in s["cp"]
+            for pp in s["pp"]
+            for mbs in s["micro_batch_size"]
+        )
+        if not usable:
+            raise SpecError(
+                f"cluster.nodes: {n} cannot be used: no tp*cp*pp of the space divides world = {world} GPUs "
+                f"with micro_batch_size*dp dividing global_batch_size = {sweep.global_batch_size}"
+            )
 
 
 def cluster_pricing(named: str | None, gpu: str) -> ProfiledPricing | None:
@@ -100,7 +126,9 @@ def _check_usable(sweep: Sweep) -> None:
     """
     for knob in DECIDED_ALONE:
         for v in sweep.space[knob]:
-            why = unusable(knob, v, sweep)
+            # with several node counts a value is refused only when no size can use it (the first size's words)
+            whys = [unusable(knob, v, sweep.at(n)) for n in sweep.node_counts]
+            why = whys[0] if all(whys) else []
             if knob == "pp" and v > sweep.model.layers:
                 why.append(f"it exceeds layers={sweep.model.layers}")
             if why:

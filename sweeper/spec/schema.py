@@ -17,6 +17,7 @@ from sweeper.hardware import GPU, known_gpus, lookup_gpu
 from sweeper.hf_config import ModelFile
 from sweeper.knobs import KNOBS
 from sweeper.models import PRESETS, ModelShape
+from sweeper.spec.goal import GoalSpec, node_counts
 from sweeper.spec_checks import check_workload
 from sweeper.trainers import RECIPES, TRAINERS, default_recipe, option_types
 from sweeper.trainers.base import MemoryOptions, Recipe, Trainer
@@ -192,7 +193,7 @@ class GPUSpec(_Strict):
 
 
 class ClusterSpec(_Strict):
-    nodes: int = Field(ge=1, le=100_000)
+    nodes: int | list[int] = Field(description="nodes of the allocation, or a list of node counts to compare")
     gpus_per_node: int = Field(ge=1, le=1024)
     gpu: str | GPUSpec
     intra_node_gbps: float | None = Field(default=None, gt=0, le=100_000, description="GB/s per GPU within a node")
@@ -203,6 +204,16 @@ class ClusterSpec(_Strict):
         description="a measured profile (`sweep profile`) the step-time model prices from; default: the "
         "user's cached profile of this GPU, if any",
     )
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _node_counts(cls, v: Any) -> Any:
+        return node_counts(v)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The node counts, smallest first (one for a scalar `nodes`)."""
+        return tuple(self.nodes) if isinstance(self.nodes, list) else (self.nodes,)
 
     @field_validator("gpu")
     @classmethod
@@ -222,10 +233,6 @@ class ClusterSpec(_Strict):
         if self.inter_node_gbps is not None:
             gpu = replace(gpu, inter_gbps=self.inter_node_gbps)
         return gpu
-
-    @property
-    def world(self) -> int:
-        return self.nodes * self.gpus_per_node
 
 
 class TrialSettings(_Strict):
@@ -385,6 +392,7 @@ class SweepFile(_Strict):
     launcher: str | dict[str, Any] = "local"
     workload: WorkloadSpec = WorkloadSpec()
     results_dir: str = "results"
+    goal: GoalSpec | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -457,10 +465,29 @@ class Sweep:
     results_dir: Path = Path("results")
     source: Path | None = field(default=None, compare=False)
     workload: WorkloadSpec = WorkloadSpec()
+    # the node counts compared (cluster.nodes a list), smallest first; () or one: a sweep of one size,
+    # whose cluster is `cluster`. Each size is `at(n)`: the same model, batch and space on n nodes.
+    sizes: tuple[int, ...] = ()
+    goal: GoalSpec | None = field(default=None, compare=False)  # how a layout's speed becomes days and cost
     # cluster.gpu as the file spells it where that is an alias (`h100` for h100-sxm), for the dry run to say so
     gpu_alias: str = field(default="", compare=False)
     # the config.json the model was read from (`model: {hf_config: ...}`); its shape is `model`
     model_file: ModelFile | None = field(default=None, compare=False)
+
+    @property
+    def node_counts(self) -> tuple[int, ...]:
+        """Every node count of the sweep (the cluster's alone for a sweep of one size)."""
+        return self.sizes or (self.cluster.nodes,)
+
+    @property
+    def several_sizes(self) -> bool:
+        return len(self.node_counts) > 1
+
+    def at(self, nodes: int) -> Sweep:
+        """This sweep on `nodes` nodes: its own world, dp and gradient accumulation, one size."""
+        if nodes not in self.node_counts:
+            raise ValueError(f"nodes: {nodes} is not one of the sweep's node counts {list(self.node_counts)}")
+        return replace(self, cluster=replace(self.cluster, nodes=nodes), sizes=())
 
     @property
     def results_path(self) -> Path:
