@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,8 +20,10 @@ from sweeper.learned_profile import LearnedKey, Lessons, MemoryLesson, load, sav
 from sweeper.memfit import refit
 from sweeper.perfmodel import Calibration
 from sweeper.prior import EffectKey, LearnedEffect, Prior, own_lessons
-from sweeper.search import LayoutSearch
 from sweeper.spec import Sweep
+
+if TYPE_CHECKING:  # the dry run reads `learns` and must not import Optuna (tests/test_cli_dry_run.py)
+    from sweeper.search import LayoutSearch
 
 
 def learns(sweep: Sweep, *, measures_here: bool) -> bool:
