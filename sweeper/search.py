@@ -1,9 +1,10 @@
 """The search: which layout runs next, and an Optuna study that holds exactly the trials the sweep ran.
 
-`auto` (the default) runs, each time, the untried layout of highest expected speed: the throughput
-model (recalibrated by what ran) is the prior, a Gaussian process of its residual over the knobs
-(`sweeper.residual`) is what the trials taught, and each layout's speed is weighed by its chance
-to run (to fit the card, moved by what its neighbours did). `tpe`, `gp` and
+`auto` (the default) runs, each time, the untried layout most likely to run and be the best per
+trial spent (`sweeper.acquisition`): the throughput model (recalibrated by what ran) is the prior,
+with what earlier sweeps on the cluster taught when a learned profile is used (`sweeper.prior`), a
+Gaussian process of its residual over the knobs (`sweeper.residual`) is what the trials taught,
+and each layout's chance to run (to fit the card, moved by what its neighbours did) weighs it. `tpe`, `gp` and
 `random` let the named Optuna sampler propose, in a scratch study of its own where rejected and
 repeated proposals are told and forgotten. Either way the sweep's study receives one trial per
 sweep trial, enqueued with the chosen layout: COMPLETE with its MFU, FAIL when it failed, PRUNED
@@ -266,7 +267,7 @@ class LayoutSearch:
         doubt = np.isin(rows, list(self.learning.readmitted))
         if self.learning.prior.memory:
             doubt |= self.plan.status[rows] == PlanStatus.UNCERTAIN
-        if doubt.any():  # pruned, then re-admitted by a refit or as a probe: the estimate's band
+        if doubt.any():  # re-admitted by a refit or as a probe (or uncertain, with a learned fit): the band
             chance[doubt] = fit_chance(total[rows[doubt]], mem.capacity_bytes)
         chance[np.isin(rows, list(self.learning.proven))] = 1.0
         return chance
