@@ -259,15 +259,17 @@ class LayoutSearch:
     def fit_chance(self, rows: np.ndarray) -> np.ndarray:
         """The chance each layout fits the card: 1 once proven, the plan's (estimate's error band) otherwise.
 
-        With a learned memory fit (a learned profile's, refitted by this sweep's peaks), the layouts in
-        doubt (uncertain, re-admitted) are judged on the refitted estimate instead of the plan's."""
+        Once the estimate is refitted (by measured peaks, or from a learned profile), the layouts in
+        doubt (uncertain, re-admitted) are judged on the refitted estimate: a pruned layout a refit
+        re-admitted is as likely to fit as the refit says, not as the plan's estimate said."""
         chance = self.plan.fit_chance[rows].copy()
-        mem = self.plan.memory
-        total = refitted_total(mem, self.learning.memory_fit) if self.learning.prior.memory else mem.total
+        mem, fit = self.plan.memory, self.learning.memory_fit
+        refitted = fit.points > 0 or self.learning.prior.memory is not None
         doubt = np.isin(rows, list(self.learning.readmitted))
-        if self.learning.prior.memory:
+        if refitted:
             doubt |= self.plan.status[rows] == PlanStatus.UNCERTAIN
-        if doubt.any():  # re-admitted by a refit or as a probe (or uncertain, with a learned fit): the band
+        if doubt.any():  # a probe (or anything, before any refit): the plan's estimate's band
+            total = refitted_total(mem, fit) if refitted else mem.total
             chance[doubt] = fit_chance(total[rows[doubt]], mem.capacity_bytes)
         chance[np.isin(rows, list(self.learning.proven))] = 1.0
         return chance
