@@ -1,9 +1,10 @@
 """The search: which layout runs next, and an Optuna study that holds exactly the trials the sweep ran.
 
-`auto` (the default) runs, each time, the untried layout of highest expected speed: the throughput
-model (recalibrated by what ran) is the prior, a Gaussian process of its residual over the knobs
-(`sweeper.residual`) is what the trials taught, and each layout's speed is weighed by its chance
-to run (to fit the card, moved by what its neighbours did). `tpe`, `gp` and
+`auto` (the default) runs, each time, the untried layout most likely to run and be the best per
+trial spent (`sweeper.acquisition`): the throughput model (recalibrated by what ran) is the prior,
+with what earlier sweeps on the cluster taught when a learned profile is used (`sweeper.prior`), a
+Gaussian process of its residual over the knobs (`sweeper.residual`) is what the trials taught,
+and each layout's chance to run (to fit the card, moved by what its neighbours did) weighs it. `tpe`, `gp` and
 `random` let the named Optuna sampler propose, in a scratch study of its own where rejected and
 repeated proposals are told and forgotten. Either way the sweep's study receives one trial per
 sweep trial, enqueued with the chosen layout: COMPLETE with its MFU, FAIL when it failed, PRUNED
@@ -228,15 +229,17 @@ class LayoutSearch:
     def fit_chance(self, rows: np.ndarray) -> np.ndarray:
         """The chance each layout fits the card: 1 once proven, the plan's (estimate's error band) otherwise.
 
-        With a learned memory fit (a learned profile's, refitted by this sweep's peaks), the layouts in
-        doubt (uncertain, re-admitted) are judged on the refitted estimate instead of the plan's."""
+        Once the estimate is refitted (by measured peaks, or from a learned profile), the layouts in
+        doubt (uncertain, re-admitted) are judged on the refitted estimate: a pruned layout a refit
+        re-admitted is as likely to fit as the refit says, not as the plan's estimate said."""
         chance = self.plan.fit_chance[rows].copy()
-        mem = self.plan.memory
-        total = refitted_total(mem, self.learning.memory_fit) if self.learning.prior.memory else mem.total
+        mem, fit = self.plan.memory, self.learning.memory_fit
+        refitted = fit.points > 0 or self.learning.prior.memory is not None
         doubt = np.isin(rows, list(self.learning.readmitted))
-        if self.learning.prior.memory:
+        if refitted:
             doubt |= self.plan.status[rows] == PlanStatus.UNCERTAIN
-        if doubt.any():  # pruned, then re-admitted by a refit or as a probe: the estimate's band
+        if doubt.any():  # a probe (or anything, before any refit): the plan's estimate's band
+            total = refitted_total(mem, fit) if refitted else mem.total
             chance[doubt] = fit_chance(total[rows[doubt]], mem.capacity_bytes)
         chance[np.isin(rows, list(self.learning.proven))] = 1.0
         return chance
