@@ -261,23 +261,15 @@ class SearchSettings(_Strict):
     seed: int = Field(default=0, ge=0)
     storage: str | None = Field(default=None, description="an Optuna storage URL; default SQLite beside the results")
     seed_trials: int | None = Field(
-        default=None,
-        ge=0,
-        le=10_000,
-        description="auto: first trials spent on the best-predicted layouts (default: budget/5, 3 to 8)",
+        default=None, ge=0, le=10_000, description="auto: first trials on the best-predicted layouts (budget/5, 3-8)"
     )
     stop_margin: float | None = Field(
-        default=None,
-        ge=0,
-        le=10,
-        description="stop early when no untried layout is predicted to beat the best by this share",
+        default=None, ge=0, le=10, description="stop early when no untried layout is predicted to beat the best by this"
     )
     learned_profile: bool | None = Field(
         default=None,
-        description=(
-            "start from what earlier sweeps on this cluster, GPU and trainer taught, and add what this one "
-            "teaches (default: yes, except for a replay, whose step times were measured elsewhere)"
-        ),
+        description="start from what earlier sweeps on this cluster, GPU and trainer taught, and add what this one "
+        "teaches (default: yes, except for a replay, whose step times were measured elsewhere)",
     )
 
 
