@@ -430,9 +430,11 @@ def status_line(
         )
         return f"learned profile: not used ({why})"
     profile = load(key)
-    prior = profile.prior(exclude=sweep_id) if profile is not None else None
-    if profile is None or prior is None:
+    if profile is None:
         return f"learned profile: none yet for {key}; this sweep's trials will start {key.path}"
+    prior = profile.prior(exclude=sweep_id)
+    if prior is None:  # a sweep never starts from its own lessons (a resumed one would count them twice)
+        return f"learned profile: {key.path} holds only this sweep's own lessons; not used, kept for the next sweep"
     return (
         f"learned profile: {key.path}, from {len(prior.sources)} earlier sweep(s) ({', '.join(prior.sources)}), "
         "used as the prior"
