@@ -55,6 +55,13 @@ MAX_SWEEPS = 8  # the most recent sweeps kept per key: a cluster's software chan
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
+def learns(sweep: Sweep, *, measures_here: bool) -> bool:
+    """Whether the sweep uses and updates its learned profile: the file's `search.learned_profile`,
+    else whether its launcher measures the sweep's cluster (`Launcher.measures_here`: not a replay)."""
+    setting = sweep.search.learned_profile
+    return measures_here if setting is None else setting
+
+
 def profiles_dir() -> Path:
     """Where profiles live: `${XDG_CACHE_HOME:-~/.cache}/sweep/profiles`."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sweep" / "profiles"

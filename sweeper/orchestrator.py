@@ -20,8 +20,9 @@ from sweeper.frozen_spec import open_results
 from sweeper.identity import sweep_identity
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure
 from sweeper.layout import Layout
+from sweeper.learned_profile import learns
 from sweeper.plan import Plan, leave_out, make_plan
-from sweeper.remember import Memory, learns
+from sweeper.remember import Memory
 from sweeper.results import InFlight, ResultsStore, now_utc, row_from
 from sweeper.search import LayoutSearch, build_search, trial_attrs
 from sweeper.slow_trials import crashed, judge, saved_gpu_hours

@@ -23,13 +23,6 @@ from sweeper.search import LayoutSearch
 from sweeper.spec import Sweep
 
 
-def learns(sweep: Sweep, *, measures_here: bool) -> bool:
-    """Whether the sweep uses and updates its learned profile: the file's `search.learned_profile`,
-    else whether its launcher measures the sweep's cluster (`Launcher.measures_here`: not a replay)."""
-    setting = sweep.search.learned_profile
-    return measures_here if setting is None else setting
-
-
 @dataclass(frozen=True)
 class Memory:
     """The learned profile a sweep reads and writes (`enabled` False: neither)."""
