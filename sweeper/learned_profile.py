@@ -56,6 +56,13 @@ MAX_SWEEPS = 8  # the most recent sweeps kept per key: a cluster's software chan
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
+def learns(sweep: Sweep, *, measures_here: bool) -> bool:
+    """Whether the sweep uses and updates its learned profile: the file's `search.learned_profile`,
+    else whether its launcher measures the sweep's cluster (`Launcher.measures_here`: not a replay)."""
+    setting = sweep.search.learned_profile
+    return measures_here if setting is None else setting
+
+
 def learned_dir() -> Path:
     """`${XDG_CACHE_HOME:-~/.cache}/sweep/profiles/learned`, beside the measured profiles."""
     return cache_dir() / KIND
@@ -427,9 +434,11 @@ def status_line(
         )
         return f"learned profile: not used ({why})"
     profile = load(key)
-    prior = profile.prior(exclude=sweep_id) if profile is not None else None
-    if profile is None or prior is None:
+    if profile is None:
         return f"learned profile: none yet for {key}; this sweep's trials will start {key.path}"
+    prior = profile.prior(exclude=sweep_id)
+    if prior is None:  # a sweep never starts from its own lessons (a resumed one would count them twice)
+        return f"learned profile: {key.path} holds only this sweep's own lessons; not used, kept for the next sweep"
     return (
         f"learned profile: {key.path}, from {len(prior.sources)} earlier sweep(s) ({', '.join(prior.sources)}), "
         "used as the prior"

@@ -20,9 +20,10 @@ from sweeper.frozen_spec import check_unchanged, digest, open_results
 from sweeper.identity import sweep_identity
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure
 from sweeper.layout import Layout
+from sweeper.learned_profile import learns
 from sweeper.plan import Plan, leave_out, make_plan
 from sweeper.plan_summary import no_candidates_message
-from sweeper.remember import Memory, learns
+from sweeper.remember import Memory
 from sweeper.results import InFlight, ResultsStore, now_utc, row_from
 from sweeper.rows_told import learn_rows, measured, rebuild_from_rows, row_attrs
 from sweeper.search import LayoutSearch, build_search

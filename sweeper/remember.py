@@ -22,15 +22,8 @@ from sweeper.perfmodel import Calibration
 from sweeper.prior import EffectKey, LearnedEffect, Prior, own_lessons
 from sweeper.spec import Sweep
 
-if TYPE_CHECKING:  # the dry run reads `learns` and must not import Optuna (tests/test_cli_dry_run.py)
+if TYPE_CHECKING:  # importing this module must not import Optuna (the search)
     from sweeper.search import LayoutSearch
-
-
-def learns(sweep: Sweep, *, measures_here: bool) -> bool:
-    """Whether the sweep uses and updates its learned profile: the file's `search.learned_profile`,
-    else whether its launcher measures the sweep's cluster (`Launcher.measures_here`: not a replay)."""
-    setting = sweep.search.learned_profile
-    return measures_here if setting is None else setting
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from sweeper.cli.profile import profile_app
 from sweeper.errors import SpecError
+from sweeper.identity import sweep_identity
 from sweeper.learned_profile import (
     LearnedKey,
     Lessons,
@@ -27,6 +28,7 @@ from sweeper.learned_profile import (
 from sweeper.perfmodel import Calibration
 from sweeper.prior import LearnedEffect
 from sweeper.profile import cache_dir
+from sweeper.spec import load_sweep
 from tests.conftest import base_spec, make_sweep, sweep_cli
 
 KEY = LearnedKey("8xa100-80gb", "a100-80gb", "builtin")
@@ -201,6 +203,9 @@ def test_the_dry_run_says_which_learned_profile_it_uses(tmp_path):
         f"learned profile: none yet for cluster 8xa100-80gb, GPU a100-80gb, trainer builtin; "
         f"this sweep's trials will start {KEY.path}"
     ]
+    own = save(KEY, lessons("t", sweep_identity(load_sweep(spec))))  # what this sweep itself kept
+    alone = sweep_cli("run", str(spec), "--dry-run", cwd=tmp_path).stdout
+    assert f"learned profile: {own} holds only this sweep's own lessons; not used, kept for the next sweep" in alone
     save(KEY, lessons("a13b", "aaaa"))
     used = sweep_cli("run", str(spec), "--dry-run", cwd=tmp_path).stdout
     assert f"learned profile: {KEY.path}, from 1 earlier sweep(s) (a13b), used as the prior" in used

@@ -20,13 +20,13 @@ from sweeper.identity import sweep_identity
 from sweeper.knobs import KNOBS
 from sweeper.launchers.replay import ReplayLauncher
 from sweeper.layout import Layout
-from sweeper.learned_profile import LearnedKey, Lessons, load, save
+from sweeper.learned_profile import LearnedKey, Lessons, learns, load, save
 from sweeper.orchestrator import SweepRun, prepare
 from sweeper.orchestrator import step as loop_step
 from sweeper.perfmodel import Calibration
 from sweeper.plan import make_plan
 from sweeper.prior import LearnedEffect
-from sweeper.remember import Memory, learns, lessons_of
+from sweeper.remember import Memory, lessons_of
 from sweeper.search import build_search
 from sweeper.spec import Sweep, load_sweep, parse_sweep
 

@@ -70,8 +70,7 @@ def learned_line(sweep) -> str:  # noqa: ANN001 - Sweep, imported lazily
     """One line: the learned profile the sweep would start from (`sweeper.learned_profile`), or why none."""
     from sweeper.identity import sweep_identity
     from sweeper.launchers import launcher_classes, resolve_profile
-    from sweeper.learned_profile import status_line
-    from sweeper.remember import learns
+    from sweeper.learned_profile import learns, status_line
 
     profile = resolve_profile(sweep)
     here = launcher_classes()[profile.kind].measures_here
