@@ -261,7 +261,7 @@ class SearchSettings(_Strict):
     seed: int = Field(default=0, ge=0)
     storage: str | None = Field(default=None, description="an Optuna storage URL; default SQLite beside the results")
     seed_trials: int | None = Field(
-        default=None, ge=0, le=10_000, description="auto: first trials on the best-predicted layouts (budget/5, 3-8)"
+        default=None, ge=0, le=10_000, description="auto: first trials on the best-predicted layouts (default: none)"
     )
     stop_margin: float | None = Field(
         default=None, ge=0, le=10, description="stop early when no untried layout is predicted to beat the best by this"
