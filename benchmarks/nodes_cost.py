@@ -24,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 import yaml
+from search_public import ultrascale_space  # one space per ultrascale cell (benchmarks/ is on sys.path)
 
 from sweeper.launchers.replay import ReplayLauncher
 from sweeper.orchestrator import prepare, run_loop
@@ -72,15 +73,7 @@ def sweep_file(g: pd.DataFrame, name: str, table: Path, results: Path, per_size:
         "seq_len": int(g.seq.iloc[0]),
         "global_batch_size": int(g.gbs.iloc[0]),
         "cluster": {"nodes": sizes, "gpus_per_node": 8, "gpu": "h100-sxm"},
-        "space": {
-            "tp": sorted(int(v) for v in g.tp.unique()),
-            "pp": sorted(int(v) for v in g.pp.unique()),
-            "micro_batch_size": sorted(int(v) for v in g.micro_batch_size.unique()),
-            "sharding": sorted(g.sharding.unique()),
-            "sequence_parallel": [True],
-            "activation_checkpointing": ["none"],
-            "attention": ["flash2"],
-        },
+        "space": ultrascale_space(g),
         "workload": {
             "kind": "nanotron",
             "command": "torchrun --nproc-per-node {nproc} run_train.py --config-file {workdir}/nanotron.yaml",

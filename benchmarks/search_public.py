@@ -78,6 +78,19 @@ def ultrascale_cells() -> list[tuple[str, pd.DataFrame]]:
     return out
 
 
+def ultrascale_space(g: pd.DataFrame) -> dict[str, Any]:
+    """The knobs an ultrascale cell's runs varied (nanotron: sequence parallel on, no checkpointing, flash2)."""
+    return {
+        "tp": sorted(int(v) for v in g.tp.unique()),
+        "pp": sorted(int(v) for v in g.pp.unique()),
+        "micro_batch_size": sorted(int(v) for v in g.micro_batch_size.unique()),
+        "sharding": sorted(g.sharding.unique()),
+        "sequence_parallel": [True],
+        "activation_checkpointing": ["none"],
+        "attention": ["flash2"],
+    }
+
+
 def cell_spec(g: pd.DataFrame, name: str, table: str, results: str) -> dict[str, Any]:
     f = g.iloc[0]
     return {
@@ -94,15 +107,7 @@ def cell_spec(g: pd.DataFrame, name: str, table: str, results: str) -> dict[str,
         "seq_len": int(f.seq),
         "global_batch_size": int(f.gbs),
         "cluster": {"nodes": int(f.gpus) // 8, "gpus_per_node": 8, "gpu": "h100-sxm"},
-        "space": {
-            "tp": sorted(int(v) for v in g.tp.unique()),
-            "pp": sorted(int(v) for v in g.pp.unique()),
-            "micro_batch_size": sorted(int(v) for v in g.micro_batch_size.unique()),
-            "sharding": sorted(g.sharding.unique()),
-            "sequence_parallel": [True],
-            "activation_checkpointing": ["none"],
-            "attention": ["flash2"],
-        },
+        "space": ultrascale_space(g),
         "memory": {"recipe": "megatron"},
         "launcher": {"kind": "replay", "table": table},
         "search": {"max_trials": len(g), "parallel": 1, "seed": 0},
