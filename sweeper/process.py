@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,21 @@ def kill_group(pid: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+def die_with_parent(parent: int) -> None:
+    """In a child before exec (`preexec_fn=partial(die_with_parent, os.getpid())`), or in a process at its
+    start: SIGKILL it when its parent dies. A rank or a workload runs in its own session, so killing its
+    launcher's process group (a SIGKILLed `sweep trial`, a cancelled trial, a stopped torchx replica)
+    would otherwise leave it running, unsupervised and past any time limit. `parent`: the pid it must
+    still have (its parent died before the prctl when it has another, and then it must not run)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # a container's PID 1 may be the parent: compare, never assume 1
+            os._exit(1)
 
 
 def read_result(path: Path) -> dict[str, Any] | None:

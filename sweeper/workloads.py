@@ -18,13 +18,14 @@ import re
 import shlex
 import subprocess
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from sweeper.export import layout_record
 from sweeper.files import open_own
 from sweeper.layout import Layout
-from sweeper.process import free_port, kill_group
+from sweeper.process import die_with_parent, free_port, kill_group
 from sweeper.spec import Sweep
 from sweeper.trainers import TRAINERS
 from sweeper.trial import FAILED, OOM, TIMEOUT, TrialResult, summarize, without_run
@@ -152,6 +153,9 @@ def run_external(sweep: Sweep, layout: Layout, *, workdir: Path, timeout_s: floa
                 cwd=wl.cwd or None,
                 env=env,
                 start_new_session=True,
+                preexec_fn=partial(
+                    die_with_parent, os.getpid()
+                ),  # a stopped trial's workload must not run on, unsupervised
             )
         except OSError as e:
             return without_run(sweep, layout, status=FAILED, error=f"cannot start {argv[0]!r}: {e.strerror}")

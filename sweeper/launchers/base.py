@@ -10,15 +10,20 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from sweeper.layout import Columns, Layout
 from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
 from sweeper.trial import TrialResult
+
+# Values that end up on a job script's line or in a scheduler's request: no spaces, quotes or shell
+# metacharacters; option names in lower case.
+SafeToken = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.,:=/+@%-]*$", max_length=256)]
+OptionName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_-]{0,63}$")]
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,11 @@ class LauncherProfile(BaseModel):
 
     def check(self, source: str) -> None:
         """Checks across fields, after validation; raise `SpecError` naming `source`."""
+
+    def site_only_settings(self) -> list[str]:
+        """The settings given here that only a site profile may give (refused in a sweep file's inline
+        launcher): the `site_only` fields set, and whatever a subclass adds by value (a run option)."""
+        return [name for name in self.site_only if name in self.model_fields_set]
 
     def cluster_name(self) -> str | None:
         """The machine the trials run on, where the profile names one (a SLURM partition): the cluster

@@ -59,6 +59,12 @@ def resolve_profile(sweep: Sweep) -> LauncherProfile:
     except ValidationError as e:
         raise SpecError(f"{source}: {_message(e, model)}") from None
     profile.check(source)
+    inline = profile.site_only_settings() if source == "launcher" else []
+    if inline:
+        raise SpecError(
+            f"launcher.{inline[0]}: not allowed in a sweep file's inline launcher (a shared file must not set "
+            f"what reaches into the machines trials run on); put it in a profile under launchers/ and name it"
+        )
     return profile
 
 

@@ -15,18 +15,30 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from sweeper.files import open_own, own_dir
 from sweeper.layout import Layout
-from sweeper.process import free_port, kill_group, read_result
+from sweeper.process import die_with_parent, free_port, kill_group, read_result
 from sweeper.spec import Sweep
 from sweeper.trainer.evidence import INFRASTRUCTURE_FAILURE, OomSigns, OomWatch, oom_evidence
 from sweeper.trial import FAILED, OOM, TIMEOUT, TrialResult, without_run
 
 # After rank 0 wrote its result (or a rank died), how long the others get to finish on their own.
 EXIT_GRACE_S = 15.0
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the ranks of a trial over several machines meet, and this machine's place among them
+    (a torchx app's replica: one per node). Without one, every rank runs here."""
+
+    node_rank: int
+    nodes: int
+    master_addr: str
+    master_port: int
 
 
 @dataclass
@@ -80,9 +92,16 @@ class Launched:
 
 
 def launch(
-    task: dict[str, Any], *, nprocs: int, timeout_s: float, workdir: Path, extra_env: dict[str, str] | None = None
+    task: dict[str, Any],
+    *,
+    nprocs: int,
+    timeout_s: float,
+    workdir: Path,
+    extra_env: dict[str, str] | None = None,
+    rendezvous: Rendezvous | None = None,
 ) -> Launched:
-    """Run `task` (see `sweeper.trainer.worker`) on `nprocs` local processes; kill them all at `timeout_s`."""
+    """Run `task` (see `sweeper.trainer.worker`) on `nprocs` local processes; kill them all at `timeout_s`.
+    With a `rendezvous`, they are this node's ranks of a trial over `rendezvous.nodes` machines."""
     # `workdir` is the caller's; what the launch makes in it is its own, and a link planted at one
     # of those names (a copied results folder) is replaced, never written through
     workdir.mkdir(parents=True, exist_ok=True)
@@ -95,12 +114,14 @@ def launch(
             stale.unlink()
     with open_own(workdir / "task.pkl") as f:  # the ranks unpickle it
         pickle.dump(task, f)
+    rv = rendezvous or Rendezvous(0, 1, "127.0.0.1", free_port())
     base = {
         **os.environ,
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "WORLD_SIZE": str(nprocs),
+        "MASTER_ADDR": rv.master_addr,
+        "MASTER_PORT": str(rv.master_port),
+        "WORLD_SIZE": str(rv.nodes * nprocs),
         "LOCAL_WORLD_SIZE": str(nprocs),
+        "GROUP_RANK": str(rv.node_rank),
         "PYTHONUNBUFFERED": "1",
         **(extra_env or {}),
     }
@@ -110,7 +131,7 @@ def launch(
         start = time.monotonic()
         procs = []
         for rank in range(nprocs):
-            env = base | {"RANK": str(rank), "LOCAL_RANK": str(rank)}
+            env = base | {"RANK": str(rv.node_rank * nprocs + rank), "LOCAL_RANK": str(rank)}
             with open_own(workdir / "logs" / f"rank{rank}.log") as log:
                 procs.append(
                     subprocess.Popen(
@@ -120,7 +141,7 @@ def launch(
                         stderr=subprocess.STDOUT,
                         stdin=subprocess.DEVNULL,
                         start_new_session=True,
-                        preexec_fn=_die_with_parent,
+                        preexec_fn=partial(die_with_parent, os.getpid()),
                     )
                 )
         pids = [p.pid for p in procs]
@@ -131,19 +152,6 @@ def launch(
     finally:
         watch.close()
     return Launched(workdir, [p.returncode for p in procs], timed_out, killed, time.monotonic() - start, pids, signs)
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL it when this launcher dies. Each rank has its own session,
-    so killing the launcher's process group (a SIGKILLed `sweep trial`, a cancelled local trial)
-    would otherwise leave the ranks running, unsupervised and past any time limit."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() == 1:  # the launcher died before the prctl: do not run orphaned
-            os._exit(1)
 
 
 def _wait(
@@ -189,20 +197,24 @@ def launch_trial(
     workdir: Path,
     timeout_s: float | None = None,
     extra_env: dict[str, str] | None = None,
+    rendezvous: Rendezvous | None = None,
 ) -> TrialResult:
-    """Run one trial on `sweep.cluster.world` local processes and return rank 0's result.
+    """Run one trial on `sweep.cluster.world` local processes and return rank 0's result; with a
+    `rendezvous` at node 0, this node's `gpus_per_node` ranks of it (the other nodes: `launch`).
 
     No result from rank 0 becomes `timeout` (the wall-clock limit killed it) or `failed` with the
     tail of the log of a rank that exited with an error, or `oom` when a rank was OOM-killed.
     """
     limit = timeout_s if timeout_s is not None else sweep.trial.timeout_min * 60
     task = {"kind": "trial", "sweep": sweep, "layout": layout}
+    nprocs = sweep.cluster.world if rendezvous is None else sweep.cluster.gpus_per_node
     for attempt in (1, 2):
         folder = workdir if attempt == 1 else own_dir(workdir / "retry")
-        done = launch(task, nprocs=sweep.cluster.world, timeout_s=limit, workdir=folder, extra_env=extra_env)
+        done = launch(task, nprocs=nprocs, timeout_s=limit, workdir=folder, extra_env=extra_env, rendezvous=rendezvous)
         path = done.out_dir / "result.json"
-        # the free port was taken between choosing it and rank 0 listening on it: once more
-        if not (path.exists() and "EADDRINUSE" in path.read_text()):
+        # the free port was taken between choosing it and rank 0 listening on it: once more (an agreed
+        # port of several nodes cannot change on one node alone)
+        if rendezvous is not None or not (path.exists() and "EADDRINUSE" in path.read_text()):
             break
     oom = done.oom()
     written = read_result(path)

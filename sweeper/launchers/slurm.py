@@ -16,7 +16,17 @@ from pydantic import Field, StringConstraints
 from sweeper.errors import SpecError, SweepError
 from sweeper.files import own_dir
 from sweeper.folder import check_trusted_file
-from sweeper.launchers.base import Handle, JobOutcome, Launcher, LauncherProfile, TrialJob, failure, tail
+from sweeper.launchers.base import (
+    Handle,
+    JobOutcome,
+    Launcher,
+    LauncherProfile,
+    OptionName,
+    SafeToken,
+    TrialJob,
+    failure,
+    tail,
+)
 from sweeper.launchers.task import run_task, task_count, tasks_per_node
 from sweeper.process import read_result
 from sweeper.spec import Sweep
@@ -28,10 +38,6 @@ from sweeper.trial import TrialResult
 if TYPE_CHECKING:
     import submitit
 
-# Values that end up on an sbatch/srun line: no spaces, quotes or shell metacharacters.
-_SAFE = r"^[A-Za-z0-9_.,:=/+@%-]*$"
-SafeToken = Annotated[str, StringConstraints(pattern=_SAFE, max_length=256)]
-OptionName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_-]{0,63}$")]
 # Options that redirect a job's output, environment, folder or requeueing: a profile could
 # append to ~/.bashrc, LD_PRELOAD a library or rerun jobs unseen. Denied unless a profile allows them.
 DENIED_DIRECTIVES = ("output", "error", "export", "chdir", "requeue", "wrap")
