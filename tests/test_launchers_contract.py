@@ -37,10 +37,11 @@ LIMIT_MIN = 0.05  # a 3 s trial limit: the trial's own limit, which every launch
 
 @dataclass(frozen=True)
 class Harness:
-    """How the suite drives one kind of launcher: its profile, and how to tell a trial still runs."""
+    """How the suite drives one launcher on one engine: its profile, and how to tell a trial still runs."""
 
-    profile: Callable[[Path], dict[str, Any]]  # tmp_path -> the sweep file's `launcher:` mapping
-    alive: Callable[[Handle], bool]  # the trial's process or job still runs
+    kind: str  # the launcher's kind in the registry
+    profile: Callable[[Bench], dict[str, Any] | str]  # the sweep file's `launcher:` (a mapping or a profile's name)
+    alive: Callable[[Handle], bool]  # the trial's process, job or container still runs
     not_applicable: dict[str, str]  # case -> why the operation means nothing for this launcher
 
 
@@ -59,17 +60,70 @@ def _slurm_alive(handle: Handle) -> bool:
     return bool(out.strip())
 
 
-def _replay_profile(tmp_path: Path) -> dict[str, Any]:
+def _replay_profile(bench: Bench) -> dict[str, Any]:
     # the table knows LAYOUT only: any other layout is the replay launcher's failing trial
-    table = tmp_path / "table.csv"
+    table = bench.tmp_path / "table.csv"
     table.write_text("tp,pp,micro_batch_size,status,step_time_mean_s\n1,1,1,ok,0.5\n")
     return {"kind": "replay", "table": str(table)}
 
 
+def _app_processes_alive(handle: Handle) -> bool:
+    """A process of this torchx app runs on this host: its replica or anything it started (the runner
+    sets TORCHX_JOB_ID, ending in the app's id, in every replica's environment, and children inherit it)."""
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            variables = environ.read_bytes().split(b"\0")
+            state = environ.with_name("stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        for var in variables:
+            if var.startswith(b"TORCHX_JOB_ID=") and state != "Z":
+                app = var.decode(errors="replace").rsplit("/", 1)[-1]
+                if app and handle.job_id.endswith(app):
+                    return True
+    return False
+
+
+def _container_alive(handle: Handle) -> bool:
+    import docker
+
+    app = handle.job_id.rsplit("/", 1)[-1]
+    return bool(docker.from_env().containers.list(filters={"label": f"torchx.pytorch.org/app-id={app}"}))
+
+
+def _ray_profile(bench: Bench) -> dict[str, Any]:
+    head = bench.request.getfixturevalue("ray_head")
+    # python: the test's own (the head's workers inherit no virtual environment's PATH here)
+    return {
+        "kind": "torchx",
+        "scheduler": "ray",
+        "python": sys.executable,
+        "cfg": {"dashboard_address": head.dashboard},
+    }
+
+
+def _docker_profile(bench: Bench) -> str:
+    # mounts are a site's to give: a profile under launchers/ of the folder the sweep runs from
+    daemon = bench.request.getfixturevalue("docker_daemon")
+    folder = bench.tmp_path / "launchers"
+    folder.mkdir(exist_ok=True)
+    profile = {
+        "kind": "torchx",
+        "scheduler": "local_docker",
+        "image": daemon.image,
+        "python": sys.executable,
+        "mounts": list(daemon.mounts),
+    }
+    (folder / "docker_test.yaml").write_text(yaml.safe_dump(profile))
+    bench.request.getfixturevalue("monkeypatch").chdir(bench.tmp_path)
+    return "docker_test"
+
+
 HARNESSES: dict[str, Harness] = {
-    "local": Harness(lambda _: {"kind": "local"}, _local_alive, {}),
-    "slurm": Harness(lambda _: {"kind": "slurm", "poll_s": 0.5, "exclusive": False}, _slurm_alive, {}),
+    "local": Harness("local", lambda _: {"kind": "local"}, _local_alive, {}),
+    "slurm": Harness("slurm", lambda _: {"kind": "slurm", "poll_s": 0.5, "exclusive": False}, _slurm_alive, {}),
     "replay": Harness(
+        "replay",
         _replay_profile,
         lambda _: False,
         {
@@ -78,23 +132,39 @@ HARNESSES: dict[str, Harness] = {
             "reattach_gone": "replay has no process or job that could be gone: its answers are repeatable",
         },
     ),
+    "torchx-ray": Harness("torchx", _ray_profile, _app_processes_alive, {}),
+    "torchx-docker": Harness("torchx", _docker_profile, _container_alive, {}),
+    "torchx-local_cwd": Harness(
+        "torchx",
+        lambda _: {"kind": "torchx", "scheduler": "local_cwd", "poll_s": 0.5},
+        _app_processes_alive,
+        {"reattach": "torchx's local_cwd scheduler keeps its apps in the process that submitted them"},
+    ),
 }
-MARKS = {"slurm": [pytest.mark.slurm, pytest.mark.slow]}
-KINDS = [pytest.param(kind, marks=MARKS.get(kind, [])) for kind in launcher_classes()]
+MARKS = {
+    "slurm": [pytest.mark.slurm, pytest.mark.slow],
+    "torchx-ray": [pytest.mark.ray, pytest.mark.slow],
+    "torchx-docker": [pytest.mark.docker, pytest.mark.slow],
+}
+ENGINES = [pytest.param(name, marks=MARKS.get(name, [])) for name in HARNESSES]
 
 
 @dataclass
 class Bench:
     """One launcher of the kind under test, for a sweep whose trials run `command`."""
 
-    kind: str
+    engine: str  # a key of HARNESSES
     tmp_path: Path
     request: pytest.FixtureRequest
+
+    @property
+    def kind(self) -> str:
+        return HARNESSES[self.engine].kind
 
     def sweep(self, command: str, *, timeout_min: float = 5) -> Sweep:
         spec = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
         spec.update(name=f"contract-{self.kind}", results_dir=str(self.tmp_path / "results"))
-        spec["launcher"] = HARNESSES[self.kind].profile(self.tmp_path)
+        spec["launcher"] = HARNESSES[self.engine].profile(self)
         spec["workload"] = {"kind": "megatron" if "{flags}" in command else "command", "command": command}
         spec["trial"].update(steps=4, timeout_min=timeout_min)
         path = self.tmp_path / f"sweep-{len(list(self.tmp_path.glob('sweep-*.yaml')))}.yaml"
@@ -119,12 +189,12 @@ class Bench:
         )
 
     def skip_unless(self, case: str) -> None:
-        reason = HARNESSES[self.kind].not_applicable.get(case)
+        reason = HARNESSES[self.engine].not_applicable.get(case)
         if reason:
-            pytest.skip(f"{self.kind}: {reason}")
+            pytest.skip(f"{self.engine}: {reason}")
 
 
-@pytest.fixture(params=KINDS)
+@pytest.fixture(params=ENGINES)
 def bench(request: pytest.FixtureRequest, tmp_path: Path) -> Bench:
     return Bench(request.param, tmp_path, request)
 
@@ -141,7 +211,9 @@ def outcome(launcher: Launcher, handle: Handle, *, within_s: float = 120) -> Job
 
 
 def test_every_launcher_has_a_harness() -> None:
-    assert set(launcher_classes()) == set(HARNESSES), "a new launcher needs a Harness in this file"
+    assert set(launcher_classes()) == {h.kind for h in HARNESSES.values()}, (
+        "a new launcher needs a Harness in this file"
+    )
 
 
 def test_submit_then_poll_gives_the_trials_result(bench: Bench) -> None:
@@ -184,8 +256,11 @@ def test_cancel_ends_the_trial_and_everything_it_started(bench: Bench) -> None:
     bench.skip_unless("cancel")
     sweep = bench.sweep(LONG_COMMAND)
     launcher = bench.launcher(sweep)
-    harness = HARNESSES[bench.kind]
+    harness = HARNESSES[bench.engine]
     handle = launcher.submit(bench.job(sweep))
+    deadline = time.monotonic() + 30  # a scheduler may first wait for resources (Ray's placement group)
+    while not harness.alive(handle) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert harness.alive(handle)
     assert launcher.poll(handle) is None  # still running: `sleep 600`
     launcher.cancel(handle)
@@ -210,6 +285,7 @@ def _in_group(proc: Path, pgid: int) -> bool:
 def test_reattach_after_a_restart_collects_the_same_trial(bench: Bench) -> None:
     # slurm: the tiny cluster has 2 devices per node and an external trainer runs 1 task per
     # node; re-attach must wait for the tasks the job has, not one per device
+    bench.skip_unless("reattach")
     sweep = bench.sweep(OK_COMMAND)
     job = bench.job(sweep)
     handle = bench.launcher(sweep).submit(job)
@@ -240,7 +316,7 @@ def test_profiles_are_validated_by_their_own_launchers_model(tmp_path: Path) -> 
         assert cls.kind == kind and cls.profile_model is not None
     bench = Bench("local", tmp_path, None)  # type: ignore[arg-type]
     sweep = bench.sweep(OK_COMMAND)
-    with pytest.raises(SpecError, match="'k8s' is not a launcher; kinds: local, replay, slurm"):
+    with pytest.raises(SpecError, match="'k8s' is not a launcher; kinds: local, replay, slurm, torchx"):
         resolve_profile(replace(sweep, launcher={"kind": "k8s"}))
     with pytest.raises(SpecError, match=r"launcher: bogus: unknown field; allowed: kind, partition, account"):
         resolve_profile(replace(sweep, launcher={"kind": "slurm", "bogus": 1}))

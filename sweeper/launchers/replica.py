@@ -30,7 +30,7 @@ from sweeper.spec import Sweep
 
 MARK = "SWEEP_REPLICA"  # the line a replica ends its log with
 SPEC_ENV = "SWEEP_TRIAL_SPEC"  # the frozen sweep file's text
-RANK0_HOST_ENV = "TORCHX_RANK0_HOST"  # set by every torchx scheduler: where replica 0 runs
+RANK0_HOST_ENV = "TORCHX_RANK0_HOST"  # where replica 0 runs, on Ray and Docker (`--rank0-env` names another)
 LOG_LINES = 200  # the last lines of each rank's log that the replica's own log repeats
 
 
@@ -85,6 +85,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, required=True, help="the trial's node count (one replica each)")
     p.add_argument("--timeout-s", type=float, required=True, help="the trial's wall-clock limit")
     p.add_argument("--master-port", type=int, required=True, help="where node 0's rank 0 listens (several nodes)")
+    p.add_argument(
+        "--rank0-env",
+        default=RANK0_HOST_ENV,
+        help="the variable holding node 0's host (torchx: ${rank0_env}; Kubernetes' Volcano sets its own)",
+    )
     p.add_argument("--source", default="sweep.yaml", help="the sweep file's path where it was submitted")
     return p
 
@@ -104,9 +109,9 @@ def _run(sweep: Sweep, layout: Layout, args: argparse.Namespace, workdir: Path) 
         return {"result": _run_external(sweep, layout, node, nodes, args, workdir)}
     rendezvous = None
     if nodes > 1:
-        master = "127.0.0.1" if node == 0 else os.environ.get(RANK0_HOST_ENV, "")
+        master = "127.0.0.1" if node == 0 else os.environ.get(args.rank0_env, "")
         if not master:
-            return {"error": f"{RANK0_HOST_ENV} is not set: node {node} cannot find node 0"}
+            return {"error": f"{args.rank0_env} is not set: node {node} cannot find node 0"}
         rendezvous = Rendezvous(node, nodes, master, args.master_port)
     if node == 0:
         result = launch_trial(sweep, layout, workdir=workdir / "ranks", timeout_s=args.timeout_s, rendezvous=rendezvous)
@@ -134,7 +139,7 @@ def _run_external(
     """The trainer's own command on this node, with torchrun-style variables naming the node."""
     from sweeper.workloads import run_external
 
-    master = "127.0.0.1" if node == 0 else os.environ.get(RANK0_HOST_ENV, "127.0.0.1")
+    master = "127.0.0.1" if node == 0 else os.environ.get(args.rank0_env, "127.0.0.1")
     os.environ.update(
         RANK=str(node),
         WORLD_SIZE=str(nodes),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -44,7 +45,7 @@ from sweeper.trial import TrialResult
 
 if TYPE_CHECKING:
     from torchx.runner import Runner
-    from torchx.specs import AppDef, AppStatus
+    from torchx.specs import AppDef, AppDryRunInfo, AppStatus
 
 Scheduler = Literal["ray", "kubernetes", "local_docker", "local_cwd", "aws_batch"]
 # Where the app's image is a folder the launcher makes for each trial (Ray uploads it as the job's
@@ -60,6 +61,8 @@ INLINE_CFG: dict[str, tuple[str, ...]] = {
     "local_cwd": (),
     "aws_batch": ("queue", "priority", "share_id"),
 }
+# Where the scheduler keeps one log for the whole app (Ray: the job's, every replica's lines in it)
+ONE_LOG: tuple[str, ...] = ("ray",)
 # What each scheduler needs installed beside torchx (pip), for the message when it is missing
 EXTRA: dict[str, str] = {"ray": "ray", "kubernetes": "kubernetes"}
 ROLE = "trial"
@@ -89,7 +92,10 @@ class TorchxProfile(LauncherProfile):
         default_factory=dict,
         description="the scheduler's run options (`torchx runopts SCHEDULER`), e.g. dashboard_address, namespace, queue",
     )
-    python: SafeToken = Field(default="python3", description="the replicas' Python, where sweep is installed")
+    python: SafeToken | None = Field(
+        default=None,
+        description="the replicas' Python, where sweep is installed (default: python3; local_cwd: this Python)",
+    )
     cpus_per_replica: int | None = Field(default=None, ge=1, le=1024, description="default: one per device of a node")
     memory_gb_per_replica: float | None = Field(
         default=None, gt=0, description="default: the scheduler's own (no limit on local_docker)"
@@ -165,6 +171,7 @@ def app_def(profile: TorchxProfile, sweep: Sweep, job: TrialJob, image: str, spe
         "sweeper.launchers.replica",
         *("--layout", json.dumps(job.layout.as_dict(), separators=(",", ":"))),
         *("--node-rank", specs.macros.replica_id),
+        *("--rank0-env", specs.macros.rank0_env),  # the variable's name: each scheduler has its own
         *("--nodes", str(cluster.nodes)),
         *("--timeout-s", f"{job.timeout_s:g}"),
         # one port per trial number: trials of one sweep may share node 0's machine
@@ -174,7 +181,7 @@ def app_def(profile: TorchxProfile, sweep: Sweep, job: TrialJob, image: str, spe
     role = specs.Role(
         name=ROLE,
         image=image,
-        entrypoint=profile.python,
+        entrypoint=profile.python or (sys.executable if profile.scheduler == "local_cwd" else "python3"),
         args=args,
         env={SPEC_ENV: spec_text, "PYTHONUNBUFFERED": "1", **profile.env},
         num_replicas=cluster.nodes,
@@ -226,14 +233,18 @@ class TorchxLauncher(Launcher):
     def cluster_name(self) -> str | None:
         return self.profile.cluster_name()
 
+    def request(self, job: TrialJob, image: str | None = None) -> AppDryRunInfo[Any]:
+        """What torchx would submit for the trial, as the scheduler's own request (a Kubernetes job,
+        Docker containers, Ray actors): `submit` schedules exactly this."""
+        sweep = self.sweep.at(job.nodes) if job.nodes is not None else self.sweep
+        app = app_def(self.profile, sweep, job, image or self._image(job), Path(job.spec_path).read_text())
+        return self.runner.dryrun(app, self.profile.scheduler, cfg=dict(self.profile.cfg))
+
     def submit(self, job: TrialJob) -> Handle:
         own_dir(job.workdir)  # a link planted at the job's folder is replaced, never followed
-        sweep = self.sweep.at(job.nodes) if job.nodes is not None else self.sweep
         image = self._image(job)
         try:
-            app = app_def(self.profile, sweep, job, image, Path(job.spec_path).read_text())
-            info = self.runner.dryrun(app, self.profile.scheduler, cfg=dict(self.profile.cfg))
-            app_id = self.runner.schedule(info)
+            app_id = self.runner.schedule(self.request(job, image))
         finally:
             if self.profile.scheduler == "ray":  # uploaded (torchx removes it itself when under /tmp)
                 _remove_tree(Path(image))
@@ -286,28 +297,15 @@ class TorchxLauncher(Launcher):
 
     def _collect(self, handle: Handle, status: AppStatus) -> JobOutcome:
         """The ended app's logs into the trial's folder, and its outcome from the replicas' reports."""
-        job, state = handle.job, status.state.name
         lines, log = self._fetch_logs(handle)
-        reports = parse_reports(lines)
-        oom = next((f"{r['oom']} (node {n})" for n, r in sorted(reports.items()) if r.get("oom")), None)
-        result = _result_of(reports.get(0), job)
-        infrastructure = False
-        if result is None:
-            if handle.info.get("cancelled"):
-                reason = f"torchx app {handle.job_id} was cancelled ({state})"
-            else:  # a replica died without its report, or the scheduler dropped it: retried once
-                reason = (
-                    f"{INFRASTRUCTURE_FAILURE}: torchx app {handle.job_id} ended {state} without a result from node 0"
-                )
-                infrastructure = oom is None
-            err = tail(log, 5) if log else ""
-            result = failure(TrialStatus.OOM if oom else TrialStatus.FAILED, f"{reason}\n{err}".strip(), job)
-            if oom:
-                result.error = f"{oom}; {result.error}"
-        elif result.status == TrialStatus.FAILED and oom:  # another node's rank was killed for memory
-            result.status, result.error = TrialStatus.OOM, f"{oom}; then: {result.error}"
-        elif result.status == TrialStatus.FAILED:
-            infrastructure = str(result.error or "").startswith(INFRASTRUCTURE_FAILURE)
+        result, infrastructure = trial_outcome(
+            parse_reports(lines),
+            handle.job,
+            app=handle.job_id,
+            state=status.state.name,
+            cancelled=bool(handle.info.get("cancelled")),
+            log_tail=tail(log, 5) if log else "",
+        )
         return self._ended(handle, result, infrastructure, status=status, log=log)
 
     def _fetch_logs(self, handle: Handle) -> tuple[list[str], Path | None]:
@@ -315,11 +313,13 @@ class TorchxLauncher(Launcher):
         folder = own_dir(handle.job.workdir / "logs")
         lines: list[str] = []
         first: Path | None = None
-        try:
-            app = self.runner.describe(handle.job_id)
-            roles = [(r.name, r.num_replicas) for r in app.roles] if app else [(ROLE, 1)]
-        except Exception:  # noqa: BLE001 - a scheduler that cannot describe an ended app: the trial's role
-            roles = [(ROLE, 1)]
+        roles = [(ROLE, 1)]
+        if self.profile.scheduler not in ONE_LOG:
+            try:
+                app = self.runner.describe(handle.job_id)
+                roles = [(r.name, r.num_replicas) for r in app.roles] if app else roles
+            except Exception:  # noqa: BLE001 - a scheduler that cannot describe an ended app: the trial's role
+                pass
         for role, replicas in roles:
             for k in range(max(1, replicas)):
                 try:
@@ -342,7 +342,8 @@ class TorchxLauncher(Launcher):
         status: AppStatus | None = None,
         log: Path | None = None,
     ) -> JobOutcome:
-        hosts = [r.hostname for role in (status.roles if status else []) for r in role.replicas if r.hostname]
+        replicas = [r for role in (status.roles if status else []) for r in role.replicas]
+        hosts = [r.hostname for r in replicas if r.hostname and r.hostname != "<NONE>"]  # torchx.specs.NONE
         outcome = JobOutcome(result, handle.job_id, ",".join(hosts) or None, str(log) if log else None, infrastructure)
         handle.info["outcome"] = outcome  # an ended trial stays ended
         return outcome
@@ -369,6 +370,30 @@ class TorchxLauncher(Launcher):
             return (job.workdir / APP_FILE).read_text().strip() or None
         except OSError:
             return None
+
+
+def trial_outcome(
+    reports: dict[int, dict[str, Any]], job: TrialJob, *, app: str, state: str, cancelled: bool, log_tail: str = ""
+) -> tuple[TrialResult, bool]:
+    """The trial's result from its replicas' reports (`replica.parse_reports`) once its app ended in
+    `state`, and whether it failed around the trial (retried once). Node 0 speaks for the trial; a rank
+    any node saw killed for memory (its own evidence) makes a failure an OOM."""
+    oom = next((f"{r['oom']} (node {n})" for n, r in sorted(reports.items()) if r.get("oom")), None)
+    result = _result_of(reports.get(0), job)
+    if result is None:
+        if cancelled:
+            reason, infrastructure = f"torchx app {app} was cancelled ({state})", False
+        else:  # a replica died without its report, or the scheduler lost it: retried once
+            reason = f"{INFRASTRUCTURE_FAILURE}: torchx app {app} ended {state} without a result from node 0"
+            infrastructure = oom is None
+        result = failure(TrialStatus.OOM if oom else TrialStatus.FAILED, f"{reason}\n{log_tail}".strip(), job)
+        if oom:
+            result.error = f"{oom}; {result.error}"
+        return result, infrastructure
+    if result.status == TrialStatus.FAILED and oom:  # another node's rank was killed for memory
+        result.status, result.error = TrialStatus.OOM, f"{oom}; then: {result.error}"
+        return result, False
+    return result, result.status == TrialStatus.FAILED and str(result.error or "").startswith(INFRASTRUCTURE_FAILURE)
 
 
 def _result_of(report: dict[str, Any] | None, job: TrialJob) -> TrialResult | None:
