@@ -39,3 +39,25 @@ def test_only_the_slurm_launcher_imports_submitit():
         p.name for p in (PACKAGE / "launchers").glob("*.py") if any(m.split(".")[0] == "submitit" for m in imports(p))
     )
     assert users == ["slurm.py"]
+
+
+def test_only_the_torchx_launcher_imports_torchx_and_the_schedulers_clients():
+    clients = ("torchx", "ray", "docker", "kubernetes")
+    users = sorted(
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if any(m.split(".")[0] in clients for m in imports(p))
+    )
+    assert users == ["launchers/torchx.py"]
+
+
+def test_the_launcher_registry_loads_no_torchx():
+    # every sweep (and every dry run) imports every launcher module: torchx only where a torchx trial runs
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from sweeper.launchers import launcher_classes; launcher_classes(); print('torchx' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

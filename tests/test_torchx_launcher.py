@@ -229,3 +229,17 @@ def test_a_trial_over_two_nodes_meets_across_its_replicas(tmp_path: Path) -> Non
     reports = parse_reports(logs["trial-1.log"].splitlines())
     assert reports[1]["returncodes"] == [0] and reports[1]["oom"] is None
     assert "rank0.log" in logs["trial-0.log"]  # the ranks' logs travel in the replica's
+
+
+def test_a_scheduler_that_cannot_be_reached_stops_the_run_in_one_line(tmp_path: Path) -> None:
+    from sweeper.process import free_port
+
+    launcher = {"kind": "torchx", "scheduler": "ray", "cfg": {"dashboard_address": f"127.0.0.1:{free_port()}"}}
+    sweep = _sweep(tmp_path, launcher)
+    done = sweep_cli("run", str(sweep.source), cwd=tmp_path, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: launcher: torchx could not submit trial 0 to ray: ConnectionError"), last
+    assert "Traceback" not in done.stderr
+    # the trial's record stays in flight: the next `sweep run` submits it again
+    assert [p.name for p in (tmp_path / "results" / "Tiny_CPU" / "inflight").iterdir()] == ["trial-00000.json"]

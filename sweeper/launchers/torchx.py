@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints
 
-from sweeper.errors import SpecError
+from sweeper.errors import SpecError, SweepError
 from sweeper.files import open_own, own_dir
 from sweeper.launchers.base import (
     Handle,
@@ -245,6 +245,11 @@ class TorchxLauncher(Launcher):
         image = self._image(job)
         try:
             app_id = self.runner.schedule(self.request(job, image))
+        except Exception as e:  # noqa: BLE001 - the scheduler's client refused or cannot be reached
+            raise SweepError(
+                f"launcher: torchx could not submit trial {job.number} to {self.profile.scheduler}: "
+                f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"
+            ) from None
         finally:
             if self.profile.scheduler == "ray":  # uploaded (torchx removes it itself when under /tmp)
                 _remove_tree(Path(image))
