@@ -9,6 +9,7 @@ tests/test_launchers_contract.py on a real Ray head, a real Docker daemon and lo
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -234,12 +235,18 @@ def test_a_trial_over_two_nodes_meets_across_its_replicas(tmp_path: Path) -> Non
 def test_a_scheduler_that_cannot_be_reached_stops_the_run_in_one_line(tmp_path: Path) -> None:
     from sweeper.process import free_port
 
-    launcher = {"kind": "torchx", "scheduler": "ray", "cfg": {"dashboard_address": f"127.0.0.1:{free_port()}"}}
+    launcher = {
+        "kind": "torchx",
+        "scheduler": "ray",
+        "submit_patience_s": 3,
+        "cfg": {"dashboard_address": f"127.0.0.1:{free_port()}"},
+    }
     sweep = _sweep(tmp_path, launcher)
     done = sweep_cli("run", str(sweep.source), cwd=tmp_path, timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: launcher: torchx could not submit trial 0 to ray: ConnectionError"), last
+    tried = re.match(r"error: launcher: torchx could not submit trial 0 to ray \((\d+) tries\): ConnectionError", last)
+    assert tried and int(tried[1]) >= 2, last  # tried again within submit_patience_s, then said once
     assert "Traceback" not in done.stderr
     # the trial's record stays in flight: the next `sweep run` submits it again
     assert [p.name for p in (tmp_path / "results" / "Tiny_CPU" / "inflight").iterdir()] == ["trial-00000.json"]

@@ -14,6 +14,7 @@ every sweep, and a sweep on SLURM or a dry run must not need it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import sys
@@ -70,6 +71,9 @@ APP_FILE = "app.txt"  # in the trial's folder: the handle of the app it submitte
 # The replica enforces the trial's limit itself; this grace covers its start-up and teardown before
 # the launcher cancels the app. Time spent waiting for resources (PENDING) does not count.
 KILL_GRACE_S = 60.0
+# Between tries of a submission the scheduler refused (a Ray head that just started has no job agent
+# yet: "please try again later"), within the profile's `submit_patience_s`
+SUBMIT_WAITS_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 UNREACHABLE_S = 120.0  # how long the scheduler may not answer before its app counts as vanished
 
 ImageRef = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]*$", max_length=256)]
@@ -108,6 +112,9 @@ class TorchxProfile(LauncherProfile):
         default=29500, ge=1024, le=64535, description="node 0's port for a trial over several nodes (+ trial % 1000)"
     )
     poll_s: float = Field(default=2.0, gt=0, le=600, description="seconds between status checks")
+    submit_patience_s: float = Field(
+        default=60.0, ge=0, le=3600, description="how long a submission the scheduler refuses is tried again"
+    )
 
     # a replica's environment and mounts reach into the machines it runs on
     site_only = ("env", "mounts")
@@ -242,20 +249,30 @@ class TorchxLauncher(Launcher):
 
     def submit(self, job: TrialJob) -> Handle:
         own_dir(job.workdir)  # a link planted at the job's folder is replaced, never followed
-        image = self._image(job)
-        try:
-            app_id = self.runner.schedule(self.request(job, image))
-        except Exception as e:  # noqa: BLE001 - the scheduler's client refused or cannot be reached
-            raise SweepError(
-                f"launcher: torchx could not submit trial {job.number} to {self.profile.scheduler}: "
-                f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"
-            ) from None
-        finally:
-            if self.profile.scheduler == "ray":  # uploaded (torchx removes it itself when under /tmp)
-                _remove_tree(Path(image))
+        app_id = self._schedule(job)
         with open_own(job.workdir / APP_FILE) as f:  # before anything else can fail: `find` reads it
             f.write(app_id.encode())
         return Handle(app_id, job, None, {"submitted": time.time()})
+
+    def _schedule(self, job: TrialJob) -> str:
+        """Schedule the trial's app; a refusal is tried again within `submit_patience_s`, then said in one line."""
+        give_up = time.monotonic() + self.profile.submit_patience_s
+        for tries in itertools.count():
+            image = self._image(job)
+            try:
+                return self.runner.schedule(self.request(job, image))
+            except Exception as e:  # noqa: BLE001 - the scheduler's client refused or cannot be reached
+                wait = SUBMIT_WAITS_S[min(tries, len(SUBMIT_WAITS_S) - 1)]
+                if time.monotonic() + wait > give_up:
+                    raise SweepError(
+                        f"launcher: torchx could not submit trial {job.number} to {self.profile.scheduler} "
+                        f"({tries + 1} tries): {type(e).__name__}: {' '.join(str(e).split())[:400]}"
+                    ) from None
+            finally:
+                if self.profile.scheduler == "ray":  # uploaded (torchx removes it itself when under /tmp)
+                    _remove_tree(Path(image))
+            time.sleep(wait)
+        raise AssertionError("unreachable")
 
     def _image(self, job: TrialJob) -> str:
         if self.profile.scheduler == "ray":
@@ -279,6 +296,8 @@ class TorchxLauncher(Launcher):
             if status.state.name == "RUNNING":
                 handle.info.setdefault("running_since", time.monotonic())
             return self._enforce_limit(handle)
+        if _vanished(status):
+            return self._ended(handle, failure(TrialStatus.FAILED, self._gone(handle), handle.job), True)
         return self._collect(handle, status)
 
     def _gone(self, handle: Handle, why: str = "") -> str:
@@ -364,9 +383,10 @@ class TorchxLauncher(Launcher):
         if self.find(job) != job_id:  # only the app this trial's folder submitted
             return None
         try:
-            if self.runner.status(job_id) is None:
-                return None
+            status = self.runner.status(job_id)
         except Exception:  # noqa: BLE001 - unknown to the scheduler, or it cannot be reached: gone
+            return None
+        if status is None or _vanished(status):
             return None
         return Handle(job_id, job, None, {"submitted": time.time()})
 
@@ -399,6 +419,11 @@ def trial_outcome(
         result.status, result.error = TrialStatus.OOM, f"{oom}; then: {result.error}"
         return result, False
     return result, result.status == TrialStatus.FAILED and str(result.error or "").startswith(INFRASTRUCTURE_FAILURE)
+
+
+def _vanished(status: AppStatus) -> bool:
+    """An ended app without a replica left: Docker's answer for an app whose containers were removed."""
+    return status.is_terminal() and not any(role.replicas for role in status.roles)
 
 
 def _result_of(report: dict[str, Any] | None, job: TrialJob) -> TrialResult | None:
