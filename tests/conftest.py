@@ -137,12 +137,18 @@ def tiny_cpu_sweep(tmp_path_factory: pytest.TempPathFactory) -> RealSweep:
     return RealSweep(path, root / "results" / spec["name"], sweep_cli("run", str(path), cwd=root))
 
 
-# the session fixture `slurm_cluster` (a real single-node SLURM, root only)
-pytest_plugins = ["tests.slurm_cluster"]
+# the session fixtures of the real engines: `slurm_cluster` (a real single-node SLURM, root only),
+# `ray_head` (a Ray head on free ports), `docker_daemon` (a private dockerd, root only)
+pytest_plugins = ["tests.slurm_cluster", "tests.ray_cluster", "tests.docker_daemon"]
+
+# Each engine's tests run in one group, one after another in one worker: the worker's session
+# starts the engine once (two workers would start two SLURM clusters or two dockerd on one base,
+# and each one's stop would end the other's). A test is in it by its marker, or by the fixture.
+_ENGINES = {"slurm": "slurm_cluster", "ray": "ray_head", "docker": "docker_daemon"}
 
 # Fixtures made once per session or module that are cheap or hold nothing shared between workers
-# (`slurm_cluster` is handled by the `slurm` marker, which every test that asks for it carries).
-_NOT_SHARED = frozenset({"slurm_cluster", "private_tmpdir", "tmp_path_factory", "worker_id", "testrun_uid"})
+# (the engines' fixtures are handled by their groups, above).
+_NOT_SHARED = frozenset({*_ENGINES.values(), "private_tmpdir", "tmp_path_factory", "worker_id", "testrun_uid"})
 _GROUPS_DIR = pytest.StashKey[Path]()
 _CACHE_DIR = pytest.StashKey[Path]()
 
@@ -216,8 +222,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """In each worker of `pytest -n 2 --dist loadgroup` (CI, the README's command): the tests that
     share a launch made once per session or module (the parity launches, the tiny CPU sweep, the
     parsers' harnesses), directly or through another such fixture, form one group, run by one worker,
-    so that each launch still runs once; every SLURM test is in one group, run one after another, as
-    the one local cluster needs. Without xdist nothing is grouped."""
+    so that each launch still runs once; every SLURM test is in one group (`@slurm`), run one after
+    another, as the one local cluster needs, and so are the Ray tests (`@ray`) and the Docker tests
+    (`@docker`). Without xdist nothing is grouped."""
     folder = getattr(config, "workerinput", {}).get("sweep_groups_dir")
     if folder is None:
         return
@@ -236,8 +243,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     groups = {}
     for item in items:
         names = item_fixtures[item.nodeid]
-        if item.get_closest_marker("slurm") is not None:
-            groups[item.nodeid] = "@slurm"
+        engine = next(
+            (m for m, f in _ENGINES.items() if item.get_closest_marker(m) is not None or f in item.fixturenames), None
+        )
+        if engine is not None:
+            groups[item.nodeid] = "@" + engine
         elif names:
             groups[item.nodeid] = "@" + find(names[0])
     Path(folder, f"{config.workerinput['workerid']}.json").write_text(json.dumps(groups))
