@@ -21,9 +21,11 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
+from sweeper.files import open_own
 from sweeper.layout import Layout
 from sweeper.process import die_with_parent
 from sweeper.spec import Sweep
@@ -70,12 +72,33 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sweep = _sweep(text, args.source, args.nodes)
         layout = Layout.from_mapping(json.loads(args.layout))
-        payload = _run(sweep, layout, args, workdir)
+        line = report_line(args.node_rank, _run(sweep, layout, args, workdir))
+        print(line, flush=True)  # first: a log whose end is lost still holds it
         _repeat_logs(workdir, args.node_rank)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print(report_line(args.node_rank, payload), flush=True)
+    _leave_report(Path(args.workdir), args.node_rank, line)
+    print(line, flush=True)
+    time.sleep(args.linger_s)  # Ray drops the last lines of a process that exits at once
     return 0
+
+
+def report_file(folder: Path, node: int) -> Path:
+    """Where a replica that can reach the trial's folder (one machine, a shared file system) leaves its report."""
+    return folder / f"replica-{node}.json"
+
+
+def _leave_report(folder: Path, node: int, line: str) -> None:
+    """The report in the trial's folder too, where this replica sees that folder: no log can lose it there."""
+    if not folder.is_dir() or folder.is_symlink():
+        return
+    tmp = folder / f".replica-{node}.{os.getpid()}"
+    try:
+        with open_own(tmp) as f:  # a link planted at the name is replaced, never written through
+            f.write(line.encode())
+        os.replace(tmp, report_file(folder, node))
+    except OSError:
+        tmp.unlink(missing_ok=True)  # not ours to write (another machine's same path): the log carries it
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -90,6 +113,8 @@ def _parser() -> argparse.ArgumentParser:
         default=RANK0_HOST_ENV,
         help="the variable holding node 0's host (torchx: ${rank0_env}; Kubernetes' Volcano sets its own)",
     )
+    p.add_argument("--workdir", default="", help="the trial's folder where it was submitted (written if reachable)")
+    p.add_argument("--linger-s", type=float, default=0.0, help="seconds to stay after the report (Ray)")
     p.add_argument("--source", default="sweep.yaml", help="the sweep file's path where it was submitted")
     return p
 

@@ -64,6 +64,11 @@ INLINE_CFG: dict[str, tuple[str, ...]] = {
 }
 # Where the scheduler keeps one log for the whole app (Ray: the job's, every replica's lines in it)
 ONE_LOG: tuple[str, ...] = ("ray",)
+# How long a replica stays after its report: Ray loses the last lines of a process that exits at once
+# (seen in 3 of 5 runs here, from the job's log and the worker's log file alike)
+LINGER_S: dict[str, float] = {"ray": 3.0}
+# Where an app's status lists every replica the scheduler still has (Docker: a container each)
+COUNTS_REPLICAS: tuple[str, ...] = ("local_docker",)
 # What each scheduler needs installed beside torchx (pip), for the message when it is missing
 EXTRA: dict[str, str] = {"ray": "ray", "kubernetes": "kubernetes"}
 ROLE = "trial"
@@ -184,6 +189,8 @@ def app_def(profile: TorchxProfile, sweep: Sweep, job: TrialJob, image: str, spe
         # one port per trial number: trials of one sweep may share node 0's machine
         *("--master-port", str(profile.master_port + job.number % 1000)),
         *("--source", str(job.spec_path)),
+        *("--workdir", str(job.workdir)),
+        *("--linger-s", f"{LINGER_S.get(profile.scheduler, 0.0):g}"),
     ]
     role = specs.Role(
         name=ROLE,
@@ -296,7 +303,7 @@ class TorchxLauncher(Launcher):
             if status.state.name == "RUNNING":
                 handle.info.setdefault("running_since", time.monotonic())
             return self._enforce_limit(handle)
-        if _vanished(status):
+        if _vanished(self.profile.scheduler, status):
             return self._ended(handle, failure(TrialStatus.FAILED, self._gone(handle), handle.job), True)
         return self._collect(handle, status)
 
@@ -322,8 +329,9 @@ class TorchxLauncher(Launcher):
     def _collect(self, handle: Handle, status: AppStatus) -> JobOutcome:
         """The ended app's logs into the trial's folder, and its outcome from the replicas' reports."""
         lines, log = self._fetch_logs(handle)
+        reports = parse_reports(lines) | _reports_left(handle.job.workdir)
         result, infrastructure = trial_outcome(
-            parse_reports(lines),
+            reports,
             handle.job,
             app=handle.job_id,
             state=status.state.name,
@@ -386,7 +394,7 @@ class TorchxLauncher(Launcher):
             status = self.runner.status(job_id)
         except Exception:  # noqa: BLE001 - unknown to the scheduler, or it cannot be reached: gone
             return None
-        if status is None or _vanished(status):
+        if status is None or _vanished(self.profile.scheduler, status):
             return None
         return Handle(job_id, job, None, {"submitted": time.time()})
 
@@ -421,9 +429,21 @@ def trial_outcome(
     return result, result.status == TrialStatus.FAILED and str(result.error or "").startswith(INFRASTRUCTURE_FAILURE)
 
 
-def _vanished(status: AppStatus) -> bool:
-    """An ended app without a replica left: Docker's answer for an app whose containers were removed."""
-    return status.is_terminal() and not any(role.replicas for role in status.roles)
+def _reports_left(folder: Path) -> dict[int, dict[str, Any]]:
+    """The reports replicas left in the trial's folder, where they could reach it (`replica._leave_report`)."""
+    lines = []
+    for path in sorted(folder.glob("replica-*.json")):
+        try:
+            lines.append(path.read_text(errors="replace"))
+        except OSError:
+            continue
+    return parse_reports(lines)
+
+
+def _vanished(scheduler: str, status: AppStatus) -> bool:
+    """An ended app without a replica left: Docker's answer for an app whose containers were removed
+    (local_cwd describes an ended app without its replicas too, and keeps it: not gone)."""
+    return scheduler in COUNTS_REPLICAS and status.is_terminal() and not any(role.replicas for role in status.roles)
 
 
 def _result_of(report: dict[str, Any] | None, job: TrialJob) -> TrialResult | None:
