@@ -148,7 +148,11 @@ _ENGINES = {"slurm": "slurm_cluster", "ray": "ray_head", "docker": "docker_daemo
 
 # Fixtures made once per session or module that are cheap or hold nothing shared between workers
 # (the engines' fixtures are handled by their groups, above).
-_NOT_SHARED = frozenset({*_ENGINES.values(), "private_tmpdir", "tmp_path_factory", "worker_id", "testrun_uid"})
+# `_no_user_profiles` is autouse: every test uses it, and counted as shared it would put every test in
+# one group, run by one worker (the whole suite in one process, as it was for a while).
+_NOT_SHARED = frozenset(
+    {*_ENGINES.values(), "_no_user_profiles", "private_tmpdir", "tmp_path_factory", "worker_id", "testrun_uid"}
+)
 _GROUPS_DIR = pytest.StashKey[Path]()
 _CACHE_DIR = pytest.StashKey[Path]()
 
