@@ -39,3 +39,32 @@ def sigkill_self(*, out_dir: Path, kernel_line: str | None = None) -> None:
         with open("/dev/kmsg", "w") as f:
             f.write(kernel_line.format(pid=os.getpid()) + "\n")
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def time_together(*, out_dir: Path, together: bool) -> None:
+    """Two gloo ranks time one all-reduce with `Timer`; rank 1's first call is slow (a loaded CPU).
+    Each rank writes how many all-reduces it ran, or the error that ended it."""
+    import os
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from sweeper.trainer.profiling import Timer
+
+    dist.init_process_group("gloo")
+    rank, calls = dist.get_rank(), []
+    buf = torch.ones(4)
+
+    def step() -> None:
+        calls.append(1)
+        dist.all_reduce(buf)
+        if rank == 1 and len(calls) == 2:  # after the collective: only rank 1's clock sees it
+            time.sleep(0.05)  # the call that sets the repetitions
+
+    try:
+        Timer(torch.device("cpu"), budget_s=0.2, max_reps=1000, batches=1, together=together)(step)
+        (out_dir / f"rank{rank}.txt").write_text(str(len(calls)))
+    except RuntimeError as e:
+        (out_dir / f"rank{rank}.txt").write_text(" ".join(str(e).split())[:200])
+    os._exit(0)  # no teardown of a group whose peer may have failed

@@ -20,3 +20,18 @@ def test_a_relaunch_in_the_same_folder_does_not_read_the_last_attempt_s_result(t
     done = launch(task, nprocs=1, timeout_s=60, workdir=tmp_path, extra_env={"PYTHONPATH": str(ROOT)})
     assert done.returncodes == [0] and not done.timed_out
     assert not (out / "result.json").exists() and not (out / "steps.txt").exists()
+
+
+def test_a_timer_of_all_ranks_runs_as_many_collectives_on_each(tmp_path: Path) -> None:
+    # `sweep profile`'s tensor-parallel blocks are timed on every rank at once: a rank whose first call
+    # was slow (a loaded CPU) chose fewer repetitions, and gloo failed the profile ("Received data
+    # size doesn't match expected size"); the slowest rank's estimate now decides for all
+    counts = {}
+    for together in (True, False):
+        folder = tmp_path / str(together)
+        task = {"kind": "call", "target": "tests.ranks_targets:time_together", "kwargs": {"together": together}}
+        done = launch(task, nprocs=2, timeout_s=120, workdir=folder, extra_env={"PYTHONPATH": str(ROOT)})
+        assert not done.timed_out
+        counts[together] = [(folder / "out" / f"rank{r}.txt").read_text() for r in (0, 1)]
+    assert counts[True][0] == counts[True][1] and counts[True][0].isdigit(), counts[True]
+    assert counts[False][0] != counts[False][1], counts[False]  # each rank's own count: they part ways

@@ -124,7 +124,7 @@ def tp_blocks(
                 settings,
                 rows=rows,
                 precision=precision,
-                timer=Timer(device, budget_s=0.05),
+                timer=Timer(device, budget_s=0.05, together=True),
                 tp_mesh=mesh["tp"],
                 sequence_parallel=sp,
             )

@@ -36,6 +36,10 @@ class Timer:
     budget_s: float = 0.02
     max_reps: int = 50
     batches: int = 3
+    # every rank of the process group times `fn` at once (collectives inside it): the repetitions are
+    # agreed from the slowest rank's first call, or a loaded rank would run fewer collectives than the
+    # others and gloo would fail ("Received data size doesn't match expected size")
+    together: bool = False
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -48,6 +52,12 @@ class Timer:
         fn()
         self.sync()
         once = max(time.perf_counter() - start, 1e-7)
+        if self.together:
+            import torch.distributed as dist
+
+            slowest = torch.tensor([once], dtype=torch.float64, device=self.device)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            once = float(slowest.item())
         reps = int(min(self.max_reps, max(1, self.budget_s / once)))
         batches = []
         for _ in range(self.batches):
