@@ -169,20 +169,25 @@ def test_reports_are_found_in_a_schedulers_log_whatever_it_puts_before_them() ->
     result = TrialResult(status="ok", tp=2, step_time_mean_s=0.5)
     lines = [
         "\x1b[36m(CommandActor pid=15361)\x1b[0m " + report_line(0, {"result": result.to_dict()}),  # Ray's prefix
-        "noise " + report_line(1, {"returncodes": [0], "timed_out": False, "oom": None})[:-3],  # cut by the log
-        report_line(1, {"returncodes": [-9], "timed_out": False, "oom": "rank 3: cgroup oom_kill 1"}),
+        "noise "
+        + report_line(1, {"returncodes": [0], "timed_out": False, "oom_evidence": None})[:-3],  # cut by the log
+        report_line(1, {"returncodes": [-9], "timed_out": False, "oom_evidence": "rank 3: cgroup oom_kill 1"}),
         "SWEEP_REPLICA not json",
     ]
     reports = parse_reports(lines)
     assert set(reports) == {0, 1}
     assert TrialResult.from_dict(reports[0]["result"]).step_time_mean_s == 0.5
-    assert reports[1]["oom"] == "rank 3: cgroup oom_kill 1"
+    assert reports[1]["oom_evidence"] == "rank 3: cgroup oom_kill 1"
 
 
 def test_the_outcome_says_oom_only_with_a_nodes_own_evidence_and_retries_a_replica_that_died(tmp_path: Path) -> None:
     job = _job(_sweep(tmp_path, "local"), tmp_path)
     failed = TrialResult(status="failed", tp=2, error="rank 0: gloo connection closed by peer").to_dict()
-    other = {"returncodes": [-9], "timed_out": False, "oom": "rank 3: the memory cgroup's oom_kill counter rose"}
+    other = {
+        "returncodes": [-9],
+        "timed_out": False,
+        "oom_evidence": "rank 3: the memory cgroup's oom_kill counter rose",
+    }
     # node 0's ranks failed because a rank on node 1 was killed for memory: an OOM
     result, retry = trial_outcome(
         {0: {"node": 0, "result": failed}, 1: other}, job, app="a", state="SUCCEEDED", cancelled=False
@@ -192,7 +197,7 @@ def test_the_outcome_says_oom_only_with_a_nodes_own_evidence_and_retries_a_repli
         "rank 3: the memory cgroup's oom_kill counter rose (node 1)"
     )
     # the same without evidence stays the trainer's failure, not retried
-    no_oom = dict(other, oom=None)
+    no_oom = dict(other, oom_evidence=None)
     result, retry = trial_outcome(
         {0: {"node": 0, "result": failed}, 1: no_oom}, job, app="a", state="SUCCEEDED", cancelled=False
     )
@@ -228,7 +233,7 @@ def test_a_trial_over_two_nodes_meets_across_its_replicas(tmp_path: Path) -> Non
     logs = {p.name: p.read_text() for p in (job.workdir / "logs").glob("*.log")}
     assert set(logs) == {"trial-0.log", "trial-1.log"}  # each replica's log, fetched into the trial's folder
     reports = parse_reports(logs["trial-1.log"].splitlines())
-    assert reports[1]["returncodes"] == [0] and reports[1]["oom"] is None
+    assert reports[1]["returncodes"] == [0] and reports[1]["oom_evidence"] is None
     assert "rank0.log" in logs["trial-0.log"]  # the ranks' logs travel in the replica's
 
 

@@ -154,7 +154,7 @@ def _run(sweep: Sweep, layout: Layout, args: argparse.Namespace, workdir: Path) 
     return {
         "returncodes": done.returncodes,
         "timed_out": done.timed_out,
-        "oom": f"rank {node * sweep.cluster.gpus_per_node + oom[0]}: {oom[1]}" if oom else None,
+        "oom_evidence": f"rank {node * sweep.cluster.gpus_per_node + oom[0]}: {oom[1]}" if oom else None,
     }
 
 

@@ -411,7 +411,7 @@ def trial_outcome(
     """The trial's result from its replicas' reports (`replica.parse_reports`) once its app ended in
     `state`, and whether it failed around the trial (retried once). Node 0 speaks for the trial; a rank
     any node saw killed for memory (its own evidence) makes a failure an OOM."""
-    oom = next((f"{r['oom']} (node {n})" for n, r in sorted(reports.items()) if r.get("oom")), None)
+    oom = next((f"{r['oom_evidence']} (node {n})" for n, r in sorted(reports.items()) if r.get("oom_evidence")), None)
     result = _result_of(reports.get(0), job)
     if result is None:
         if cancelled:
