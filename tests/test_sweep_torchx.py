@@ -88,3 +88,25 @@ def test_a_killed_sweep_reattaches_to_its_running_ray_app(ray_head: Any, tmp_pat
     jobs = JobSubmissionClient(f"http://{ray_head.dashboard}").list_jobs()
     ours = [j for j in jobs if (j.submission_id or "").startswith("sweep-tiny-ray-kill-")]
     assert len(ours) == 1, [j.submission_id for j in ours]  # submitted once
+
+
+def test_two_slots_are_kept_full_with_an_app_each(ray_head: Any, tmp_path: Path) -> None:
+    # the Megatron stand-in (one replica, 1 CPU of the head's 2): two apps run at once, and each
+    # ended one's slot is refilled until the budget is spent
+    spec = ray_spec(tmp_path, ray_head, "ray_slots", trial={"steps": 100, "timeout_min": 5}, max_trials=4)
+    data = yaml.safe_load(spec.read_text())
+    data["workload"] = {"kind": "megatron", "command": f"{sys.executable} {STANDIN} {{flags}}"}
+    data["launcher"]["cpus_per_replica"] = 1
+    data["search"]["parallel"] = 2
+    spec.write_text(yaml.safe_dump(data))
+    folder = tmp_path / "results" / "ray_slots"
+    proc = start_cli("run", str(spec), cwd=tmp_path)
+    most = 0
+    while proc.poll() is None:
+        flying = list((folder / "inflight").glob("trial-*.json")) if (folder / "inflight").is_dir() else []
+        most = max(most, sum(1 for p in flying if json.loads(p.read_text()).get("job_id")))
+        time.sleep(0.1)
+    assert proc.returncode == 0, proc.stderr.read()[-3000:] if proc.stderr else ""
+    df = pd.read_parquet(folder / "trials")
+    assert len(df) == 4 and (df.status == "ok").all(), df[["status", "error"]].to_string()
+    assert df.job_id.nunique() == 4 and most == 2  # two apps in flight at once, never more
