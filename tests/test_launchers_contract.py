@@ -67,21 +67,28 @@ def _replay_profile(bench: Bench) -> dict[str, Any]:
     return {"kind": "replay", "table": str(table)}
 
 
-def _app_processes_alive(handle: Handle) -> bool:
-    """A process of this torchx app runs on this host: its replica or anything it started (the runner
-    sets TORCHX_JOB_ID, ending in the app's id, in every replica's environment, and children inherit it)."""
-    for environ in Path("/proc").glob("[0-9]*/environ"):
+def app_pids(job_id: str, command: bytes = b"") -> list[int]:
+    """The live processes of a torchx app on this host whose command line holds `command`: its replicas
+    and what they started (the runner sets TORCHX_JOB_ID, ending in the app's id, in every replica's
+    environment, and children inherit it)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
         try:
-            variables = environ.read_bytes().split(b"\0")
-            state = environ.with_name("stat").read_text().rsplit(")", 1)[1].split()[0]
+            variables = (proc / "environ").read_bytes().split(b"\0")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmdline = (proc / "cmdline").read_bytes()
         except OSError:
             continue
-        for var in variables:
-            if var.startswith(b"TORCHX_JOB_ID=") and state != "Z":
-                app = var.decode(errors="replace").rsplit("/", 1)[-1]
-                if app and handle.job_id.endswith(app):
-                    return True
-    return False
+        if state == "Z" or command not in cmdline:
+            continue
+        apps = [v.decode(errors="replace").rsplit("/", 1)[-1] for v in variables if v.startswith(b"TORCHX_JOB_ID=")]
+        if any(app and job_id.endswith(app) for app in apps):
+            found.append(int(proc.name))
+    return found
+
+
+def _app_processes_alive(handle: Handle) -> bool:
+    return bool(app_pids(handle.job_id))
 
 
 def _container_alive(handle: Handle) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sweeper.statuses import TrialStatus
-from tests.test_launchers_contract import HARNESSES, LONG_COMMAND, Bench, outcome
+from tests.test_launchers_contract import HARNESSES, LONG_COMMAND, Bench, app_pids, outcome
 
 ENGINES = [
     pytest.param("torchx-ray", marks=[pytest.mark.ray, pytest.mark.slow]),
@@ -29,21 +29,9 @@ def bench(request: pytest.FixtureRequest, tmp_path: Path) -> Bench:
     return Bench(request.param, tmp_path, request)
 
 
-def _replica_pids(app: str) -> list[int]:
-    """The replica processes of a torchx app on this host (Ray's actors run them here), by the
-    TORCHX_JOB_ID in their environment and their command."""
-    found = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            environ, cmdline = (proc / "environ").read_bytes(), (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"sweeper.launchers.replica" not in cmdline:
-            continue
-        for var in environ.split(b"\0"):
-            if var.startswith(b"TORCHX_JOB_ID=") and app.endswith(var.decode().rsplit("/", 1)[-1]):
-                found.append(int(proc.name))
-    return found
+def _replica_pids(job_id: str) -> list[int]:
+    """The replica processes of a torchx app on this host (Ray's actors run them here)."""
+    return app_pids(job_id, b"sweeper.launchers.replica")
 
 
 def _wait(check, within_s: float = 60) -> None:  # type: ignore[no-untyped-def]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -277,7 +278,7 @@ class TorchxLauncher(Launcher):
                     ) from None
             finally:
                 if self.profile.scheduler == "ray":  # uploaded (torchx removes it itself when under /tmp)
-                    _remove_tree(Path(image))
+                    shutil.rmtree(image, ignore_errors=True)
             time.sleep(wait)
         raise AssertionError("unreachable")
 
@@ -456,12 +457,6 @@ def _result_of(report: dict[str, Any] | None, job: TrialJob) -> TrialResult | No
         except (TypeError, ValueError) as e:
             return failure(TrialStatus.FAILED, f"node 0 reported an unreadable result: {e}", job)
     return failure(TrialStatus.FAILED, f"node 0: {report.get('error') or 'no result in its report'}", job)
-
-
-def _remove_tree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _quiet_scheduler_logs() -> None:

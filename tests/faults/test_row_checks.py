@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -112,11 +113,11 @@ def test_temp_files_of_a_killed_writer_are_removed_by_the_next_run(tmp_path: Pat
 
 
 # ---- 10: the recorded sweep file edited while the sweep runs -----------------------------
-def test_the_recorded_sweep_file_edited_during_a_run_stops_it_keeping_what_finished(tmp_path: Path):
-    spec = replay_spec(tmp_path)
+def _run_editing_the_recorded_file(tmp_path: Path, spec: Path, new_text: str) -> subprocess.CompletedProcess[str]:
+    """`sweep run` whose recorded sweep.yaml (`p`) is rewritten to `new_text` before the third in-flight record."""
     recorded = tmp_path / "results" / "ex" / "sweep.yaml"
-    edit = f"import pathlib; p = pathlib.Path({str(recorded)!r}); p.write_text(p.read_text().replace('seq_len: 4096', 'seq_len: 2048'))"
-    r = sweep_placed(
+    edit = f"import pathlib; p = pathlib.Path({str(recorded)!r}); p.write_text({new_text})"
+    return sweep_placed(
         "sweeper.results:ResultsStore.record_inflight",
         "run",
         str(spec),
@@ -125,6 +126,11 @@ def test_the_recorded_sweep_file_edited_during_a_run_stops_it_keeping_what_finis
         code=edit,
         cwd=tmp_path,
     )
+
+
+def test_the_recorded_sweep_file_edited_during_a_run_stops_it_keeping_what_finished(tmp_path: Path):
+    spec, recorded = replay_spec(tmp_path), tmp_path / "results" / "ex" / "sweep.yaml"
+    r = _run_editing_the_recorded_file(tmp_path, spec, "p.read_text().replace('seq_len: 4096', 'seq_len: 2048')")
     msg = one_line_error(r)
     assert f"{recorded} changed while the sweep ran" in msg and f"cp {spec} {recorded}" in msg, msg
     df = pd.read_parquet(tmp_path / "results" / "ex" / "trials")
@@ -137,17 +143,7 @@ def test_the_recorded_sweep_file_edited_during_a_run_stops_it_keeping_what_finis
 
 def test_an_edit_that_changes_nothing_measured_goes_on(tmp_path: Path):
     spec = replay_spec(tmp_path)
-    recorded = tmp_path / "results" / "ex" / "sweep.yaml"
-    edit = f"import pathlib; p = pathlib.Path({str(recorded)!r}); p.write_text(p.read_text() + '# a note\\n')"
-    r = sweep_placed(
-        "sweeper.results:ResultsStore.record_inflight",
-        "run",
-        str(spec),
-        call=3,
-        action="exec-before",
-        code=edit,
-        cwd=tmp_path,
-    )
+    r = _run_editing_the_recorded_file(tmp_path, spec, "p.read_text() + '# a note\\n'")
     assert r.returncode == 0, r.stderr
     assert len(pd.read_parquet(tmp_path / "results" / "ex" / "trials")) == 4
 
