@@ -26,6 +26,11 @@ SafeToken = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.,:=/+@%-]*$"
 OptionName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_-]{0,63}$")]
 
 
+# A trial enforces its own time limit (its ranks are killed at it); this grace covers its start-up and
+# teardown before a launcher ends the trial itself (a local process group, a torchx app).
+KILL_GRACE_S = 60.0
+
+
 @dataclass(frozen=True)
 class TrialJob:
     """One trial to run: the layout of a sweep, where its files go, and its time limit."""

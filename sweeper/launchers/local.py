@@ -12,16 +12,13 @@ from typing import Literal
 
 from sweeper.errors import SpecError
 from sweeper.files import open_own, own_dir
-from sweeper.launchers.base import Handle, JobOutcome, Launcher, LauncherProfile, TrialJob, failure, tail
+from sweeper.launchers.base import KILL_GRACE_S, Handle, JobOutcome, Launcher, LauncherProfile, TrialJob, failure, tail
 from sweeper.process import kill_group, read_result
 from sweeper.spec import Sweep
 from sweeper.statuses import TrialStatus
 from sweeper.trainer.evidence import INFRASTRUCTURE_FAILURE
 from sweeper.trial import TrialResult
 
-# The trial enforces its own time limit; this grace covers its start-up and teardown before the
-# launcher kills the whole process group itself.
-KILL_GRACE_S = 60.0
 MAX_LOCAL_PROCESSES = 64  # the local launcher starts one process per device of the cluster
 STRAY_EXIT_WAIT_S = 30.0  # how long a restart waits for the stray trials it killed to be gone
 

@@ -29,6 +29,7 @@ from pydantic import Field, StringConstraints
 from sweeper.errors import SpecError, SweepError
 from sweeper.files import open_own, own_dir
 from sweeper.launchers.base import (
+    KILL_GRACE_S,
     Handle,
     JobOutcome,
     Launcher,
@@ -74,9 +75,6 @@ COUNTS_REPLICAS: tuple[str, ...] = ("local_docker",)
 EXTRA: dict[str, str] = {"ray": "ray", "kubernetes": "kubernetes"}
 ROLE = "trial"
 APP_FILE = "app.txt"  # in the trial's folder: the handle of the app it submitted, for re-attach
-# The replica enforces the trial's limit itself; this grace covers its start-up and teardown before
-# the launcher cancels the app. Time spent waiting for resources (PENDING) does not count.
-KILL_GRACE_S = 60.0
 # Between tries of a submission the scheduler refused (a Ray head that just started has no job agent
 # yet: "please try again later"), within the profile's `submit_patience_s`
 SUBMIT_WAITS_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
@@ -298,14 +296,12 @@ class TorchxLauncher(Launcher):
         except Exception as e:  # noqa: BLE001 - any scheduler's client error: unreachable or the app unknown
             return self._unanswered(handle, f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
         handle.info.pop("unanswered_since", None)
-        if status is None:
+        if status is None or _vanished(self.profile.scheduler, status):
             return self._ended(handle, failure(TrialStatus.FAILED, self._gone(handle), handle.job), True)
         if not status.is_terminal():
             if status.state.name == "RUNNING":
                 handle.info.setdefault("running_since", time.monotonic())
             return self._enforce_limit(handle)
-        if _vanished(self.profile.scheduler, status):
-            return self._ended(handle, failure(TrialStatus.FAILED, self._gone(handle), handle.job), True)
         return self._collect(handle, status)
 
     def _gone(self, handle: Handle, why: str = "") -> str:
@@ -320,7 +316,7 @@ class TorchxLauncher(Launcher):
 
     def _enforce_limit(self, handle: Handle) -> JobOutcome | None:
         since = handle.info.get("running_since")
-        limit = handle.job.timeout_s + KILL_GRACE_S
+        limit = handle.job.timeout_s + KILL_GRACE_S  # counted from RUNNING: waiting for resources is not the trial's
         if since is None or time.monotonic() - since <= limit:
             return None
         self.cancel(handle)
