@@ -14,7 +14,7 @@ GPUs, memory recipe), its layout, and the estimate of what the source measured:
 Prints one line per row, then per source: rows with a number, median and p90 |error|, and
 how many fits/OOM verdicts agree. The mixture-of-experts and context-parallel rows are sources of
 their own (megatron-ci-moe, megatron-ci-cp, torchtitan-cp), so their errors print apart; no
-constant of the MoE or cp terms (sweeper.memory.MOE_CAPACITY, RING_KV_BUFFERS) was set on them. Usage: python benchmarks/memory_accuracy.py [CSV]
+constant of the MoE or cp terms (sweeper.estimate.memory.MOE_CAPACITY, RING_KV_BUFFERS) was set on them. Usage: python benchmarks/memory_accuracy.py [CSV]
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ import numpy as np
 import yaml
 
 from sweeper.errors import SpecError
-from sweeper.hardware import GIB, lookup_gpu
-from sweeper.layout import Layout
-from sweeper.memory import estimate
-from sweeper.models import PRESETS
-from sweeper.spec import Sweep, parse_sweep
+from sweeper.estimate.memory import estimate
+from sweeper.layouts.layout import Layout
+from sweeper.spec.hardware import GIB, lookup_gpu
+from sweeper.spec.loader import parse_sweep
+from sweeper.spec.models import PRESETS
+from sweeper.spec.schema import Sweep
 
 DATA = Path(__file__).parent / "data" / "memory_measurements.csv"
 SHAPE = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")

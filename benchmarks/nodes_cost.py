@@ -6,7 +6,7 @@ layouts and trainer as `../shared/checks/_ultrascale.py` builds a cell (nanotron
 workload; tp above a node or more stages than layers left out), a replay table of every measured
 layout with its node count, and a budget of PER_SIZE trials per node count, run through `prepare` and
 `run_loop` (what `sweep run` runs) with the replay launcher. The answer is `sweep best`'s
-(`sweeper.sizes.answers` and `winner`): the node count named `--by cost` and `--by time`, against
+(`sweeper.plan.sizes.answers` and `winner`): the node count named `--by cost` and `--by time`, against
 the truth (the best measured tokens/s of each size over the whole table: the fastest run, and the
 fewest GPU-hours per token). Trials are counted against running every measured layout at every size.
 
@@ -27,9 +27,9 @@ import yaml
 from search_public import ultrascale_space  # one space per ultrascale cell (benchmarks/ is on sys.path)
 
 from sweeper.launchers.replay import ReplayLauncher
-from sweeper.orchestrator import prepare, run_loop
-from sweeper.sizes import Winner, answers, winner
-from sweeper.spec import load_sweep
+from sweeper.plan.sizes import Winner, answers, winner
+from sweeper.run.orchestrator import prepare, run_loop
+from sweeper.spec.loader import load_sweep
 
 CSV = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "ultrascale" / "runs.csv"
 KEYS = ["tp", "pp", "micro_batch_size", "sharding"]

@@ -34,9 +34,10 @@ import yaml
 from throughput_accuracy import DATA, NV_GPU, VOCAB, nvidia_spec  # benchmarks/ is on sys.path
 
 from sweeper.errors import SpecError
-from sweeper.hardware import GIB
-from sweeper.plan import make_plan
-from sweeper.spec import Sweep, parse_sweep
+from sweeper.plan.plan import make_plan
+from sweeper.spec.hardware import GIB
+from sweeper.spec.loader import parse_sweep
+from sweeper.spec.schema import Sweep
 
 # nvidia-perf model names that are presets here (Llama rows carry their shape in the table)
 PRESET = {

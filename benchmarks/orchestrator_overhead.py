@@ -19,10 +19,10 @@ import yaml
 
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob
 from sweeper.launchers.local import LocalLauncher
-from sweeper.orchestrator import prepare, run_loop
-from sweeper.search import LayoutSearch
-from sweeper.spec import load_sweep
-from sweeper.trial import TrialResult
+from sweeper.results.trial import TrialResult
+from sweeper.run.orchestrator import prepare, run_loop
+from sweeper.search.search import LayoutSearch
+from sweeper.spec.loader import load_sweep
 
 TRIALS = 50
 

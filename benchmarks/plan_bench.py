@@ -10,8 +10,8 @@ import time
 
 import yaml
 
-from sweeper.plan import make_plan
-from sweeper.spec import parse_sweep
+from sweeper.plan.plan import make_plan
+from sweeper.spec.loader import parse_sweep
 
 EVERY_KNOB = {
     "tp": [1, 2, 4, 8],

@@ -1,7 +1,7 @@
 """How fast each search strategy finds the best layout, on replayed sweeps.
 
 Tables: a simulator of what each layout would measure, whose ground truth is deliberately not
-the throughput model of `sweeper.perfmodel` (other functional forms, interactions between
+the throughput model of `sweeper.estimate.step_time` (other functional forms, interactions between
 knobs the model does not know, per-layout noise, and a true memory that differs from the
 estimate so that some candidates OOM and some pruned layouts would have fit). No published
 per-layout sweep table other than Hagemann et al.'s (kept aside as an independent check) was
@@ -25,10 +25,11 @@ from dataclasses import replace
 import numpy as np
 import optuna
 
-from sweeper.flops import model_flops_per_token
-from sweeper.plan import Plan, make_plan
-from sweeper.search import build_search
-from sweeper.spec import Sweep, load_sweep, parse_sweep
+from sweeper.estimate.flops import model_flops_per_token
+from sweeper.plan.plan import Plan, make_plan
+from sweeper.search.search import build_search
+from sweeper.spec.loader import load_sweep, parse_sweep
+from sweeper.spec.schema import Sweep
 from sweeper.trainers import RECIPES as RECIPES_BY_NAME
 
 SEEDS = (0, 1, 2)
@@ -210,7 +211,7 @@ def main() -> None:
 # that fit, the true best among them) and "under" (too low: 1.2-1.4x activations and 1-2 GiB
 # more, so candidates OOM). Each trial that runs reports its true peak as the GPU would (max
 # allocated, and max reserved 8 % above it); the search refits from those, re-admits and
-# excludes (sweeper.memfit). Per recipe and direction: in how many seeds the true best ran,
+# excludes (sweeper.estimate.memfit). Per recipe and direction: in how many seeds the true best ran,
 # and after how many trials.
 
 RECIPES = ("builtin", "megatron", "torchtitan", "deepspeed")

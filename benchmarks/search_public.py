@@ -35,9 +35,9 @@ import yaml
 from throughput_accuracy import mpt_spec  # one builder of the MPT sweep files (benchmarks/ is on sys.path)
 
 from sweeper.launchers.replay import ReplayLauncher
-from sweeper.orchestrator import prepare, run_loop
-from sweeper.plan import make_plan
-from sweeper.spec import load_sweep, parse_sweep
+from sweeper.plan.plan import make_plan
+from sweeper.run.orchestrator import prepare, run_loop
+from sweeper.spec.loader import load_sweep, parse_sweep
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 KEYS = ["tp", "pp", "micro_batch_size", "sharding"]

@@ -33,11 +33,11 @@ from search_bench import simulate, step_time_s  # benchmarks/ is on sys.path whe
 
 from sweeper.knobs import KNOBS
 from sweeper.launchers.replay import ReplayLauncher
-from sweeper.layout import Layout
-from sweeper.orchestrator import SweepRun, prepare
-from sweeper.orchestrator import step as loop_step
-from sweeper.plan import Plan, make_plan
-from sweeper.spec import load_sweep, parse_sweep
+from sweeper.layouts.layout import Layout
+from sweeper.plan.plan import Plan, make_plan
+from sweeper.run.orchestrator import SweepRun, prepare
+from sweeper.run.orchestrator import step as loop_step
+from sweeper.spec.loader import load_sweep, parse_sweep
 
 SPACE = {"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4], "sharding": ["none", "zero1"]}
 PAIRS = (

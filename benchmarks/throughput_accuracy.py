@@ -22,8 +22,8 @@ Hold-out: every row belongs to the FIT part or the HELD-OUT part by a CRC32 of i
 hand-set constants were chosen looking at the FIT part only; the calibration scales fitted here
 use each source's FIT rows only; the HELD-OUT figures are printed apart, per source.
 
-Calibrated: `sweeper.residual.calibrate`, the robust fit (soft L1 in log space) the search applies
-to measured step times (sweeper/learn.py), not `perfmodel.calibrate`'s least squares, which the
+Calibrated: `sweeper.search.residual.calibrate`, the robust fit (soft L1 in log space) the search applies
+to measured step times (sweeper/search/learn.py), not `perfmodel.calibrate`'s least squares, which the
 search no longer uses: on ultrascale a few runs 20-89x slower than modelled (the pipeline stall,
 throughput_stall.py) set the least-squares scales (compute x2.09) and the calibrated held-out
 error came out worse than the uncalibrated one (65.8 % against 35.1 %).
@@ -50,11 +50,12 @@ import yaml
 from throughput_stall import report as stall_report
 
 from sweeper.errors import SpecError
-from sweeper.flops import model_flops_per_token
-from sweeper.layout import RULES, Layout, with_derived
-from sweeper.perfmodel import Calibration, StepTime, predict
-from sweeper.residual import calibrate
-from sweeper.spec import Sweep, parse_sweep
+from sweeper.estimate.flops import model_flops_per_token
+from sweeper.estimate.step_time import Calibration, StepTime, predict
+from sweeper.layouts.layout import RULES, Layout, with_derived
+from sweeper.search.residual import calibrate
+from sweeper.spec.loader import parse_sweep
+from sweeper.spec.schema import Sweep
 from sweeper.trainers import TRAINERS
 
 # the trainer that measured the ultrascale sweep (its rules and step-time traits come with it)

@@ -30,7 +30,7 @@ What the tables do not state is assumed as Megatron-Bridge's perf recipes set it
 Measured step = global batch x sequence / (tokens/s/GPU x GPUs). The rows are split FIT /
 HELD-OUT by the same CRC32 rule as the other sources. One model constant was fitted on the FIT
 rows of `nvidia-perf moe` only: `perfmoe.MOE_BLOCK_OVERHEAD_S` (its comment says how); the other
-MoE and CP constants (sweeper.perfmoe, sweeper.comm) come from their cited sources. The MoE rows
+MoE and CP constants (sweeper.estimate.moe, sweeper.estimate.comm) come from their cited sources. The MoE rows
 are also printed per model.
 """
 
@@ -45,9 +45,9 @@ import pandas as pd
 from throughput_accuracy import DATA, NV_GPU, VOCAB, Group, columns, error_line, nvidia_spec, parse, refused, shape
 
 from sweeper.errors import SpecError
-from sweeper.flops import model_flops_per_token
-from sweeper.layout import Layout
-from sweeper.perfmodel import predict
+from sweeper.estimate.flops import model_flops_per_token
+from sweeper.estimate.step_time import predict
+from sweeper.layouts.layout import Layout
 
 MOE_SOURCE, CP_SOURCE = "nvidia-perf moe", "nvidia-perf cp"
 # openai/gpt-oss-120b config.json (num_hidden_layers, hidden_size, num_attention_heads,

@@ -11,7 +11,7 @@ divides by.
 
 `--explain` adds the steps between the two, each in its own process and in the same rounds, to
 find where the trainer's extra time per step goes: the plain loop with the trial's outcome
-watcher polling a real rendezvous store (sweeper.trainer.outcome.Watcher, as run_trial starts
+watcher polling a real rendezvous store (sweeper.runtime.outcome.Watcher, as run_trial starts
 it), and the trainer's own step loop (build_trainer + run_steps) in a one-rank process group
 without the launcher around it.
 
@@ -30,9 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from sweeper.hardware import GPUS, gpu_matches
-from sweeper.layout import Layout
-from sweeper.spec import Sweep, parse_sweep
+from sweeper.layouts.layout import Layout
+from sweeper.spec.hardware import GPUS, gpu_matches
+from sweeper.spec.loader import parse_sweep
+from sweeper.spec.schema import Sweep
 
 STEPS = 10
 SPEC = """
@@ -76,10 +77,10 @@ def plain_loop(sweep: Sweep, *, watcher: bool = False) -> dict[str, float | list
     """
     import torch
 
-    from sweeper.trainer import kernels
-    from sweeper.trainer.env import process_start_unix
-    from sweeper.trainer.model import Transformer, init_weights, loss_fn
-    from sweeper.trainer.train import ADAMW, synthetic_batch
+    from sweeper.runtime import kernels
+    from sweeper.runtime.env import process_start_unix
+    from sweeper.runtime.model import Transformer, init_weights, loss_fn
+    from sweeper.runtime.train import ADAMW, synthetic_batch
 
     started = process_start_unix()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -126,7 +127,7 @@ def _start_watcher() -> None:
     import torch.distributed as dist
 
     from sweeper.process import free_port
-    from sweeper.trainer.outcome import Watcher
+    from sweeper.runtime.outcome import Watcher
 
     store = dist.TCPStore("127.0.0.1", free_port(), 1, True, wait_for_workers=False)
     Watcher(store, rank=0, on_stuck=lambda failure: None).start()
@@ -137,7 +138,7 @@ def trainer_loop(sweep: Sweep) -> dict[str, float | list[float]]:
     launcher, outcome watcher or result files around it (runs in its own process)."""
     import torch
 
-    from sweeper.trainer.env import (
+    from sweeper.runtime.env import (
         DistEnv,
         build_mesh,
         init_distributed,
@@ -146,8 +147,8 @@ def trainer_loop(sweep: Sweep) -> dict[str, float | list[float]]:
         process_start_unix,
         set_matmul_precision,
     )
-    from sweeper.trainer.runner import run_steps
-    from sweeper.trainer.train import build_trainer
+    from sweeper.runtime.runner import run_steps
+    from sweeper.runtime.train import build_trainer
 
     started = process_start_unix()
     prepare_process_environment()

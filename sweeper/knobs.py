@@ -32,7 +32,7 @@ class Knob:
     # One-line summaries of a layout name it (the live display of `sweep run`, `sweep status`).
     in_summary: bool = False
     # Left out of a sweep's identity while the space holds only its default: knobs added after
-    # results folders existed, so that those folders keep their identity (sweeper.identity).
+    # results folders existed, so that those folders keep their identity (sweeper.results.identity).
     identity_if_searched: bool = False
     # Where the space does not list this knob, each layout takes the value of the named knob
     # (etp follows tp, as Megatron-LM's --expert-tensor-parallel-size defaults to the tp size).

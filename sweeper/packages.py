@@ -1,7 +1,7 @@
 """Packages a kernel needs, read from their installed metadata (no import of the package, no torch).
 
 The plan asks here which kernels this installation has (`Trainer.attention_missing`), and the
-built-in trainer's kernel probe (`sweeper.trainer.kernels`, which `sweep selftest` runs) asks the
+built-in trainer's kernel probe (`sweeper.runtime.kernels`, which `sweep selftest` runs) asks the
 same function, so the two always agree on what is installed.
 """
 

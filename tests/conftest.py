@@ -15,7 +15,8 @@ from typing import Any, NoReturn
 import pytest
 import yaml
 
-from sweeper.spec import Sweep, parse_sweep
+from sweeper.spec.loader import parse_sweep
+from sweeper.spec.schema import Sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACES = ROOT / "search_spaces"
@@ -168,7 +169,7 @@ def _own_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
 def pytest_configure(config: pytest.Config) -> None:
     """The controller of `pytest -n 2 --dist loadgroup` makes a folder where each worker writes
     the group of each test it collected (read by `pytest_xdist_make_scheduler`)."""
-    # learned profiles (`sweeper.learned_profile`) live in the user's cache: never the real one, and never
+    # learned profiles (`sweeper.search.learned`) live in the user's cache: never the real one, and never
     # one shared by two tests (a sweep's profile would steer the next test's sweep): a folder for the
     # session here, in place before any session fixture runs a sweep, and one per test (`_own_cache`)
     import tempfile

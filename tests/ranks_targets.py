@@ -50,7 +50,7 @@ def time_together(*, out_dir: Path, together: bool) -> None:
     import torch
     import torch.distributed as dist
 
-    from sweeper.trainer.profiling import Timer
+    from sweeper.runtime.profiling import Timer
 
     dist.init_process_group("gloo")
     rank, calls = dist.get_rank(), []

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from sweeper.layout import Layout
-from sweeper.spec import Sweep, parse_sweep
+from sweeper.layouts.layout import Layout
+from sweeper.spec.loader import parse_sweep
+from sweeper.spec.schema import Sweep
 
 
 def _sweep(experts: bool, workload: str = "") -> Sweep:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sweeper.plan import make_plan
-from sweeper.spec import load_sweep
+from sweeper.plan.plan import make_plan
+from sweeper.spec.loader import load_sweep
 from sweeper.statuses import PlanStatus
 from tests.conftest import SPACES, sweep_cli
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from sweeper.cli.compare import shared_layouts, summarize
 from sweeper.knobs import KNOBS
-from sweeper.results import ResultsStore
+from sweeper.results.rows import ResultsStore
 from tests.conftest import sweep_cli
 
 

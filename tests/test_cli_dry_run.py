@@ -253,7 +253,7 @@ def test_dry_run_imports_no_torch_or_submitit():
 def test_pure_core_imports_no_torch():
     code = (
         "import sys\n"
-        "import sweeper.spec, sweeper.layout, sweeper.memory, sweeper.flops, sweeper.plan\n"
+        "import sweeper.spec, sweeper.layouts.layout, sweeper.estimate.memory, sweeper.estimate.flops, sweeper.plan.plan\n"
         "print([m for m in ('torch', 'submitit', 'optuna', 'pandas') if m in sys.modules])\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)

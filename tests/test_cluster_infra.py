@@ -12,14 +12,14 @@ import pytest
 import torch
 import yaml
 
-from sweeper.hardware import GPUS, gpu_matches
 from sweeper.launchers.slurm import clean_submit_environment, cpus_per_task_for
-from sweeper.results import COLUMNS
-from sweeper.trainer import kernels
-from sweeper.trainer.env import PeakMemory, cuda_unusable_reason, device_index
-from sweeper.trainer.outcome import classify
-from sweeper.trainer.parallel import SAC_SAVE_OPS
-from sweeper.trial import NO_ACCELERATOR, TrialResult, stops_sweep
+from sweeper.results.rows import COLUMNS
+from sweeper.results.trial import NO_ACCELERATOR, TrialResult, stops_sweep
+from sweeper.runtime import kernels
+from sweeper.runtime.env import PeakMemory, cuda_unusable_reason, device_index
+from sweeper.runtime.outcome import classify
+from sweeper.runtime.parallel import SAC_SAVE_OPS
+from sweeper.spec.hardware import GPUS, gpu_matches
 from tests.conftest import SPACES, cli_env, sweep_cli
 
 

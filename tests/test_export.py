@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 import yaml
 
-from sweeper.export import (
+from sweeper.knobs import KNOBS
+from sweeper.results.rows import ResultsStore
+from sweeper.trainers.export import (
     to_json,
     to_megatron,
     to_torchtitan,
     to_torchtitan_cli,
     to_yaml,
 )
-from sweeper.knobs import KNOBS
-from sweeper.results import ResultsStore
 from tests.conftest import make_sweep, sweep_cli
 
 SWEEP = make_sweep()  # llama-13b (40 layers), seq 2048, global batch 2048, 64 A100s, bf16

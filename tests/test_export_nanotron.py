@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
-from sweeper.export import layout_record
 from sweeper.knobs import KNOBS
-from sweeper.layout import Layout
-from sweeper.spec import Sweep, parse_sweep
+from sweeper.layouts.layout import Layout
+from sweeper.spec.loader import parse_sweep
+from sweeper.spec.schema import Sweep
+from sweeper.trainers.export import layout_record
 from sweeper.trainers.nanotron import NANOTRON_COMMIT, to_nanotron
 from tests.conftest import ROOT, base_spec, missing_reference
 from tests.test_export_parsers import run_harness

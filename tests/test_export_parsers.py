@@ -30,7 +30,13 @@ from typing import Any
 import pytest
 import yaml
 
-from sweeper.export import (
+from sweeper.knobs import KNOBS
+from sweeper.layouts.layout import Layout
+from sweeper.runtime.workloads import render_command, workload_env
+from sweeper.spec.loader import parse_sweep
+from sweeper.spec.schema import Sweep
+from sweeper.statuses import PlanReason
+from sweeper.trainers.export import (
     MEGATRON_COMMIT,
     TORCHTITAN_CLI_VERSION,
     TORCHTITAN_TOML_VERSION,
@@ -42,12 +48,7 @@ from sweeper.export import (
     to_torchtitan_cli,
     torchtitan_cli_args,
 )
-from sweeper.export_moe import torchtitan_model
-from sweeper.knobs import KNOBS
-from sweeper.layout import Layout
-from sweeper.spec import Sweep, parse_sweep
-from sweeper.statuses import PlanReason
-from sweeper.workloads import render_command, workload_env
+from sweeper.trainers.export_moe import torchtitan_model
 from tests.conftest import ROOT, base_spec, missing_reference
 
 PARSERS = Path(__file__).parent / "parsers"

@@ -2,9 +2,9 @@
 
 import pytest
 
-from sweeper.flops import hardware_flops_per_token, model_flops_per_token, tflops_per_device, utilization
-from sweeper.hardware import GPUS
-from sweeper.models import PRESETS
+from sweeper.estimate.flops import hardware_flops_per_token, model_flops_per_token, tflops_per_device, utilization
+from sweeper.spec.hardware import GPUS
+from sweeper.spec.models import PRESETS
 
 
 def test_palm_formula_by_hand():

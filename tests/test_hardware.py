@@ -2,7 +2,7 @@
 
 import pytest
 
-from sweeper.hardware import GPUS, lookup_gpu
+from sweeper.spec.hardware import GPUS, lookup_gpu
 
 
 def test_gpu_table_has_the_required_cards():

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from sweeper.errors import SpecError
-from sweeper.models import PRESETS
-from sweeper.spec import load_sweep, parse_sweep
+from sweeper.spec.loader import load_sweep, parse_sweep
+from sweeper.spec.models import PRESETS
 from tests.conftest import SPACES, base_spec, sweep_cli
 
 # config.json of each release (the fields the shape reads, as published)

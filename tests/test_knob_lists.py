@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sweeper.cli.progress import describe
 from sweeper.knobs import ALWAYS_SHOWN, KNOBS, SUMMARY_KNOBS, label, layout_line
-from sweeper.layout import Layout
+from sweeper.layouts.layout import Layout
 
 
 def test_always_shown_and_summary_knobs_are_flags_of_the_table():

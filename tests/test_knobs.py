@@ -5,12 +5,12 @@ from __future__ import annotations
 import typing
 from dataclasses import fields
 
+from sweeper.estimate.memory import SCORE_KERNELS
 from sweeper.knobs import KNOBS, LABELS, NO_EFFECT_VALUE, label
-from sweeper.layout import Layout
-from sweeper.memory import SCORE_KERNELS
-from sweeper.results import SCHEMA
-from sweeper.spec import SpaceSpec
-from sweeper.trial import TrialResult
+from sweeper.layouts.layout import Layout
+from sweeper.results.rows import SCHEMA
+from sweeper.results.trial import TrialResult
+from sweeper.spec.schema import SpaceSpec
 
 
 def test_layout_fields_are_the_knobs_with_their_types_and_defaults():

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sweeper.layout import Layout
-from sweeper.plan import make_plan
+from sweeper.layouts.layout import Layout
+from sweeper.plan.plan import make_plan
 from tests.conftest import make_sweep
 
 # A card with room for anything, so that these tests see validity alone, not memory.

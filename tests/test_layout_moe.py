@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sweeper.errors import SpecError
-from sweeper.layout import Layout
+from sweeper.layouts.layout import Layout
 from tests.conftest import make_sweep
 
 QWEN3_235B = "qwen3-235b-a22b"

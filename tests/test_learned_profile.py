@@ -13,8 +13,10 @@ from typer.testing import CliRunner
 
 from sweeper.cli.profile import profile_app
 from sweeper.errors import SpecError
-from sweeper.identity import sweep_identity
-from sweeper.learned_profile import (
+from sweeper.estimate.step_time import Calibration
+from sweeper.profiles.profile import cache_dir
+from sweeper.results.identity import sweep_identity
+from sweeper.search.learned import (
     LearnedKey,
     Lessons,
     MemoryLesson,
@@ -25,10 +27,8 @@ from sweeper.learned_profile import (
     read,
     save,
 )
-from sweeper.perfmodel import Calibration
-from sweeper.prior import LearnedEffect
-from sweeper.profile import cache_dir
-from sweeper.spec import load_sweep
+from sweeper.search.prior import LearnedEffect
+from sweeper.spec.loader import load_sweep
 from tests.conftest import base_spec, make_sweep, sweep_cli
 
 KEY = LearnedKey("8xa100-80gb", "a100-80gb", "builtin")

@@ -16,7 +16,7 @@ import pytest
 
 from sweeper.launchers.base import TrialJob
 from sweeper.launchers.local import LocalLauncher, trial_processes
-from sweeper.layout import Layout
+from sweeper.layouts.layout import Layout
 from sweeper.process import kill_group
 from tests.faults.helpers import alive
 

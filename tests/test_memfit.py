@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sweeper.hardware import GIB
-from sweeper.memfit import (
+from sweeper.estimate.memfit import (
     MemoryFit,
     mirror,
     needs_at_most,
@@ -15,8 +14,9 @@ from sweeper.memfit import (
     refit,
     refitted_total,
 )
-from sweeper.plan import make_plan
-from sweeper.search import build_search
+from sweeper.plan.plan import make_plan
+from sweeper.search.search import build_search
+from sweeper.spec.hardware import GIB
 from sweeper.trainers.megatron import parse_megatron
 from tests.conftest import make_sweep
 
@@ -152,7 +152,7 @@ def test_mirror_rule_readmits_what_needs_no_more_memory(tmp_path):
 
 
 def test_needs_at_most_mirrors_needs_at_least():
-    from sweeper.learn import needs_at_least
+    from sweeper.search.learn import needs_at_least
 
     plan = megatron_plan()
     rows = np.flatnonzero(plan.status != "invalid")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sweeper.hardware import GIB
-from sweeper.layout import Layout
-from sweeper.memory import estimate, layer_activation_bytes, microbatches_in_flight_at
+from sweeper.estimate.memory import estimate, layer_activation_bytes, microbatches_in_flight_at
+from sweeper.layouts.layout import Layout
+from sweeper.spec.hardware import GIB
 from tests.conftest import make_sweep
 
 P7B = 6_738_415_616

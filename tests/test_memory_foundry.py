@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 
 from sweeper.errors import SpecError
-from sweeper.identity import sweep_identity
-from sweeper.layout import Layout
-from sweeper.memory import estimate, logits_bytes, norm_bytes
-from sweeper.plan import make_plan
+from sweeper.estimate.memory import estimate, logits_bytes, norm_bytes
+from sweeper.layouts.layout import Layout
+from sweeper.plan.plan import make_plan
+from sweeper.results.identity import sweep_identity
 from sweeper.statuses import PlanStatus
 from tests.conftest import make_sweep
 

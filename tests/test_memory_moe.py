@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import yaml
 
-from sweeper.hardware import GIB
-from sweeper.layout import Layout
-from sweeper.memory import estimate, layer_activation_bytes
-from sweeper.plan import make_plan
-from sweeper.spec import Sweep, parse_sweep
-from sweeper.stages import stage_dense_layers, stage_param_groups_at
+from sweeper.estimate.memory import estimate, layer_activation_bytes
+from sweeper.layouts.layout import Layout
+from sweeper.layouts.stages import stage_dense_layers, stage_param_groups_at
+from sweeper.plan.plan import make_plan
+from sweeper.spec.hardware import GIB
+from sweeper.spec.loader import parse_sweep
+from sweeper.spec.schema import Sweep
 
 MEGATRON = {"kind": "megatron", "command": "torchrun pretrain_gpt.py {flags}"}
 
@@ -90,7 +91,7 @@ def test_megatron_cp_halves_the_activations_and_adds_transformer_engines_ring_bu
 
 
 def test_builtin_cp_keeps_the_whole_sequences_keys_and_values():
-    # sweeper/trainer/context.py: "The all-gather holds the whole sequence's K/V per rank"; at
+    # sweeper/runtime/context.py: "The all-gather holds the whole sequence's K/V per rank"; at
     # cp = 2 a block keeps the other rank's 4096 tokens of K and V beside its own: 16 MiB more
     s = sweep_of(
         "llama3-8b",
@@ -181,7 +182,7 @@ def test_nvidias_published_moe_layouts_are_kept(model):
 
 
 def test_the_built_in_trainer_keeps_its_expert_groups_inside_dp_cp():
-    # the built-in trainer (sweeper/trainer/moe.py, expert_tp "one") splits experts over the data-
+    # the built-in trainer (sweeper/runtime/moe.py, expert_tp "one") splits experts over the data-
     # and context-parallel ranks only; Megatron-LM folds them over tp as well when etp = 1
     model = {"layers": 2, "hidden": 64, "heads": 4, "ffn": 128, "vocab": 256, "experts": 8, "experts_per_token": 2}
     knobs = {"tp": 2, "ep": 8, "etp": 1, "sequence_parallel": True}

@@ -15,11 +15,11 @@ import sys
 import pytest
 
 from sweeper.errors import SpecError
-from sweeper.hardware import GIB
-from sweeper.layout import Layout
-from sweeper.memory import estimate, layer_activation_bytes
-from sweeper.plan import make_plan
-from sweeper.stages import stage_layers
+from sweeper.estimate.memory import estimate, layer_activation_bytes
+from sweeper.layouts.layout import Layout
+from sweeper.layouts.stages import stage_layers
+from sweeper.plan.plan import make_plan
+from sweeper.spec.hardware import GIB
 from tests.conftest import make_sweep
 
 # 2 layers, h=64, 4 heads, ffn 256, vocab 128, untied. Per block: attention 4*64*64 = 16,384,
@@ -177,7 +177,7 @@ def test_60_layers_at_pp8_is_a_candidate_with_its_most_loaded_stage():
 
 
 def test_uneven_stage_step_time_paces_the_busiest_stage():
-    from sweeper.perfmodel import busiest_stage_layers
+    from sweeper.estimate.step_time import busiest_stage_layers
 
     s = make_sweep(
         model=THIRTY,

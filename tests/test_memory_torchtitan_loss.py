@@ -18,7 +18,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from sweeper.layout import Layout
+from sweeper.layouts.layout import Layout
 from sweeper.trainers.torchtitan import torchtitan_loss_bytes
 from tests.conftest import make_sweep
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sweeper.models import PRESETS
+from sweeper.spec.models import PRESETS
 
 # Published totals: LLaMA paper (Touvron et al. 2023, table 2), Llama 2 and Llama 3 model cards;
 # exact counts as the released checkpoints report them.
@@ -98,7 +98,7 @@ def test_gpt3_presets_match_the_paper(name):
 
 
 def test_gpt_block_parameters_by_hand():
-    from sweeper.models import ModelShape
+    from sweeper.spec.models import ModelShape
 
     # h=8, 2 heads, ffn 32, vocab 10, 2 layers, 16 positions, tied:
     # attention 4*8*8 weights + 8+8+8+8 biases = 288; MLP 2*8*32 + 32 + 8 = 552;
@@ -112,7 +112,7 @@ def test_gpt_block_parameters_by_hand():
 
 
 def test_head_dim_sets_the_projection_widths():
-    from sweeper.models import ModelShape
+    from sweeper.spec.models import ModelShape
 
     m = ModelShape(1, 64, 4, 2, 128, 10, head_dim=32)  # q 4*32 = 128 wide, kv 2*32 = 64
     assert (m.q_dim, m.kv_dim) == (128, 64)

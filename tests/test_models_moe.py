@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from sweeper.models import PRESETS, ModelShape
+from sweeper.spec.models import PRESETS, ModelShape
 
 # (total, active) in billions.
 # Mixtral: Mistral AI, "Mixtral of experts" (mistral.ai/news/mixtral-of-experts, 2023-12-11): "46.7B

@@ -13,12 +13,12 @@ from sweeper.cli.best import Format, best
 from sweeper.cli.progress import describe
 from sweeper.cli.render import param_counts, print_best
 from sweeper.cli.status import status
-from sweeper.export import layout_record
 from sweeper.knobs import KNOBS, shown_in_tables
-from sweeper.layout import Layout
-from sweeper.models import PRESETS
+from sweeper.layouts.layout import Layout
 from sweeper.report.data import varying_knobs
-from sweeper.results import ResultsStore
+from sweeper.results.rows import ResultsStore
+from sweeper.spec.models import PRESETS
+from sweeper.trainers.export import layout_record
 from tests.conftest import make_sweep
 
 WORLD = 64
@@ -125,7 +125,7 @@ def test_dry_run_table_has_the_searched_cp_and_ep_and_the_active_parameters():
     from rich.console import Console
 
     from sweeper.cli.render import print_plan
-    from sweeper.plan import make_plan
+    from sweeper.plan.plan import make_plan
 
     space = {"tp": [1, 2], "sequence_parallel": [True], "cp": [1, 2], "ep": [1, 8], "etp": [1], "sharding": ["zero1"]}
     sweep = make_sweep(

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sweeper.layout import Layout, with_derived
-from sweeper.perfmodel import PipelineStall, predict
-from sweeper.spec import Sweep
+from sweeper.estimate.step_time import PipelineStall, predict
+from sweeper.layouts.layout import Layout, with_derived
+from sweeper.spec.schema import Sweep
 from sweeper.trainers import TRAINERS
 from sweeper.trainers.nanotron import NANOTRON_TIME
 from tests.conftest import make_sweep

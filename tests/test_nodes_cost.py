@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from sweeper.cost import run_cost
 from sweeper.errors import SpecError
-from sweeper.identity import sweep_identity
-from sweeper.plan import make_plan
-from sweeper.sizes import SizeAnswer, Winner, marks, out_of_play, winner
-from sweeper.spec import load_sweep, parse_sweep
+from sweeper.estimate.cost import run_cost
+from sweeper.plan.plan import make_plan
+from sweeper.plan.sizes import SizeAnswer, Winner, marks, out_of_play, winner
+from sweeper.results.identity import sweep_identity
+from sweeper.spec.loader import load_sweep, parse_sweep
 from sweeper.spec.schema import GoalSpec
 from tests.conftest import SPACES, base_spec, sweep_cli
 
@@ -194,7 +194,7 @@ def test_a_trial_is_stopped_early_against_its_own_node_counts_best():
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState, create_trial
 
-    from sweeper.stopping import SlowerThanBest
+    from sweeper.search.stopping import SlowerThanBest
 
     dist = {"nodes": CategoricalDistribution([1, 32])}
     study = optuna.create_study(direction="maximize", pruner=SlowerThanBest(slower=1.5, min_steps=2))
@@ -209,7 +209,7 @@ def test_a_trial_is_stopped_early_against_its_own_node_counts_best():
 
 
 def test_compare_lines_up_a_layout_across_node_counts(tmp_path):
-    from sweeper.results import ResultsStore, now_utc
+    from sweeper.results.rows import ResultsStore, now_utc
 
     store = ResultsStore(tmp_path / "r")
     store.ensure()

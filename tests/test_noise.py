@@ -1,4 +1,4 @@
-"""Step-to-step noise (sweeper.noise): the interval arithmetic with numbers, the winner against the
+"""Step-to-step noise (sweeper.results.noise): the interval arithmetic with numbers, the winner against the
 runner-up (win, tie, unknown), the results columns it fills, and rows written before them."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sweeper.layout import Layout
-from sweeper.noise import (
+from sweeper.layouts.layout import Layout
+from sweeper.results.noise import (
     StepInterval,
     Verdict,
     interval_fields,
@@ -20,8 +20,8 @@ from sweeper.noise import (
     steps_to_separate,
     t_factor,
 )
-from sweeper.results import SCHEMA, ResultsStore, row_from
-from sweeper.trial import summarize
+from sweeper.results.rows import SCHEMA, ResultsStore, row_from
+from sweeper.results.trial import summarize
 from tests.trainer.helpers import tiny_sweep
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sweeper.layout import Layout
-from sweeper.learn import needs_at_least
-from sweeper.perfmodel import calibrate, predict
-from sweeper.plan import make_plan
+from sweeper.estimate.step_time import calibrate, predict
+from sweeper.layouts.layout import Layout
+from sweeper.plan.plan import make_plan
+from sweeper.search.learn import needs_at_least
 from tests.conftest import make_sweep
 
 BIG = {"nodes": 8, "gpus_per_node": 8, "gpu": "a100-80gb"}

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sweeper.comm import TWO_NODE_ALLREDUCE
-from sweeper.layout import Layout
-from sweeper.perfmodel import MEGATRON_LIKE, PARTS, Calibration, breakdown, predict
-from sweeper.plan import make_plan
+from sweeper.estimate.comm import TWO_NODE_ALLREDUCE
+from sweeper.estimate.step_time import MEGATRON_LIKE, PARTS, Calibration, breakdown, predict
+from sweeper.layouts.layout import Layout
+from sweeper.plan.plan import make_plan
 from tests.conftest import make_sweep
 
 EXPOSED = [k for k in PARTS if k != "dp_hidden"]

@@ -10,9 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from sweeper.hardware import lookup_gpu
-from sweeper.layout import Layout
-from sweeper.perfmodel import (
+from sweeper.estimate.step_time import (
     COMM_PARTS,
     COMPUTE_PARTS,
     HIDDEN_PARTS,
@@ -23,9 +21,11 @@ from sweeper.perfmodel import (
     model_misses,
     predict,
 )
-from sweeper.plan import make_plan
+from sweeper.layouts.layout import Layout
+from sweeper.plan.plan import make_plan
 from sweeper.report import explain_top, runner_up_sentences, varying_knobs
-from sweeper.spec import parse_sweep
+from sweeper.spec.hardware import lookup_gpu
+from sweeper.spec.loader import parse_sweep
 from tests.conftest import make_sweep
 from tests.test_report import row
 

@@ -1,4 +1,4 @@
-"""The step time of context-parallel and expert-parallel layouts (sweeper.perfmoe through
+"""The step time of context-parallel and expert-parallel layouts (sweeper.estimate.moe through
 perfmodel.predict): parts still add up, cp divides each rank's attention, the K/V ring hides behind
 attention where an all-gather does not, all-to-alls leave NVLink only across its domain, grouped
 expert GEMMs run at their own size, and gradients are reduced over dp*cp and over edp."""
@@ -8,11 +8,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sweeper.comm import ALLTOALL_NIC_SHARE, ALLTOALL_NVLINK_SHARE
-from sweeper.hardware import lookup_gpu
-from sweeper.layout import Layout, with_derived
-from sweeper.perfmodel import COMM_PARTS, COMPUTE_PARTS, HIDDEN_PARTS, PARTS, TimeTraits, gemm_efficiency, predict
-from sweeper.perfmoe import EXPERT_IMBALANCE, expert_rows, reduction_groups, routed_flops_per_token
+from sweeper.estimate.comm import ALLTOALL_NIC_SHARE, ALLTOALL_NVLINK_SHARE
+from sweeper.estimate.moe import EXPERT_IMBALANCE, expert_rows, reduction_groups, routed_flops_per_token
+from sweeper.estimate.step_time import (
+    COMM_PARTS,
+    COMPUTE_PARTS,
+    HIDDEN_PARTS,
+    PARTS,
+    TimeTraits,
+    gemm_efficiency,
+    predict,
+)
+from sweeper.layouts.layout import Layout, with_derived
+from sweeper.spec.hardware import lookup_gpu
 from tests.conftest import make_sweep
 
 MEGATRON = {"kind": "megatron", "command": "torchrun pretrain_gpt.py {flags}"}

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import sweeper.perfmoe as perfmoe
-from sweeper.perfmodel import LAYER_OVERHEAD_S, predict
+import sweeper.estimate.moe as perfmoe
+from sweeper.estimate.step_time import LAYER_OVERHEAD_S, predict
 from tests.conftest import make_sweep
 from tests.test_perfmoe import MEGATRON, cols_of  # the same Megatron-LM workload and layout columns
 

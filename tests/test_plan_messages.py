@@ -1,5 +1,5 @@
 """A rule's message shows the values of the row it rejects, for every knob of the table, with no
-list of "knobs that messages name" to keep up to date (sweeper.plan.messages groups rows by the
+list of "knobs that messages name" to keep up to date (sweeper.plan.plan.messages groups rows by the
 columns a message reads)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from sweeper.knobs import KNOBS
-from sweeper.layout import Rule, with_derived
-from sweeper.plan import CANDIDATE, INVALID, cross_product, make_plan, messages, reject
+from sweeper.layouts.layout import Rule, with_derived
+from sweeper.plan.plan import CANDIDATE, INVALID, cross_product, make_plan, messages, reject
 from sweeper.statuses import PlanReason
 from tests.conftest import make_sweep
 

@@ -1,4 +1,4 @@
-"""The dry run's records (`sweeper.plan_summary`): counts that add up, reasons that name the value
+"""The dry run's records (`sweeper.plan.summary`): counts that add up, reasons that name the value
 and the limit, the reason that removed the most, and the sweep's estimated cost."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import math
 
 import numpy as np
 
-from sweeper.plan import make_plan
-from sweeper.plan_summary import TRIAL_STARTUP_S, cost_estimate, no_candidates_message, plan_counts, top_reason
-from sweeper.spec import load_sweep
+from sweeper.plan.plan import make_plan
+from sweeper.plan.summary import TRIAL_STARTUP_S, cost_estimate, no_candidates_message, plan_counts, top_reason
+from sweeper.spec.loader import load_sweep
 from tests.conftest import SPACES, make_sweep
 
 HUGE = {"nodes": 8, "gpus_per_node": 8, "gpu": {"memory_gib": 100000, "peak_tflops": 100}}

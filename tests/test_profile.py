@@ -1,4 +1,4 @@
-"""Machine profiles (`sweeper.profile`, `sweeper.profiled`): the file round-trips and is refused with
+"""Machine profiles (`sweeper.profiles.profile`, `sweeper.estimate.profiled`): the file round-trips and is refused with
 one line naming the field; the step-time model prices from a profile as its numbers say; a sweep's
 identity ignores the profile; the cached profile of the cluster's GPU is found."""
 
@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from sweeper.errors import SpecError
-from sweeper.identity import sweep_identity
-from sweeper.layout import Layout
-from sweeper.perfmodel import predict
-from sweeper.profile import (
+from sweeper.estimate.shapes import DEFAULT_CPU, block_gemms, elementwise_sizes
+from sweeper.estimate.step_time import predict
+from sweeper.layouts.layout import Layout
+from sweeper.profiles.profile import (
     SCHEMA,
     AttentionPoint,
     BlockPoint,
@@ -31,8 +31,8 @@ from sweeper.profile import (
     load_profile,
     save_profile,
 )
-from sweeper.profile_plan import DEFAULT_CPU, block_gemms, elementwise_sizes
-from sweeper.spec import parse_sweep
+from sweeper.results.identity import sweep_identity
+from sweeper.spec.loader import parse_sweep
 from tests.conftest import SPACES, cli_env, sweep_cli
 
 TINY = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())

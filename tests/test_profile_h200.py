@@ -14,9 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sweeper.layout import Layout
-from sweeper.perfmodel import predict
-from sweeper.spec import Sweep, parse_sweep
+from sweeper.estimate.step_time import predict
+from sweeper.layouts.layout import Layout
+from sweeper.spec.loader import parse_sweep
+from sweeper.spec.schema import Sweep
 
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "h200"
 

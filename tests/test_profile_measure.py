@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from sweeper.profile import load_profile
+from sweeper.profiles.profile import load_profile
 from tests.conftest import SPACES, sweep_cli
 
 

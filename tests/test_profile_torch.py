@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sweeper.models import ModelShape
-from sweeper.trainer.profile_block import measure_blocks
-from sweeper.trainer.profiling import (
+from sweeper.runtime.profile_block import measure_blocks
+from sweeper.runtime.profiling import (
     Timer,
     measure_attention,
     measure_compiled,
@@ -16,6 +15,7 @@ from sweeper.trainer.profiling import (
     measure_gemm,
     measure_gemm_fp8,
 )
+from sweeper.spec.models import ModelShape
 
 CPU = torch.device("cpu")
 TIMER = Timer(CPU, budget_s=0.002, max_reps=3)

@@ -7,9 +7,9 @@ import json
 import pandas as pd
 import yaml
 
-from sweeper.plan import make_plan
-from sweeper.results import ResultsStore, now_utc
-from sweeper.spec import load_sweep
+from sweeper.plan.plan import make_plan
+from sweeper.results.rows import ResultsStore, now_utc
+from sweeper.spec.loader import load_sweep
 from tests.conftest import SPACES, sweep_cli
 
 

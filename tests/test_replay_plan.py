@@ -12,10 +12,10 @@ import yaml
 
 from sweeper.knobs import KNOBS
 from sweeper.launchers.replay import ReplayLauncher
-from sweeper.layout import Layout
-from sweeper.orchestrator import prepare, run_loop
-from sweeper.plan import make_plan
-from sweeper.spec import load_sweep
+from sweeper.layouts.layout import Layout
+from sweeper.plan.plan import make_plan
+from sweeper.run.orchestrator import prepare, run_loop
+from sweeper.spec.loader import load_sweep
 from tests.conftest import base_spec, cli_command, cli_env
 
 SPACE = {"tp": [1, 2, 4], "pp": [1, 2], "micro_batch_size": [1, 2], "sequence_parallel": [True]}

@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from sweeper.knobs import KNOBS
-from sweeper.plan import make_plan
+from sweeper.plan.plan import make_plan
 from sweeper.report import gpu_hours, match_plan_rows, summary_lines
-from sweeper.results import ResultsStore
-from sweeper.spec import load_sweep
+from sweeper.results.rows import ResultsStore
+from sweeper.spec.loader import load_sweep
 from tests.conftest import sweep_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -242,8 +242,8 @@ def test_runner_up_sentence_names_the_bubble(tmp_path):
         r["grad_accum"] = 64 // (2 * r["dp"])
     import pandas as pd
 
-    from sweeper.layout import Layout
-    from sweeper.perfmodel import predict
+    from sweeper.estimate.step_time import predict
+    from sweeper.layouts.layout import Layout
 
     for r in rows:  # measured: the model's own step time, 1.5x (a common factor the calibration absorbs)
         knobs = {k: r[k] for k in ("tp", "pp", "micro_batch_size")}

@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pandas as pd
 
-from sweeper.layout import Layout
-from sweeper.plan import make_plan
+from sweeper.layouts.layout import Layout
+from sweeper.plan.plan import make_plan
 from sweeper.report.data import layout_counts, memory_points, mfu_points, rank_correlation
 from tests.conftest import make_sweep
 

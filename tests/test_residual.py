@@ -1,4 +1,4 @@
-"""The search's calibration of the throughput model (`sweeper.residual.calibrate`): it recovers the
+"""The search's calibration of the throughput model (`sweeper.search.residual.calibrate`): it recovers the
 compute and communication scales from a few measured step times, and a trainer quirk (one layout
 several times slower) moves them little, where a least-squares fit goes to its bounds."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sweeper.perfmodel import calibrate as least_squares_calibrate
-from sweeper.plan import make_plan
-from sweeper.residual import Residual, calibrate, features
+from sweeper.estimate.step_time import calibrate as least_squares_calibrate
+from sweeper.plan.plan import make_plan
+from sweeper.search.residual import Residual, calibrate, features
 from tests.conftest import make_sweep
 
 

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sweeper.results import COLUMNS, ResultsStore, best_rows, now_utc
+from sweeper.results.rows import COLUMNS, ResultsStore, best_rows, now_utc
 
 
 def _row(n: int, status: str = "ok", mfu: float | None = 0.5) -> dict:
@@ -93,7 +93,7 @@ def test_polars_reads_trials_while_a_result_is_being_written(tmp_path, monkeypat
     mixed file extensions, e.g. `x.parquet` beside `.x.parquet.tmp`)."""
     import polars as pl  # in the test extra
 
-    from sweeper import results
+    from sweeper.results import rows as results
 
     store = ResultsStore(tmp_path)
     store.ensure()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from sweeper.plan import make_plan
-from sweeper.search import Schedule, build_search
+from sweeper.plan.plan import make_plan
+from sweeper.search.search import Schedule, build_search
 from tests.conftest import make_sweep
 
 
@@ -54,7 +54,7 @@ def test_model_based_samplers_never_run_rejected_or_repeated_layouts(tmp_path, s
 
 
 def test_equivalent_layout_maps_to_its_candidate(tmp_path):
-    from sweeper.layout import Layout
+    from sweeper.layouts.layout import Layout
 
     plan, search = _search(
         tmp_path,

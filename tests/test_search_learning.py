@@ -8,11 +8,11 @@ import pytest
 import yaml
 
 from sweeper.launchers.replay import ReplayLauncher
-from sweeper.orchestrator import prepare, run_loop
-from sweeper.plan import make_plan
-from sweeper.results import ResultsStore, now_utc
-from sweeper.search import build_search
-from sweeper.spec import load_sweep
+from sweeper.plan.plan import make_plan
+from sweeper.results.rows import ResultsStore, now_utc
+from sweeper.run.orchestrator import prepare, run_loop
+from sweeper.search.search import build_search
+from sweeper.spec.loader import load_sweep
 from tests.conftest import base_spec, make_sweep
 
 
@@ -59,7 +59,7 @@ def test_replay_with_more_candidates_than_budget_runs_the_best_within_a_few_tria
 
 def _layout_of(row):
     from sweeper.knobs import KNOBS
-    from sweeper.layout import Layout
+    from sweeper.layouts.layout import Layout
 
     return Layout.from_mapping({k: row[k] for k in KNOBS})
 
@@ -103,7 +103,7 @@ def test_stop_margin_stops_once_nothing_untried_can_beat_the_best():
 
 
 def test_measured_peaks_above_the_estimate_tighten_the_memory_check():
-    from sweeper.memfit import refitted_total
+    from sweeper.estimate.memfit import refitted_total
 
     plan = _plan(space={"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4]})
     mem = plan.memory

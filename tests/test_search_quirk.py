@@ -10,11 +10,11 @@ import yaml
 
 from sweeper.knobs import KNOBS
 from sweeper.launchers.replay import ReplayLauncher
-from sweeper.layout import Layout
-from sweeper.orchestrator import prepare
-from sweeper.orchestrator import step as loop_step
-from sweeper.plan import make_plan
-from sweeper.spec import load_sweep
+from sweeper.layouts.layout import Layout
+from sweeper.plan.plan import make_plan
+from sweeper.run.orchestrator import prepare
+from sweeper.run.orchestrator import step as loop_step
+from sweeper.spec.loader import load_sweep
 from tests.conftest import base_spec
 
 

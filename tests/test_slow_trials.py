@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from sweeper.launchers.replay import ReplayLauncher
-from sweeper.orchestrator import prepare, run_loop
-from sweeper.slow_trials import read_steps_file
-from sweeper.spec import load_sweep
+from sweeper.run.orchestrator import prepare, run_loop
+from sweeper.run.slow_trials import read_steps_file
+from sweeper.spec.loader import load_sweep
 from tests.conftest import base_spec
 
 

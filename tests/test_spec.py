@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from sweeper.errors import SpecError
-from sweeper.spec import find_sweep_file, load_sweep, parse_sweep
+from sweeper.spec.loader import find_sweep_file, load_sweep, parse_sweep
 from tests.conftest import SPACES, base_spec, make_sweep
 
 

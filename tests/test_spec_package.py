@@ -1,6 +1,6 @@
 """The sweep file's package: its public names where they always were, and no import cycle with the layout rules.
 
-The loader checks a sweep against the layout rules (`sweeper.layout.unusable`), so the layout
+The loader checks a sweep against the layout rules (`sweeper.layouts.layout.unusable`), so the layout
 module, and everything the schema is built from (the trainers, the memory model, the exports),
 must not import the spec at run time: each must import first in a fresh interpreter.
 """
@@ -17,7 +17,13 @@ import pytest
 import sweeper.spec
 
 ROOT = Path(__file__).resolve().parents[1]
-BELOW_THE_LOADER = ("sweeper.layout", "sweeper.trainers", "sweeper.memory", "sweeper.stages", "sweeper.export")
+BELOW_THE_LOADER = (
+    "sweeper.layouts.layout",
+    "sweeper.trainers",
+    "sweeper.estimate.memory",
+    "sweeper.layouts.stages",
+    "sweeper.trainers.export",
+)
 
 
 def test_public_names_are_reexported():
@@ -77,7 +83,7 @@ def test_modules_below_the_loader_import_no_spec(module: str):
 def test_each_imports_first_in_a_fresh_interpreter():
     code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
     # the layout rules and the trainers: the two the schema and the loader import first
-    for module in ("sweeper.layout", "sweeper.trainers"):
+    for module in ("sweeper.layouts.layout", "sweeper.trainers"):
         r = subprocess.run(
             [sys.executable, "-c", code, module, "sweeper.spec"], capture_output=True, text=True, timeout=60, cwd=ROOT
         )

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from sweeper.launchers.replay import ReplayLauncher
-from sweeper.orchestrator import prepare, run_loop
-from sweeper.spec import load_sweep
+from sweeper.run.orchestrator import prepare, run_loop
+from sweeper.spec.loader import load_sweep
 from tests.conftest import base_spec
 
 STATE = {"ok": "COMPLETE", "oom": "FAIL", "failed": "FAIL", "stopped_early": "PRUNED"}

@@ -22,11 +22,11 @@ from sweeper.errors import SpecError
 from sweeper.launchers import TrialJob, make_launcher, resolve_profile
 from sweeper.launchers.replica import _parser, parse_reports, report_line
 from sweeper.launchers.torchx import TorchxLauncher, trial_outcome
-from sweeper.layout import Layout
-from sweeper.spec import Sweep, load_sweep
-from sweeper.spec.loader import parse_sweep
+from sweeper.layouts.layout import Layout
+from sweeper.results.trial import TrialResult
+from sweeper.spec.loader import load_sweep, parse_sweep
+from sweeper.spec.schema import Sweep
 from sweeper.statuses import TrialStatus
-from sweeper.trial import TrialResult
 from tests.conftest import SPACES, sweep_cli
 
 LAYOUT = Layout(tp=2, pp=1, micro_batch_size=1)

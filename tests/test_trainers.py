@@ -15,16 +15,16 @@ import pytest
 
 from sweeper.cli.best import Format
 from sweeper.errors import SpecError
-from sweeper.export import layout_record
-from sweeper.identity import sweep_identity
+from sweeper.estimate.memory import estimate
+from sweeper.estimate.step_time import TimeTraits
 from sweeper.knobs import KNOBS
-from sweeper.layout import Layout
-from sweeper.memory import estimate
-from sweeper.perfmodel import TimeTraits
-from sweeper.plan import make_plan
-from sweeper.spec import parse_sweep
+from sweeper.layouts.layout import Layout
+from sweeper.plan.plan import make_plan
+from sweeper.results.identity import sweep_identity
+from sweeper.spec.loader import parse_sweep
 from sweeper.trainers import EXPORTERS, RECIPES, TRAINERS, memory_record
 from sweeper.trainers.base import MemoryOptions, ParsedLog, Recipe, Trainer
+from sweeper.trainers.export import layout_record
 from tests.conftest import make_sweep
 
 TINY = {"layers": 4, "hidden": 256, "heads": 4, "ffn": 1024, "vocab": 1000}

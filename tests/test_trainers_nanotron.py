@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 import yaml
 
-from sweeper.export import layout_record
-from sweeper.layout import Layout
-from sweeper.memory import estimate
-from sweeper.perfmodel import MEGATRON_LIKE, predict
-from sweeper.plan import make_plan
-from sweeper.results import ResultsStore
-from sweeper.spec import Sweep
+from sweeper.estimate.memory import estimate
+from sweeper.estimate.step_time import MEGATRON_LIKE, predict
+from sweeper.layouts.layout import Layout
+from sweeper.plan.plan import make_plan
+from sweeper.results.rows import ResultsStore
+from sweeper.runtime.workloads import run_external
+from sweeper.spec.schema import Sweep
 from sweeper.trainers import TRAINERS
+from sweeper.trainers.export import layout_record
 from sweeper.trainers.nanotron import NANOTRON_TIME, NanotronRecipe, parse_nanotron, to_nanotron
-from sweeper.workloads import run_external
 from tests.conftest import make_sweep, sweep_cli
 from tests.test_export import row as results_row
 
@@ -158,7 +158,7 @@ def test_its_traits_price_zero0_with_a_pipeline_per_micro_batch():
 
 
 def _columns(lays: list[Layout], s: Sweep) -> dict[str, np.ndarray]:
-    from sweeper.layout import with_derived
+    from sweeper.layouts.layout import with_derived
 
     raw = {k: np.asarray([getattr(lay, k) for lay in lays]) for k in lays[0].as_dict()}
     return with_derived(raw, s)

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from sweeper.flops import hardware_flops_per_token, model_flops_per_token
-from sweeper.layout import Layout
-from sweeper.trial import FAILED, OK, STATUSES, TrialResult, summarize, without_run
+from sweeper.estimate.flops import hardware_flops_per_token, model_flops_per_token
+from sweeper.layouts.layout import Layout
+from sweeper.results.trial import FAILED, OK, STATUSES, TrialResult, summarize, without_run
 from tests.trainer.helpers import tiny_sweep
 
 
@@ -53,5 +53,5 @@ def test_a_failed_trial_has_no_metrics_and_round_trips_through_json() -> None:
 
 
 def test_trial_results_and_the_launcher_do_not_import_torch() -> None:
-    code = "import sys, sweeper.trial, sweeper.launchers.ranks; sys.exit('torch' in sys.modules)"
+    code = "import sys, sweeper.results.trial, sweeper.launchers.ranks; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from sweeper.acquisition import best_chance
-from sweeper.memfit import MEMORY_LOG_SIGMA, MIN_FIT_CHANCE, fit_chance
-from sweeper.plan import make_plan
-from sweeper.search import build_search
+from sweeper.estimate.memfit import MEMORY_LOG_SIGMA, MIN_FIT_CHANCE, fit_chance
+from sweeper.plan.plan import make_plan
+from sweeper.search.acquisition import best_chance
+from sweeper.search.search import build_search
 from tests.conftest import make_sweep
 
 
@@ -62,7 +62,7 @@ def test_the_search_weighs_an_uncertain_layout_by_its_chance():
     )
     search = build_search(plan, sampler="auto", max_trials=20, seed=0)
     rows = np.flatnonzero(plan.candidate_mask)
-    # the chance to run and be the best per trial spent (sweeper.acquisition), nothing measured yet
+    # the chance to run and be the best per trial spent (sweeper.search.acquisition), nothing measured yet
     expected = best_chance(np.log(search.learning.pred_mfu[rows]), plan.fit_chance[rows], np.zeros(0))
     first = search.ask()
     assert first is not None and first.row == rows[np.argmax(expected)]

@@ -11,12 +11,12 @@ import pytest
 import yaml
 
 from sweeper.errors import SpecError
-from sweeper.flops import model_flops_per_token, utilization
-from sweeper.layout import Layout
-from sweeper.spec import parse_sweep
+from sweeper.estimate.flops import model_flops_per_token, utilization
+from sweeper.layouts.layout import Layout
+from sweeper.runtime.workloads import classify_failure, render_command, run_external
+from sweeper.spec.loader import parse_sweep
 from sweeper.trainers.megatron import parse_megatron
 from sweeper.trainers.torchtitan import parse_torchtitan
-from sweeper.workloads import classify_failure, render_command, run_external
 from tests.conftest import SPACES, sweep_cli
 
 STANDINS = Path(__file__).parent / "standins"

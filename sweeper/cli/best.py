@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from sweeper.errors import NoSuccessError, SweepError
-from sweeper.sizes import Winner
+from sweeper.plan.sizes import Winner
 
 
 class Format(StrEnum):
@@ -62,7 +62,7 @@ def best(
         best_predicted(spec, top=top, fmt=fmt.value)
         return
 
-    from sweeper.results import best_rows, open_results
+    from sweeper.results.rows import best_rows, open_results
 
     root, store = open_results(spec, results)
     rows = store.rows()
@@ -118,7 +118,7 @@ def _export_winner(
 ) -> str:
     """The best ok trial in a trainer's format (over several node counts: the winner `--by`, for
     its node count); a sweep without one is a user error."""
-    from sweeper.results import best_rows, sweep_as_run
+    from sweeper.results.rows import best_rows, sweep_as_run
     from sweeper.trainers import EXPORTERS
 
     chosen = best_rows(rows, 1)
@@ -134,8 +134,8 @@ def _export_winner(
 
 def _winner_layout(rows: list[dict[str, Any]], root: Path, spec: str) -> Any:
     """The winner's layout record for the JSON document (null without a winner or a readable sweep)."""
-    from sweeper.export import layout_record
-    from sweeper.results import best_rows, sweep_as_run
+    from sweeper.results.rows import best_rows, sweep_as_run
+    from sweeper.trainers.export import layout_record
 
     chosen = best_rows(rows, 1)
     if not chosen:

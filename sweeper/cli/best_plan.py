@@ -15,9 +15,9 @@ def predicted_rows(spec: str, top: int) -> tuple[Any, list[dict[str, Any]]]:
     """The sweep, and its `top` candidates by predicted MFU as result-like rows (the dry run's
     table, first rows first), each with `predicted` set; refused when the plan leaves none."""
     from sweeper.launchers import plan_for_launcher
-    from sweeper.plan import make_plan
-    from sweeper.plan_summary import no_candidates_message
-    from sweeper.spec import load_sweep
+    from sweeper.plan.plan import make_plan
+    from sweeper.plan.summary import no_candidates_message
+    from sweeper.spec.loader import load_sweep
     from sweeper.statuses import PlanStatus
 
     sweep = load_sweep(spec)
@@ -45,8 +45,8 @@ def _at(sweep: Any, row: dict[str, Any]) -> Any:
 
 def best_predicted(spec: str, *, top: int, fmt: str) -> None:
     """Print the plan's best layouts in `fmt` (table, json, or one of the exporters')."""
-    from sweeper.export import layout_record
     from sweeper.trainers import EXPORTERS
+    from sweeper.trainers.export import layout_record
 
     sweep, rows = predicted_rows(spec, top)
     if fmt == "table":

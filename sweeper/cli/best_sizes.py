@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.errors import NoSuccessError, SweepError
-from sweeper.sizes import Marks, SizeAnswer, Winner, answers, marks, winner
-from sweeper.spec import Sweep
+from sweeper.plan.sizes import Marks, SizeAnswer, Winner, answers, marks, winner
+from sweeper.spec.schema import Sweep
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,8 @@ class SizeView:
 
 def size_view(rows: Sequence[Mapping[str, Any]], root: Path, spec: str) -> SizeView | None:
     """The answer per node count; None for a sweep of one size without a goal (or no readable sweep file)."""
-    from sweeper.plan import make_plan
-    from sweeper.results import sweep_as_run
+    from sweeper.plan.plan import make_plan
+    from sweeper.results.rows import sweep_as_run
 
     try:
         sweep = sweep_as_run(root, spec)

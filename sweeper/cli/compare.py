@@ -56,8 +56,8 @@ def compare(
 
 def _load(spec: str, results: Path | None) -> tuple[pd.DataFrame, str]:
     """A sweep's results frame and its name, from --results or the sweep file's results folder."""
-    from sweeper.results import ResultsStore
-    from sweeper.spec import load_sweep
+    from sweeper.results.rows import ResultsStore
+    from sweeper.spec.loader import load_sweep
 
     root = results or load_sweep(spec).results_path
     if not (root / "trials").is_dir():

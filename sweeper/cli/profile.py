@@ -58,11 +58,11 @@ def profile(
         return
     from rich.console import Console
 
-    from sweeper.profiler import run_profile
+    from sweeper.run.profiler import run_profile
 
     sweep = None
     if spec is not None:
-        from sweeper.spec import load_sweep
+        from sweeper.spec.loader import load_sweep
 
         sweep = load_sweep(spec)
     if out is not None and out.suffix.lower() not in (".yaml", ".yml"):
@@ -92,8 +92,8 @@ def show(
         for line in describe_file(path):
             typer.echo(line)
         return
-    from sweeper.learned_profile import learned_dir
-    from sweeper.profile import cache_dir
+    from sweeper.profiles.profile import cache_dir
+    from sweeper.search.learned import learned_dir
 
     found = sorted(cache_dir().glob("*.profile.yaml")) + sorted(learned_dir().glob("*.yaml"))
     if not found:
@@ -118,7 +118,7 @@ def forget(
 ) -> None:
     """Delete cached profiles: one file, a GPU's measured profile (--gpu), every measured profile, or
     learned ones (--learned)."""
-    from sweeper.profile import cache_dir, cached_profile_path
+    from sweeper.profiles.profile import cache_dir, cached_profile_path
 
     if path is not None and gpu is not None:
         raise SweepError("give a profile file or --gpu, not both")
@@ -144,9 +144,9 @@ def forget(
 
 
 def describe_file(path: Path) -> list[str]:
-    """The lines `show` prints, by the file's `kind:` (a learned profile is `sweeper.learned_profile`'s)."""
-    from sweeper.learned_profile import describe as describe_learned
-    from sweeper.profile import LEARNED, describe, load_profile, read_header
+    """The lines `show` prints, by the file's `kind:` (a learned profile is `sweeper.search.learned`'s)."""
+    from sweeper.profiles.profile import LEARNED, describe, load_profile, read_header
+    from sweeper.search.learned import describe as describe_learned
 
     header: dict[str, Any] = read_header(path)
     if header.get("kind") == LEARNED:
@@ -156,7 +156,7 @@ def describe_file(path: Path) -> list[str]:
 
 def _forget_learned(key: str | None) -> None:
     """`forget --learned [KEY]`: the learned profile KEY names, or every learned profile."""
-    from sweeper.learned_profile import forget
+    from sweeper.search.learned import forget
 
     removed = forget(None if key is None else _learned_key(key))
     for path in removed:
@@ -169,9 +169,9 @@ def _learned_key(text: str):  # noqa: ANN202 - LearnedKey, imported lazily
     """The key TEXT names: a learned profile's file or file name (without .yaml), else a sweep file's cluster."""
     from sweeper.cli.run import cluster_of
     from sweeper.errors import SpecError
-    from sweeper.learned_profile import LearnedKey, learned_dir, read
-    from sweeper.profile import LEARNED, ProfileError, read_header
-    from sweeper.spec import load_sweep
+    from sweeper.profiles.profile import LEARNED, ProfileError, read_header
+    from sweeper.search.learned import LearnedKey, learned_dir, read
+    from sweeper.spec.loader import load_sweep
 
     path = Path(text)
     for candidate in (path, learned_dir() / f"{path.name.removesuffix('.yaml')}.yaml"):

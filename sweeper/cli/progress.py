@@ -12,8 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from sweeper.knobs import ALWAYS_SHOWN, SUMMARY_KNOBS, label, set_knobs
-from sweeper.layout import Layout
-from sweeper.orchestrator import SweepRun
+from sweeper.layouts.layout import Layout
+from sweeper.run.orchestrator import SweepRun
 from sweeper.statuses import TrialStatus
 
 

@@ -11,14 +11,14 @@ from rich.table import Table
 from rich.text import Text
 
 from sweeper.knobs import KNOBS, label, shown_in_tables
-from sweeper.models import ModelShape
-from sweeper.plan import Plan
-from sweeper.plan_summary import CostEstimate, PlanCounts, cost_estimate, plan_counts
-from sweeper.spec import Sweep
+from sweeper.plan.plan import Plan
+from sweeper.plan.summary import CostEstimate, PlanCounts, cost_estimate, plan_counts
+from sweeper.spec.models import ModelShape
+from sweeper.spec.schema import Sweep
 from sweeper.statuses import PlanStatus
 
 if TYPE_CHECKING:
-    from sweeper.noise import Margin
+    from sweeper.results.noise import Margin
 
 
 def make_console(*, stderr: bool = False) -> Console:
@@ -226,7 +226,7 @@ def _nodes_text(sweep) -> str:  # noqa: ANN001 - Sweep
 def print_plan_sizes(plan: Plan, console: Console) -> None:
     """The dry run's answer per node count: each size's best predicted layout and its whole run."""
     from sweeper.cli.render_sizes import print_sizes
-    from sweeper.sizes import marks, predicted_best
+    from sweeper.plan.sizes import marks, predicted_best
 
     found = [predicted_best(plan, n) for n in plan.sweep.node_counts]
     title = f"{plan.sweep.name}: best predicted layout per node count (the model uncalibrated: ±band)"
@@ -236,7 +236,7 @@ def print_plan_sizes(plan: Plan, console: Console) -> None:
 def recipe_summary(sweep) -> str:  # noqa: ANN001 - Sweep
     """The recipe's options in a few words, as the dry run prints them."""
     parts = sweep.memory_recipe.summary(sweep.memory)
-    from sweeper.memory import reserved_factor
+    from sweeper.estimate.memory import reserved_factor
 
     if sweep.memory.loss_kernel is not None:  # in place of the recipe's own loss
         parts.append(f"{sweep.memory.loss_kernel} cross-entropy")
@@ -265,8 +265,8 @@ def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
 
     from rich.table import Table
 
-    from sweeper.noise import row_mfu_range
-    from sweeper.results import best_rows
+    from sweeper.results.noise import row_mfu_range
+    from sweeper.results.rows import best_rows
 
     console = make_console()
     chosen = best_rows(rows, top)
@@ -319,8 +319,8 @@ def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
 
 def winner_margin(rows: list[dict[str, Any]]) -> Margin | None:
     """The winner against the runner-up, within noise or beyond it (None with fewer than two ok trials)."""
-    from sweeper.noise import margin
-    from sweeper.results import best_rows
+    from sweeper.results.noise import margin
+    from sweeper.results.rows import best_rows
 
     two = best_rows(rows, 2)
     return margin(two[0], two[1]) if len(two) == 2 else None
@@ -350,7 +350,7 @@ def print_predicted(rows: list[dict[str, Any]], *, knobs: list[str], title: str)
     print_float8_note(console, [r.get("float8") for r in rows], "pred MFU")
 
 
-# MFU's denominator is the bf16 peak for a float8 run too (sweeper.hardware.GPU.peak_flops, as
+# MFU's denominator is the bf16 peak for a float8 run too (sweeper.spec.hardware.GPU.peak_flops, as
 # torchtitan counts it): its matmuls may run at up to the fp8 peak, twice as fast, so its MFU can
 # pass what a bf16 run reaches, and a reader takes 81 % for a mistake unless told
 FLOAT8_MFU_NOTE = (

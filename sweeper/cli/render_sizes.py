@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from sweeper.sizes import Marks, SizeAnswer
+from sweeper.plan.sizes import Marks, SizeAnswer
 from sweeper.spec.schema import GoalSpec
 
 

@@ -19,7 +19,7 @@ def report(
 
     from sweeper.cli.render import message_console, say
     from sweeper.report import write_report
-    from sweeper.results import open_results, sweep_as_run
+    from sweeper.results.rows import open_results, sweep_as_run
 
     root, store = open_results(spec, results)
     frame = store.frame()

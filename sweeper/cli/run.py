@@ -40,9 +40,9 @@ def run(
     ] = False,
 ) -> None:
     from sweeper.launchers import plan_for_launcher
-    from sweeper.plan import make_plan
-    from sweeper.plan_summary import no_candidates_message
-    from sweeper.spec import load_sweep
+    from sweeper.plan.plan import make_plan
+    from sweeper.plan.summary import no_candidates_message
+    from sweeper.spec.loader import load_sweep
 
     sweep = load_sweep(spec)
     # a bad launcher profile is an error of the plan too; a replay's missing layouts are left out
@@ -67,10 +67,10 @@ def run(
 
 
 def learned_line(sweep) -> str:  # noqa: ANN001 - Sweep, imported lazily
-    """One line: the learned profile the sweep would start from (`sweeper.learned_profile`), or why none."""
-    from sweeper.identity import sweep_identity
+    """One line: the learned profile the sweep would start from (`sweeper.search.learned`), or why none."""
     from sweeper.launchers import launcher_classes, resolve_profile
-    from sweeper.learned_profile import learns, status_line
+    from sweeper.results.identity import sweep_identity
+    from sweeper.search.learned import learns, status_line
 
     profile = resolve_profile(sweep)
     here = launcher_classes()[profile.kind].measures_here
@@ -114,7 +114,7 @@ def plan_summary(plan) -> dict:  # noqa: ANN001
     from dataclasses import asdict
 
     from sweeper.cli.render import pricing_line
-    from sweeper.plan_summary import cost_estimate, plan_counts
+    from sweeper.plan.summary import cost_estimate, plan_counts
 
     frame = plan.to_frame()
     cands = frame[frame.status == PlanStatus.CANDIDATE]
@@ -140,8 +140,8 @@ def run_live(sweep, *, fresh: bool, yes: bool, top: int, rebuild_study: bool = F
     from sweeper.cli.progress import LiveProgress
     from sweeper.cli.render import message_console, print_best, say
     from sweeper.errors import NoSuccessError
-    from sweeper.orchestrator import run_sweep
-    from sweeper.results import best_rows
+    from sweeper.results.rows import best_rows
+    from sweeper.run.orchestrator import run_sweep
 
     err = Console(stderr=True)
     progress = LiveProgress(err)

@@ -19,7 +19,7 @@ def selftest(
     from rich.markup import escape
     from rich.table import Table
 
-    from sweeper.selftest import Verdict, run_selftest
+    from sweeper.run.selftest import Verdict, run_selftest
 
     console = Console(highlight=False, soft_wrap=True)
     with console.status("self-test: probing kernels, running small layouts..."):

@@ -22,7 +22,7 @@ def status(
     from rich.table import Table
 
     from sweeper.cli.progress import describe
-    from sweeper.results import open_results
+    from sweeper.results.rows import open_results
 
     # no results folder: an error, as for `sweep best` (not "0 finished" from the wrong folder)
     root, store = open_results(spec, results)

@@ -15,9 +15,9 @@ from sweeper.launchers.local import MAX_LOCAL_PROCESSES
 from sweeper.statuses import TrialStatus
 
 if TYPE_CHECKING:
-    from sweeper.layout import Layout
-    from sweeper.spec import Sweep
-    from sweeper.trial import TrialResult
+    from sweeper.layouts.layout import Layout
+    from sweeper.results.trial import TrialResult
+    from sweeper.spec.schema import Sweep
 
 # One process per device of the sweep's cluster; more than this on one machine is a mistake
 # (a cluster-sized sweep belongs to `sweep run` with the slurm launcher).
@@ -53,7 +53,7 @@ def trial(
         typer.Option("--nodes", help="one of cluster.nodes when it lists several: the node count to run at"),
     ] = None,
 ) -> None:
-    from sweeper.spec import load_sweep
+    from sweeper.spec.loader import load_sweep
 
     sweep = at_nodes(load_sweep(spec), nodes)
     layout = layout_from_sets(sweep, sets or [])
@@ -77,7 +77,7 @@ def at_nodes(sweep: Sweep, nodes: int | None) -> Sweep:
 def layout_from_sets(sweep: Sweep, sets: list[str]) -> Layout:
     """The layout of `--set` values, the first value of each other knob's list; invalid is an error."""
     from sweeper.knobs import KNOBS
-    from sweeper.layout import Layout
+    from sweeper.layouts.layout import Layout
 
     values = {name: sweep.space[name][0] for name in KNOBS}
     for item in sets:
@@ -129,7 +129,7 @@ def run_local(sweep: Sweep, layout: Layout, *, timeout_s: float | None, workdir:
     from rich.console import Console
 
     from sweeper.launchers.ranks import launch_trial
-    from sweeper.trial import OK
+    from sweeper.results.trial import OK
 
     err = Console(stderr=True, highlight=False)
     world = sweep.cluster.world
@@ -138,7 +138,7 @@ def run_local(sweep: Sweep, layout: Layout, *, timeout_s: float | None, workdir:
     keep = workdir is not None
     workdir = workdir if workdir is not None else Path(tempfile.mkdtemp(prefix="sweep-trial-"))
     if sweep.trainer.runs_command:  # an external trainer's command, its log parsed
-        from sweeper.workloads import run_external
+        from sweeper.runtime.workloads import run_external
 
         err.print(
             f"trial {sweep.name}: {sweep.workload.kind} workload, tp={layout.tp} pp={layout.pp} "

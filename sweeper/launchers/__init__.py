@@ -5,8 +5,8 @@ from __future__ import annotations
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, LauncherProfile, TrialJob
 from sweeper.launchers.profiles import resolve_profile
 from sweeper.launchers.registry import launcher_classes
-from sweeper.plan import Plan, leave_out
-from sweeper.spec import Sweep
+from sweeper.plan.plan import Plan, leave_out
+from sweeper.spec.schema import Sweep
 
 __all__ = [
     "Handle",

@@ -15,10 +15,10 @@ from typing import Annotated, Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, StringConstraints
 
-from sweeper.layout import Columns, Layout
-from sweeper.spec import Sweep
+from sweeper.layouts.layout import Columns, Layout
+from sweeper.results.trial import TrialResult
+from sweeper.spec.schema import Sweep
 from sweeper.statuses import TrialStatus
-from sweeper.trial import TrialResult
 
 # Values that end up on a job script's line or in a scheduler's request: no spaces, quotes or shell
 # metacharacters; option names in lower case.
@@ -92,7 +92,7 @@ class LauncherProfile(BaseModel):
 
     def cluster_name(self) -> str | None:
         """The machine the trials run on, where the profile names one (a SLURM partition): the cluster
-        of the sweep's learned profile (`sweeper.learned_profile.LearnedKey`). None: not named."""
+        of the sweep's learned profile (`sweeper.search.learned.LearnedKey`). None: not named."""
         return None
 
 

@@ -14,10 +14,10 @@ from sweeper.errors import SpecError
 from sweeper.files import open_own, own_dir
 from sweeper.launchers.base import KILL_GRACE_S, Handle, JobOutcome, Launcher, LauncherProfile, TrialJob, failure, tail
 from sweeper.process import kill_group, read_result
-from sweeper.spec import Sweep
+from sweeper.results.trial import TrialResult
+from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE
+from sweeper.spec.schema import Sweep
 from sweeper.statuses import TrialStatus
-from sweeper.trainer.evidence import INFRASTRUCTURE_FAILURE
-from sweeper.trial import TrialResult
 
 MAX_LOCAL_PROCESSES = 64  # the local launcher starts one process per device of the cluster
 STRAY_EXIT_WAIT_S = 30.0  # how long a restart waits for the stray trials it killed to be gone

@@ -1,6 +1,6 @@
 """Start the rank processes of one trial on this machine, with torchrun-style variables and a wall-clock limit.
 
-No torch here: the parent (the CLI, the local launcher) only spawns `python -m sweeper.trainer.worker`,
+No torch here: the parent (the CLI, the local launcher) only spawns `python -m sweeper.runtime.worker`,
 waits, and reads the result rank 0 wrote. Each rank runs in its own session, so a timeout kills
 it with everything it started (compile workers included).
 """
@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.files import open_own, own_dir
-from sweeper.layout import Layout
+from sweeper.layouts.layout import Layout
 from sweeper.process import die_with_parent, free_port, kill_group, read_result
-from sweeper.spec import Sweep
-from sweeper.trainer.evidence import INFRASTRUCTURE_FAILURE, OomSigns, OomWatch, oom_evidence
-from sweeper.trial import FAILED, OOM, TIMEOUT, TrialResult, without_run
+from sweeper.results.trial import FAILED, OOM, TIMEOUT, TrialResult, without_run
+from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE, OomSigns, OomWatch, oom_evidence
+from sweeper.spec.schema import Sweep
 
 # After rank 0 wrote its result (or a rank died), how long the others get to finish on their own.
 EXIT_GRACE_S = 15.0
@@ -100,7 +100,7 @@ def launch(
     extra_env: dict[str, str] | None = None,
     rendezvous: Rendezvous | None = None,
 ) -> Launched:
-    """Run `task` (see `sweeper.trainer.worker`) on `nprocs` local processes; kill them all at `timeout_s`.
+    """Run `task` (see `sweeper.runtime.worker`) on `nprocs` local processes; kill them all at `timeout_s`.
     With a `rendezvous`, they are this node's ranks of a trial over `rendezvous.nodes` machines."""
     # `workdir` is the caller's; what the launch makes in it is its own, and a link planted at one
     # of those names (a copied results folder) is replaced, never written through
@@ -135,7 +135,7 @@ def launch(
             with open_own(workdir / "logs" / f"rank{rank}.log") as log:
                 procs.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "sweeper.trainer.worker", str(workdir)],
+                        [sys.executable, "-m", "sweeper.runtime.worker", str(workdir)],
                         env=env,
                         stdout=log,
                         stderr=subprocess.STDOUT,

@@ -22,14 +22,14 @@ import numpy as np
 from pydantic import Field
 
 from sweeper.errors import SpecError
-from sweeper.flops import model_flops_per_token, utilization
+from sweeper.estimate.flops import model_flops_per_token, utilization
 from sweeper.knobs import KNOBS, NO_EFFECT_VALUE
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, LauncherProfile, TrialJob, failure
-from sweeper.layout import Columns, Layout, ineffective
-from sweeper.noise import interval_fields
-from sweeper.spec import Sweep
+from sweeper.layouts.layout import Columns, Layout, ineffective
+from sweeper.results.noise import interval_fields
+from sweeper.results.trial import TrialResult
+from sweeper.spec.schema import Sweep
 from sweeper.statuses import TrialStatus
-from sweeper.trial import TrialResult
 
 VALUE_COLUMNS = (
     "mfu",

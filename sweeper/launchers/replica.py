@@ -5,11 +5,11 @@ with the frozen sweep file's text in `SWEEP_TRIAL_SPEC`. A replica shares no fol
 machine that submitted it (a Kubernetes pod, a Ray actor on another host, a container): the sweep
 comes in through the environment, and everything that goes back goes through the replica's log,
 which torchx fetches: the ranks' logs, then one `SWEEP_REPLICA <json>` line. Node 0's line holds the
-trial's result (`sweeper.trial.TrialResult`); another node's holds how its ranks ended, with the
+trial's result (`sweeper.results.trial.TrialResult`); another node's holds how its ranks ended, with the
 evidence of an OOM kill its own ranks left (cgroup counter, kernel log), so the launcher can tell
 an OOM on any node from a rank that died of something else.
 
-No torch at import: the ranks import it (`sweeper.trainer.worker`).
+No torch at import: the ranks import it (`sweeper.runtime.worker`).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.files import open_own
-from sweeper.layout import Layout
+from sweeper.layouts.layout import Layout
 from sweeper.process import die_with_parent
-from sweeper.spec import Sweep
+from sweeper.spec.schema import Sweep
 
 MARK = "SWEEP_REPLICA"  # the line a replica ends its log with
 SPEC_ENV = "SWEEP_TRIAL_SPEC"  # the frozen sweep file's text
@@ -162,7 +162,7 @@ def _run_external(
     sweep: Sweep, layout: Layout, node: int, nodes: int, args: argparse.Namespace, workdir: Path
 ) -> dict[str, Any]:
     """The trainer's own command on this node, with torchrun-style variables naming the node."""
-    from sweeper.workloads import run_external
+    from sweeper.runtime.workloads import run_external
 
     master = "127.0.0.1" if node == 0 else os.environ.get(args.rank0_env, "127.0.0.1")
     os.environ.update(

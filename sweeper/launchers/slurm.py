@@ -15,7 +15,6 @@ from pydantic import Field, StringConstraints
 
 from sweeper.errors import SpecError, SweepError
 from sweeper.files import own_dir
-from sweeper.folder import check_trusted_file
 from sweeper.launchers.base import (
     Handle,
     JobOutcome,
@@ -29,9 +28,10 @@ from sweeper.launchers.base import (
 )
 from sweeper.launchers.task import run_task, task_count, tasks_per_node
 from sweeper.process import read_result
-from sweeper.spec import Sweep
+from sweeper.results.folder import check_trusted_file
+from sweeper.results.trial import TrialResult
+from sweeper.spec.schema import Sweep
 from sweeper.statuses import TrialStatus
-from sweeper.trial import TrialResult
 
 # submitit is imported where a job is submitted or read: the launcher registry imports this module
 # for every sweep, and a local sweep or a dry run should not pay for (or need) submitit

@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sweeper.spec import Sweep
+from sweeper.spec.schema import Sweep
 
 
 def tasks_per_node(sweep: Sweep) -> int:
@@ -40,15 +40,15 @@ def node_rank(environ: dict[str, str] | None = None) -> int:
 def run_task(spec_path: str, layout: dict[str, Any], out_dir: str, nodes: int | None = None) -> dict[str, Any]:
     """Run this task's part of one trial: a rank of the built-in trainer, or a node's external command;
     `nodes`: the layout's node count in a sweep over several."""
-    from sweeper.layout import Layout
-    from sweeper.spec import load_sweep
+    from sweeper.layouts.layout import Layout
+    from sweeper.spec.loader import load_sweep
 
     sweep, lay = load_sweep(spec_path, profiles=False), Layout.from_mapping(layout)  # the model is not needed here
     sweep = sweep.at(nodes) if nodes is not None else sweep
     if sweep.trainer.runs_command:  # one task per node runs the trainer's own command
-        from sweeper.workloads import run_external
+        from sweeper.runtime.workloads import run_external
 
         return asdict(run_external(sweep, lay, workdir=Path(out_dir) / f"node{node_rank()}"))
-    from sweeper.trainer.runner import run_trial
+    from sweeper.runtime.runner import run_trial
 
     return asdict(run_trial(sweep, lay, out_dir=Path(out_dir)))

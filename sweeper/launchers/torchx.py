@@ -41,10 +41,10 @@ from sweeper.launchers.base import (
     tail,
 )
 from sweeper.launchers.replica import SPEC_ENV, parse_reports
-from sweeper.spec import Sweep
+from sweeper.results.trial import TrialResult
+from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE
+from sweeper.spec.schema import Sweep
 from sweeper.statuses import TrialStatus
-from sweeper.trainer.evidence import INFRASTRUCTURE_FAILURE
-from sweeper.trial import TrialResult
 
 if TYPE_CHECKING:
     from torchx.runner import Runner

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sweeper.hardware import GIB
 from sweeper.knobs import KNOBS, label, layout_line, shown_in_tables
-from sweeper.layout import RULE_SUMMARIES, Layout
-from sweeper.plan import CANDIDATE, Plan
-from sweeper.spec import Sweep
+from sweeper.layouts.layout import RULE_SUMMARIES, Layout
+from sweeper.plan.plan import CANDIDATE, Plan
+from sweeper.spec.hardware import GIB
+from sweeper.spec.schema import Sweep
 from sweeper.statuses import PlanReason, PlanStatus, TrialStatus
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ def summary_lines(sweep: Sweep, plan: Plan, df: pd.DataFrame) -> list[str]:
 def margin_line(w: Any, r: Any) -> str:
     """The winner's lead over the runner-up as far as the measurements support it: with its interval
     (a win beyond noise), as a tie within noise with what would settle it, or with the noise unknown."""
-    from sweeper.noise import INTERVAL_NAME, Verdict, margin, mfu_text
+    from sweeper.results.noise import INTERVAL_NAME, Verdict, margin, mfu_text
 
     m = margin(w, r)
     points = f"{100 * (w['mfu'] - r['mfu']):.2f} points, {100 * m.lead:.1f}% faster"
@@ -258,7 +258,7 @@ class MfuPoints:
 
 def mfu_points(df: pd.DataFrame, plan: Plan, sweep: Sweep) -> MfuPoints:
     """Measured MFU of every successful trial beside the throughput model's, matched to plan rows by knobs."""
-    from sweeper.perfmodel import predict
+    from sweeper.estimate.step_time import predict
 
     ok = successful(df)
     idx = match_plan_rows(plan, ok) if len(ok) else None

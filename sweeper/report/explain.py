@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sweeper.plan import Plan
+from sweeper.plan.plan import Plan
 from sweeper.report.data import fmt_value, match_plan_rows, short_layout
-from sweeper.spec import Sweep
+from sweeper.spec.schema import Sweep
 from sweeper.statuses import TrialStatus
 
 if TYPE_CHECKING:
@@ -30,8 +30,8 @@ class Explained:
 
 def explain_top(df: pd.DataFrame, plan: Plan, sweep: Sweep, top: int = TOP_EXPLAINED) -> Explained | None:
     """Breakdown of the top ok trials with measured step times; None when they cannot be matched to the plan."""
-    from sweeper.flops import model_flops_per_token
-    from sweeper.perfmodel import HIDDEN_PARTS, PARTS, breakdown, calibrate, predict
+    from sweeper.estimate.flops import model_flops_per_token
+    from sweeper.estimate.step_time import HIDDEN_PARTS, PARTS, breakdown, calibrate, predict
 
     ok = df[(df["status"] == TrialStatus.OK) & df["mfu"].notna() & (df["mfu"] > 0)].copy()
     ok = ok.sort_values(["mfu", "trial_number"], ascending=[False, True])
@@ -67,7 +67,7 @@ class Segment:
 def bar_segments(ex: Explained) -> list[Segment]:
     """The bars' pieces: each trial's exposed parts end to end, so its bar is exactly its modelled step
     (`predicted_s`), and its hidden traffic ending with the step, inside it (it runs under backward)."""
-    from sweeper.perfmodel import HIDDEN_PARTS, PARTS
+    from sweeper.estimate.step_time import HIDDEN_PARTS, PARTS
 
     out = []
     for i in range(len(ex.trials)):
@@ -89,7 +89,7 @@ def bar_segments(ex: Explained) -> list[Segment]:
 def order_sentence(ex: Explained) -> str | None:
     """Where the calibrated model puts the winner's step above a slower-measured trial's, the section
     says so first: the bars then show the model, and the model does not explain the measured order."""
-    from sweeper.noise import Verdict, margin
+    from sweeper.results.noise import Verdict, margin
 
     w = ex.trials.iloc[0]
     faster = [i for i in range(1, len(ex.trials)) if ex.predicted_s[i] < ex.predicted_s[0]]
@@ -114,8 +114,8 @@ def order_sentence(ex: Explained) -> str | None:
 
 def runner_up_sentences(ex: Explained, knobs: list[str], sweep: Sweep) -> list[str]:
     """One sentence per runner-up: how much slower it measured, and the part of the model that costs it most."""
-    from sweeper.noise import margin
-    from sweeper.perfmodel import HIDDEN_PARTS, PART_LABELS, PARTS, model_misses
+    from sweeper.estimate.step_time import HIDDEN_PARTS, PART_LABELS, PARTS, model_misses
+    from sweeper.results.noise import margin
 
     w = ex.trials.iloc[0]
     out = []
@@ -190,6 +190,6 @@ def _why(part: str, r: Any, share: float, parts: dict[str, np.ndarray], i: int) 
         )
     if part == "framework":
         return f"launch overhead of {r['grad_accum']} micro-batches takes {share:.0f}% of the step"
-    from sweeper.perfmodel import PART_LABELS
+    from sweeper.estimate.step_time import PART_LABELS
 
     return f"{PART_LABELS.get(part, part)} takes {share:.0f}% of the step"  # a part added to the model later

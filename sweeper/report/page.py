@@ -14,10 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sweeper.files import atomic_write_text
-from sweeper.hardware import GIB
 from sweeper.knobs import label
-from sweeper.noise import INTERVAL_NAME, row_mfu_range
-from sweeper.plan import Plan
+from sweeper.plan.plan import Plan
 from sweeper.report.data import Plot, fmt_value, match_plan_rows, short_layout, successful, summary_lines, varying_knobs
 from sweeper.report.explain import explain_top, order_sentence, runner_up_sentences
 from sweeper.report.plots import (
@@ -30,7 +28,9 @@ from sweeper.report.plots import (
     plot_sizes,
     plot_status,
 )
-from sweeper.spec import Sweep
+from sweeper.results.noise import INTERVAL_NAME, row_mfu_range
+from sweeper.spec.hardware import GIB
+from sweeper.spec.schema import Sweep
 from sweeper.statuses import TrialStatus
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 def write_report(sweep: Sweep, df: pd.DataFrame, out_dir: Path, *, plan: Plan | None = None) -> tuple[Path, list[str]]:
     """Write the PNGs and report.html into out_dir; returns the HTML's path and the PNG file names."""
-    from sweeper.plan import make_plan
+    from sweeper.plan.plan import make_plan
 
     plan = plan or make_plan(sweep)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -136,7 +136,7 @@ def _plot_html(p: Plot, out_dir: Path) -> list[str]:
 def _describe(sweep: Sweep) -> str:
     m, cl = sweep.model, sweep.cluster
     size = _size(m.num_params) + " parameters"
-    if m.is_moe:  # MFU counts the parameters a token passes through (sweeper.flops)
+    if m.is_moe:  # MFU counts the parameters a token passes through (sweeper.estimate.flops)
         size += f" ({_size(m.active_params)} active per token: MFU counts these)"
     return (
         f"{m.name}: {size}, seq {sweep.seq_len}, global batch "

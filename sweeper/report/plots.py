@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sweeper.files import atomic_write
-from sweeper.plan import Plan
+from sweeper.plan.plan import Plan
 from sweeper.report.data import (
     Plot,
     cell_kinds,
@@ -23,7 +23,7 @@ from sweeper.report.data import (
 )
 from sweeper.report.explain import Explained, bar_segments
 from sweeper.report.sizes_data import SizePoints
-from sweeper.spec import Sweep
+from sweeper.spec.schema import Sweep
 from sweeper.statuses import PlanStatus, TrialStatus
 
 if TYPE_CHECKING:
@@ -308,7 +308,7 @@ def plot_breakdown(ex: Explained, knobs: list[str], out_dir: Path) -> Plot:
     """Per top layout: the model's stacked step time (its exposed parts, so the bar is as long as the
     modelled step), hidden DP and cp-ring traffic as a thin hatched strip under the bar's end (it
     overlaps backward, so it adds nothing to the step), and below them the measured step time."""
-    from sweeper.perfmodel import HIDDEN_PARTS, PART_LABELS, PARTS
+    from sweeper.estimate.step_time import HIDDEN_PARTS, PART_LABELS, PARTS
 
     plt = _pyplot()
     n = len(ex.trials)
@@ -350,7 +350,7 @@ def plot_breakdown(ex: Explained, knobs: list[str], out_dir: Path) -> Plot:
     return Plot(
         _save(fig, out_dir, "step_breakdown.png"),
         "Why the winner wins: step-time breakdown",
-        "upper bar of each pair: the throughput model (sweeper/perfmodel.py) split into its parts, "
+        "upper bar of each pair: the throughput model (sweeper/estimate/step_time.py) split into its parts, "
         "calibrated to the measured step times of every successful trial, all on one scale: its length is the "
         "modelled step; thin hatched strip: data-parallel traffic hidden behind backward (inside the step, not "
         "on its path). Lower, dark bar: the measured mean step time (for a row with only an MFU, the step time "

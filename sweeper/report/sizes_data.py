@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sweeper.plan import Plan
-from sweeper.sizes import SizeAnswer, answers
+from sweeper.plan.plan import Plan
+from sweeper.plan.sizes import SizeAnswer, answers
 from sweeper.spec.schema import GoalSpec
 
 UNIT_TOKENS = 1e12  # without a goal, days and GPU-hours are per this many tokens

@@ -1,6 +1,6 @@
 """The sweep file's cluster sizes and the run's goal: `cluster.nodes` as one node count or a list of
 them, and `goal:`, the training run a layout is chosen for (its tokens, the price of a GPU-hour, the
-limits on days and cost), which `sweeper.cost` turns into days, GPU-hours and cost."""
+limits on days and cost), which `sweeper.estimate.cost` turns into days, GPU-hours and cost."""
 
 from __future__ import annotations
 

@@ -12,16 +12,16 @@ import yaml
 from pydantic import ValidationError
 
 from sweeper.errors import SpecError
-from sweeper.hardware import alias_of
-from sweeper.hf_config import ModelFile, read_config, resolve
+from sweeper.estimate.profiled import ProfiledPricing
 from sweeper.knobs import KNOBS
-from sweeper.layout import DECIDED_ALONE, unusable
-from sweeper.models import PRESETS, ModelShape
-from sweeper.profile import ProfileError, cached_profile_path, load_profile
-from sweeper.profiled import ProfiledPricing
+from sweeper.layouts.layout import DECIDED_ALONE, unusable
+from sweeper.profiles.profile import ProfileError, cached_profile_path, load_profile
+from sweeper.spec.checks import check_layout_count
+from sweeper.spec.hardware import alias_of
+from sweeper.spec.hf_config import ModelFile, read_config, resolve
 from sweeper.spec.messages import format_validation_error
+from sweeper.spec.models import PRESETS, ModelShape
 from sweeper.spec.schema import MAX_LAYOUTS, Cluster, HFConfigSpec, ModelSpec, Sweep, SweepFile
-from sweeper.spec_checks import check_layout_count
 
 MAX_SPEC_BYTES = 1 << 20  # a sweep file is a few dozen lines; anything bigger is a mistake
 # a sweep file nests a few levels (model: moe: ...); PyYAML composes by recursion, so a kilobyte of
@@ -122,7 +122,7 @@ def cluster_pricing(named: str | None, gpu: str) -> ProfiledPricing | None:
 def _check_usable(sweep: Sweep) -> None:
     """A tp, pp, cp, ep or etp value that no layout can use is a typo, not a search dimension: say so.
 
-    The rules are the plan's own (`sweeper.layout.unusable`), written once.
+    The rules are the plan's own (`sweeper.layouts.layout.unusable`), written once.
     """
     for knob in DECIDED_ALONE:
         for v in sweep.space[knob]:

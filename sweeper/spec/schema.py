@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
-from sweeper.hardware import GPU, known_gpus, lookup_gpu
-from sweeper.hf_config import ModelFile
 from sweeper.knobs import KNOBS
-from sweeper.models import PRESETS, ModelShape
+from sweeper.spec.checks import check_workload
 from sweeper.spec.goal import GoalSpec, node_counts
-from sweeper.spec_checks import check_workload
+from sweeper.spec.hardware import GPU, known_gpus, lookup_gpu
+from sweeper.spec.hf_config import ModelFile
+from sweeper.spec.models import PRESETS, ModelShape
 from sweeper.trainers import RECIPES, TRAINERS, default_recipe, option_types
 from sweeper.trainers.base import MemoryOptions, Recipe, Trainer
 from sweeper.trainers.builtin import BuiltinMemory
@@ -153,7 +153,7 @@ class ModelSpec(_Strict):
 
 
 class HFConfigSpec(_Strict):
-    """A Hugging Face config.json as the model (`sweeper.hf_config` lists the architectures read)."""
+    """A Hugging Face config.json as the model (`sweeper.spec.hf_config` lists the architectures read)."""
 
     hf_config: str = Field(
         min_length=1,
@@ -274,7 +274,7 @@ class SearchSettings(_Strict):
 
 
 if TYPE_CHECKING:
-    from sweeper.perfmodel import StepPricing
+    from sweeper.estimate.step_time import StepPricing
 
     MemorySettings = MemoryOptions
 else:
@@ -431,7 +431,7 @@ class Cluster:
     nodes: int
     gpus_per_node: int
     gpu: GPU
-    # a measured profile's pricing of the step (sweeper.profiled), or None: the GPU table's. How the
+    # a measured profile's pricing of the step (sweeper.estimate.profiled), or None: the GPU table's. How the
     # model prices, not what is measured: left out of equality and of the sweep's identity
     pricing: StepPricing | None = field(default=None, compare=False, repr=False)
 

@@ -1,6 +1,6 @@
 """Trainers as objects: one class per trainer a trial can run, registered by `workload.kind`.
 
-Not to be confused with `sweeper.trainer` (singular), the built-in PyTorch trainer that runs a
+Not to be confused with `sweeper.runtime` (singular), the built-in PyTorch trainer that runs a
 trial and imports torch: this package is pure core (no torch) and describes every trainer,
 the built-in one included, as the planner sees it. A trainer class (`base.Trainer`) owns what
 differs between trainers: its memory recipe and the `memory:` options the sweep file may give it
@@ -19,12 +19,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from sweeper.export import to_json, to_yaml
 from sweeper.trainers.base import Exporter, MemoryOptions, Recipe, Trainer
 from sweeper.trainers.builtin import Builtin
 from sweeper.trainers.command import Command
 from sweeper.trainers.deepspeed import DeepSpeed
 from sweeper.trainers.explicit import ExplicitRecipe
+from sweeper.trainers.export import to_json, to_yaml
 from sweeper.trainers.megatron import Megatron
 from sweeper.trainers.nanotron import Nanotron
 from sweeper.trainers.torchtitan import Torchtitan

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from sweeper.estimate.memory import compute_bytes
+from sweeper.estimate.step_time import MEGATRON_LIKE, TimeTraits
 from sweeper.knobs import KNOBS
-from sweeper.memory import compute_bytes
-from sweeper.perfmodel import MEGATRON_LIKE, TimeTraits
-from sweeper.stages import layer_params_per_rank
+from sweeper.layouts.stages import layer_params_per_rank
 
 if TYPE_CHECKING:
-    from sweeper.layout import Columns
+    from sweeper.layouts.layout import Columns
     from sweeper.spec.schema import Sweep
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -186,7 +186,7 @@ class Trainer:
     lacks: ClassVar[Mapping[str, Mapping[Any, str]]] = {}
     runs_command: ClassVar[bool] = True  # an external command (workload.command), not the built-in runner
     exports: ClassVar[Mapping[str, Exporter]] = {}  # `sweep best --format` name -> the winner in its form
-    # where its step time departs from the common model (sweeper.perfmodel); Megatron-LM's by default
+    # where its step time departs from the common model (sweeper.estimate.step_time); Megatron-LM's by default
     time: ClassVar[TimeTraits] = MEGATRON_LIKE
     # the attention kernels it runs context parallelism (cp > 1) with; none: it has no context parallelism
     cp_attention: ClassVar[frozenset[str]] = frozenset()

@@ -1,4 +1,4 @@
-"""The built-in trainer (`sweeper.trainer`, torch): its memory recipe is the reference the others depart from."""
+"""The built-in trainer (`sweeper.runtime`, torch): its memory recipe is the reference the others depart from."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
 
+from sweeper.estimate.memory import compute_bytes
+from sweeper.estimate.step_time import TimeTraits
 from sweeper.knobs import KNOBS
-from sweeper.memory import compute_bytes
 from sweeper.packages import flash_attn_major
-from sweeper.perfmodel import TimeTraits
 from sweeper.trainers.base import Arrays, MemoryOptions, ParsedLog, Recipe, Trainer, unit_params
 
 if TYPE_CHECKING:
-    from sweeper.layout import Columns
+    from sweeper.layouts.layout import Columns
     from sweeper.spec.schema import Sweep
 
 # Mixed-precision AdamW as the trainer runs it (fp32 master weights, bf16 compute copies):
@@ -53,7 +53,7 @@ def builtin_state_bytes(cols: Columns, sweep: Sweep, params: np.ndarray) -> tupl
 
 
 class BuiltinRecipe(Recipe):
-    """DDP, DDP with a ZeRO-1 optimizer, or FSDP2, as `sweeper.trainer` runs them."""
+    """DDP, DDP with a ZeRO-1 optimizer, or FSDP2, as `sweeper.runtime` runs them."""
 
     name = "builtin"
     options: ClassVar[type[MemoryOptions]] = BuiltinMemory
@@ -73,25 +73,25 @@ class Builtin(Trainer):
     attention: ClassVar[frozenset[str]] = frozenset(KNOBS["attention"].choices)
     runs_command = False
     # torch's Schedule1F1B refuses fewer micro-batches than stages; there the built-in trainer runs
-    # ScheduleGPipe (sweeper.trainer.parallel.build_pipeline). With m < pp a 1F1B's first stage warms
+    # ScheduleGPipe (sweeper.runtime.parallel.build_pipeline). With m < pp a 1F1B's first stage warms
     # up all m forwards before its first backward anyway: the same bubble and the same peak on stage
     # 0; later stages hold m micro-batches instead of fewer
     runs_short_1f1b = True
     short_1f1b_as_gpipe = True
-    # sweeper.trainer.context: each rank gathers the cp group's keys and values and runs SDPA
+    # sweeper.runtime.context: each rank gathers the cp group's keys and values and runs SDPA
     # pinned to the knob's backend, each local chunk over its prefix with a lower-right causal
     # bias (torch.nn.attention.bias.causal_lower_right). The flash and efficient kernels take
     # that bias natively (CUDA), math materialises it (as does the CPU flash kernel); torch has no
     # cuDNN path for it (it would fall back to a materialised mask, untested with cuDNN): no cudnn
     cp_attention = frozenset({"flash2", "sdpa_efficient", "sdpa_math"})
-    routers = frozenset({"softmax"})  # sweeper.trainer.moe's router is a softmax over the gate
-    expert_tp = "one"  # sweeper.trainer.moe keeps each expert whole on one rank
+    routers = frozenset({"softmax"})  # sweeper.runtime.moe's router is a softmax over the gate
+    expert_tp = "one"  # sweeper.runtime.moe keeps each expert whole on one rank
     # cp gathers the group's keys and values before the attention kernel (torchtitan's default
     # context_parallel_rotate_method "allgather"; the built-in trainer's CPU path likewise)
     time: ClassVar[TimeTraits] = TimeTraits(cp_ring=False)
 
     def attention_missing(self) -> dict[str, str]:
-        """flash1 runs on the flash-attn 1.x package (sweeper.trainer.kernels), which clusters
+        """flash1 runs on the flash-attn 1.x package (sweeper.runtime.kernels), which clusters
         rarely have (flash-attn 2 replaced it): without it here the plan refuses flash1, as the
         kernel probe of a trial and of `sweep selftest` would (the same `flash_attn_major`)."""
         major = flash_attn_major()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from pydantic import Field
 
-from sweeper.memory import compute_bytes
+from sweeper.estimate.memory import compute_bytes
 from sweeper.trainers.base import MemoryOptions, StateBytes, TableRecipe
 from sweeper.trainers.command import Command
 

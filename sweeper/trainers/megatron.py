@@ -1,5 +1,5 @@
 """Megatron-LM: its memory recipe (mixed precision, distributed optimizer, Megatron FSDP), its
-flags and environment (`sweeper.export`), and its training log."""
+flags and environment (`sweeper.trainers.export`), and its training log."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import Field
 
-from sweeper.export import MEGATRON_ATTENTION, megatron_args, megatron_env, to_megatron
-from sweeper.memory import compute_bytes
+from sweeper.estimate.memory import compute_bytes
 from sweeper.trainers.base import EnvNeeds, MemoryOptions, ParsedLog, StateBytes, TableRecipe, Trainer
+from sweeper.trainers.export import MEGATRON_ATTENTION, megatron_args, megatron_env, to_megatron
 
 if TYPE_CHECKING:
-    from sweeper.layout import Columns
+    from sweeper.layouts.layout import Columns
     from sweeper.spec.schema import Sweep
 
 

@@ -21,18 +21,18 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 import yaml
 
-from sweeper.export import layout_record, provenance_suffix
-from sweeper.memory import compute_bytes
-from sweeper.perfmodel import PipelineStall, TimeTraits
+from sweeper.estimate.memory import compute_bytes
+from sweeper.estimate.step_time import PipelineStall, TimeTraits
 from sweeper.trainers.base import EnvNeeds, MemoryOptions, ParsedLog, Recipe, StateBytes, TableRecipe, Trainer
+from sweeper.trainers.export import layout_record, provenance_suffix
 
 if TYPE_CHECKING:
-    from sweeper.layout import Columns
+    from sweeper.layouts.layout import Columns
     from sweeper.spec.schema import Sweep
 
 NANOTRON_COMMIT = "c252843039cc167ff8d6894b87172af4637eb14b"  # 2025-03-10
 
-# How nanotron's steps depart from Megatron-LM's (sweeper.perfmodel.TimeTraits). The costs were
+# How nanotron's steps depart from Megatron-LM's (sweeper.estimate.step_time.TimeTraits). The costs were
 # chosen on the FIT cells of the ultrascale sweep only (benchmarks/throughput_accuracy.py reports
 # the held-out cells apart), by grids over their values or fits; the loss's bytes are counted from
 # nanotron's code; the others are measured behaviours, not mechanisms traced to a line of nanotron.

@@ -1,5 +1,5 @@
 """torchtitan: the built-in trainer's states with its own checkpointing policy, loss and
-allocator settings; its flags (`sweeper.export`, 0.3.x overrides) and its metrics log."""
+allocator settings; its flags (`sweeper.trainers.export`, 0.3.x overrides) and its metrics log."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from sweeper.export import to_torchtitan, to_torchtitan_cli, torchtitan_cli_args
-from sweeper.memory import compute_bytes, per_token_terms
-from sweeper.perfmodel import TimeTraits
+from sweeper.estimate.memory import compute_bytes, per_token_terms
+from sweeper.estimate.step_time import TimeTraits
 from sweeper.trainers.base import MemoryOptions, ParsedLog, Trainer
 from sweeper.trainers.builtin import BuiltinRecipe
+from sweeper.trainers.export import to_torchtitan, to_torchtitan_cli, torchtitan_cli_args
 
 if TYPE_CHECKING:
-    from sweeper.layout import Columns
+    from sweeper.layouts.layout import Columns
     from sweeper.spec.schema import Sweep
 
 

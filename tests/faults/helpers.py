@@ -99,7 +99,7 @@ def processes_with(marker: str) -> list[int]:
 
 
 def rank_pids(trial_dir: Path) -> list[int]:
-    """The rank processes (`python -m sweeper.trainer.worker DIR`) of a local trial, by rank."""
+    """The rank processes (`python -m sweeper.runtime.worker DIR`) of a local trial, by rank."""
     ranks = trial_dir / "ranks"
     pids = []
     for pid in processes_with(str(ranks)):
@@ -107,7 +107,7 @@ def rank_pids(trial_dir: Path) -> list[int]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"sweeper.trainer.worker" in cmd:
+        if b"sweeper.runtime.worker" in cmd:
             pids.append(pid)
     return sorted(pids)
 

@@ -16,7 +16,7 @@ import yaml
 
 from sweeper.launchers.base import TrialJob
 from sweeper.launchers.local import LocalLauncher
-from sweeper.layout import Layout
+from sweeper.layouts.layout import Layout
 from tests.faults.helpers import results, spec_file, sweep
 from tests.faults.test_hardening import one_line_error, replay_spec
 

@@ -24,9 +24,9 @@ import yaml
 from rich.console import Console
 
 from sweeper.errors import SpecError
-from sweeper.plan import make_plan
-from sweeper.results import ResultsStore
-from sweeper.spec import load_sweep, parse_sweep
+from sweeper.plan.plan import make_plan
+from sweeper.results.rows import ResultsStore
+from sweeper.spec.loader import load_sweep, parse_sweep
 from tests.conftest import ROOT
 from tests.faults.helpers import env_with, spec_file, sweep
 from tests.faults.test_hardening import one_line_error, replay_spec

@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from sweeper.errors import SpecError, SweepError
-from sweeper.folder import check_trusted_file
 from sweeper.launchers.profiles import resolve_profile
-from sweeper.results import ResultsStore
-from sweeper.spec import parse_sweep
+from sweeper.results.folder import check_trusted_file
+from sweeper.results.rows import ResultsStore
+from sweeper.spec.loader import parse_sweep
 from tests.faults.helpers import env_with, sweep
 
 ROWS = [

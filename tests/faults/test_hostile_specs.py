@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from sweeper.errors import SpecError
 from sweeper.launchers.profiles import resolve_profile
-from sweeper.spec import parse_sweep
+from sweeper.spec.loader import parse_sweep
 from tests.conftest import SPACES, sweep_cli
 
 BASE = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from sweeper.trainer.evidence import INFRASTRUCTURE_FAILURE
+from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE
 from tests.faults.helpers import alive, env_with, kill, rank_pids, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="cgroups, the kernel log and pid namespaces need root")

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from sweeper.errors import SweepError
-from sweeper.results import ResultsStore
+from sweeper.results.rows import ResultsStore
 from tests.faults.helpers import spec_file, sweep
 
 

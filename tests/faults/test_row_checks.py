@@ -19,9 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from sweeper.plan import make_plan
-from sweeper.results import ResultsStore
-from sweeper.spec import load_sweep
+from sweeper.plan.plan import make_plan
+from sweeper.results.rows import ResultsStore
+from sweeper.spec.loader import load_sweep
 from tests.conftest import ROOT, SPACES
 from tests.faults.helpers import sweep, sweep_placed
 from tests.faults.test_hardening import one_line_error, replay_spec
@@ -118,7 +118,7 @@ def _run_editing_the_recorded_file(tmp_path: Path, spec: Path, new_text: str) ->
     recorded = tmp_path / "results" / "ex" / "sweep.yaml"
     edit = f"import pathlib; p = pathlib.Path({str(recorded)!r}); p.write_text({new_text})"
     return sweep_placed(
-        "sweeper.results:ResultsStore.record_inflight",
+        "sweeper.results.rows:ResultsStore.record_inflight",
         "run",
         str(spec),
         call=3,

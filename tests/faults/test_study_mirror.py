@@ -18,7 +18,7 @@ from tests.faults.helpers import sweep, sweep_placed
 from tests.faults.test_hardening import one_line_error, replay_spec
 
 ROOT_ONLY = pytest.mark.skipif(__import__("os").geteuid() != 0, reason="mounting a small tmpfs needs root")
-RECORD = "sweeper.results:ResultsStore.record_inflight"  # called twice per trial: before and after the job starts
+RECORD = "sweeper.results.rows:ResultsStore.record_inflight"  # called twice per trial: before and after the job starts
 STUDY_TRIAL = "optuna.storages._cached_storage:_CachedStorage.create_new_trial"  # the study's new trial
 
 

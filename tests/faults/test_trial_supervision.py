@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeper.trainer.evidence import INFRASTRUCTURE_FAILURE, OomSigns, oom_evidence
+from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE, OomSigns, oom_evidence
 from tests.faults.helpers import (
     alive,
     assert_no_processes_left,

@@ -15,14 +15,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from sweeper.models import ModelShape
-from sweeper.spec import Sweep
-from sweeper.trainer import kernels, parallel
-from sweeper.trainer.context import ContextParallel, apply_cp
-from sweeper.trainer.env import DistEnv
-from sweeper.trainer.model import Transformer, build_model, canonical_name, loss_fn, materialize, norm_kernel
-from sweeper.trainer.moe import MoE, apply_ep, expert_slice, is_expert_param
-from sweeper.trainer.train import make_optimizer, reduce_losses, synthetic_batch
+from sweeper.runtime import kernels, parallel
+from sweeper.runtime.context import ContextParallel, apply_cp
+from sweeper.runtime.env import DistEnv
+from sweeper.runtime.model import Transformer, build_model, canonical_name, loss_fn, materialize, norm_kernel
+from sweeper.runtime.moe import MoE, apply_ep, expert_slice, is_expert_param
+from sweeper.runtime.train import make_optimizer, reduce_losses, synthetic_batch
+from sweeper.spec.models import ModelShape
+from sweeper.spec.schema import Sweep
 
 from .bounds import Reference, Run, Variant, batches, measure, train
 from .workers import parity_cases, start
@@ -55,7 +55,7 @@ def _trainer_case(case: dict[str, Any], out_dir: Path, env: DistEnv, device: tor
     """A cp/ep layout built by `build_trainer` (mesh, groups, DDP/FSDP/ZeRO-1, sharded batch), trained
     `case["steps"]` steps as `Trainer.step` does; every rank saves its losses, step-0 gradients and
     final parameters (experts: this rank's; the rest whole)."""
-    from sweeper.layout import Layout
+    from sweeper.layouts.layout import Layout
 
     from .workers import full_state, trainer_for
 

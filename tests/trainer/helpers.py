@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from sweeper.launchers.ranks import launch
-from sweeper.spec import Sweep, parse_sweep
-from sweeper.trainer import kernels
-from sweeper.trainer.model import Transformer, build_model, loss_fn, materialize, norm_kernel
-from sweeper.trainer.train import make_optimizer, synthetic_batch
+from sweeper.runtime import kernels
+from sweeper.runtime.model import Transformer, build_model, loss_fn, materialize, norm_kernel
+from sweeper.runtime.train import make_optimizer, synthetic_batch
+from sweeper.spec.loader import parse_sweep
+from sweeper.spec.schema import Sweep
 
 from .bounds import Reference, Run, Variant, batches, measure, train
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from sweeper.trainer.model import loss_fn
-from sweeper.trainer.train import make_optimizer, synthetic_batch
+from sweeper.runtime.model import loss_fn
+from sweeper.runtime.train import make_optimizer, synthetic_batch
 
 from .bounds import FACTOR, Variant, assert_within, batches, drift, measure, one_thread, train
 from .helpers import CPU, STEPS, plain_model, reference, tiny_sweep

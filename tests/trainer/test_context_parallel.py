@@ -1,4 +1,4 @@
-"""Context parallelism (sweeper.trainer.context): the load-balanced split, and the tiny LLaMA trained
+"""Context parallelism (sweeper.runtime.context): the load-balanced split, and the tiny LLaMA trained
 with its sequence split over cp=2 gloo ranks reproducing the single-process reference.
 
 Bounds as the dense parity tests (tests/trainer/test_parity.py): loss, step-0 gradients and
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from sweeper.trainer.context import chunk_ids, local_positions, shard_sequence
+from sweeper.runtime.context import chunk_ids, local_positions, shard_sequence
 
 from .bounds import assert_within
 from .cp_ep_workers import TINY_GPT, TINY_MOE, merge_ranks, model_case, model_reference

@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
-from sweeper.spec import Sweep
-from sweeper.trainer.context import cp_backend, prefix_attention
-from sweeper.trainer.kernels import KernelUnavailable
+from sweeper.runtime.context import cp_backend, prefix_attention
+from sweeper.runtime.kernels import KernelUnavailable
+from sweeper.spec.schema import Sweep
 
 from .bounds import assert_within
 from .cp_ep_workers import merge_ranks

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from sweeper.launchers.ranks import launch_trial
-from sweeper.layout import Layout
-from sweeper.trial import FAILED, KERNEL_UNAVAILABLE, OOM, TIMEOUT
+from sweeper.layouts.layout import Layout
+from sweeper.results.trial import FAILED, KERNEL_UNAVAILABLE, OOM, TIMEOUT
 
 from .helpers import run_workers, tiny_sweep
 

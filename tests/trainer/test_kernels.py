@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sweeper.models import ModelShape
-from sweeper.trainer import kernels
-from sweeper.trainer.kernels import KernelUnavailable
-from sweeper.trainer.model import apply_rope, build_model, canonical_name, loss_fn, rope_tables
-from sweeper.trainer.outcome import classify
-from sweeper.trainer.parallel import apply_ac
-from sweeper.trainer.train import synthetic_batch
-from sweeper.trial import KERNEL_UNAVAILABLE, OOM
+from sweeper.results.trial import KERNEL_UNAVAILABLE, OOM
+from sweeper.runtime import kernels
+from sweeper.runtime.kernels import KernelUnavailable
+from sweeper.runtime.model import apply_rope, build_model, canonical_name, loss_fn, rope_tables
+from sweeper.runtime.outcome import classify
+from sweeper.runtime.parallel import apply_ac
+from sweeper.runtime.train import synthetic_batch
+from sweeper.spec.models import ModelShape
 
 from .helpers import CPU, plain_model, tiny_sweep
 
@@ -62,7 +62,7 @@ def test_kernels_missing_here_are_unavailable_with_a_reason(name: str, reason: s
 
 def test_selftest_gives_a_missing_kernels_reason_whole() -> None:
     # `sweep selftest` cut these at 200 characters, mid-sentence ("... the math kernel and the fused")
-    from sweeper.selftest import kernel_checks
+    from sweeper.run.selftest import kernel_checks
 
     rows = {c.name: c for c in kernel_checks(CPU)}
     for name in ("sdpa_efficient", "cudnn"):

@@ -1,4 +1,4 @@
-"""The analytic memory model (sweeper/memory.py) against what the trainer really keeps, on tiny layouts
+"""The analytic memory model (sweeper/estimate/memory.py) against what the trainer really keeps, on tiny layouts
 of the LLaMA block and, for activations, the GPT block and a head_dim != hidden/heads block (helpers.MODELS).
 
 Activations: the bytes autograd keeps for one micro-batch (saved-tensor hooks, de-duplicated by
@@ -24,9 +24,10 @@ import numpy as np
 import pytest
 import torch
 
-from sweeper import memory, stages
-from sweeper.layout import Layout
-from sweeper.spec import Sweep
+from sweeper.estimate import memory
+from sweeper.layouts import stages
+from sweeper.layouts.layout import Layout
+from sweeper.spec.schema import Sweep
 from sweeper.trainers import builtin
 
 from .helpers import run_workers, tiny_sweep

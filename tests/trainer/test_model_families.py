@@ -10,15 +10,15 @@ import dataclasses
 import pytest
 import torch
 
-from sweeper.models import ModelShape
-from sweeper.trainer import kernels
-from sweeper.trainer.model import (
+from sweeper.runtime import kernels
+from sweeper.runtime.model import (
     build_model,
     eager_layernorm,
     fused_layernorm,
     norm_kernel,
 )
-from sweeper.trainer.parallel import split_stage
+from sweeper.runtime.parallel import split_stage
+from sweeper.spec.models import ModelShape
 
 LLAMA = ModelShape(layers=4, hidden=64, heads=4, kv_heads=2, ffn=176, vocab=256)
 GPT = dataclasses.replace(LLAMA, kv_heads=4, ffn=256, mlp="gelu", norm="layernorm", position="learned")
@@ -134,8 +134,8 @@ def test_layernorm_bytes_follow_autocast() -> None:
     eager keeps 4*64 + 4 + 2*64 = 388 B either way; fp32 fused 4*64 + 8 = 264 B."""
     import numpy as np
 
-    from sweeper import memory
-    from sweeper.layout import Layout
+    from sweeper.estimate import memory
+    from sweeper.layouts.layout import Layout
 
     from .helpers import tiny_sweep
 

@@ -1,4 +1,4 @@
-"""The MoE block (sweeper.trainer.moe): routing and grouped experts against a per-token loop, and a
+"""The MoE block (sweeper.runtime.moe): routing and grouped experts against a per-token loop, and a
 tiny MoE model trained with ep=2 on two gloo ranks reproducing the single-process run.
 
 Parity (ep=2 against one process, 5 AdamW steps at lr 0.01): loss, step-0 gradients and
@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sweeper.trainer.moe import MoE, Router, _regroup
+from sweeper.runtime.moe import MoE, Router, _regroup
 
 from .bounds import assert_within
 from .cp_ep_workers import (

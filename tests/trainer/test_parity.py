@@ -56,7 +56,7 @@ FOUR_RANKS: dict[str, tuple[Any, ...]] = {
     "dp2_pp2_fsdp": ({"pp": 2, "sharding": "fsdp", "micro_batch_size": 2}, False),
     "dp2_pp2_replicate": ({"pp": 2, "sharding": "none", "micro_batch_size": 2}, False),
     "dp2_pp2_fsdp_tied": ({"pp": 2, "sharding": "fsdp", "micro_batch_size": 2}, True),
-    # context parallel with the other splits (sweeper/trainer/context.py): dense weights replicated
+    # context parallel with the other splits (sweeper/runtime/context.py): dense weights replicated
     # over dp*cp, each cp rank its two chunks; GPT's learned positions under SP are summed over tp
     "pp2_cp2_tied": ({"pp": 2, "cp": 2, "micro_batch_size": 2}, True),
     "gpt_cp2_tp2_sp": ({"tp": 2, "cp": 2, "sequence_parallel": True, "micro_batch_size": 4}, False, "gpt"),

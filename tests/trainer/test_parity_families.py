@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from sweeper.stages import split_layers
+from sweeper.layouts.stages import split_layers
 
 from .test_parity import _check
 

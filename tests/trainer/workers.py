@@ -9,13 +9,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from sweeper.layout import Layout
-from sweeper.spec import Sweep
-from sweeper.trainer import kernels
-from sweeper.trainer.env import DistEnv, build_mesh, init_distributed, pick_device
-from sweeper.trainer.model import canonical_name, loss_fn
-from sweeper.trainer.moe import EXPERT_WEIGHTS, MoE
-from sweeper.trainer.train import Trainer, build_trainer, reduce_losses
+from sweeper.layouts.layout import Layout
+from sweeper.runtime import kernels
+from sweeper.runtime.env import DistEnv, build_mesh, init_distributed, pick_device
+from sweeper.runtime.model import canonical_name, loss_fn
+from sweeper.runtime.moe import EXPERT_WEIGHTS, MoE
+from sweeper.runtime.train import Trainer, build_trainer, reduce_losses
+from sweeper.spec.schema import Sweep
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -178,7 +178,7 @@ def measure_activations(trainer: Trainer, micro_batch: int) -> dict[str, Any]:
     """
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-    from sweeper.trainer import parallel
+    from sweeper.runtime import parallel
 
     model = trainer.par.parts[0]
     saved = SavedBytes(model)
@@ -269,7 +269,7 @@ def unavailable(*, out_dir: Path, sweep: Sweep, layouts: list[dict[str, Any]]) -
     """Build the trainer for each layout; record the status its failure classifies to, and why."""
     import json
 
-    from sweeper.trainer.outcome import classify
+    from sweeper.runtime.outcome import classify
 
     env, device = start()
     for i, knobs in enumerate(layouts):

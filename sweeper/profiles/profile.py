@@ -1,0 +1,248 @@
+"""A machine profile: what `sweep profile` measured on one node, as a versioned YAML file. Pure.
+
+The file holds the device and the software it was measured with, then tables of measured
+seconds: GEMMs by shape (forward, and backward's two GEMMs), attention per kernel and shape,
+memory-bound operations per element count (eager and compiled), one transformer block of the
+built-in trainer at a tiny shape per knob value (its host overhead), and collectives by message
+size. `sweeper.estimate.profiled` prices a layout from these tables (interpolated log-log over the size,
+`sweeper.profiles.lookup`); the torch side that measures them is `sweeper.runtime.profiling`.
+
+The top level's `schema:` and `kind:` say how to read the rest: `kind: measured` is this file;
+`kind: learned` (what a finished sweep taught) is `sweeper.search.learned`'s. Both live in one
+cache folder per user (`cache_dir`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sweeper.errors import SweepError
+from sweeper.files import atomic_write_text
+
+SCHEMA = 1
+MEASURED = "measured"
+LEARNED = "learned"
+KINDS = (MEASURED, LEARNED)
+MAX_PROFILE_BYTES = 8 << 20  # a profile holds a few hundred rows; anything bigger is a mistake
+
+GemmDtype = Literal["bf16", "fp8", "fp32"]
+ElementwiseOp = Literal["rmsnorm", "layernorm", "rope", "swiglu", "gelu", "add", "cross_entropy", "adamw", "fp8_cast"]
+ElementwiseMode = Literal["eager", "fused", "compiled"]
+CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"]
+Scope = Literal["intra", "inter"]
+
+
+class ProfileError(SweepError):
+    """A profile file that cannot be read: malformed, another schema or kind, another GPU."""
+
+
+class _Row(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class Versions(_Row):
+    """What the numbers were measured with (None: not there, e.g. CUDA on a CPU node)."""
+
+    python: str
+    torch: str
+    cuda: str | None = None
+    nccl: str | None = None
+    driver: str | None = None
+    backend: str = Field(description="the collectives' backend: nccl or gloo")
+
+
+class GemmPoint(_Row):
+    """C[m, n] = A[m, k] B[k, n]: seconds of the forward GEMM and of backward's two (dgrad, wgrad)."""
+
+    dtype: GemmDtype
+    m: int = Field(ge=1)
+    n: int = Field(ge=1)
+    k: int = Field(ge=1)
+    fwd_s: float = Field(gt=0)
+    bwd_s: float = Field(gt=0)
+
+
+class AttentionPoint(_Row):
+    """One causal attention call of `kernel` on (batch, heads, seq, head_dim) queries: forward and backward."""
+
+    kernel: str
+    batch: int = Field(ge=1)
+    heads: int = Field(ge=1)
+    kv_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    seq: int = Field(ge=1)
+    fwd_s: float = Field(gt=0)
+    bwd_s: float = Field(gt=0)
+
+
+class ElementwisePoint(_Row):
+    """A memory-bound operation over `elements` elements (adamw: parameters; cross_entropy: logits)."""
+
+    op: ElementwiseOp
+    mode: ElementwiseMode
+    elements: int = Field(ge=1)
+    fwd_s: float = Field(ge=0)
+    bwd_s: float = Field(ge=0)
+
+
+class BlockPoint(_Row):
+    """One transformer block of the built-in trainer, forward and backward, at a tiny shape where the
+    host's overhead (launches, Python, autograd) is all there is: `knob` set to `value`, the others at
+    the profile's base values (`Profile.block_base`)."""
+
+    knob: str
+    value: str
+    rows: int = Field(ge=1)
+    seconds: float = Field(gt=0)
+
+
+class CollectivePoint(_Row):
+    """One collective over `ranks` processes (`scope`: within a node or across two) of a `bytes` buffer."""
+
+    op: CollectiveOp
+    scope: Scope
+    ranks: int = Field(ge=2)
+    bytes: int = Field(ge=1)
+    seconds: float = Field(gt=0)
+    busbw_gbps: float = Field(ge=0)
+
+
+class Profile(_Row):
+    """A measured profile of one node (see the module's docstring)."""
+
+    schema_: Literal[1] = Field(alias="schema")
+    kind: Literal["measured"] = "measured"
+    gpu: str = Field(description="the GPU table's key of the device (sweeper.spec.hardware.GPUS)")
+    device: str = Field(description="the device's own name (torch.cuda.get_device_name, or the CPU's)")
+    host: str
+    measured_at: str = Field(description="ISO 8601, UTC")
+    versions: Versions
+    shapes_from: str = Field(description="the sweep file whose shapes were measured, or 'default'")
+    processes: int = Field(ge=1, description="processes per node the compute was measured for")
+    cpus: int = Field(ge=1, description="the node's CPU cores")
+    threads: int = Field(ge=1, description="threads per process (CPU)")
+    launch_s: float = Field(ge=0, description="host time of one small eager op, forward and backward")
+    block_base: dict[str, str] = Field(default_factory=dict)
+    gemm: tuple[GemmPoint, ...] = ()
+    attention: tuple[AttentionPoint, ...] = ()
+    elementwise: tuple[ElementwisePoint, ...] = ()
+    block: tuple[BlockPoint, ...] = ()
+    collectives: tuple[CollectivePoint, ...] = ()
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """`${XDG_CACHE_HOME:-~/.cache}/sweep/profiles/`: measured profiles, and learned ones in `learned/`."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
+    return Path(base) / "sweep" / "profiles"
+
+
+def cached_profile_path(gpu: str, env: Mapping[str, str] | None = None) -> Path:
+    """Where `sweep profile` keeps the measured profile of a GPU table key, and where the model finds it."""
+    return cache_dir(env) / f"{gpu}.profile.yaml"
+
+
+def save_profile(profile: Profile, path: Path) -> None:
+    """Write the profile as YAML, atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, yaml.safe_dump(profile.to_dict(), sort_keys=False, width=120))
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """The file's YAML mapping after the checks every kind shares: readable, a mapping, `schema: 1`,
+    a known `kind:`. Each failure is one ProfileError line naming the field."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ProfileError(f"{path}: cannot read the profile: {e.strerror}") from None
+    if len(data) > MAX_PROFILE_BYTES:
+        raise ProfileError(f"{path}: the profile is {len(data)} bytes; a profile must be under {MAX_PROFILE_BYTES}")
+    try:
+        raw = yaml.safe_load(data)
+    except yaml.YAMLError as e:
+        raise ProfileError(f"{path}: not a YAML profile: {' '.join(str(e).split())[:200]}") from None
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{path}: a profile is a mapping (schema, kind, gpu, ...), got {type(raw).__name__}")
+    if raw.get("schema") != SCHEMA:
+        raise ProfileError(f"{path}: schema: {raw.get('schema')!r} is not readable here; allowed: {SCHEMA}")
+    kind = raw.get("kind", MEASURED)
+    if kind not in KINDS:
+        raise ProfileError(f"{path}: kind: {kind!r} unknown; allowed: {', '.join(KINDS)}")
+    return raw
+
+
+def load_profile(path: Path, *, gpu: str | None = None) -> Profile:
+    """A measured profile from `path`; `gpu` (a GPU table key) refuses one measured on another card."""
+    raw = read_header(path)
+    if raw.get("kind", MEASURED) != MEASURED:
+        raise ProfileError(f"{path}: kind: {raw['kind']} is not a measured profile; allowed here: {MEASURED}")
+    try:
+        profile = Profile.model_validate(raw)
+    except ValidationError as e:
+        raise ProfileError(f"{path}: {_first_error(e)}") from None
+    if gpu is not None and profile.gpu != gpu:
+        raise ProfileError(
+            f"{path}: gpu: {profile.gpu} was measured on {profile.device}; this sweep's cluster has gpu {gpu}"
+        )
+    return profile
+
+
+def _first_error(e: ValidationError) -> str:
+    """pydantic's first problem as `field.path: what is wrong` (one line; the count of the rest)."""
+    errors = e.errors()
+    err = errors[0]
+    loc = ".".join(str(p) for p in err["loc"]) or "profile"
+    msg = "required field is missing" if err["type"] == "missing" else err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field"
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    return f"{loc}: {msg}{more}"
+
+
+def describe(profile: Profile, path: Path) -> list[str]:
+    """What a measured profile holds and where it came from, line by line (`sweep profile show`)."""
+    v = profile.versions
+    soft = ", ".join(f"{k} {getattr(v, k)}" for k in ("torch", "cuda", "nccl", "driver", "python") if getattr(v, k))
+    lines = [
+        f"{path}: measured profile (schema {SCHEMA}) of {profile.device} (gpu: {profile.gpu})",
+        f"measured {profile.measured_at} on {profile.host}, {soft}; collectives over {v.backend}",
+        f"shapes from: {profile.shapes_from}; {profile.processes} processes per node, {profile.threads} threads each",
+        f"host launch overhead: {profile.launch_s * 1e6:.1f} us per small op (forward and backward)",
+    ]
+    for dtype in sorted({g.dtype for g in profile.gemm}):
+        gemms = [g for g in profile.gemm if g.dtype == dtype]
+        tf = [2.0 * g.m * g.n * g.k * 3 / (g.fwd_s + g.bwd_s) / 1e12 for g in gemms]
+        lines.append(f"GEMM {dtype}: {len(gemms)} shapes, {min(tf):.3g} to {max(tf):.3g} TFLOP/s (forward + backward)")
+    for kernel in sorted({a.kernel for a in profile.attention}):
+        attn = [a for a in profile.attention if a.kernel == kernel]
+        seqs = sorted({a.seq for a in attn})
+        lines.append(f"attention {kernel}: {len(attn)} shapes, seq {', '.join(map(str, seqs))}")
+    for op, mode in sorted({(e.op, e.mode) for e in profile.elementwise}):
+        elems = sorted((e for e in profile.elementwise if (e.op, e.mode) == (op, mode)), key=lambda e: e.elements)
+        ns = (elems[-1].fwd_s + elems[-1].bwd_s) / elems[-1].elements * 1e9
+        lines.append(
+            f"memory-bound {op} ({mode}): {len(elems)} sizes, {ns:.3g} ns per element at {elems[-1].elements:,}"
+        )
+    for b in profile.block:
+        lines.append(f"block at {b.rows} rows, {b.knob}={b.value}: {b.seconds * 1e3:.3g} ms (host overhead)")
+    for coll, scope in sorted({(c.op, c.scope) for c in profile.collectives}):
+        comm = [c for c in profile.collectives if (c.op, c.scope) == (coll, scope)]
+        best = max(comm, key=lambda c: c.busbw_gbps)
+        lines.append(
+            f"{coll} ({scope}-node): {len(comm)} sizes on {', '.join(str(n) for n in sorted({c.ranks for c in comm}))} "
+            f"ranks, up to {best.busbw_gbps:.3g} GB/s bus bandwidth at {best.bytes:,} bytes"
+        )
+    if not profile.collectives:
+        lines.append("collectives: not measured (one device): the GPU table's bandwidths are used")
+    return lines

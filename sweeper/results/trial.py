@@ -1,0 +1,170 @@
+"""What one trial yields: `TrialResult` (fields named like the results columns) and the metrics from step times.
+
+Pure: no torch. The trainer measures step times, losses and peak memory; `summarize` turns
+them into throughput, TFLOP/s, MFU and HFU with the FLOP model of `sweeper.estimate.flops`.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from sweeper.estimate.flops import hardware_flops_per_token, model_flops_per_token, tflops_per_device, utilization
+from sweeper.layouts.layout import Layout
+from sweeper.results.noise import interval_fields
+from sweeper.spec.schema import Sweep
+from sweeper.statuses import TrialStatus
+
+# Short names kept for the trainer and launchers, which set them in many places.
+OK, OOM, KERNEL_UNAVAILABLE, TIMEOUT, FAILED = (
+    TrialStatus.OK,
+    TrialStatus.OOM,
+    TrialStatus.KERNEL_UNAVAILABLE,
+    TrialStatus.TIMEOUT,
+    TrialStatus.FAILED,
+)
+STATUSES: tuple[str, ...] = tuple(TrialStatus)
+# The error of a trial of a GPU sweep that found no usable GPU: every later trial would fail
+# the same way, so the sweep stops after it (see `stops_sweep`).
+NO_ACCELERATOR = "no usable GPU"
+
+
+def stops_sweep(row: dict[str, Any]) -> bool:
+    """A result that says the machine, not the layout, is broken: running more trials is pointless."""
+    return row.get("status") == FAILED and str(row.get("error") or "").startswith(NO_ACCELERATOR)
+
+
+@dataclass
+class TrialResult:
+    """One trial's outcome and measurements. A value that was not measured is None, never 0.
+
+    Its fields, in order, are the results columns after `trial_number` (see `sweeper.results.rows.SCHEMA`).
+    """
+
+    status: TrialStatus
+    # the layout's knobs (pinned to sweeper.knobs.KNOBS by tests/test_knobs.py) and derived sizes
+    tp: int | None = None
+    pp: int | None = None
+    micro_batch_size: int | None = None
+    sequence_parallel: bool | None = None
+    activation_checkpointing: str | None = None
+    attention: str | None = None
+    rmsnorm: str | None = None
+    sharding: str | None = None
+    pp_schedule: str | None = None
+    virtual_stages: int | None = None
+    compile: bool | None = None
+    float8: bool | None = None
+    cp: int | None = None
+    ep: int | None = None
+    etp: int | None = None
+    dp: int | None = None
+    grad_accum: int | None = None
+    num_devices: int | None = None
+    mfu: float | None = None
+    hfu: float | None = None
+    tflops_per_gpu: float | None = None
+    tokens_per_s: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    step_times_s: list[float] = field(default_factory=list)
+    step_time_mean_s: float | None = None
+    step_time_std_s: float | None = None
+    # the noise of the mean (sweeper.results.noise): steps averaged, half-width of the 95% t interval of the
+    # mean step time, and the MFU at the interval's ends (mfu_high null: the interval reaches 0 s)
+    steps_measured: int | None = None
+    step_time_ci_s: float | None = None
+    mfu_low: float | None = None
+    mfu_high: float | None = None
+    losses: list[float] = field(default_factory=list)
+    startup_s: float | None = None  # process start to the first step, slowest rank
+    peak_mem_gib: float | None = None  # max over ranks; CUDA: max allocated; CPU: peak RSS growth
+    peak_mem_reserved_gib: float | None = None  # CUDA max reserved; None on CPU
+    peak_mem_steady_gib: float | None = None  # like peak_mem_gib, from the end of the warm-up steps on
+    error: str | None = None
+    device: str | None = None
+    torch_version: str | None = None
+    cuda_version: str | None = None  # torch's CUDA build (None: a CPU build)
+    nccl_version: str | None = None
+    gpu_name: str | None = None  # as the driver names it, e.g. "NVIDIA H100 80GB HBM3"
+    python_version: str = field(default_factory=platform.python_version)
+
+    def __post_init__(self) -> None:
+        self.status = TrialStatus(self.status)  # a plain string from JSON becomes the enum; a typo raises
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrialResult:
+        """From `to_dict` output; unknown keys are ignored (results written by a newer version)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def layout_fields(layout: Layout, sweep: Sweep) -> dict[str, Any]:
+    """The knobs of `layout` and its derived dp and grad_accum, as result fields."""
+    return layout.resolve(sweep).as_fields()
+
+
+def without_run(
+    sweep: Sweep, layout: Layout, *, status: TrialStatus | str, error: str | None, **measured: Any
+) -> TrialResult:
+    """A result for a trial that produced no usable step times (failed, timed out, ...)."""
+    if status not in STATUSES:
+        raise ValueError(f"status must be one of {', '.join(STATUSES)}, but got {status!r}")
+    return TrialResult(status=TrialStatus(status), error=error, **layout_fields(layout, sweep), **measured)
+
+
+def _finite(values: Sequence[float]) -> bool:
+    return all(math.isfinite(v) and v > 0 for v in values)
+
+
+def summarize(
+    sweep: Sweep,
+    layout: Layout,
+    *,
+    step_times_s: Sequence[float],
+    losses: Sequence[float],
+    peak_mem_gib: float | None = None,
+    peak_mem_reserved_gib: float | None = None,
+    **extra: Any,
+) -> TrialResult:
+    """An `ok` result with the metrics of the protocol: drop the warm-up steps, average the rest.
+
+    tokens/s = global_batch_size * seq_len / mean step time; MFU = tokens/s * model FLOPs per
+    token / (devices * peak FLOP/s of the sweep's GPU in its precision); HFU adds recomputation.
+    The measured steps' spread gives the mean and the MFU their interval (`sweeper.results.noise`).
+    """
+    warmup = sweep.trial.warmup_steps
+    kept = list(step_times_s)[warmup:]
+    if not kept or not _finite(kept):
+        raise ValueError(f"need positive step times after {warmup} warm-up steps, but got {list(step_times_s)}")
+    base = layout_fields(layout, sweep)
+    devices = base["num_devices"]
+    mean = statistics.fmean(kept)
+    tokens_per_s = sweep.global_batch_size * sweep.seq_len / mean
+    model_flops = model_flops_per_token(sweep.model, sweep.seq_len)
+    hw_flops = hardware_flops_per_token(sweep.model, sweep.seq_len, layout.activation_checkpointing)
+    peak = sweep.cluster.gpu.peak_flops(sweep.trial.precision)
+    mfu = utilization(tokens_per_s, model_flops, num_devices=devices, peak_flops=peak)
+    return TrialResult(
+        status=OK,
+        step_times_s=list(step_times_s),
+        step_time_mean_s=mean,
+        step_time_std_s=statistics.stdev(kept) if len(kept) > 1 else None,
+        tokens_per_s=tokens_per_s,
+        tokens_per_s_per_gpu=tokens_per_s / devices,
+        tflops_per_gpu=tflops_per_device(tokens_per_s, model_flops, num_devices=devices),
+        mfu=mfu,
+        **interval_fields(kept, mfu),
+        hfu=utilization(tokens_per_s, hw_flops, num_devices=devices, peak_flops=peak),
+        peak_mem_gib=peak_mem_gib,
+        peak_mem_reserved_gib=peak_mem_reserved_gib,
+        losses=list(losses),
+        **base,
+        **extra,
+    )

@@ -1,0 +1,151 @@
+"""`sweep profile`: measure this node for the step-time model and write the profile file.
+
+Everything is measured on one process per device of the node, started as a trial's ranks are
+(`sweeper.launchers.ranks.launch`, `sweeper.runtime.profile_run.profile_worker`): the compute
+(GEMMs, attention kernels, memory-bound work, launch overhead, the tiny block) on every rank at
+once, then the collectives and the tensor-parallel block over all ranks. With a sweep file the
+shapes are the sweep's (`sweeper.estimate.shapes`), else the default set.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sweeper.errors import SweepError
+from sweeper.estimate.shapes import (
+    CPU_KERNELS,
+    DEFAULT_CPU,
+    DEFAULT_GPU,
+    GPU_KERNELS,
+    PROGRESS_MARK,
+    default_block_values,
+    plan_for,
+    sweep_block_values,
+    sweep_workloads,
+)
+from sweeper.profiles.profile import Profile, cached_profile_path, save_profile
+
+if TYPE_CHECKING:
+    from sweeper.spec.schema import Sweep
+
+TIMEOUT_S = 840.0  # every measurement of a node, the collectives included
+
+
+@dataclass
+class Measured:
+    """A profile just measured, where it was written, and what was left out (with why)."""
+
+    profile: Profile
+    path: Path
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def run_profile(
+    sweep: Sweep | None,
+    *,
+    out: Path | None,
+    quick: bool,
+    progress: Callable[[str], None],
+    want_cuda: bool = True,
+) -> Measured:
+    """Measure this node (the sweep's shapes, or the default set) on one process per device, and write
+    the profile to `out`, or to the user's cache for this GPU."""
+    import torch
+
+    if sweep is not None and sweep.cluster.gpu.name == "cpu":
+        want_cuda = False  # a CPU sweep's trials run on the CPU, even on a node with GPUs
+    cuda = want_cuda and torch.cuda.is_available()
+    if sweep is not None and not cuda and sweep.cluster.gpu.name != "cpu":
+        raise SweepError(
+            f"{sweep.source}: the cluster's GPU is {sweep.cluster.gpu.name} and this node has none that CUDA can use: "
+            "run `sweep profile` on one of the cluster's nodes"
+        )
+    if sweep is not None:
+        workloads, values = sweep_workloads(sweep), sweep_block_values(sweep)
+        kernels = values["attention"]
+        processes, precision, shapes_from = sweep.cluster.gpus_per_node, sweep.trial.precision, str(sweep.source)
+    else:
+        workloads = DEFAULT_GPU if cuda else DEFAULT_CPU
+        values = default_block_values(cuda=cuda)
+        kernels = GPU_KERNELS if cuda else CPU_KERNELS
+        processes = torch.cuda.device_count() if cuda else 2
+        precision, shapes_from = ("bf16" if cuda else "fp32"), "default"
+    if cuda:
+        processes = min(processes, torch.cuda.device_count())
+    plan = plan_for(
+        workloads,
+        kernels=kernels,
+        compile_=values["compile"] != ("false",),
+        block_values=values,
+        processes=processes,
+        quick=quick,
+    )
+    kwargs = {
+        "plan": plan,
+        "precision": precision,
+        "shapes_from": shapes_from,
+        "budget_s": 0.01 if quick else 0.03,
+        "want_cuda": want_cuda,
+    }
+    progress(f"measuring on {processes} process{'es' if processes > 1 else ''} ({'GPU' if cuda else 'CPU'})")
+    data = _launch_and_follow(kwargs, processes=processes, progress=progress)
+    profile, skipped = Profile.model_validate(data["profile"]), dict(data["skipped"])
+    if sweep is not None and sweep.cluster.gpu.name != profile.gpu:
+        skipped["gpu"] = (
+            f"this node's device is {profile.gpu} ({profile.device}), the sweep's cluster has {sweep.cluster.gpu.name}: "
+            "the sweep will not read this profile"
+        )
+    path = out if out is not None else cached_profile_path(profile.gpu)
+    try:
+        save_profile(profile, path)
+    except OSError as e:
+        raise SweepError(f"--out {path}: cannot write the profile: {e.strerror}") from None
+    return Measured(profile, path, skipped)
+
+
+def _launch_and_follow(kwargs: dict[str, Any], *, processes: int, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Run `profile_worker` on `processes` local ranks, passing rank 0's progress lines on; its result."""
+    from sweeper.launchers.ranks import launch
+
+    workdir = Path(tempfile.mkdtemp(prefix="sweep-profile-"))
+    task = {"kind": "call", "target": "sweeper.runtime.profile_run:profile_worker", "kwargs": kwargs}
+    done: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: done.append(launch(task, nprocs=processes, timeout_s=TIMEOUT_S, workdir=workdir)), daemon=True
+    )
+    try:
+        thread.start()
+        log, seen = workdir / "logs" / "rank0.log", 0
+        while thread.is_alive():
+            thread.join(0.5)
+            seen = _follow(log, seen, progress)
+        _follow(log, seen, progress)
+        path = workdir / "out" / "profile.json"
+        if not done or not path.exists():
+            tail = done[0].log_tail(0, 5).strip()[-600:] if done else ""
+            why = "timed out" if done and done[0].timed_out else "ended without a profile"
+            raise SweepError(f"the profile's measurement {why}: {' | '.join(tail.splitlines())}")
+        result: dict[str, Any] = json.loads(path.read_text())
+        return result
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _follow(log: Path, seen: int, progress: Callable[[str], None]) -> int:
+    """Pass on the complete lines written to `log` past byte `seen`; returns the new offset."""
+    try:
+        data = log.read_bytes()[seen:]
+    except OSError:
+        return seen
+    end = data.rfind(b"\n") + 1
+    for line in data[:end].decode(errors="replace").splitlines():
+        if line.startswith(PROGRESS_MARK):  # torch's own warnings stay in the log
+            progress(line.removeprefix(PROGRESS_MARK).strip())
+    return seen + end

@@ -1,0 +1,120 @@
+"""One transformer block of the built-in trainer, forward and backward, at a tiny shape: the host's
+overhead per block (launches, Python, autograd, checkpointing's wrapper, compile's guards).
+
+At 16 tokens the arithmetic is negligible, so what this measures beyond the block's priced
+operations at the same shape (`sweeper.estimate.profiled` subtracts them) is the framework's cost, per
+value of each knob that changes the block's operations: the attention kernel, the norm kernel,
+activation checkpointing and compile, each set in turn with the others at their base value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+
+from sweeper.profiles.profile import BlockPoint
+from sweeper.runtime import kernels
+from sweeper.runtime.model import build_model, materialize, norm_kernel
+from sweeper.runtime.parallel import apply_ac, apply_compile, apply_tp
+from sweeper.runtime.profiling import Progress, Timer
+from sweeper.spec.models import ModelShape
+
+
+def block_settings(values: dict[str, tuple[str, ...]]) -> list[tuple[str, str, dict[str, str]]]:
+    """(knob, value, the block's settings) for the base (every knob at its first value) and each other
+    value of each knob with the rest at base."""
+    base = {knob: vals[0] for knob, vals in values.items()}
+    out = [("base", "base", base)]
+    for knob, vals in values.items():
+        out += [(knob, v, base | {knob: v}) for v in vals[1:]]
+    return out
+
+
+def time_block(
+    shape: ModelShape,
+    settings: dict[str, str],
+    *,
+    rows: int,
+    precision: str,
+    timer: Timer,
+    tp_mesh: DeviceMesh | None = None,
+    sequence_parallel: bool = False,
+) -> float:
+    """Seconds of one block's forward and backward at `rows` tokens with `settings`; with `tp_mesh`,
+    split over it as the trainer splits it (`parallel.apply_tp`; this rank's rows with SP)."""
+    device = timer.device
+    bf16 = precision == "bf16"
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    one = replace(shape, layers=1)
+    attend = kernels.attention_kernel(
+        settings["attention"],
+        heads=shape.heads,
+        kv_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        seq_len=rows,
+        dtype=dtype,
+        device=device,
+    )
+    tp = 1 if tp_mesh is None else tp_mesh.size()
+    if tp > 1:
+        attend = kernels.attention_kernel(
+            settings["attention"],
+            heads=shape.heads // tp,
+            kv_heads=max(shape.kv_heads // tp, 1),
+            head_dim=shape.head_dim,
+            seq_len=rows,
+            dtype=dtype,
+            device=device,
+        )
+    model = build_model(one, rows, attend=attend, norm_fn=norm_kernel(one, settings["rmsnorm"]))
+    if tp_mesh is not None:
+        apply_tp(model, tp_mesh=tp_mesh, sequence_parallel=sequence_parallel)
+    apply_ac(model, mode=settings["activation_checkpointing"])
+    if settings["compile"] == "true":
+        apply_compile(model)
+    materialize(model, one, seed=0, device=device)
+    block = model.layers["0"]
+    cos, sin = model.rope_cos, model.rope_sin
+    local_rows = rows // tp if sequence_parallel else rows
+    x = torch.randn(1, local_rows, shape.hidden, device=device, dtype=dtype, requires_grad=True)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+    def step() -> None:
+        with autocast:
+            out = block(x, cos, sin)
+        out.backward(torch.ones_like(out))
+        x.grad = None
+        block.zero_grad(set_to_none=True)
+
+    return timer(step)
+
+
+def measure_blocks(
+    shape: ModelShape,
+    values: dict[str, tuple[str, ...]],
+    *,
+    rows: int,
+    precision: str,
+    timer: Timer,
+    progress: Progress,
+) -> tuple[list[BlockPoint], dict[str, str]]:
+    """The block at the base settings and at each other knob value; returns the points and, per
+    setting left out, why (a kernel this device cannot run, a compiler that fails)."""
+    points, skipped = [], {}
+    steady = Timer(timer.device, budget_s=max(timer.budget_s, 0.03), batches=5)  # the differences matter here
+    settings_list = block_settings(values)
+    for knob, value, settings in settings_list + settings_list[:1]:  # the base again last: the lower of two
+        progress(f"block {knob}={value}")
+        try:
+            seconds = time_block(shape, settings, rows=rows, precision=precision, timer=steady)
+        except Exception as e:  # noqa: BLE001 - a setting this device cannot run is left out, with why
+            skipped[f"{knob}={value}"] = " ".join(str(e).split())[:200]
+            continue
+        points.append(BlockPoint(knob=knob, value=value, rows=rows, seconds=seconds))
+    bases = [p for p in points if p.knob == "base"]
+    if len(bases) == 2:
+        points.remove(max(bases, key=lambda p: p.seconds))
+    return points, skipped

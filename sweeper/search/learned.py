@@ -1,0 +1,445 @@
+"""Learned profiles: what the finished sweeps on one (cluster, GPU, trainer) taught, kept for the next sweep there.
+
+One YAML file per key under `<cache>/sweep/profiles/learned/` (`${XDG_CACHE_HOME:-~/.cache}`):
+
+    schema: 1
+    kind: learned
+    cluster: 8xa100-80gb            # the SLURM partition, or GPUs per node x GPU
+    gpu: a100-80gb
+    trainer: builtin
+    sweeps:                         # the most recent MAX_SWEEPS, each with what it alone taught
+    - id: 3f2a...                   # sweeper.results.identity.sweep_identity: a rerun replaces its own entry
+      name: llama13b_2k
+      model: llama-13b
+      nodes: 8
+      date: '2025-06-01T12:00:00+00:00'
+      trials: 14                    # finished trials
+      measured: 12                  # of them with a step time
+      calibration: {compute_scale: 1.21, comm_scale: 0.93, trials: 12}
+      effects:                      # log(measured / calibrated model) of the layouts with the value
+      - {knob: pp, value: 4, log_ratio: 1.34, trials: 3}
+      memory: {act_scale: 0.91, offset_gib: 1.2, reserved_factor: 1.07, peaks: 6}
+
+Each sweep keeps its own numbers (never the prior it started from, so no sweep counts twice), and
+`prior` combines them, leaving out the sweep that asks (a resumed sweep does not learn from itself).
+Numbers that depend on the model's size (step times, peaks in GiB) are not kept; what is kept is
+relative to the model: its scales, each knob value's effect, the memory estimate's refit.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sweeper.errors import SpecError, SweepError
+from sweeper.estimate.memfit import MemoryFit
+from sweeper.estimate.step_time import Calibration
+from sweeper.files import atomic_write_text
+from sweeper.profiles.profile import LEARNED, cache_dir
+from sweeper.search.prior import EffectKey, LearnedEffect, Prior
+from sweeper.spec.hardware import GIB
+from sweeper.spec.schema import Sweep
+
+SCHEMA = 1
+KIND = LEARNED
+MAX_SWEEPS = 8  # the most recent sweeps kept per key: a cluster's software changes; old lessons go
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def learns(sweep: Sweep, *, measures_here: bool) -> bool:
+    """Whether the sweep uses and updates its learned profile: the file's `search.learned_profile`,
+    else whether its launcher measures the sweep's cluster (`Launcher.measures_here`: not a replay)."""
+    setting = sweep.search.learned_profile
+    return measures_here if setting is None else setting
+
+
+def learned_dir() -> Path:
+    """`${XDG_CACHE_HOME:-~/.cache}/sweep/profiles/learned`, beside the measured profiles."""
+    return cache_dir() / KIND
+
+
+@dataclass(frozen=True)
+class LearnedKey:
+    """What a learned profile is about: the machine the trials ran on, its GPU and the trainer.
+
+    Not the model, its size or the node count: what is learned is relative to the model's
+    prediction (`sweeper.search.prior`), and a cluster is the same machine at 8 nodes or 16."""
+
+    cluster: str
+    gpu: str
+    trainer: str
+
+    @classmethod
+    def of(cls, sweep: Sweep, cluster_name: str | None = None) -> LearnedKey:
+        """The key of a sweep: `cluster_name` (the launcher's: a SLURM partition) names the machine
+        where one is configured; else the node's make, GPUs per node x GPU (8xh100-sxm), stands for it."""
+        gpu = sweep.cluster.gpu.name
+        return cls(cluster_name or f"{sweep.cluster.gpus_per_node}x{gpu}", gpu, sweep.workload.kind)
+
+    @property
+    def slug(self) -> str:
+        """The file's name (without .yaml): the three parts, each reduced to safe characters."""
+        return "__".join(_UNSAFE.sub("-", p).strip("-") or "-" for p in (self.cluster, self.gpu, self.trainer))
+
+    @property
+    def path(self) -> Path:
+        return learned_dir() / f"{self.slug}.yaml"
+
+    def __str__(self) -> str:
+        return f"cluster {self.cluster}, GPU {self.gpu}, trainer {self.trainer}"
+
+
+@dataclass(frozen=True)
+class MemoryLesson:
+    """The memory estimate's refit from one sweep's measured peaks (`memfit.MemoryFit`)."""
+
+    act_scale: float
+    offset_gib: float
+    reserved_factor: float | None
+    peaks: int
+
+
+@dataclass(frozen=True)
+class Lessons:
+    """What one sweep taught, on its own."""
+
+    sweep_id: str
+    name: str
+    model: str
+    nodes: int
+    date: str  # ISO 8601, UTC: when it was last saved
+    trials: int
+    measured: int
+    calibration: Calibration | None
+    effects: dict[EffectKey, LearnedEffect]
+    memory: MemoryLesson | None
+
+
+@dataclass(frozen=True)
+class LearnedProfile:
+    key: LearnedKey
+    sweeps: tuple[Lessons, ...]
+    path: Path | None = None
+
+    def prior(self, *, exclude: str | None = None) -> Prior | None:
+        """The lessons of every kept sweep but `exclude` (a sweep id) combined, or None when none is left.
+
+        Scales: geometric mean weighted by measured layouts; effects: per knob value, the mean
+        weighted by the layouts with that value, their counts summed; memory: weighted by peaks."""
+        kept = [s for s in self.sweeps if s.sweep_id != exclude]
+        if not kept:
+            return None
+        return Prior(
+            calibration=_calibration([s.calibration for s in kept]),
+            calibration_trials=sum(s.calibration.trials for s in kept if s.calibration),
+            effects=_effects([s.effects for s in kept]),
+            memory=_memory([s.memory for s in kept]),
+            sources=tuple(s.name for s in kept),
+        )
+
+
+def _calibration(found: list[Calibration | None]) -> Calibration | None:
+    cals = [c for c in found if c is not None and c.trials > 0]
+    if not cals:
+        return None
+    n = sum(c.trials for c in cals)
+    compute = math.exp(sum(c.trials * math.log(c.compute_scale) for c in cals) / n)
+    comm = math.exp(sum(c.trials * math.log(c.comm_scale) for c in cals) / n)
+    return Calibration(compute, comm, 0)
+
+
+def _effects(found: list[dict[EffectKey, LearnedEffect]]) -> dict[EffectKey, LearnedEffect]:
+    out: dict[EffectKey, LearnedEffect] = {}
+    for effects in found:
+        for key, e in effects.items():
+            old = out.get(key)
+            if old is None:
+                out[key] = e
+            else:
+                n = old.trials + e.trials
+                out[key] = LearnedEffect((old.trials * old.log_ratio + e.trials * e.log_ratio) / n, n)
+    return out
+
+
+def _memory(found: list[MemoryLesson | None]) -> MemoryFit | None:
+    fits = [m for m in found if m is not None and m.peaks > 0]
+    if not fits:
+        return None
+    n = sum(m.peaks for m in fits)
+    factors = [(m.reserved_factor, m.peaks) for m in fits if m.reserved_factor]
+    factor = sum(f * k for f, k in factors) / sum(k for _, k in factors) if factors else None
+    return MemoryFit(
+        act_scale=sum(m.act_scale * m.peaks for m in fits) / n,
+        offset_bytes=sum(m.offset_gib * m.peaks for m in fits) / n * GIB,
+        reserved_factor=factor,
+        points=0,  # none of this sweep's own
+    )
+
+
+# ---- the file -----------------------------------------------------------------------------
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class _CalibrationFile(_Strict):
+    compute_scale: float = Field(gt=0)
+    comm_scale: float = Field(gt=0)
+    trials: int = Field(ge=0)
+
+
+class _EffectFile(_Strict):
+    knob: str
+    value: bool | int | str
+    log_ratio: float
+    trials: int = Field(ge=1)
+
+
+class _MemoryFile(_Strict):
+    act_scale: float = Field(gt=0)
+    offset_gib: float
+    reserved_factor: float | None = Field(default=None, gt=0)
+    peaks: int = Field(ge=0)
+
+
+class _SweepFile(_Strict):
+    id: str = Field(min_length=1)
+    name: str
+    model: str
+    nodes: int = Field(ge=1)
+    date: str
+    trials: int = Field(ge=0)
+    measured: int = Field(ge=0)
+    calibration: _CalibrationFile | None = None
+    effects: list[_EffectFile] = Field(default_factory=list)
+    memory: _MemoryFile | None = None
+
+
+class _ProfileFile(_Strict):
+    schema_: Literal[1] = Field(alias="schema")
+    kind: Literal["learned"]
+    cluster: str = Field(min_length=1)
+    gpu: str = Field(min_length=1)
+    trainer: str = Field(min_length=1)
+    sweeps: list[_SweepFile] = Field(default_factory=list)
+
+
+def _lessons(f: _SweepFile) -> Lessons:
+    cal = f.calibration
+    mem = f.memory
+    return Lessons(
+        sweep_id=f.id,
+        name=f.name,
+        model=f.model,
+        nodes=f.nodes,
+        date=f.date,
+        trials=f.trials,
+        measured=f.measured,
+        calibration=Calibration(cal.compute_scale, cal.comm_scale, cal.trials) if cal else None,
+        effects={(e.knob, e.value): LearnedEffect(e.log_ratio, e.trials) for e in f.effects},
+        memory=MemoryLesson(mem.act_scale, mem.offset_gib, mem.reserved_factor, mem.peaks) if mem else None,
+    )
+
+
+def _record(s: Lessons) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": s.sweep_id,
+        "name": s.name,
+        "model": s.model,
+        "nodes": s.nodes,
+        "date": s.date,
+        "trials": s.trials,
+        "measured": s.measured,
+    }
+    if s.calibration is not None:
+        c = s.calibration
+        out["calibration"] = {
+            "compute_scale": round(c.compute_scale, 4),
+            "comm_scale": round(c.comm_scale, 4),
+            "trials": c.trials,
+        }
+    out["effects"] = [
+        {"knob": k, "value": v, "log_ratio": round(e.log_ratio, 4), "trials": e.trials}
+        for (k, v), e in sorted(s.effects.items(), key=lambda item: (item[0][0], str(item[0][1])))
+    ]
+    if s.memory is not None:
+        m = s.memory
+        out["memory"] = {
+            "act_scale": round(m.act_scale, 4),
+            "offset_gib": round(m.offset_gib, 3),
+            "reserved_factor": None if m.reserved_factor is None else round(m.reserved_factor, 4),
+            "peaks": m.peaks,
+        }
+    return out
+
+
+def read(path: Path) -> LearnedProfile:
+    """A learned profile file; a malformed one is refused in one line naming the file and the field."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise SweepError(f"{path}: cannot read the learned profile: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path}: not a learned profile (invalid YAML: {' '.join(str(e).split())})") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: not a learned profile (expected a mapping with schema: {SCHEMA}, kind: {KIND})")
+    try:
+        f = _ProfileFile.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "the file"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        raise SpecError(f"{path}: {field}: {msg} (a learned profile of schema {SCHEMA})") from None
+    return LearnedProfile(LearnedKey(f.cluster, f.gpu, f.trainer), tuple(_lessons(s) for s in f.sweeps), path)
+
+
+def load(key: LearnedKey) -> LearnedProfile | None:
+    """The learned profile of `key`, or None when no sweep on it has been remembered."""
+    path = key.path
+    if not path.is_file():
+        return None
+    profile = read(path)
+    if profile.key != key:
+        raise SpecError(f"{path}: holds the learned profile of {profile.key}, not of {key} as its name says")
+    return profile
+
+
+def save(key: LearnedKey, lessons: Lessons) -> Path:
+    """Put one sweep's lessons into its key's profile (replacing that sweep's earlier entry), atomically,
+    under a lock: two sweeps on one cluster may finish trials at the same moment."""
+    folder = learned_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    with _locked(folder / ".lock"):
+        old = load(key)
+        others = [s for s in (old.sweeps if old else ()) if s.sweep_id != lessons.sweep_id]
+        sweeps = sorted([*others, lessons], key=lambda s: s.date)[-MAX_SWEEPS:]
+        data = {"schema": SCHEMA, "kind": KIND, "cluster": key.cluster, "gpu": key.gpu, "trainer": key.trainer}
+        data["sweeps"] = [_record(s) for s in sweeps]
+        atomic_write_text(key.path, yaml.safe_dump(data, sort_keys=False))
+    return key.path
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def forget(key: LearnedKey | None = None) -> list[Path]:
+    """Remove the learned profile of `key` (every learned profile when None); the files removed."""
+    folder = learned_dir()
+    paths = [key.path] if key is not None else sorted(folder.glob("*.yaml")) if folder.is_dir() else []
+    removed = []
+    for p in paths:
+        if p.is_file():
+            p.unlink()
+            removed.append(p)
+    return removed
+
+
+# ---- what `sweep profile show` prints --------------------------------------------------------
+def describe(path: Path) -> list[str]:
+    """Every number of a learned profile with the sweep it came from, then the prior a next sweep starts from."""
+    p = read(path)
+    lines = [f"learned profile {path} (schema {SCHEMA}): {p.key}; {len(p.sweeps)} sweep(s)"]
+    for s in p.sweeps:
+        lines.append(
+            f"sweep {s.name} ({s.model}, {s.nodes} node(s), id {s.sweep_id}), saved {s.date}: "
+            f"{s.trials} trials, {s.measured} with a step time"
+        )
+        lines += [f"  {line} (from {s.name})" for line in _numbers(s.calibration, s.effects, s.memory)]
+    prior = p.prior()
+    if prior is not None:
+        lines.append(f"a next sweep here starts from (combined over {', '.join(prior.sources)}):")
+        lines += [f"  {line}" for line in _prior_numbers(prior)]
+    return lines
+
+
+def _numbers(
+    cal: Calibration | None, effects: dict[EffectKey, LearnedEffect], memory: MemoryLesson | None
+) -> list[str]:
+    out = []
+    if cal is not None:
+        out.append(
+            f"step time = {cal.compute_scale:.3f} x the model's compute + {cal.comm_scale:.3f} x its communication, "
+            f"fitted to {cal.trials} measured step time(s)"
+        )
+    for (knob, value), e in sorted(effects.items(), key=lambda item: -abs(item[1].log_ratio)):
+        out.append(f"{knob}={_value(value)}: {_ratio(e.log_ratio)} from {e.trials} measured layout(s)")
+    if memory is not None:
+        rf = f", reserved {memory.reserved_factor:.3f}x allocated" if memory.reserved_factor else ""
+        out.append(
+            f"memory: activations x{memory.act_scale:.3f} the estimate's, {memory.offset_gib:+.2f} GiB fixed{rf}, "
+            f"fitted to {memory.peaks} measured peak(s)"
+        )
+    return out
+
+
+def _prior_numbers(prior: Prior) -> list[str]:
+    from sweeper.search.prior import EFFECT_WEIGHT
+
+    out = []
+    if prior.calibration is not None:
+        c = prior.calibration
+        out.append(
+            f"scales: compute x{c.compute_scale:.3f}, communication x{c.comm_scale:.3f}, "
+            f"counted as {prior.calibration_weight:g} measured layout(s) of the new sweep"
+        )
+    for (knob, value), e in sorted(prior.effects.items(), key=lambda item: -abs(item[1].log_ratio)):
+        out.append(
+            f"{knob}={_value(value)}: {_ratio(e.log_ratio)}, counted as {min(e.trials, EFFECT_WEIGHT):g} layout(s)"
+        )
+    if prior.memory is not None:
+        out.append(f"memory: {prior.memory.describe().split(' (from')[0]}, until the new sweep's own peaks tell")
+    return out
+
+
+def _ratio(log_ratio: float) -> str:
+    r = math.exp(log_ratio)
+    how = "as predicted" if abs(log_ratio) < 0.005 else "slower than predicted" if r > 1 else "faster than predicted"
+    return f"{r:.2f}x the model's step time ({how})"
+
+
+def _value(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def status_line(
+    sweep: Sweep, *, sweep_id: str, cluster_name: str | None, enabled: bool, measures_here: bool = True
+) -> str:
+    """The dry run's one line: which learned profile the sweep would start from, or why none.
+
+    `measures_here`: whether the sweep's launcher measures its cluster (`Launcher.measures_here`: not a replay)."""
+    key = LearnedKey.of(sweep, cluster_name)
+    if not enabled:
+        why = (
+            "its launcher's step times were measured elsewhere; search.learned_profile: true uses one"
+            if not measures_here and sweep.search.learned_profile is None
+            else "search.learned_profile: false"
+        )
+        return f"learned profile: not used ({why})"
+    profile = load(key)
+    if profile is None:
+        return f"learned profile: none yet for {key}; this sweep's trials will start {key.path}"
+    prior = profile.prior(exclude=sweep_id)
+    if prior is None:  # a sweep never starts from its own lessons (a resumed one would count them twice)
+        return f"learned profile: {key.path} holds only this sweep's own lessons; not used, kept for the next sweep"
+    return (
+        f"learned profile: {key.path}, from {len(prior.sources)} earlier sweep(s) ({', '.join(prior.sources)}), "
+        "used as the prior"
+    )

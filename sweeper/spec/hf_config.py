@@ -1,0 +1,196 @@
+"""A Hugging Face `config.json` as the model of a sweep (`model: {hf_config: path}`).
+
+The fields each architecture's configuration class defines (transformers' `LlamaConfig`,
+`MistralConfig`, `Qwen2Config`, `Qwen3Config`, `MixtralConfig`, `Qwen2MoeConfig`,
+`Qwen3MoeConfig`), read into the fields of the sweep file's model mapping (`ModelSpec`), which
+validates them as it validates a hand-written shape. Pure: json and the standard library.
+
+Not modelled, as for the presets (`sweeper.spec.models`): Mistral's sliding window (counted as full
+causal attention), Qwen2-MoE's shared-expert gate (one hidden x 1 projection per block, under
+0.001 % of the parameters).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sweeper.errors import SpecError
+
+MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few kB; anything bigger is not one
+# the copy of the file beside a sweep's results (`sweeper.results.frozen`), which its frozen sweep file names
+FROZEN_NAME = "hf_config.json"
+
+Config = Mapping[str, Any]
+
+
+class _Refused(ValueError):
+    """A config.json whose content the model cannot describe (the caller names the file)."""
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """The config.json a sweep's model was read from: where, its bytes as read, and what it said
+    beside the shape (for the dry run, and the copy kept with the results)."""
+
+    path: Path
+    text: bytes
+    architecture: str
+    max_positions: int | None  # max_position_embeddings: the longest sequence it was trained on
+
+
+def _dense(c: Config) -> dict[str, Any]:
+    """The fields every architecture here shares (LlamaConfig's names)."""
+    heads = _int(c, "num_attention_heads")
+    fields: dict[str, Any] = {
+        "layers": _int(c, "num_hidden_layers"),
+        "hidden": _int(c, "hidden_size"),
+        "heads": heads,
+        # LlamaConfig: "If it is not specified, will default to `num_attention_heads`"
+        "kv_heads": _int(c, "num_key_value_heads", heads),
+        "ffn": _int(c, "intermediate_size"),
+        "vocab": _int(c, "vocab_size"),
+        "tied_embeddings": bool(c.get("tie_word_embeddings", False)),  # False in each class's defaults
+    }
+    if c.get("head_dim") is not None:  # Qwen3, Mistral-Nemo; else hidden / heads
+        fields["head_dim"] = _int(c, "head_dim")
+    return fields
+
+
+def _llama(c: Config) -> dict[str, Any]:
+    # LlamaConfig's attention_bias: q, k, v and o; mlp_bias: the three MLP projections
+    return {**_dense(c), "attention_bias": bool(c.get("attention_bias", False)), "mlp_bias": bool(c.get("mlp_bias"))}
+
+
+def _qwen2(c: Config) -> dict[str, Any]:
+    # Qwen2Attention: q_proj, k_proj and v_proj with bias=True, o_proj without (no config field)
+    return {**_dense(c), "qkv_bias": True}
+
+
+def _qwen3(c: Config) -> dict[str, Any]:
+    # Qwen3Attention: q_norm and k_norm (RMSNorm over head_dim); attention_bias as Llama's (default false)
+    return {**_dense(c), "qk_norm": True, "attention_bias": bool(c.get("attention_bias", False))}
+
+
+def _mixtral(c: Config) -> dict[str, Any]:
+    # MixtralSparseMoeBlock in every block: num_local_experts experts of intermediate_size, top-k softmax
+    experts = {"experts": _int(c, "num_local_experts"), "experts_per_token": _int(c, "num_experts_per_tok")}
+    return {**_dense(c), **experts, "moe_ffn": _int(c, "intermediate_size")}
+
+
+def _qwen_moe(c: Config, *, qwen3: bool) -> dict[str, Any]:
+    """Qwen2-MoE and Qwen3-MoE: num_experts of moe_intermediate_size, top num_experts_per_tok; blocks
+    listed in mlp_only_layers, or off the decoder_sparse_step, have a dense MLP of intermediate_size."""
+    base = _qwen3(c) if qwen3 else _qwen2(c)
+    moe: dict[str, Any] = {
+        "experts": _int(c, "num_experts"),
+        "experts_per_token": _int(c, "num_experts_per_tok"),
+        "moe_ffn": _int(c, "moe_intermediate_size"),
+        "dense_layers": _leading_dense(c, base["layers"]),
+    }
+    shared = c.get("shared_expert_intermediate_size") or 0
+    if shared:  # Qwen2-MoE: one shared MLP of that width = shared_experts experts of moe_ffn (as Megatron-LM counts it)
+        if shared % moe["moe_ffn"]:
+            raise _Refused(
+                f"shared_expert_intermediate_size = {shared} is not a whole number of experts of "
+                f"moe_intermediate_size = {moe['moe_ffn']}; the model has no field for such a shared expert"
+            )
+        moe["shared_experts"] = shared // moe["moe_ffn"]
+    return {**base, **moe}
+
+
+def _leading_dense(c: Config, layers: int) -> int:
+    """How many leading blocks have a dense MLP; refused where a dense block follows a sparse one."""
+    step = _int(c, "decoder_sparse_step", 1)
+    only = set(c.get("mlp_only_layers") or [])
+    dense = [i for i in range(layers) if i in only or (i + 1) % max(step, 1) != 0]
+    if dense != list(range(len(dense))):
+        raise _Refused(
+            f"blocks {dense} have a dense MLP (decoder_sparse_step = {step}, mlp_only_layers = {sorted(only)}); "
+            "the model counts dense blocks only before the sparse ones (dense_layers)"
+        )
+    return len(dense)
+
+
+# architectures[0] of config.json -> the shape's fields
+ARCHITECTURES: dict[str, Callable[[Config], dict[str, Any]]] = {
+    "LlamaForCausalLM": _llama,
+    "MistralForCausalLM": _llama,  # MistralConfig: Llama's fields, no biases
+    "Qwen2ForCausalLM": _qwen2,
+    "Qwen3ForCausalLM": _qwen3,
+    "MixtralForCausalLM": _mixtral,
+    "Qwen2MoeForCausalLM": lambda c: _qwen_moe(c, qwen3=False),
+    "Qwen3MoeForCausalLM": lambda c: _qwen_moe(c, qwen3=True),
+}
+# model_type -> architecture, for a config.json without `architectures`
+MODEL_TYPES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+}
+
+
+def _int(c: Config, key: str, default: int | None = None) -> int:
+    v = c.get(key, default)
+    if v is None:
+        raise _Refused(f"{key} is missing")
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise _Refused(f"{key} must be a whole number, got {v!r}")
+    return v
+
+
+def architecture(c: Config) -> str:
+    """The architecture the file names (architectures[0], else from model_type)."""
+    names = c.get("architectures")
+    if isinstance(names, list) and names and isinstance(names[0], str):
+        return names[0]
+    model_type = c.get("model_type")
+    if isinstance(model_type, str):
+        return MODEL_TYPES.get(model_type, model_type)
+    raise _Refused("it names no architecture (no `architectures` and no `model_type`)")
+
+
+def shape_fields(c: Config) -> tuple[str, dict[str, Any]]:
+    """The architecture and the model fields (`ModelSpec`'s names) a config.json gives; _Refused
+    (a ValueError) for an architecture not known here or content the model cannot describe."""
+    arch = architecture(c)
+    read = ARCHITECTURES.get(arch)
+    if read is None:
+        raise _Refused(f"architecture {arch} is not supported; known: {', '.join(ARCHITECTURES)}")
+    return arch, read(c)
+
+
+def resolve(path: str, base: Path) -> Path:
+    """The file a sweep file names: a relative path is its folder's (`base`), `~` the user's home."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else base / p
+
+
+def read_config(path: Path) -> tuple[ModelFile, dict[str, Any]]:
+    """The file and the model fields it gives; every problem is a SpecError naming model.hf_config and the file."""
+    where = f"model.hf_config: {path}"
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise SpecError(f"{where}: {path.stat().st_size} bytes; a config.json is under {MAX_CONFIG_BYTES}")
+        text = path.read_bytes()
+    except OSError as e:
+        raise SpecError(f"{where}: cannot read: {e.strerror or e}") from None
+    try:
+        data = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SpecError(f"{where}: not a JSON config ({' '.join(str(e).split())})") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: expected a JSON object of fields, got {type(data).__name__}")
+    try:
+        arch, fields = shape_fields(data)
+        max_positions = _int(data, "max_position_embeddings") if data.get("max_position_embeddings") else None
+    except _Refused as e:
+        raise SpecError(f"{where}: {e}") from None
+    return ModelFile(path, text, arch, max_positions), fields
