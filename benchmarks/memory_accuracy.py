@@ -34,7 +34,7 @@ from sweeper.layouts.layout import Layout
 from sweeper.spec.hardware import GIB, lookup_gpu
 from sweeper.spec.loader import parse_sweep
 from sweeper.spec.models import PRESETS
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 DATA = Path(__file__).parent / "data" / "memory_measurements.csv"
 SHAPE = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")

@@ -37,7 +37,7 @@ from sweeper.errors import SpecError
 from sweeper.plan.plan import make_plan
 from sweeper.spec.hardware import GIB
 from sweeper.spec.loader import parse_sweep
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 # nvidia-perf model names that are presets here (Llama rows carry their shape in the table)
 PRESET = {

@@ -36,13 +36,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sweeper.estimate.step_time import predict
+from sweeper.estimate.predict import predict
 from sweeper.launchers.ranks import launch_trial
 from sweeper.layouts.layout import Layout
 from sweeper.results.trial import OK
 from sweeper.run.profiler import run_profile
 from sweeper.spec.loader import parse_sweep
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 CPU_MODEL = "{layers: 4, hidden: 128, heads: 4, kv_heads: 2, ffn: 352, vocab: 1024}"
 GPU_MODEL = "{layers: 16, hidden: 2048, heads: 32, kv_heads: 8, ffn: 8192, vocab: 32000}"

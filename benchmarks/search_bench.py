@@ -29,7 +29,7 @@ from sweeper.estimate.flops import model_flops_per_token
 from sweeper.plan.plan import Plan, make_plan
 from sweeper.search.search import build_search
 from sweeper.spec.loader import load_sweep, parse_sweep
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 from sweeper.trainers import RECIPES as RECIPES_BY_NAME
 
 SEEDS = (0, 1, 2)
@@ -280,7 +280,11 @@ def memory_main() -> None:
         for recipe in RECIPES:
             # each recipe takes its own memory options: re-validate the common ones under it
             options = RECIPES_BY_NAME[recipe].options
-            sweep = replace(base, memory=options.model_validate(base.memory.model_dump() | {"recipe": recipe}))
+            sweep = replace(
+                base,
+                memory=options.model_validate(base.memory.model_dump() | {"recipe": recipe}),
+                memory_recipe=RECIPES[recipe],
+            )
             plan = make_plan(sweep)
             for direction in ("over", "under"):
                 runs = [run_memory_case(plan, s, direction) for s in MEM_SEEDS]

@@ -35,8 +35,9 @@ from sweeper.knobs import KNOBS
 from sweeper.launchers.replay import ReplayLauncher
 from sweeper.layouts.layout import Layout
 from sweeper.plan.plan import Plan, make_plan
-from sweeper.run.orchestrator import SweepRun, prepare
+from sweeper.run.orchestrator import prepare
 from sweeper.run.orchestrator import step as loop_step
+from sweeper.run.state import SweepRun
 from sweeper.spec.loader import load_sweep, parse_sweep
 
 SPACE = {"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4], "sharding": ["none", "zero1"]}

@@ -51,11 +51,12 @@ from throughput_stall import report as stall_report
 
 from sweeper.errors import SpecError
 from sweeper.estimate.flops import model_flops_per_token
-from sweeper.estimate.step_time import Calibration, StepTime, predict
+from sweeper.estimate.predict import predict
+from sweeper.estimate.step_time import Calibration, StepTime
 from sweeper.layouts.layout import RULES, Layout, with_derived
 from sweeper.search.residual import calibrate
 from sweeper.spec.loader import parse_sweep
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 from sweeper.trainers import TRAINERS
 
 # the trainer that measured the ultrascale sweep (its rules and step-time traits come with it)

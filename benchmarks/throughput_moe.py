@@ -46,7 +46,7 @@ from throughput_accuracy import DATA, NV_GPU, VOCAB, Group, columns, error_line,
 
 from sweeper.errors import SpecError
 from sweeper.estimate.flops import model_flops_per_token
-from sweeper.estimate.step_time import predict
+from sweeper.estimate.predict import predict
 from sweeper.layouts.layout import Layout
 
 MOE_SOURCE, CP_SOURCE = "nvidia-perf moe", "nvidia-perf cp"

@@ -29,7 +29,8 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
-from sweeper.estimate.step_time import PipelineStall, TimeTraits, predict
+from sweeper.estimate.predict import predict
+from sweeper.spec.traits import PipelineStall, TimeTraits
 
 STALL_EXCESS_S = 0.5  # measured over modelled seconds per micro-batch beyond which a row stalled
 NODES = (1, 2, 4, 8, 16, 32, 64)

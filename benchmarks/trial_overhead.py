@@ -33,7 +33,7 @@ from pathlib import Path
 from sweeper.layouts.layout import Layout
 from sweeper.spec.hardware import GPUS, gpu_matches
 from sweeper.spec.loader import parse_sweep
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 STEPS = 10
 SPEC = """

@@ -11,6 +11,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+# layouts as columns: one array per knob (and per derived column: dp, grad_accum, ...), a row per layout
+Columns = Mapping[str, np.ndarray]
+
 
 @dataclass(frozen=True)
 class Knob:

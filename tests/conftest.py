@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from sweeper.spec.loader import parse_sweep
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACES = ROOT / "search_spaces"

@@ -10,7 +10,7 @@ import pytest
 
 from sweeper.layouts.layout import Layout
 from sweeper.spec.loader import parse_sweep
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 
 def _sweep(experts: bool, workload: str = "") -> Sweep:

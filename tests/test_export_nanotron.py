@@ -23,7 +23,7 @@ import yaml
 from sweeper.knobs import KNOBS
 from sweeper.layouts.layout import Layout
 from sweeper.spec.loader import parse_sweep
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 from sweeper.trainers.export import layout_record
 from sweeper.trainers.nanotron import NANOTRON_COMMIT, to_nanotron
 from tests.conftest import ROOT, base_spec, missing_reference

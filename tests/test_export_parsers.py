@@ -34,7 +34,7 @@ from sweeper.knobs import KNOBS
 from sweeper.layouts.layout import Layout
 from sweeper.runtime.workloads import render_command, workload_env
 from sweeper.spec.loader import parse_sweep
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 from sweeper.statuses import PlanReason
 from sweeper.trainers.export import (
     MEGATRON_COMMIT,

@@ -24,7 +24,7 @@ import yaml
 from sweeper.launchers import Handle, JobOutcome, Launcher, TrialJob, launcher_classes, make_launcher
 from sweeper.layouts.layout import Layout
 from sweeper.spec.loader import load_sweep
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 from sweeper.statuses import TrialStatus
 from tests.conftest import SPACES
 

@@ -21,15 +21,16 @@ from sweeper.launchers.replay import ReplayLauncher
 from sweeper.layouts.layout import Layout
 from sweeper.plan.plan import make_plan
 from sweeper.results.identity import sweep_identity
-from sweeper.run.orchestrator import SweepRun, prepare
+from sweeper.run.orchestrator import prepare
 from sweeper.run.orchestrator import step as loop_step
+from sweeper.run.state import SweepRun
 from sweeper.search.learned import LearnedKey, Lessons, learns, load, save
 from sweeper.search.prior import LearnedEffect
 from sweeper.search.remember import Memory, lessons_of
 from sweeper.search.search import build_search
 from sweeper.spec.hardware import GIB
 from sweeper.spec.loader import load_sweep, parse_sweep
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 SPACE = {"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4], "sharding": ["none", "zero1"]}
 # two models on one cluster (8 A100-80GB per node) and one trainer, at different node counts

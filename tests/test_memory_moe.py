@@ -16,7 +16,7 @@ from sweeper.layouts.stages import stage_dense_layers, stage_param_groups_at
 from sweeper.plan.plan import make_plan
 from sweeper.spec.hardware import GIB
 from sweeper.spec.loader import parse_sweep
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 MEGATRON = {"kind": "megatron", "command": "torchrun pretrain_gpt.py {flags}"}
 

@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sweeper.estimate.step_time import PipelineStall, predict
+from sweeper.estimate.predict import predict
 from sweeper.layouts.layout import Layout, with_derived
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
+from sweeper.spec.traits import PipelineStall
 from sweeper.trainers import TRAINERS
 from sweeper.trainers.nanotron import NANOTRON_TIME
 from tests.conftest import make_sweep

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sweeper.estimate.step_time import calibrate, predict
+from sweeper.estimate.predict import predict
+from sweeper.estimate.step_time import calibrate
 from sweeper.layouts.layout import Layout
 from sweeper.plan.plan import make_plan
 from sweeper.search.learn import needs_at_least

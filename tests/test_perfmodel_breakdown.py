@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 
 from sweeper.estimate.comm import TWO_NODE_ALLREDUCE
-from sweeper.estimate.step_time import MEGATRON_LIKE, PARTS, Calibration, breakdown, predict
+from sweeper.estimate.predict import breakdown, predict
+from sweeper.estimate.step_time import PARTS, Calibration
 from sweeper.layouts.layout import Layout
 from sweeper.plan.plan import make_plan
+from sweeper.spec.traits import MEGATRON_LIKE
 from tests.conftest import make_sweep
 
 EXPOSED = [k for k in PARTS if k != "dp_hidden"]

@@ -10,22 +10,14 @@ import pandas as pd
 import pytest
 import yaml
 
-from sweeper.estimate.step_time import (
-    COMM_PARTS,
-    COMPUTE_PARTS,
-    HIDDEN_PARTS,
-    PARTS,
-    Calibration,
-    TimeTraits,
-    breakdown,
-    model_misses,
-    predict,
-)
+from sweeper.estimate.predict import breakdown, predict
+from sweeper.estimate.step_time import COMM_PARTS, COMPUTE_PARTS, HIDDEN_PARTS, PARTS, Calibration, model_misses
 from sweeper.layouts.layout import Layout
 from sweeper.plan.plan import make_plan
 from sweeper.report import explain_top, runner_up_sentences, varying_knobs
 from sweeper.spec.hardware import lookup_gpu
 from sweeper.spec.loader import parse_sweep
+from sweeper.spec.traits import TimeTraits
 from tests.conftest import make_sweep
 from tests.test_report import row
 

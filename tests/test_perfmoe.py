@@ -10,17 +10,11 @@ import pytest
 
 from sweeper.estimate.comm import ALLTOALL_NIC_SHARE, ALLTOALL_NVLINK_SHARE
 from sweeper.estimate.moe import EXPERT_IMBALANCE, expert_rows, reduction_groups, routed_flops_per_token
-from sweeper.estimate.step_time import (
-    COMM_PARTS,
-    COMPUTE_PARTS,
-    HIDDEN_PARTS,
-    PARTS,
-    TimeTraits,
-    gemm_efficiency,
-    predict,
-)
+from sweeper.estimate.predict import predict
+from sweeper.estimate.step_time import COMM_PARTS, COMPUTE_PARTS, HIDDEN_PARTS, PARTS, gemm_efficiency
 from sweeper.layouts.layout import Layout, with_derived
 from sweeper.spec.hardware import lookup_gpu
+from sweeper.spec.traits import TimeTraits
 from tests.conftest import make_sweep
 
 MEGATRON = {"kind": "megatron", "command": "torchrun pretrain_gpt.py {flags}"}

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import sweeper.estimate.moe as perfmoe
-from sweeper.estimate.step_time import LAYER_OVERHEAD_S, predict
+from sweeper.estimate.predict import predict
+from sweeper.estimate.step_time import LAYER_OVERHEAD_S
 from tests.conftest import make_sweep
 from tests.test_perfmoe import MEGATRON, cols_of  # the same Megatron-LM workload and layout columns
 

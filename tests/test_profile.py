@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from sweeper.errors import SpecError
+from sweeper.estimate.predict import predict
 from sweeper.estimate.shapes import DEFAULT_CPU, block_gemms, elementwise_sizes
-from sweeper.estimate.step_time import predict
 from sweeper.layouts.layout import Layout
 from sweeper.profiles.profile import (
     SCHEMA,
@@ -173,10 +173,10 @@ def test_the_profile_leaves_the_identity_alone(tmp_path):
     save_profile(synthetic_profile(), tmp_path / "p.yaml")
     _, plain = tiny_sweep(tmp_path)
     _, profiled = tiny_sweep(tmp_path, profile=str(tmp_path / "p.yaml"))
-    assert profiled.cluster.pricing is not None and plain.cluster.pricing is None
+    assert profiled.cluster.profile is not None and plain.cluster.profile is None
     assert sweep_identity(profiled) == sweep_identity(plain)
     assert profiled.cluster == plain.cluster
-    assert replace(profiled.cluster, pricing=None) == plain.cluster
+    assert replace(profiled.cluster, profile=None) == plain.cluster
 
 
 def test_the_cached_profile_of_the_clusters_gpu_is_used(tmp_path, monkeypatch):
@@ -185,8 +185,8 @@ def test_the_cached_profile_of_the_clusters_gpu_is_used(tmp_path, monkeypatch):
     _, before = tiny_sweep(tmp_path)
     save_profile(synthetic_profile(), cached_profile_path("cpu"))
     _, after = tiny_sweep(tmp_path)
-    assert before.cluster.pricing is None
-    assert after.cluster.pricing is not None and str(cached_profile_path("cpu")) in after.cluster.pricing.source
+    assert before.cluster.profile is None
+    assert after.cluster.profile is not None and str(cached_profile_path("cpu")) in after.cluster.profile.source
     cols = Layout.from_mapping({"tp": 1, "pp": 1, "micro_batch_size": 1}).columns(before)
     assert not np.allclose(predict(cols, after).total, predict(cols, before).total)
     # `forget --gpu` drops it, and the table prices again

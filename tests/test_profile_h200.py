@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sweeper.estimate.step_time import predict
+from sweeper.estimate.predict import predict
 from sweeper.layouts.layout import Layout
 from sweeper.spec.loader import parse_sweep
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "h200"
 
@@ -52,7 +52,7 @@ def errors() -> pd.DataFrame:
     trials = _trials()
     assert len(trials) == 12
     profiled, table = _sweep(profiled=True), _sweep(profiled=False)
-    assert profiled.cluster.pricing is not None and table.cluster.pricing is None
+    assert profiled.cluster.profile is not None and table.cluster.profile is None
     return pd.DataFrame(
         [{"measured": m, "profiled": _predicted(profiled, k), "table": _predicted(table, k)} for k, m in trials]
     )

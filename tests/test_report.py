@@ -242,7 +242,7 @@ def test_runner_up_sentence_names_the_bubble(tmp_path):
         r["grad_accum"] = 64 // (2 * r["dp"])
     import pandas as pd
 
-    from sweeper.estimate.step_time import predict
+    from sweeper.estimate.predict import predict
     from sweeper.layouts.layout import Layout
 
     for r in rows:  # measured: the model's own step time, 1.5x (a common factor the calibration absorbs)

@@ -25,7 +25,7 @@ from sweeper.launchers.torchx import TorchxLauncher, trial_outcome
 from sweeper.layouts.layout import Layout
 from sweeper.results.trial import TrialResult
 from sweeper.spec.loader import load_sweep, parse_sweep
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 from sweeper.statuses import TrialStatus
 from tests.conftest import SPACES, sweep_cli
 

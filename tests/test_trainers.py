@@ -16,14 +16,15 @@ import pytest
 from sweeper.cli.best import Format
 from sweeper.errors import SpecError
 from sweeper.estimate.memory import estimate
-from sweeper.estimate.step_time import TimeTraits
 from sweeper.knobs import KNOBS
 from sweeper.layouts.layout import Layout
 from sweeper.plan.plan import make_plan
 from sweeper.results.identity import sweep_identity
 from sweeper.spec.loader import parse_sweep
-from sweeper.trainers import EXPORTERS, RECIPES, TRAINERS, memory_record
-from sweeper.trainers.base import MemoryOptions, ParsedLog, Recipe, Trainer
+from sweeper.spec.memory_options import MemoryOptions
+from sweeper.spec.traits import TimeTraits
+from sweeper.trainers import EXPORTERS, RECIPES, TRAINERS, memory_record, recipe_of
+from sweeper.trainers.base import ParsedLog, Recipe, Trainer
 from sweeper.trainers.export import layout_record
 from tests.conftest import make_sweep
 
@@ -89,7 +90,7 @@ def test_trainer_contract(kind: str):
     # memory.recipe defaults to the trainer's recipe, whose options the sweep file parses
     s = sweep_of(kind)
     assert s.memory.recipe == trainer.recipe.name and isinstance(s.memory, trainer.recipe.options)
-    assert s.memory_recipe.name == trainer.recipe.name
+    assert recipe_of(s).name == trainer.recipe.name
     # the memory model estimates with it: positive, finite, every term
     cols = Layout(tp=2, pp=2, sharding="zero1").columns(s)
     e = estimate(cols, s)

@@ -15,13 +15,14 @@ import pytest
 import yaml
 
 from sweeper.estimate.memory import estimate
-from sweeper.estimate.step_time import MEGATRON_LIKE, predict
+from sweeper.estimate.predict import predict
 from sweeper.layouts.layout import Layout
 from sweeper.plan.plan import make_plan
 from sweeper.results.rows import ResultsStore
 from sweeper.runtime.workloads import run_external
-from sweeper.spec.schema import Sweep
-from sweeper.trainers import TRAINERS
+from sweeper.spec.sweep import Sweep
+from sweeper.spec.traits import MEGATRON_LIKE
+from sweeper.trainers import TRAINERS, trainer_of
 from sweeper.trainers.export import layout_record
 from sweeper.trainers.nanotron import NANOTRON_TIME, NanotronRecipe, parse_nanotron, to_nanotron
 from tests.conftest import make_sweep, sweep_cli
@@ -46,22 +47,22 @@ def rejection(layout: Layout, sweep: Sweep) -> tuple[str | None, str]:
 def test_the_trainer_object_carries_its_recipe_kernels_and_traits():
     s = nanotron_sweep()
     assert s.trainer is TRAINERS["nanotron"] and s.trainer.time is NANOTRON_TIME
-    assert isinstance(s.trainer.recipe, NanotronRecipe) and s.memory.recipe == "nanotron"
+    assert isinstance(trainer_of(s).recipe, NanotronRecipe) and s.memory.recipe == "nanotron"
     # model states as Megatron-LM's table: 2 + 4 + (4 + 8) bytes, master and Adam sharded by ZeRO-1
     megatron = make_sweep(cluster=H100, workload={"kind": "megatron", "command": "run {flags}"})
     for sharding in ("none", "zero1"):
-        assert s.trainer.recipe.table(s, sharding) == megatron.trainer.recipe.table(megatron, sharding)
-    assert s.trainer.recipe.table(s, "zero1").sharded == ["master", "optimizer"]
+        assert trainer_of(s).recipe.table(s, sharding) == trainer_of(megatron).recipe.table(megatron, sharding)
+    assert trainer_of(s).recipe.table(s, "zero1").sharded == ["master", "optimizer"]
     # its loss keeps an fp32 cast beside the kept softmax at the peak: 4 bytes per logit more than Megatron-LM's
     cols = Layout().columns(s)
-    assert s.trainer.recipe.loss_bytes(cols, s) == (4.0, 6.0)
-    assert megatron.trainer.recipe.loss_bytes(cols, megatron) == (4.0, 2.0)
+    assert trainer_of(s).recipe.loss_bytes(cols, s) == (4.0, 6.0)
+    assert trainer_of(megatron).recipe.loss_bytes(cols, megatron) == (4.0, 2.0)
     est, est_mg = estimate(cols, s), estimate(cols, megatron)
     assert float(est.logits[0]) > float(est_mg.logits[0])
     assert float(est.weights[0] + est.grads[0] + est.optimizer[0]) == pytest.approx(
         float(est_mg.weights[0] + est_mg.grads[0] + est_mg.optimizer[0])
     )
-    assert s.trainer.attention == {"flash2"}
+    assert trainer_of(s).attention == {"flash2"}
     assert NANOTRON_TIME != MEGATRON_LIKE and NANOTRON_TIME.grad_sync_per_microbatch_pp
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from sweeper.errors import NoSuccessError, SweepError
 from sweeper.plan.sizes import Marks, SizeAnswer, Winner, answers, marks, winner
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 
 @dataclass(frozen=True)

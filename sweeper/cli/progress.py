@@ -13,7 +13,7 @@ from rich.table import Table
 
 from sweeper.knobs import ALWAYS_SHOWN, SUMMARY_KNOBS, label, set_knobs
 from sweeper.layouts.layout import Layout
-from sweeper.run.orchestrator import SweepRun
+from sweeper.run.state import SweepRun
 from sweeper.statuses import TrialStatus
 
 

@@ -14,8 +14,9 @@ from sweeper.knobs import KNOBS, label, shown_in_tables
 from sweeper.plan.plan import Plan
 from sweeper.plan.summary import CostEstimate, PlanCounts, cost_estimate, plan_counts
 from sweeper.spec.models import ModelShape
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 from sweeper.statuses import PlanStatus
+from sweeper.trainers import recipe_of
 
 if TYPE_CHECKING:
     from sweeper.results.noise import Margin
@@ -209,8 +210,8 @@ def _duration(hours: float) -> str:
 
 def pricing_line(sweep) -> str:  # noqa: ANN001 - Sweep
     """Which figures price the step: the measured profile (path, date, device) or the GPU table."""
-    pricing = sweep.cluster.pricing
-    return pricing.source if pricing is not None else f"no profile: GPU table figures ({sweep.cluster.gpu.name})"
+    measured = sweep.cluster.profile
+    return measured.source if measured is not None else f"no profile: GPU table figures ({sweep.cluster.gpu.name})"
 
 
 def _gpus_each(cost: CostEstimate) -> str:
@@ -235,7 +236,7 @@ def print_plan_sizes(plan: Plan, console: Console) -> None:
 
 def recipe_summary(sweep) -> str:  # noqa: ANN001 - Sweep
     """The recipe's options in a few words, as the dry run prints them."""
-    parts = sweep.memory_recipe.summary(sweep.memory)
+    parts = recipe_of(sweep).summary(sweep.memory)
     from sweeper.estimate.memory import reserved_factor
 
     if sweep.memory.loss_kernel is not None:  # in place of the recipe's own loss

@@ -13,11 +13,12 @@ import typer
 from sweeper.errors import SweepError
 from sweeper.launchers.local import MAX_LOCAL_PROCESSES
 from sweeper.statuses import TrialStatus
+from sweeper.trainers import trainer_of
 
 if TYPE_CHECKING:
     from sweeper.layouts.layout import Layout
     from sweeper.results.trial import TrialResult
-    from sweeper.spec.schema import Sweep
+    from sweeper.spec.sweep import Sweep
 
 # One process per device of the sweep's cluster; more than this on one machine is a mistake
 # (a cluster-sized sweep belongs to `sweep run` with the slurm launcher).
@@ -137,7 +138,7 @@ def run_local(sweep: Sweep, layout: Layout, *, timeout_s: float | None, workdir:
     # under `sweep run`'s local launcher (--workdir) the ranks' logs stay in the trial's folder
     keep = workdir is not None
     workdir = workdir if workdir is not None else Path(tempfile.mkdtemp(prefix="sweep-trial-"))
-    if sweep.trainer.runs_command:  # an external trainer's command, its log parsed
+    if trainer_of(sweep).runs_command:  # an external trainer's command, its log parsed
         from sweeper.runtime.workloads import run_external
 
         err.print(

@@ -34,7 +34,7 @@ from sweeper.spec.hardware import GIB
 
 if TYPE_CHECKING:
     from sweeper.layouts.layout import Columns
-    from sweeper.spec.schema import Sweep
+    from sweeper.spec.sweep import Sweep
 
 # Attention kernels that keep the s x s probabilities for backward, and how many bytes per
 # score they keep: the softmax output in fp32 (softmax runs in fp32 under bf16 autocast, and

@@ -33,7 +33,7 @@ from sweeper.layouts.stages import stage_layers, stage_params, stage_params_at
 
 if TYPE_CHECKING:
     from sweeper.spec.models import ModelShape
-    from sweeper.spec.schema import Sweep
+    from sweeper.spec.sweep import Sweep
 
 GIGA = 1e9
 # The busiest expert-parallel rank receives this much more than the mean of routed tokens. With a

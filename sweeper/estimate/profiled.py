@@ -14,8 +14,7 @@ on one GPU) keeps the GPU table's price for that part, so every layout has one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,17 +30,17 @@ from sweeper.estimate.step_time import (
     FLOAT8_SPEEDUP,
     Calibration,
     StepTime,
-    TimeTraits,
     busiest_stage_layers,
     predict_table,
 )
-from sweeper.profiles.lookup import Lookup
+from sweeper.profiles.lookup import Lookup, MeasuredProfile
 from sweeper.profiles.profile import Profile
+from sweeper.spec.traits import TimeTraits
 
 if TYPE_CHECKING:
     from sweeper.layouts.layout import Columns
     from sweeper.spec.models import ModelShape
-    from sweeper.spec.schema import Sweep
+    from sweeper.spec.sweep import Sweep
 
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb: one all-reduce per 25 MiB of gradients
 
@@ -71,33 +70,15 @@ class Block:
         return self.gemm_fwd + self.gemm_bwd + attention + self.elem_fwd + self.elem_bwd
 
 
-@dataclass(frozen=True)
-class ProfiledPricing:
-    """`perfmodel.StepPricing` from a measured profile; `path` is where it was read from."""
-
-    profile: Profile
-    path: str
-    source: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        p = self.profile
-        object.__setattr__(self, "source", f"profile {self.path} (measured {p.measured_at} on {p.device})")
-
-    @cached_property
-    def lookup(self) -> Lookup:
-        return Lookup(self.profile)
-
-    def __getstate__(self) -> dict[str, object]:  # pickled to trial processes: the tables rebuild on use
-        return {"profile": self.profile, "path": self.path, "source": self.source}
-
-    def __setstate__(self, state: dict[str, object]) -> None:
-        self.__dict__.update(state)
-
-    def predict(self, cols: Columns, sweep: Sweep, calibration: Calibration, traits: TimeTraits) -> StepTime:
-        table = predict_table(cols, sweep, Calibration(), traits)
-        if sweep.model.is_moe or not self.lookup.gemm_curves:
-            return StepTime(table.compute, table.comm, calibration, table.mfu, table.parts)
-        return price(cols, sweep, self.lookup, table, calibration, traits)
+def predict_measured(
+    measured: MeasuredProfile, cols: Columns, sweep: Sweep, calibration: Calibration, traits: TimeTraits
+) -> StepTime:
+    """The step priced from the cluster's measured profile (`Cluster.profile`): the table model's
+    parts where the profile has no GEMM curves or the model is a mixture of experts, else `price`."""
+    table = predict_table(cols, sweep, Calibration(), traits)
+    if sweep.model.is_moe or not measured.lookup.gemm_curves:
+        return StepTime(table.compute, table.comm, calibration, table.mfu, table.parts)
+    return price(cols, sweep, measured.lookup, table, calibration, traits)
 
 
 def gemm_dtype(lookup: Lookup, precision: str) -> str:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from sweeper.spec.models import ModelShape
 
 if TYPE_CHECKING:
-    from sweeper.spec.schema import Sweep
+    from sweeper.spec.sweep import Sweep
 
 # what the measured block's knobs may take (the built-in trainer's values that change its ops)
 BLOCK_KNOBS = ("attention", "rmsnorm", "activation_checkpointing", "compile")

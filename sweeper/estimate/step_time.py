@@ -16,10 +16,9 @@ Measured against public step times by benchmarks/throughput_accuracy.py.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -41,9 +40,10 @@ from sweeper.estimate.moe import (
 )
 from sweeper.layouts.layout import Columns
 from sweeper.layouts.stages import pipeline_shapes, stage_layers
+from sweeper.spec.traits import TimeTraits
 
 if TYPE_CHECKING:
-    from sweeper.spec.schema import Sweep
+    from sweeper.spec.sweep import Sweep
 
 GIGA = 1e9
 GEMM_HALF_SIZE = 0.5  # M*N (in 2^20 elements) at which a GEMM reaches half its large-size efficiency
@@ -57,66 +57,6 @@ FLOAT8_SPEEDUP = 1.6  # float8 matmuls net of the casts (torchao's float8 README
 LAYER_OVERHEAD_S = 30e-6  # launch and framework cost per block per micro-batch (fwd + bwd)
 OPTIMIZER_BYTES = 28.0  # fused AdamW per parameter: read fp32 param, grad, m, v; write param, m, v (+bf16 copy)
 FSDP_OVERLAP = 0.85  # share of FSDP's gathers and reductions hidden by prefetching
-
-
-@dataclass(frozen=True)
-class PipelineStall:
-    """A stall some pipeline engines hit at random: a run pays `seconds` more on every micro-batch,
-    or nothing, which of the two not following from its layout.
-
-    The share of runs that stall grows with the nodes, a logistic in the node count (half of them
-    at `half_nodes`, `width` nodes from 27 % to 73 %). `priced` says what a layout is charged:
-    the expected cost (share x seconds) or the typical run's (`seconds` where most runs stall,
-    else nothing). For a stall longer than the layouts' differences the typical run's cost orders
-    two layouts as most runs of them order (fewer micro-batches first when both stall, the
-    layout's own time when neither does, and both stall more often than neither iff the share
-    is above half) and meets the median run's step time; the expected cost charges the runs that
-    do not stall for the others (benchmarks/throughput_stall.py measures both).
-    """
-
-    seconds: float
-    half_nodes: float
-    width: float
-    priced: Literal["expected", "typical"] = "typical"
-
-    def share(self, nodes: float) -> float:
-        """The share of runs that stall on `nodes` nodes."""
-        z = (nodes - self.half_nodes) / self.width
-        return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))  # no overflow
-
-    def cost_s(self, nodes: float) -> float:
-        """What a layout is charged per micro-batch on `nodes` nodes."""
-        share = self.share(nodes)
-        return share * self.seconds if self.priced == "expected" else (self.seconds if share >= 0.5 else 0.0)
-
-
-@dataclass(frozen=True)
-class TimeTraits:
-    """How a trainer spends time beyond the layout's physics; the defaults are Megatron-LM's.
-
-    A trainer object carries its own (sweeper.trainers); `predict` takes them as an argument,
-    so no trainer is named here. Each field is a measured behaviour of some trainer.
-    """
-
-    dp_overlap: float = 0.7  # share of the gradient reduction hidden behind the last backward
-    tp_collective_s: float = 15e-6  # fixed cost per tensor-parallel collective (NCCL in a node)
-    tp_collective_pp_s: float | None = None  # the same when pp > 1, where a trainer's engine serialises it
-    grad_sync_per_microbatch_pp: bool = False  # unsharded DP at pp > 1 reduces gradients every micro-batch
-    p2p_latency_s: float = 25e-6  # per pipeline send/receive, on top of its bytes
-    microbatch_s: float = 1e-3  # per micro-batch: data, loss, the schedule's Python (Megatron-LM ~1 ms)
-    pp_stall: PipelineStall | None = None  # at pp > 1, a random per-micro-batch stall
-    # HBM bytes per logit of the loss's elementwise passes, fwd + bwd, on the last stage (its vocab/tp
-    # share of every token there); 0: not priced (Megatron-LM's fp32 loss has them too, uncounted)
-    loss_traffic_per_logit: float = 0.0
-    # near the card the caching allocator frees and retries (torch.cuda.memory_stats'
-    # num_alloc_retries): the work slows by up to this share between 90 % and 100 % of the card
-    memory_pressure: float = 0.0
-    # context parallel's K/V exchange: a ring that overlaps the attention kernel (Megatron-LM / TE
-    # p2p) or an all-gather before it (PyTorch's context_parallel "allgather" rotation)
-    cp_ring: bool = True
-
-
-MEGATRON_LIKE = TimeTraits()
 
 
 @dataclass(frozen=True)
@@ -202,28 +142,6 @@ def gemm_efficiency_at(gemm: np.ndarray, cols: Columns, sweep: Sweep) -> np.ndar
     eff = gpu.gemm_share * gemm / (gemm + GEMM_HALF_SIZE)
     eff = eff * np.where(cols["compile"].astype(bool), 1.03, 1.0)
     return eff * np.where(cols["float8"].astype(bool) & gpu.supports_fp8, FLOAT8_SPEEDUP, 1.0)
-
-
-class StepPricing(Protocol):
-    """Another pricing of the same parts: a measured profile of the machine (sweeper.estimate.profiled),
-    carried by the sweep's cluster. `source` says where its numbers came from (the dry run prints it)."""
-
-    @property
-    def source(self) -> str: ...
-
-    def predict(self, cols: Columns, sweep: Sweep, calibration: Calibration, traits: TimeTraits) -> StepTime: ...
-
-
-def predict(
-    cols: Columns, sweep: Sweep, calibration: Calibration = Calibration(), traits: TimeTraits | None = None
-) -> StepTime:
-    """Step time by part and MFU for every layout in `cols` (derived columns included); `traits`
-    default to the sweep's trainer's (`sweep.trainer.time`). With a profile on the sweep's cluster
-    (`cluster.pricing`) the profile prices the step, else the GPU table (`predict_table`)."""
-    traits = traits if traits is not None else sweep.trainer.time
-    if sweep.cluster.pricing is not None:
-        return sweep.cluster.pricing.predict(cols, sweep, calibration, traits)
-    return predict_table(cols, sweep, calibration, traits)
 
 
 def predict_table(cols: Columns, sweep: Sweep, calibration: Calibration, traits: TimeTraits) -> StepTime:
@@ -442,18 +360,3 @@ def model_misses(predicted_s: np.ndarray, measured_s: np.ndarray, share: float =
     """
     miss = np.asarray(predicted_s, dtype=float) / np.asarray(measured_s, dtype=float) - 1.0
     return np.where(np.abs(miss) > share, miss, np.nan)
-
-
-def breakdown(
-    cols: Columns, sweep: Sweep, calibration: Calibration = Calibration(), traits: TimeTraits | None = None
-) -> dict[str, np.ndarray]:
-    """Seconds per step by part, for every layout: `predict`'s parts with the calibration applied,
-    and `forward` (the first forward pass's matmuls and attention, a third of fwd + bwd, for shares).
-
-    Every part but `dp_hidden` (overlapped, so not on the step's critical path) is exposed, and
-    the exposed parts add up to `predict(...).total` exactly: one model, read twice.
-    """
-    pred = predict(cols, sweep, calibration, traits)
-    out = pred.calibrated_parts()
-    out["forward"] = (out["matmul"] + out["attention"]) / 3.0
-    return out

@@ -6,7 +6,7 @@ from sweeper.launchers.base import Handle, JobOutcome, Launcher, LauncherProfile
 from sweeper.launchers.profiles import resolve_profile
 from sweeper.launchers.registry import launcher_classes
 from sweeper.plan.plan import Plan, leave_out
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 __all__ = [
     "Handle",

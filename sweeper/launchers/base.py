@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from sweeper.layouts.layout import Columns, Layout
 from sweeper.results.trial import TrialResult
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 from sweeper.statuses import TrialStatus
 
 # Values that end up on a job script's line or in a scheduler's request: no spaces, quotes or shell

@@ -16,7 +16,7 @@ from sweeper.launchers.base import KILL_GRACE_S, Handle, JobOutcome, Launcher, L
 from sweeper.process import kill_group, read_result
 from sweeper.results.trial import TrialResult
 from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 from sweeper.statuses import TrialStatus
 
 MAX_LOCAL_PROCESSES = 64  # the local launcher starts one process per device of the cluster

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from sweeper.errors import SpecError
 from sweeper.launchers.base import LauncherProfile
 from sweeper.launchers.registry import launcher_classes
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 
 def profiles_dirs() -> list[Path]:

@@ -24,7 +24,7 @@ from sweeper.layouts.layout import Layout
 from sweeper.process import die_with_parent, free_port, kill_group, read_result
 from sweeper.results.trial import FAILED, OOM, TIMEOUT, TrialResult, without_run
 from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE, OomSigns, OomWatch, oom_evidence
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 # After rank 0 wrote its result (or a rank died), how long the others get to finish on their own.
 EXIT_GRACE_S = 15.0

@@ -28,7 +28,7 @@ from sweeper.launchers.base import Handle, JobOutcome, Launcher, LauncherProfile
 from sweeper.layouts.layout import Columns, Layout, ineffective
 from sweeper.results.noise import interval_fields
 from sweeper.results.trial import TrialResult
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 from sweeper.statuses import TrialStatus
 
 VALUE_COLUMNS = (

@@ -28,7 +28,8 @@ from typing import Any
 from sweeper.files import open_own
 from sweeper.layouts.layout import Layout
 from sweeper.process import die_with_parent
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
+from sweeper.trainers import trainer_of
 
 MARK = "SWEEP_REPLICA"  # the line a replica ends its log with
 SPEC_ENV = "SWEEP_TRIAL_SPEC"  # the frozen sweep file's text
@@ -130,7 +131,7 @@ def _run(sweep: Sweep, layout: Layout, args: argparse.Namespace, workdir: Path) 
     from sweeper.launchers.ranks import Rendezvous, launch, launch_trial
 
     node, nodes = args.node_rank, args.nodes
-    if sweep.trainer.runs_command:  # an external trainer's command, once per node
+    if trainer_of(sweep).runs_command:  # an external trainer's command, once per node
         return {"result": _run_external(sweep, layout, node, nodes, args, workdir)}
     rendezvous = None
     if nodes > 1:

@@ -30,7 +30,7 @@ from sweeper.launchers.task import run_task, task_count, tasks_per_node
 from sweeper.process import read_result
 from sweeper.results.folder import check_trusted_file
 from sweeper.results.trial import TrialResult
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 from sweeper.statuses import TrialStatus
 
 # submitit is imported where a job is submitted or read: the launcher registry imports this module

@@ -15,13 +15,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
+from sweeper.trainers import trainer_of
 
 
 def tasks_per_node(sweep: Sweep) -> int:
     """One task per GPU for the built-in trainer (each task is a rank); one per node for an
     external trainer, whose own command starts that node's ranks."""
-    return sweep.trainer.tasks_per_node(sweep.cluster.gpus_per_node)
+    return trainer_of(sweep).tasks_per_node(sweep.cluster.gpus_per_node)
 
 
 def task_count(sweep: Sweep) -> int:
@@ -45,7 +46,7 @@ def run_task(spec_path: str, layout: dict[str, Any], out_dir: str, nodes: int | 
 
     sweep, lay = load_sweep(spec_path, profiles=False), Layout.from_mapping(layout)  # the model is not needed here
     sweep = sweep.at(nodes) if nodes is not None else sweep
-    if sweep.trainer.runs_command:  # one task per node runs the trainer's own command
+    if trainer_of(sweep).runs_command:  # one task per node runs the trainer's own command
         from sweeper.runtime.workloads import run_external
 
         return asdict(run_external(sweep, lay, workdir=Path(out_dir) / f"node{node_rank()}"))

@@ -43,7 +43,7 @@ from sweeper.launchers.base import (
 from sweeper.launchers.replica import SPEC_ENV, parse_reports
 from sweeper.results.trial import TrialResult
 from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 from sweeper.statuses import TrialStatus
 
 if TYPE_CHECKING:

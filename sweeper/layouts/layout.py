@@ -21,7 +21,7 @@ from sweeper.statuses import PlanReason
 
 if TYPE_CHECKING:
     # the sweep file's loader checks sweeps against these rules: no import of the spec at run time
-    from sweeper.spec.schema import Sweep
+    from sweeper.spec.sweep import Sweep
 
 
 @dataclass(frozen=True)

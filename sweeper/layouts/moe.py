@@ -15,7 +15,7 @@ from sweeper.statuses import PlanReason
 
 if TYPE_CHECKING:
     # the sweep file's loader checks sweeps against these rules: no import of the spec at run time
-    from sweeper.spec.schema import Sweep
+    from sweeper.spec.sweep import Sweep
 
 
 # trainers whose expert-parallel groups may take tensor-parallel ranks where etp < tp

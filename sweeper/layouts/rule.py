@@ -6,19 +6,18 @@ rules (`sweeper.layouts.moe`), so that those can build rules without importing t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sweeper.knobs import Columns
 from sweeper.statuses import PlanReason
 
 if TYPE_CHECKING:
     # the sweep file's loader checks sweeps against the rules: no import of the spec at run time
-    from sweeper.spec.schema import Sweep
-
-Columns = Mapping[str, np.ndarray]
+    from sweeper.spec.sweep import Sweep
 
 
 @dataclass(frozen=True)

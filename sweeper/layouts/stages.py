@@ -18,7 +18,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from sweeper.layouts.layout import Columns
-    from sweeper.spec.schema import Sweep
+    from sweeper.spec.sweep import Sweep
 
 
 def split_layers(layers: int, stages: int) -> tuple[int, ...]:

@@ -12,10 +12,11 @@ import numpy as np
 
 from sweeper.estimate.memfit import MIN_FIT_CHANCE, fit_chance
 from sweeper.estimate.memory import Estimate, estimate
-from sweeper.estimate.step_time import StepTime, predict
+from sweeper.estimate.predict import predict
+from sweeper.estimate.step_time import StepTime
 from sweeper.knobs import KNOBS, NO_EFFECT_VALUE
 from sweeper.layouts.layout import RULES, Columns, Layout, Rule, ineffective, with_derived
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -24,7 +24,8 @@ from sweeper.statuses import PlanStatus, TrialStatus
 
 if TYPE_CHECKING:
     from sweeper.plan.plan import Plan
-    from sweeper.spec.schema import GoalSpec, Sweep
+    from sweeper.spec.schema import GoalSpec
+    from sweeper.spec.sweep import Sweep
 
 # The band of a prediction before the sweep measured two sizes' worth of trials: the throughput
 # model's spread on public step times (docs/accuracy.md) is within about this share

@@ -9,7 +9,8 @@ largest the time grows in proportion to the size (the throughput of the largest 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -213,3 +214,27 @@ def traffic(op: str, ranks: np.ndarray) -> np.ndarray:
     if op == "send_recv":
         return np.ones_like(n)
     return (n - 1) / n
+
+
+@dataclass(frozen=True)
+class MeasuredProfile:
+    """A cluster's measured profile as the sweep carries it (`Cluster.profile`): the file's content,
+    where it was read from, and its tables as lookups (built on first use)."""
+
+    profile: Profile
+    path: str
+    source: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        p = self.profile
+        object.__setattr__(self, "source", f"profile {self.path} (measured {p.measured_at} on {p.device})")
+
+    @cached_property
+    def lookup(self) -> Lookup:
+        return Lookup(self.profile)
+
+    def __getstate__(self) -> dict[str, object]:  # pickled to trial processes: the tables rebuild on use
+        return {"profile": self.profile, "path": self.path, "source": self.source}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)

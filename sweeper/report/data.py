@@ -17,7 +17,7 @@ from sweeper.knobs import KNOBS, label, layout_line, shown_in_tables
 from sweeper.layouts.layout import RULE_SUMMARIES, Layout
 from sweeper.plan.plan import CANDIDATE, Plan
 from sweeper.spec.hardware import GIB
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 from sweeper.statuses import PlanReason, PlanStatus, TrialStatus
 
 if TYPE_CHECKING:
@@ -258,7 +258,7 @@ class MfuPoints:
 
 def mfu_points(df: pd.DataFrame, plan: Plan, sweep: Sweep) -> MfuPoints:
     """Measured MFU of every successful trial beside the throughput model's, matched to plan rows by knobs."""
-    from sweeper.estimate.step_time import predict
+    from sweeper.estimate.predict import predict
 
     ok = successful(df)
     idx = match_plan_rows(plan, ok) if len(ok) else None

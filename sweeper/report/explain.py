@@ -10,7 +10,7 @@ import numpy as np
 
 from sweeper.plan.plan import Plan
 from sweeper.report.data import fmt_value, match_plan_rows, short_layout
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 from sweeper.statuses import TrialStatus
 
 if TYPE_CHECKING:
@@ -31,7 +31,8 @@ class Explained:
 def explain_top(df: pd.DataFrame, plan: Plan, sweep: Sweep, top: int = TOP_EXPLAINED) -> Explained | None:
     """Breakdown of the top ok trials with measured step times; None when they cannot be matched to the plan."""
     from sweeper.estimate.flops import model_flops_per_token
-    from sweeper.estimate.step_time import HIDDEN_PARTS, PARTS, breakdown, calibrate, predict
+    from sweeper.estimate.predict import breakdown, predict
+    from sweeper.estimate.step_time import HIDDEN_PARTS, PARTS, calibrate
 
     ok = df[(df["status"] == TrialStatus.OK) & df["mfu"].notna() & (df["mfu"] > 0)].copy()
     ok = ok.sort_values(["mfu", "trial_number"], ascending=[False, True])

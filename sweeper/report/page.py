@@ -30,7 +30,7 @@ from sweeper.report.plots import (
 )
 from sweeper.results.noise import INTERVAL_NAME, row_mfu_range
 from sweeper.spec.hardware import GIB
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 from sweeper.statuses import TrialStatus
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from sweeper.report.data import (
 )
 from sweeper.report.explain import Explained, bar_segments
 from sweeper.report.sizes_data import SizePoints
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 from sweeper.statuses import PlanStatus, TrialStatus
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from sweeper.errors import SweepError
 from sweeper.results.study_guard import check_storage, check_study_file, default_storage
 
 if TYPE_CHECKING:
-    from sweeper.spec.schema import Sweep
+    from sweeper.spec.sweep import Sweep
 
 TRIAL_FILE = re.compile(r"^trial-(\d{5,})\.parquet$")  # what ResultsStore.write_row names a row
 INFLIGHT_FILE = re.compile(r"^trial-(\d{5,})\.json$")

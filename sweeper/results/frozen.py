@@ -19,7 +19,7 @@ from sweeper.results.folder import make_private
 from sweeper.results.rows import ResultsStore
 from sweeper.spec.hf_config import FROZEN_NAME
 from sweeper.spec.loader import parse_sweep
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 FROZEN_SPEC = "sweep.yaml"
 FROZEN_MODEL = FROZEN_NAME  # the copy of a config.json model beside it

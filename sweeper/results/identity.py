@@ -15,7 +15,7 @@ from typing import Any
 from sweeper.knobs import KNOBS
 from sweeper.spec.hardware import GPU
 from sweeper.spec.models import ModelShape
-from sweeper.spec.schema import Cluster, Sweep
+from sweeper.spec.sweep import Cluster, Sweep
 from sweeper.trainers import memory_record
 
 
@@ -40,7 +40,7 @@ def _skipped(value: Any) -> tuple[str, ...]:
     if isinstance(value, GPU):
         return value.MODEL_FIELDS
     if isinstance(value, Cluster):  # a profile changes how the model prices, not what is measured
-        return ("pricing",)
+        return ("profile",)
     if isinstance(value, ModelShape):
         late = tuple(f for f in ModelShape.LATE_FIELDS if not getattr(value, f))
         return late + (ModelShape.MOE_FIELDS if not value.is_moe else ())

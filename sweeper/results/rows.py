@@ -25,7 +25,7 @@ from sweeper.errors import SweepError
 from sweeper.files import atomic_write, atomic_write_text
 from sweeper.results.folder import INFLIGHT_FILE, PRIVATE_DIR, check_readable_folder, trial_number_of
 from sweeper.results.trial import TrialResult
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 from sweeper.statuses import TrialStatus
 
 

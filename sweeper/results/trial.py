@@ -16,7 +16,7 @@ from typing import Any
 from sweeper.estimate.flops import hardware_flops_per_token, model_flops_per_token, tflops_per_device, utilization
 from sweeper.layouts.layout import Layout
 from sweeper.results.noise import interval_fields
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 from sweeper.statuses import TrialStatus
 
 # Short names kept for the trainer and launchers, which set them in many places.

@@ -10,29 +10,29 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any, Protocol
 
 from sweeper.errors import SweepError
-from sweeper.launchers.base import Handle, JobOutcome, Launcher, TrialJob, failure
+from sweeper.launchers.base import JobOutcome, Launcher, TrialJob, failure
 from sweeper.layouts.layout import Layout
 from sweeper.plan.plan import Plan, leave_out, make_plan
 from sweeper.plan.summary import no_candidates_message
 from sweeper.results.folder import check_not_link, discard_own, preflight, remove_stale_temps
 from sweeper.results.frozen import check_unchanged, digest, open_results
 from sweeper.results.identity import sweep_identity
-from sweeper.results.rows import InFlight, ResultsStore, now_utc, row_from
+from sweeper.results.rows import InFlight, now_utc, row_from
 from sweeper.results.study_guard import default_storage, set_aside, sqlite_path, storage_errors
 from sweeper.results.trial import stops_sweep
 from sweeper.run.rows_told import learn_rows, measured, rebuild_from_rows, row_attrs
 from sweeper.run.slow_trials import crashed, judge, saved_gpu_hours
+from sweeper.run.state import Running, SweepRun
 from sweeper.run.unwritten import left_unwritten, not_written, unwritten
 from sweeper.search.learned import learns
 from sweeper.search.remember import Memory
-from sweeper.search.search import LayoutSearch, build_search
+from sweeper.search.search import build_search
 from sweeper.search.study import check_history
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 from sweeper.statuses import PlanStatus, TrialStatus
 
 MAX_ATTEMPTS = 2  # an infrastructure failure (killed job, lost node, vanished process) is retried once
@@ -45,42 +45,6 @@ class Progress(Protocol):
     def submitted(self, run: SweepRun, number: int, layout: Layout, job_id: str) -> None: ...
     def finished(self, run: SweepRun, row: dict[str, Any]) -> None: ...
     def tick(self, run: SweepRun) -> None: ...
-
-
-@dataclass
-class Running:
-    handle: Handle
-    record: InFlight
-
-
-@dataclass
-class SweepRun:
-    """The state of one `sweep run`: plan, study, launcher, and the trials in flight."""
-
-    sweep: Sweep
-    plan: Plan
-    store: ResultsStore
-    search: LayoutSearch
-    launcher: Launcher
-    spec_path: Path
-    running: dict[int, Running] = field(default_factory=dict)
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    stop_requested: bool = False
-    identity: str = ""  # sweeper.results.identity.sweep_identity, written into every row
-    notes: list[str] = field(default_factory=list)  # what the run did that the user should know
-    fatal: str | None = None  # why the sweep stopped on its own (this machine cannot run any trial)
-    warnings: list[str] = field(default_factory=list)
-    spec_digest: str = ""  # of the recorded sweep file, checked before each trial starts (frozen_spec.check_unchanged)
-    memory: Memory | None = None  # the learned profile it started from and keeps what it learns in
-
-    @property
-    def budget(self) -> int:
-        return self.sweep.search.max_trials
-
-    @property
-    def launched(self) -> int:
-        # a trial the full disk kept from writing its result does not spend the budget: it runs again
-        return sum(not not_written(r) for r in self.rows) + len(self.running)
 
 
 def plan_to_run(sweep: Sweep, launcher: Launcher) -> tuple[Plan, int]:

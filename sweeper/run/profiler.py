@@ -33,7 +33,7 @@ from sweeper.estimate.shapes import (
 from sweeper.profiles.profile import Profile, cached_profile_path, save_profile
 
 if TYPE_CHECKING:
-    from sweeper.spec.schema import Sweep
+    from sweeper.spec.sweep import Sweep
 
 TIMEOUT_S = 840.0  # every measurement of a node, the collectives included
 

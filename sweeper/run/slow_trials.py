@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 from sweeper.launchers.base import JobOutcome, TrialJob
 from sweeper.results.trial import TrialResult, stops_sweep, summarize
 from sweeper.search.stopping import STOP_SLOWER, gpu_hours_saved, step_mfu
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 from sweeper.statuses import TrialStatus
 
 if TYPE_CHECKING:
-    from sweeper.run.orchestrator import Running, SweepRun
+    from sweeper.run.state import Running, SweepRun
 
 STEPS_FILE = "steps.txt"  # one step time (seconds) per line, written by the built-in trainer's rank 0
 WORKLOAD_LOG = "workload.log"

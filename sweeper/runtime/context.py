@@ -33,7 +33,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
@@ -200,19 +199,3 @@ def cp_backend(
         f"attention={name} with cp = {cp} (a lower-right causal bias) cannot run on {device.type} "
         f"with {str(dtype).removeprefix('torch.')}, head_dim={head_dim}: {errors[-1]}"
     )
-
-
-def apply_cp(model: nn.Module, cp: ContextParallel) -> None:
-    """Make a (possibly pipeline-split) Transformer attend over the cp group: every attention runs
-    `cp.attention`, and positions (RoPE tables, learned rows) are this rank's global ones.
-
-    After any deepcopy (`parallel.split_stage`), which a process group does not survive; before
-    materialising, whose `reset_rope` builds the tables of this rank's positions.
-    """
-    from sweeper.runtime.model import Attention, Transformer
-
-    for m in model.modules():
-        if isinstance(m, Transformer):
-            m.cp = cp
-        elif isinstance(m, Attention):
-            m.attend = cp.attention

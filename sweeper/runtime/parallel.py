@@ -32,9 +32,9 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 from sweeper.layouts.layout import Layout
 from sweeper.layouts.stages import stage_bounds
-from sweeper.runtime.context import ContextParallel, apply_cp
+from sweeper.runtime.context import ContextParallel
 from sweeper.runtime.env import data_mesh
-from sweeper.runtime.model import Transformer, materialize
+from sweeper.runtime.model import Attention, Transformer, materialize
 from sweeper.runtime.moe import MoE, apply_ep
 
 aten = torch.ops.aten
@@ -417,3 +417,17 @@ def parallelize(
             device=device,
         )
     return Parallelized(parts, ids, num_stages, schedule)
+
+
+def apply_cp(model: nn.Module, cp: ContextParallel) -> None:
+    """Make a (possibly pipeline-split) Transformer attend over the cp group: every attention runs
+    `cp.attention`, and positions (RoPE tables, learned rows) are this rank's global ones.
+
+    After any deepcopy (`parallel.split_stage`), which a process group does not survive; before
+    materialising, whose `reset_rope` builds the tables of this rank's positions.
+    """
+    for m in model.modules():
+        if isinstance(m, Transformer):
+            m.cp = cp
+        elif isinstance(m, Attention):
+            m.attend = cp.attention

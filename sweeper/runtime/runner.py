@@ -42,7 +42,7 @@ from sweeper.runtime.env import (
 from sweeper.runtime.outcome import Agreement, Failure, Watcher, classify
 from sweeper.runtime.train import Trainer, build_trainer, reduce_losses
 from sweeper.spec.hardware import GIB
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 FAULT_ENV = "SWEEP_FAULT"  # "KIND:RANK:STEP[,...]" (oom, error, hang, exit, linger): make ranks fail, for tests
 # linger: the rank hangs after the trial's outcome is written (like a task stuck in NCCL teardown)

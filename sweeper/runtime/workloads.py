@@ -26,8 +26,8 @@ from sweeper.files import open_own
 from sweeper.layouts.layout import Layout
 from sweeper.process import die_with_parent, free_port, kill_group
 from sweeper.results.trial import FAILED, OOM, TIMEOUT, TrialResult, summarize, without_run
-from sweeper.spec.schema import Sweep
-from sweeper.trainers import TRAINERS
+from sweeper.spec.sweep import Sweep
+from sweeper.trainers import TRAINERS, trainer_of
 from sweeper.trainers.export import layout_record
 
 # Failure signatures in a trainer's log, most specific first.
@@ -107,7 +107,7 @@ def workload_env(sweep: Sweep, layout: Layout) -> tuple[dict[str, str], list[str
         layout.as_dict() | {"dp": layout.dp(world), "grad_accum": layout.grad_accum(world, sweep.global_batch_size)},
         sweep,
     )
-    needed, reasons = sweep.trainer.env(rec)
+    needed, reasons = trainer_of(sweep).env(rec)
     notes: list[str] = []
     for (name, value), why in zip(needed.items(), reasons):
         if env.get(name) == value:
@@ -124,12 +124,12 @@ def workload_env(sweep: Sweep, layout: Layout) -> tuple[dict[str, str], list[str
 def run_external(sweep: Sweep, layout: Layout, *, workdir: Path, timeout_s: float | None = None) -> TrialResult:
     """Run the sweep's workload command for one layout, parse its log, apply the protocol."""
     wl = sweep.workload
-    assert wl is not None and sweep.trainer.runs_command
+    assert wl is not None and trainer_of(sweep).runs_command
     limit = timeout_s if timeout_s is not None else sweep.trial.timeout_min * 60
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "workload.log"
     rec = layout_record(layout.resolve(sweep).as_fields(), sweep)
-    for name, text in sweep.trainer.files(rec, sweep).items():
+    for name, text in trainer_of(sweep).files(rec, sweep).items():
         # on SLURM every node's task writes the same text: a whole file replaces, never half of one
         tmp = workdir / f".{name}.{os.getpid()}"
         with open_own(tmp) as f:  # a link planted at the temp name is replaced, never written through
@@ -166,7 +166,7 @@ def run_external(sweep: Sweep, layout: Layout, *, workdir: Path, timeout_s: floa
             proc.wait()
             rc = None
     text = log_path.read_text(errors="replace")
-    parsed = sweep.trainer.parse_log(text, sweep)
+    parsed = trainer_of(sweep).parse_log(text, sweep)
     if rc is None:
         return without_run(
             sweep,

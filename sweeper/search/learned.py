@@ -48,7 +48,7 @@ from sweeper.files import atomic_write_text
 from sweeper.profiles.profile import LEARNED, cache_dir
 from sweeper.search.prior import EffectKey, LearnedEffect, Prior
 from sweeper.spec.hardware import GIB
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 SCHEMA = 1
 KIND = LEARNED

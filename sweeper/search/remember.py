@@ -20,7 +20,7 @@ from sweeper.estimate.step_time import Calibration
 from sweeper.search.learned import LearnedKey, Lessons, MemoryLesson, load, save
 from sweeper.search.prior import EffectKey, LearnedEffect, Prior, own_lessons
 from sweeper.spec.hardware import GIB
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 if TYPE_CHECKING:  # importing this module must not import Optuna (the search)
     from sweeper.search.search import LayoutSearch

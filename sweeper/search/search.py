@@ -32,7 +32,7 @@ from sweeper.search.learn import Learning
 from sweeper.search.prior import EffectPrior, Prior
 from sweeper.search.residual import Residual, features, ok_chance
 from sweeper.search.schedule import Schedule, make_sampler
-from sweeper.search.sizes import at_next_size
+from sweeper.search.sizes import at_next_size, sizes_out_of_play
 from sweeper.search.stopping import SlowerThanBest, mfu_seconds
 from sweeper.search.study import mirror_trial, open_study, tell_study, trial_attrs
 from sweeper.statuses import PlanStatus, TrialStatus
@@ -203,6 +203,18 @@ class LayoutSearch:
             return None
         return Proposal(self.enqueue(row, trial_number=trial_number), row, self.plan.layout(row))
 
+    def _at_next_size(self, rows: np.ndarray) -> np.ndarray:
+        """`rows` of the size the next trial is spent on; `left_out`: the sizes that cannot win, why."""
+        if not self.sweep.several_sizes:
+            return rows
+        ok = {int(r): t for r, t in self.learning.measured.items() if self.outcome.get(int(r)) == TrialStatus.OK}
+        measured_rows = np.asarray(list(ok), dtype=np.int64)
+        untried = np.asarray(self.untried(), dtype=np.int64)
+        model_s = self.model_step_s(measured_rows) if measured_rows.size else np.zeros(0)
+        expected_s = self.expected_step_s(untried) if untried.size else np.zeros(0)
+        self.left_out = sizes_out_of_play(self.sweep, self.plan.nodes, ok, model_s, untried, expected_s)
+        return at_next_size(self.sweep, self.plan.nodes, rows, [*self.done, *self.running], self.left_out)
+
     def choose(self, *, max_rejections: int = 200) -> int | None:
         """The plan row to run next, marked running (its study trial is made by `enqueue`), or None."""
         untried = self.untried()
@@ -211,7 +223,7 @@ class LayoutSearch:
         if self.policy.in_plan_order:
             row = untried[0]
         elif self.policy.exploit(started=(started := len(self.done) + len(self.running))):
-            rows = at_next_size(self, np.asarray(untried, dtype=np.int64))
+            rows = self._at_next_size(np.asarray(untried, dtype=np.int64))
             if self.policy.by_prior(started=started):
                 prior = self.learning.pred_mfu[rows] * np.exp(-self._learned_mean(rows))
                 row = int(rows[np.argmax(prior * self.fit_chance(rows))])

@@ -16,7 +16,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from sweeper.estimate.flops import model_flops_per_token
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 # "Clearly slower": the first steps' median takes more than this times the best's step time.
 # Step-to-step noise is a few % (the ultrascale data's single-iteration noise, our own CPU

@@ -12,16 +12,18 @@ import yaml
 from pydantic import ValidationError
 
 from sweeper.errors import SpecError
-from sweeper.estimate.profiled import ProfiledPricing
 from sweeper.knobs import KNOBS
 from sweeper.layouts.layout import DECIDED_ALONE, unusable
+from sweeper.profiles.lookup import MeasuredProfile
 from sweeper.profiles.profile import ProfileError, cached_profile_path, load_profile
 from sweeper.spec.checks import check_layout_count
 from sweeper.spec.hardware import alias_of
 from sweeper.spec.hf_config import ModelFile, read_config, resolve
 from sweeper.spec.messages import format_validation_error
 from sweeper.spec.models import PRESETS, ModelShape
-from sweeper.spec.schema import MAX_LAYOUTS, Cluster, HFConfigSpec, ModelSpec, Sweep, SweepFile
+from sweeper.spec.schema import MAX_LAYOUTS, HFConfigSpec, ModelSpec, SweepFile
+from sweeper.spec.sweep import Cluster, Sweep
+from sweeper.trainers import RECIPES, TRAINERS
 
 MAX_SPEC_BYTES = 1 << 20  # a sweep file is a few dozen lines; anything bigger is a mistake
 # a sweep file nests a few levels (model: moe: ...); PyYAML composes by recursion, so a kilobyte of
@@ -54,8 +56,8 @@ def build_sweep(raw: SweepFile, *, source: Path | None = None, profiles: bool = 
         shape = replace(shape, max_positions=raw.seq_len)
     sizes = raw.cluster.sizes
     gpu = raw.cluster.resolved_gpu()
-    pricing = cluster_pricing(raw.cluster.profile, gpu.name) if profiles else None
-    cluster = Cluster(sizes[0], raw.cluster.gpus_per_node, gpu, pricing)
+    measured = cluster_profile(raw.cluster.profile, gpu.name) if profiles else None
+    cluster = Cluster(sizes[0], raw.cluster.gpus_per_node, gpu, measured)
     space = raw.space.values()
     check_layout_count(space, MAX_LAYOUTS)  # before anything allocates the cross product
     sweep = Sweep(
@@ -76,6 +78,8 @@ def build_sweep(raw: SweepFile, *, source: Path | None = None, profiles: bool = 
         goal=raw.goal,
         gpu_alias=raw.cluster.gpu if isinstance(raw.cluster.gpu, str) and alias_of(raw.cluster.gpu) else "",
         model_file=model_file,
+        trainer=TRAINERS[raw.workload.kind],
+        memory_recipe=RECIPES[raw.memory.recipe],
     )
     _check_sizes(sweep)
     _check_usable(sweep)
@@ -104,7 +108,7 @@ def _check_sizes(sweep: Sweep) -> None:
             )
 
 
-def cluster_pricing(named: str | None, gpu: str) -> ProfiledPricing | None:
+def cluster_profile(named: str | None, gpu: str) -> MeasuredProfile | None:
     """The measured profile the model prices from: the file `cluster.profile` names, else the user's
     cached profile of this GPU if there is one, else None (the GPU table). A profile that cannot be
     read, or was measured on another GPU, is an error naming `cluster.profile`."""
@@ -114,7 +118,7 @@ def cluster_pricing(named: str | None, gpu: str) -> ProfiledPricing | None:
     if named is not None and not path.is_file():
         raise SpecError(f"cluster.profile: {path}: no such profile file (`sweep profile --out {path}` writes one)")
     try:
-        return ProfiledPricing(load_profile(path, gpu=gpu), str(path))
+        return MeasuredProfile(load_profile(path, gpu=gpu), str(path))
     except ProfileError as e:
         raise SpecError(f"cluster.profile: {e}") from None
 
@@ -133,9 +137,9 @@ def _check_usable(sweep: Sweep) -> None:
                 why.append(f"it exceeds layers={sweep.model.layers}")
             if why:
                 raise SpecError(f"space.{knob}: value {v} can never be used: {'; '.join(why)}")
-    if sweep.model.is_moe and sweep.model.router not in sweep.trainer.routers:
+    if sweep.model.is_moe and sweep.model.router not in TRAINERS[sweep.workload.kind].routers:
         raise SpecError(
-            f"model.router: the {sweep.workload.kind} trainer routes by {', '.join(sorted(sweep.trainer.routers))} "
+            f"model.router: the {sweep.workload.kind} trainer routes by {', '.join(sorted(TRAINERS[sweep.workload.kind].routers))} "
             f"only, not {sweep.model.router}"
         )
     # ep > 1 on a dense model is refused above by its rule; etp has no value that means anything there

@@ -7,8 +7,7 @@ errors into one line per field is `sweeper.spec.messages`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
@@ -17,11 +16,9 @@ from sweeper.knobs import KNOBS
 from sweeper.spec.checks import check_workload
 from sweeper.spec.goal import GoalSpec, node_counts
 from sweeper.spec.hardware import GPU, known_gpus, lookup_gpu
-from sweeper.spec.hf_config import ModelFile
+from sweeper.spec.memory_options import OPTION_TYPES, BuiltinMemory, MemoryOptions
 from sweeper.spec.models import PRESETS, ModelShape
-from sweeper.trainers import RECIPES, TRAINERS, default_recipe, option_types
-from sweeper.trainers.base import MemoryOptions, Recipe, Trainer
-from sweeper.trainers.builtin import BuiltinMemory
+from sweeper.spec.traits import BUILTIN_KIND, TRAINER_KINDS, default_recipe
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -274,19 +271,17 @@ class SearchSettings(_Strict):
 
 
 if TYPE_CHECKING:
-    from sweeper.estimate.step_time import StepPricing
-
     MemorySettings = MemoryOptions
 else:
     # `memory:` is one recipe's options, told apart by `recipe` (filled in from workload.kind by
-    # `SweepFile` when left out); each recipe's class lists what it accepts (sweeper.trainers)
-    MemorySettings = Annotated[Union[option_types()], Field(discriminator="recipe")]  # noqa: UP007
+    # `SweepFile` when left out); each recipe's class lists what it accepts (sweeper.spec.memory_options)
+    MemorySettings = Annotated[Union[OPTION_TYPES], Field(discriminator="recipe")]  # noqa: UP007
 
 
 class WorkloadSpec(_Strict):
     """What a trial runs: the built-in trainer, or an external trainer's command."""
 
-    kind: str = Field(default="builtin", description=f"the trainer: {', '.join(TRAINERS)}")
+    kind: str = Field(default="builtin", description=f"the trainer: {', '.join(TRAINER_KINDS)}")
     command: str = Field(
         default="",
         max_length=10_000,
@@ -298,13 +293,13 @@ class WorkloadSpec(_Strict):
     @field_validator("kind")
     @classmethod
     def _known_kind(cls, v: str) -> str:
-        if v not in TRAINERS:
-            raise ValueError(f"workload.kind: {v!r} not allowed; allowed: {', '.join(TRAINERS)}")
+        if v not in TRAINER_KINDS:
+            raise ValueError(f"workload.kind: {v!r} not allowed; allowed: {', '.join(TRAINER_KINDS)}")
         return v
 
     @model_validator(mode="after")
     def _command_needed(self) -> WorkloadSpec:
-        if TRAINERS[self.kind].runs_command and not self.command.strip():
+        if self.kind != BUILTIN_KIND and not self.command.strip():  # every other trainer runs a command
             raise ValueError(f"workload.command is required for kind {self.kind!r} (e.g. 'torchrun ... {{flags}}')")
         check_workload(self.command, self.env, self.cwd)  # at load, not in every trial
         return self
@@ -424,73 +419,3 @@ class SweepFile(_Strict):
         if isinstance(v, dict) and not isinstance(v.get("kind"), str):
             raise ValueError("an inline launcher mapping needs a 'kind' (local, slurm, ...)")
         return v
-
-
-@dataclass(frozen=True)
-class Cluster:
-    nodes: int
-    gpus_per_node: int
-    gpu: GPU
-    # a measured profile's pricing of the step (sweeper.estimate.profiled), or None: the GPU table's. How the
-    # model prices, not what is measured: left out of equality and of the sweep's identity
-    pricing: StepPricing | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def world(self) -> int:
-        return self.nodes * self.gpus_per_node
-
-
-@dataclass(frozen=True)
-class Sweep:
-    """A validated sweep: what the planner, the search and the trial runner consume."""
-
-    name: str
-    model: ModelShape
-    seq_len: int
-    global_batch_size: int
-    cluster: Cluster
-    space: dict[str, tuple[Any, ...]]
-    trial: TrialSettings = TrialSettings()
-    search: SearchSettings = SearchSettings()
-    memory: MemoryOptions = BuiltinMemory()
-    launcher: str | dict[str, Any] = "local"
-    results_dir: Path = Path("results")
-    source: Path | None = field(default=None, compare=False)
-    workload: WorkloadSpec = WorkloadSpec()
-    # the node counts compared (cluster.nodes a list), smallest first; () or one: a sweep of one size,
-    # whose cluster is `cluster`. Each size is `at(n)`: the same model, batch and space on n nodes.
-    sizes: tuple[int, ...] = ()
-    goal: GoalSpec | None = field(default=None, compare=False)  # how a layout's speed becomes days and cost
-    # cluster.gpu as the file spells it where that is an alias (`h100` for h100-sxm), for the dry run to say so
-    gpu_alias: str = field(default="", compare=False)
-    # the config.json the model was read from (`model: {hf_config: ...}`); its shape is `model`
-    model_file: ModelFile | None = field(default=None, compare=False)
-
-    @property
-    def node_counts(self) -> tuple[int, ...]:
-        """Every node count of the sweep (the cluster's alone for a sweep of one size)."""
-        return self.sizes or (self.cluster.nodes,)
-
-    @property
-    def several_sizes(self) -> bool:
-        return len(self.node_counts) > 1
-
-    def at(self, nodes: int) -> Sweep:
-        """This sweep on `nodes` nodes: its own world, dp and gradient accumulation, one size."""
-        if nodes not in self.node_counts:
-            raise ValueError(f"nodes: {nodes} is not one of the sweep's node counts {list(self.node_counts)}")
-        return replace(self, cluster=replace(self.cluster, nodes=nodes), sizes=())
-
-    @property
-    def results_path(self) -> Path:
-        return self.results_dir / self.name
-
-    @property
-    def trainer(self) -> Trainer:
-        """The trainer that runs the trials (`workload.kind`)."""
-        return TRAINERS[self.workload.kind]
-
-    @property
-    def memory_recipe(self) -> Recipe:
-        """How the trainer holds memory (`memory.recipe`)."""
-        return RECIPES[self.memory.recipe]

@@ -15,11 +15,13 @@ common contract.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from sweeper.trainers.base import Exporter, MemoryOptions, Recipe, Trainer
+from sweeper.spec.memory_options import OPTION_TYPES, MemoryOptions
+from sweeper.spec.traits import BUILTIN_KIND, DEFAULT_RECIPES, TRAINER_KINDS
+from sweeper.trainers.base import Exporter, Recipe, Trainer
 from sweeper.trainers.builtin import Builtin
 from sweeper.trainers.command import Command
 from sweeper.trainers.deepspeed import DeepSpeed
@@ -28,6 +30,9 @@ from sweeper.trainers.export import to_json, to_yaml
 from sweeper.trainers.megatron import Megatron
 from sweeper.trainers.nanotron import Nanotron
 from sweeper.trainers.torchtitan import Torchtitan
+
+if TYPE_CHECKING:
+    from sweeper.spec.sweep import Sweep
 
 # workload.kind -> the trainer; the first is the default kind
 TRAINERS: dict[str, Trainer] = {
@@ -45,11 +50,31 @@ EXPORTERS: dict[str, Exporter] = {
 }
 
 
-def default_recipe(kind: Any) -> str:
-    """memory.recipe when the sweep file leaves it out: the recipe of the workload's trainer
-    (the built-in one's for a kind that is not a trainer: the workload check reports it)."""
-    trainer = TRAINERS.get(kind) if isinstance(kind, str) else None
-    return (trainer or TRAINERS["builtin"]).recipe.name
+def trainer_of(sweep: Sweep) -> Trainer:
+    """The whole trainer of the sweep (`workload.kind`), for the stages above the models; the rules
+    and the models read `sweep.trainer`, the part of it they ask."""
+    return TRAINERS[sweep.workload.kind]
+
+
+def recipe_of(sweep: Sweep) -> Recipe:
+    """The whole memory recipe of the sweep (`memory.recipe`)."""
+    return RECIPES[sweep.memory.recipe]
+
+
+def declarations_disagree() -> list[str]:
+    """Where the sweep file's declarations of the trainers (`sweeper.spec.traits`: kinds, default
+    recipes; `sweeper.spec.memory_options`: the options union) differ from this registry (empty: none)."""
+    out = []
+    if tuple(TRAINERS) != TRAINER_KINDS:
+        out.append(f"kinds: registry {list(TRAINERS)} against spec.traits {list(TRAINER_KINDS)}")
+    for kind, t in TRAINERS.items():
+        if t.recipe.name != DEFAULT_RECIPES[kind]:
+            out.append(f"{kind}: recipe {t.recipe.name} against spec.traits {DEFAULT_RECIPES[kind]}")
+        if t.runs_command != (kind != BUILTIN_KIND):
+            out.append(f"{kind}: runs_command {t.runs_command} against spec.traits (only {BUILTIN_KIND} runs none)")
+    if option_types() != OPTION_TYPES:
+        out.append(f"options: registry {option_types()} against spec.memory_options {OPTION_TYPES}")
+    return out
 
 
 def recipes_taking(option: str) -> list[str]:
@@ -83,8 +108,10 @@ __all__ = [
     "MemoryOptions",
     "Recipe",
     "Trainer",
-    "default_recipe",
+    "declarations_disagree",
     "memory_record",
     "option_types",
+    "recipe_of",
+    "trainer_of",
     "recipes_taking",
 ]

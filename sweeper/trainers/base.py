@@ -14,75 +14,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from sweeper.estimate.memory import compute_bytes
-from sweeper.estimate.step_time import MEGATRON_LIKE, TimeTraits
 from sweeper.knobs import KNOBS
 from sweeper.layouts.stages import layer_params_per_rank
+from sweeper.spec.memory_options import MemoryOptions, StateBytes
+from sweeper.spec.traits import MEGATRON_LIKE, TimeTraits
 
 if TYPE_CHECKING:
     from sweeper.layouts.layout import Columns
-    from sweeper.spec.schema import Sweep
+    from sweeper.spec.sweep import Sweep
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 Exporter = Callable[[Mapping[str, Any], "Sweep"], str]
-
-
-class _Strict(BaseModel):
-    # as the rest of the sweep file: a typo or a "64" for 64 must not change a sweep quietly
-    # allow_inf_nan=False: .nan and .inf are refused as such ("a finite number"), not by a bound
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-
-# A cross-entropy kernel the trainer runs in place of its recipe's loss (`memory.loss_kernel`).
-# fused: one kernel over the e-byte logits, as flash-attn's `CrossEntropyLoss`
-# (flash_attn/ops/triton/cross_entropy.py since v2.4: it saves the logits it was given and an fp32
-# log-sum-exp per token, and backward writes `torch.empty_like(logits)`), the loss llm-foundry's
-# MPT trains with unless told otherwise (`loss_fn` default `fused_crossentropy`, modeling_mpt.py)
-LossKernel = Literal["fused"]
-
-
-class MemoryOptions(_Strict):
-    """`memory:` of the sweep file: the fields every recipe takes. A recipe's subclass narrows
-    `recipe` to its name and adds its own options; the sweep file's `memory` is the union of
-    them, told apart by `recipe` (default: the recipe of `workload.kind`'s trainer)."""
-
-    # options added after results folders were recorded: the sweep's identity leaves them out
-    # while unset, so those folders keep theirs (as `ModelShape.LATE_FIELDS`)
-    LATE_FIELDS: ClassVar[tuple[str, ...]] = ("loss_kernel",)
-
-    recipe: str
-    headroom: float = Field(default=0.05, ge=0, lt=1, description="share of the card kept free")
-    overhead_gib: float | None = Field(
-        default=None, ge=0, le=1000, description="fixed per-process overhead; default by device type"
-    )
-    reserved_factor: float | None = Field(
-        default=None, ge=1, le=3, description="reserved / allocated of the caching allocator; default by recipe"
-    )
-    probe_margin: float = Field(
-        default=0.05, ge=0, le=1, description="a pruned layout within this share of the card may get one probe trial"
-    )
-    loss_kernel: LossKernel | None = Field(
-        default=None,
-        description="the trainer's cross-entropy kernel where not the recipe's: fused (flash-attn's, llm-foundry's MPT)",
-    )
-
-
-STATE_PARTS = ("params", "grads", "master", "optimizer")
-
-
-class StateBytes(_Strict):
-    """Bytes per parameter of each model state, and which of them are sharded over data parallel
-    (when the layout's sharding is not none): a table recipe's answer, and `memory.bytes`."""
-
-    params: float = Field(ge=0, le=64, description="the parameters the forward reads (2: bf16)")
-    grads: float = Field(ge=0, le=64, description="the gradients kept between backward and the step")
-    master: float = Field(default=0, ge=0, le=64, description="fp32 master weights held by the optimizer")
-    optimizer: float = Field(ge=0, le=64, description="optimizer states (AdamW: 8 in fp32)")
-    sharded: list[Literal["params", "grads", "master", "optimizer"]] = Field(
-        default_factory=list, description="states divided over data parallel"
-    )
 
 
 class Recipe(ABC):

@@ -2,29 +2,26 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from sweeper.estimate.memory import compute_bytes
-from sweeper.estimate.step_time import TimeTraits
 from sweeper.knobs import KNOBS
 from sweeper.packages import flash_attn_major
-from sweeper.trainers.base import Arrays, MemoryOptions, ParsedLog, Recipe, Trainer, unit_params
+from sweeper.spec.memory_options import BuiltinMemory, MemoryOptions
+from sweeper.spec.traits import TimeTraits
+from sweeper.trainers.base import Arrays, ParsedLog, Recipe, Trainer, unit_params
 
 if TYPE_CHECKING:
     from sweeper.layouts.layout import Columns
-    from sweeper.spec.schema import Sweep
+    from sweeper.spec.sweep import Sweep
 
 # Mixed-precision AdamW as the trainer runs it (fp32 master weights, bf16 compute copies):
 # weights 4 + 2, gradients 4, Adam moments 4 + 4 = 18 bytes per parameter unsharded.
 MASTER_BYTES = 4
 GRAD_BYTES = 4
 ADAM_BYTES = 8
-
-
-class BuiltinMemory(MemoryOptions):
-    recipe: Literal["builtin"] = "builtin"
 
 
 def builtin_state_bytes(cols: Columns, sweep: Sweep, params: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

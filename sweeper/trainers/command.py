@@ -11,7 +11,7 @@ from sweeper.trainers.megatron import parse_megatron
 from sweeper.trainers.torchtitan import parse_torchtitan_of
 
 if TYPE_CHECKING:
-    from sweeper.spec.schema import Sweep
+    from sweeper.spec.sweep import Sweep
 
 
 class Command(Trainer):

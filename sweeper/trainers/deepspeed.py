@@ -5,33 +5,22 @@ Megatron-LM's iteration lines)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
-from pydantic import Field
 
 from sweeper.estimate.memory import compute_bytes
-from sweeper.trainers.base import MemoryOptions, StateBytes, TableRecipe
+from sweeper.spec.memory_options import DeepSpeedMemory, MemoryOptions, StateBytes
+from sweeper.trainers.base import TableRecipe
 from sweeper.trainers.command import Command
 
 if TYPE_CHECKING:
-    from sweeper.spec.schema import Sweep
+    from sweeper.spec.sweep import Sweep
 
 # DeepSpeed ZeRO defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size and
 # allgather_bucket_size 5e8 elements, stage3_prefetch_bucket_size 5e7 elements.
 DEEPSPEED_REDUCE_BUCKET = 5e8
 DEEPSPEED_PREFETCH_BUCKET = 5e7
-
-
-class DeepSpeedMemory(MemoryOptions):
-    recipe: Literal["deepspeed"] = "deepspeed"
-    grad_accum_dtype: Literal["fp32", "bf16"] | None = Field(
-        default=None,
-        description="megatron/deepspeed: dtype of the accumulated gradients (megatron fp32, deepspeed bf16)",
-    )
-    zero_stage: int | None = Field(
-        default=None, ge=0, le=3, description="deepspeed: ZeRO stage; default as sharding says"
-    )
 
 
 class DeepSpeedRecipe(TableRecipe):

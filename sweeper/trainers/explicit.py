@@ -4,27 +4,13 @@ trainer: any workload may name it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from pydantic import Field, model_validator
-
-from sweeper.trainers.base import MemoryOptions, StateBytes, TableRecipe
+from sweeper.spec.memory_options import ExplicitMemory, MemoryOptions, StateBytes
+from sweeper.trainers.base import TableRecipe
 
 if TYPE_CHECKING:
-    from sweeper.spec.schema import Sweep
-
-
-class ExplicitMemory(MemoryOptions):
-    recipe: Literal["explicit"] = "explicit"
-    bytes: StateBytes | None = Field(default=None, description="explicit recipe: bytes per parameter")
-
-    @model_validator(mode="after")
-    def _bytes_given(self) -> ExplicitMemory:
-        if self.bytes is None:
-            raise ValueError(
-                "memory.bytes is required for recipe explicit: {params, grads, master, optimizer, sharded}"
-            )
-        return self
+    from sweeper.spec.sweep import Sweep
 
 
 class ExplicitRecipe(TableRecipe):

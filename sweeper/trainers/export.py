@@ -34,7 +34,7 @@ from sweeper.trainers.export_moe import (
 )
 
 if TYPE_CHECKING:
-    from sweeper.spec.schema import Sweep
+    from sweeper.spec.sweep import Sweep
 
 TORCHTITAN_SCHEDULE = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 # our attention kernels -> Megatron-LM's --attention-backend (flash, fused = cuDNN via TE, unfused)

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sweeper.spec.schema import Sweep
+    from sweeper.spec.sweep import Sweep
 
 # Our presets that torchtitan ships, as (0.2.x model name, 0.2.x flavor, 0.3.x module, 0.3.x config
 # function or "" where 0.3 has none): models/qwen3 and models/gpt_oss of each release

@@ -5,30 +5,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import Field
 
 from sweeper.estimate.memory import compute_bytes
-from sweeper.trainers.base import EnvNeeds, MemoryOptions, ParsedLog, StateBytes, TableRecipe, Trainer
+from sweeper.spec.memory_options import MegatronMemory, MemoryOptions, StateBytes
+from sweeper.trainers.base import EnvNeeds, ParsedLog, TableRecipe, Trainer
 from sweeper.trainers.export import MEGATRON_ATTENTION, megatron_args, megatron_env, to_megatron
 
 if TYPE_CHECKING:
     from sweeper.layouts.layout import Columns
-    from sweeper.spec.schema import Sweep
-
-
-class MegatronMemory(MemoryOptions):
-    recipe: Literal["megatron"] = "megatron"
-    distributed_optimizer: bool | None = Field(
-        default=None,
-        description="megatron: --use-distributed-optimizer always (true), never (false), or as sharding says",
-    )
-    grad_accum_dtype: Literal["fp32", "bf16"] | None = Field(
-        default=None,
-        description="megatron/deepspeed: dtype of the accumulated gradients (megatron fp32, deepspeed bf16)",
-    )
+    from sweeper.spec.sweep import Sweep
 
 
 class MegatronRecipe(TableRecipe):

@@ -16,19 +16,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import yaml
 
 from sweeper.estimate.memory import compute_bytes
-from sweeper.estimate.step_time import PipelineStall, TimeTraits
-from sweeper.trainers.base import EnvNeeds, MemoryOptions, ParsedLog, Recipe, StateBytes, TableRecipe, Trainer
+from sweeper.spec.memory_options import NanotronMemory, StateBytes
+from sweeper.spec.traits import PipelineStall, TimeTraits
+from sweeper.trainers.base import EnvNeeds, ParsedLog, Recipe, TableRecipe, Trainer
 from sweeper.trainers.export import layout_record, provenance_suffix
 
 if TYPE_CHECKING:
     from sweeper.layouts.layout import Columns
-    from sweeper.spec.schema import Sweep
+    from sweeper.spec.sweep import Sweep
 
 NANOTRON_COMMIT = "c252843039cc167ff8d6894b87172af4637eb14b"  # 2025-03-10
 
@@ -72,11 +73,6 @@ NANOTRON_TIME = TimeTraits(
     # sweep shows 4x at the median there, 1x chosen)
     memory_pressure=1.0,
 )
-
-
-# ---- memory ---------------------------------------------------------------------------------
-class NanotronMemory(MemoryOptions):
-    recipe: Literal["nanotron"] = "nanotron"
 
 
 class NanotronRecipe(TableRecipe):

@@ -5,28 +5,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-from pydantic import Field
 
 from sweeper.estimate.memory import compute_bytes, per_token_terms
-from sweeper.estimate.step_time import TimeTraits
-from sweeper.trainers.base import MemoryOptions, ParsedLog, Trainer
+from sweeper.spec.memory_options import TorchtitanMemory
+from sweeper.spec.traits import TimeTraits
+from sweeper.trainers.base import ParsedLog, Trainer
 from sweeper.trainers.builtin import BuiltinRecipe
 from sweeper.trainers.export import to_torchtitan, to_torchtitan_cli, torchtitan_cli_args
 
 if TYPE_CHECKING:
     from sweeper.layouts.layout import Columns
-    from sweeper.spec.schema import Sweep
-
-
-class TorchtitanMemory(MemoryOptions):
-    recipe: Literal["torchtitan"] = "torchtitan"
-    compiled_loss: bool | None = Field(
-        default=None,
-        description="torchtitan: whether compile also compiles the loss (torchtitan since Feb 2025); default true",
-    )
+    from sweeper.spec.sweep import Sweep
 
 
 def torchtitan_loss_bytes(cols: Columns, sweep: Sweep, e: int) -> tuple[np.ndarray, np.ndarray]:

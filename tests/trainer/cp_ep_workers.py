@@ -16,13 +16,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from sweeper.runtime import kernels, parallel
-from sweeper.runtime.context import ContextParallel, apply_cp
+from sweeper.runtime.context import ContextParallel
 from sweeper.runtime.env import DistEnv
 from sweeper.runtime.model import Transformer, build_model, canonical_name, loss_fn, materialize, norm_kernel
 from sweeper.runtime.moe import MoE, apply_ep, expert_slice, is_expert_param
+from sweeper.runtime.parallel import apply_cp
 from sweeper.runtime.train import make_optimizer, reduce_losses, synthetic_batch
 from sweeper.spec.models import ModelShape
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 from .bounds import Reference, Run, Variant, batches, measure, train
 from .workers import parity_cases, start

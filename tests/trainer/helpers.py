@@ -15,7 +15,7 @@ from sweeper.runtime import kernels
 from sweeper.runtime.model import Transformer, build_model, loss_fn, materialize, norm_kernel
 from sweeper.runtime.train import make_optimizer, synthetic_batch
 from sweeper.spec.loader import parse_sweep
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 from .bounds import Reference, Run, Variant, batches, measure, train
 

@@ -21,7 +21,7 @@ from torch.nn.attention import SDPBackend
 
 from sweeper.runtime.context import cp_backend, prefix_attention
 from sweeper.runtime.kernels import KernelUnavailable
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 from .bounds import assert_within
 from .cp_ep_workers import merge_ranks

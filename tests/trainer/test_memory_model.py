@@ -27,7 +27,7 @@ import torch
 from sweeper.estimate import memory
 from sweeper.layouts import stages
 from sweeper.layouts.layout import Layout
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 from sweeper.trainers import builtin
 
 from .helpers import run_workers, tiny_sweep

@@ -15,7 +15,7 @@ from sweeper.runtime.env import DistEnv, build_mesh, init_distributed, pick_devi
 from sweeper.runtime.model import canonical_name, loss_fn
 from sweeper.runtime.moe import EXPERT_WEIGHTS, MoE
 from sweeper.runtime.train import Trainer, build_trainer, reduce_losses
-from sweeper.spec.schema import Sweep
+from sweeper.spec.sweep import Sweep
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
