@@ -1,4 +1,7 @@
-"""The `sweep` command. Each subcommand lives in its own module and imports heavy things lazily."""
+"""The `sweep` command. Each subcommand lives in its own module and imports heavy things lazily.
+
+May import: every folder.
+"""
 
 from __future__ import annotations
 

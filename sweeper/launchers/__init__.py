@@ -1,4 +1,7 @@
-"""Launchers: where trials run. submitit is imported only by the SLURM launcher."""
+"""Launchers: where trials run. submitit is imported only by the SLURM launcher.
+
+May import: foundation, profiles, spec, layouts, estimate, trainers, plan, results, runtime.
+"""
 
 from __future__ import annotations
 

@@ -1,1 +1,7 @@
-"""profiles"""
+"""Measured machine profiles: the file `sweep profile` writes (`profile`) and its tables read as
+seconds for any shape (`lookup`, with `MeasuredProfile`, the profile a cluster carries). Pure.
+
+Below the sweep file: a cluster names its profile, and the models price from it.
+
+May import: foundation.
+"""

@@ -3,6 +3,8 @@
 `data` computes what the report shows (frames, arrays, dataclasses; no matplotlib), `explain`
 the throughput model's analysis of the top layouts, `plots` draws the PNGs with matplotlib and
 `page` writes the HTML; the names below are the package's public ones.
+
+May import: foundation, profiles, spec, layouts, estimate, trainers, plan, results, search.
 """
 
 from sweeper.report.data import (

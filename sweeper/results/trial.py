@@ -168,3 +168,6 @@ def summarize(
         **base,
         **extra,
     )
+
+
+STEPS_FILE = "steps.txt"  # one step time (seconds) per line, written by the built-in trainer's rank 0

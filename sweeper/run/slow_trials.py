@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sweeper.launchers.base import JobOutcome, TrialJob
-from sweeper.results.trial import TrialResult, stops_sweep, summarize
+from sweeper.results.trial import STEPS_FILE, TrialResult, stops_sweep, summarize
 from sweeper.search.stopping import STOP_SLOWER, gpu_hours_saved, step_mfu
 from sweeper.spec.sweep import Sweep
 from sweeper.statuses import TrialStatus
@@ -26,7 +26,6 @@ from sweeper.statuses import TrialStatus
 if TYPE_CHECKING:
     from sweeper.run.state import Running, SweepRun
 
-STEPS_FILE = "steps.txt"  # one step time (seconds) per line, written by the built-in trainer's rank 0
 WORKLOAD_LOG = "workload.log"
 REPORTED_STEPS = 3  # the "first measured steps": a trial not stopped after these runs to its end
 

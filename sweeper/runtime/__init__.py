@@ -1,5 +1,7 @@
-"""The built-in trial runner: a PyTorch-native LLaMA trainer for any layout (the only package that imports torch).
+"""The built-in trainer's runtime: what each rank of a trial runs (PyTorch: the model, its
+parallelisms, the measured steps, `sweep profile`'s measurements), and an external trainer's
+command (`workloads`). The only package that imports torch; not to be confused with
+`sweeper.trainers`, which describes every trainer to the planner.
 
-`runner.run_trial` runs one trial on the ranks of a job; `launch.launch_trial` starts those
-ranks on this machine (without importing torch itself).
+May import: foundation, profiles, spec, layouts, estimate, trainers, plan, results.
 """

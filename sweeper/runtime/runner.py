@@ -23,8 +23,7 @@ import torch.distributed as dist
 
 from sweeper.files import atomic_write_text
 from sweeper.layouts.layout import Layout
-from sweeper.results.trial import FAILED, NO_ACCELERATOR, TrialResult, summarize, without_run
-from sweeper.run.slow_trials import STEPS_FILE
+from sweeper.results.trial import FAILED, NO_ACCELERATOR, STEPS_FILE, TrialResult, summarize, without_run
 from sweeper.runtime.env import (
     DistEnv,
     PeakMemory,

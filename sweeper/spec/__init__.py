@@ -8,4 +8,7 @@ Face config.json), the goal (`goal`), the checks of free text (`checks`), and re
 Nothing is re-exported here: a module imports from the module that defines a name, so importing a
 low module of this package never runs the loader (which checks a sweep against the layout rules and
 the trainers, and so sits above them).
+
+May import: foundation, profiles.
+Reading a file (loader, messages) may also import: layouts, trainers.
 """

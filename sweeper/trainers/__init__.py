@@ -1,16 +1,18 @@
 """Trainers as objects: one class per trainer a trial can run, registered by `workload.kind`.
 
-Not to be confused with `sweeper.runtime` (singular), the built-in PyTorch trainer that runs a
+Not to be confused with `sweeper.runtime`, the built-in PyTorch trainer's runtime that runs a
 trial and imports torch: this package is pure core (no torch) and describes every trainer,
 the built-in one included, as the planner sees it. A trainer class (`base.Trainer`) owns what
 differs between trainers: its memory recipe and the `memory:` options the sweep file may give it
-(`base.Recipe`, `base.MemoryOptions`), its attention kernels, its command-line flags, environment
+(`base.Recipe`; the options are declared in `sweeper.spec.memory_options`, whose union the sweep file's `memory:` is), its attention kernels, its command-line flags, environment
 and `sweep best` exports, and its log parser. The memory model, the layout rules, the workload
 runner and the CLI ask these objects and compare no trainer names.
 
 Adding a trainer: a module here with its class (and a recipe, when it holds memory its own way),
 one line in `TRAINERS` below, and its tests; `tests/test_trainers.py` holds every trainer to the
 common contract.
+
+May import: foundation, profiles, spec, layouts, estimate.
 """
 
 from __future__ import annotations
