@@ -1,4 +1,4 @@
-"""The step-time terms of context parallelism and of mixtures of experts (`perfmodel.predict`'s
+"""The step-time terms of context parallelism and of mixtures of experts (`estimate.predict.predict`'s
 `expert_matmul`, `cp_comm` and `ep_comm` parts, and the gradient reductions' groups).
 
 - Context parallel (cp): each rank holds seq/cp tokens of every sequence (two of 2*cp chunks, so
@@ -10,7 +10,7 @@
   with torchtitan's default rotate method "allgather", the built-in trainer's CPU path) gathers
   K/V before the kernel and reduce-scatters their gradients after it, exposed.
 - Mixture of experts: the routed experts' matmuls run as grouped GEMMs whose rows are the tokens
-  each local expert receives, at `perfmodel.gemm_efficiency_at` of that size; the busiest
+  each local expert receives, at `step_time.gemm_efficiency_at` of that size; the busiest
   expert-parallel rank sets the pace (EXPERT_IMBALANCE); every MoE block dispatches and combines
   its tokens by all-to-all over ep (two forward, two backward), sorts them by expert and back
   (`moe_permute_bytes`, memory-bound), and pays a host-side cost per micro-batch

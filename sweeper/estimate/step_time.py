@@ -206,7 +206,7 @@ def predict_table(cols: Columns, sweep: Sweep, calibration: Calibration, traits:
     memory_bound = memory_bound + traits.loss_traffic_per_logit * loss_logits / (gpu.hbm_gbps * GIGA)
 
     per_mb_layers = busiest * accum  # block passes the busiest GPU runs per step
-    moe_overhead = moe_block_overhead_s(m, per_mb_layers)  # a MoE block's host-side cost (perfmoe)
+    moe_overhead = moe_block_overhead_s(m, per_mb_layers)  # a MoE block's host-side cost (estimate.moe)
     framework = LAYER_OVERHEAD_S * per_mb_layers + traits.microbatch_s * accum + moe_overhead
     re_framework = np.where(full, 0.5 * LAYER_OVERHEAD_S * per_mb_layers, 0.0)
     re_framework = re_framework + np.where(full | (mode == "ffn"), 0.5 * moe_overhead, 0.0)
@@ -262,7 +262,7 @@ def predict_table(cols: Columns, sweep: Sweep, calibration: Calibration, traits:
 
     # --- data parallel: fp32 gradient all-reduce (DDP), reduce-scatter + bf16 all-gather
     # (ZeRO-1 / distributed optimizer), or FSDP's per-use gathers and reductions -------------
-    # dense parameters over dp*cp, a mixture's routed experts over expert data parallel (perfmoe)
+    # dense parameters over dp*cp, a mixture's routed experts over expert data parallel (estimate.moe)
     groups = reduction_groups(cols, sweep)
     sharding = cols["sharding"]
     zero1 = sharding == "zero1"

@@ -24,7 +24,7 @@ class Explained:
     """The throughput model's step-time breakdown of the top layouts, calibrated to their measurements."""
 
     trials: pd.DataFrame  # the top ok trials, best first
-    parts: dict[str, np.ndarray]  # seconds per step by perfmodel part, one entry per trial
+    parts: dict[str, np.ndarray]  # seconds per step by estimate.step_time part, one entry per trial
     predicted_s: np.ndarray  # the sum of the exposed parts
 
 
@@ -59,7 +59,7 @@ class Segment:
     """One piece of a modelled bar of "Why the winner wins": a part of one trial's step, in seconds."""
 
     row: int  # the trial's place in `Explained.trials`
-    part: str  # a perfmodel part
+    part: str  # a estimate.step_time part
     left_s: float
     width_s: float
     hidden: bool  # overlapped with backward: drawn inside the step's span, adding nothing to it

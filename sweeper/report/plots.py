@@ -208,7 +208,7 @@ def plot_memory(df: pd.DataFrame, plan: Plan, sweep: Sweep, out_dir: Path) -> Pl
 
 
 def plot_mfu_pred(df: pd.DataFrame, plan: Plan, sweep: Sweep, out_dir: Path) -> Plot:
-    """The dry run's predicted MFU (perfmodel) against the measured one (`data.mfu_points`)."""
+    """The dry run's predicted MFU (estimate.step_time) against the measured one (`data.mfu_points`)."""
     title = "Predicted against measured MFU"
     pts = mfu_points(df, plan, sweep)
     if pts.skipped or pts.predicted is None or pts.measured is None or pts.trials is None:

@@ -41,7 +41,9 @@ class SweepRun:
     notes: list[str] = field(default_factory=list)  # what the run did that the user should know
     fatal: str | None = None  # why the sweep stopped on its own (this machine cannot run any trial)
     warnings: list[str] = field(default_factory=list)
-    spec_digest: str = ""  # of the recorded sweep file, checked before each trial starts (frozen_spec.check_unchanged)
+    spec_digest: str = (
+        ""  # of the recorded sweep file, checked before each trial starts (results.frozen.check_unchanged)
+    )
     memory: Memory | None = None  # the learned profile it started from and keeps what it learns in
 
     @property

@@ -50,7 +50,7 @@ PRIOR_WEIGHT = 1.0  # how many measured neighbours the prior chance to run count
 CALIBRATION_SPREAD = 0.1
 SCALE_PRIOR = 2.0
 LEVEL_PRIOR = 3.0
-SCALE_BOUNDS = (0.2, 5.0)  # as perfmodel.calibrate's: beyond, the model is wrong, not its scale
+SCALE_BOUNDS = (0.2, 5.0)  # as step_time.calibrate's: beyond, the model is wrong, not its scale
 # Per-knob effects beside the kernel's neighbourhoods: a linear term over the same features (a
 # Bayesian ridge: each one-hot knob value and each log2 degree gets an effect, shrunk towards 0 with
 # this prior sigma in log space). A Matern process reverts to the prior away from what ran, so
