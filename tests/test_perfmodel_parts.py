@@ -152,7 +152,7 @@ def test_time_traits_change_only_what_they_name():
 
 
 def test_no_trainer_is_named_in_the_step_time_model():
-    text = (Path(__file__).resolve().parents[1] / "sweeper" / "perfmodel.py").read_text()
+    text = (Path(__file__).resolve().parents[1] / "sweeper" / "estimate" / "step_time.py").read_text()
     for name in ("megatron", "torchtitan", "deepspeed", "builtin", "nanotron"):
         assert f'"{name}"' not in text and f"'{name}'" not in text
 
