@@ -59,7 +59,7 @@ def _load(spec: str, results: Path | None) -> tuple[pd.DataFrame, str]:
     from sweeper.results.rows import ResultsStore
     from sweeper.spec.loader import load_sweep
 
-    root = results or load_sweep(spec).results_path
+    root = results or load_sweep(spec, profiles=False).results_path
     if not (root / "trials").is_dir():
         raise SweepError(f"no results under {root} (run `sweep run {spec}` first)")
     return ResultsStore(root).frame(), root.name

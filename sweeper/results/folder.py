@@ -31,6 +31,7 @@ OWN_FILES = {
     "sweep.yaml",
     ".sweep.yaml.tmp",
     "hf_config.json",  # the copy of a config.json model (sweeper.results.frozen), which sweep.yaml names
+    "profile.yaml",  # the copy of the measured profile the sweep priced from (sweeper.results.frozen), likewise
     "run.lock",
     "optuna.db",
     "optuna.db-journal",
@@ -121,6 +122,7 @@ CHECKED = (
     *OWN_DIRS,
     "sweep.yaml",
     "hf_config.json",
+    "profile.yaml",
     "run.lock",
     "optuna.db",
     "optuna.db-journal",

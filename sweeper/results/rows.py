@@ -353,13 +353,14 @@ def open_results(spec: str, results: Path | None) -> tuple[Path, ResultsStore]:
     from sweeper.results.identity import sweep_identity
     from sweeper.spec.loader import load_sweep
 
-    sweep = load_sweep(spec) if results is None else None
+    # the sweep file names the folder; its measured profile prices nothing here (and may be gone)
+    sweep = load_sweep(spec, profiles=False) if results is None else None
     root = results or sweep.results_path  # type: ignore[union-attr]
     check_readable_folder(root)
     if not (root / "trials").is_dir():
         raise SweepError(f"no results under {root} (run `sweep run {spec}` first)")
     if sweep is None and (root / "sweep.yaml").is_file():
-        sweep = load_sweep(root / "sweep.yaml")
+        sweep = load_sweep(root / "sweep.yaml", profiles=False)
     # rows of another sweep (a copied file) are skipped with a warning, never ranked
     return root, ResultsStore(root, identity=sweep_identity(sweep) if sweep is not None else None)
 

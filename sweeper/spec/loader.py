@@ -15,7 +15,7 @@ from sweeper.files import FileRefused, parse_yaml
 from sweeper.knobs import KNOBS
 from sweeper.layouts.layout import DECIDED_ALONE, unusable
 from sweeper.profiles.lookup import MeasuredProfile
-from sweeper.profiles.profile import ProfileError, cached_profile_path, load_profile
+from sweeper.profiles.profile import ProfileError, cached_profile_path, check_cached, load_profile
 from sweeper.spec.checks import check_layout_count
 from sweeper.spec.hardware import alias_of
 from sweeper.spec.hf_config import ModelFile, read_config, resolve
@@ -53,7 +53,9 @@ def build_sweep(raw: SweepFile, *, source: Path | None = None, profiles: bool = 
         shape = replace(shape, max_positions=raw.seq_len)
     sizes = raw.cluster.sizes
     gpu = raw.cluster.resolved_gpu()
-    measured = cluster_profile(raw.cluster.profile, gpu.name) if profiles else None
+    kept = Path(raw.results_dir) / raw.name / KEPT_PROFILE
+    base = source.parent if source is not None else None
+    measured = cluster_profile(raw.cluster.profile, gpu.name, base=base, kept=kept) if profiles else None
     cluster = Cluster(sizes[0], raw.cluster.gpus_per_node, gpu, measured)
     space = raw.space.values()
     check_layout_count(space, MAX_LAYOUTS)  # before anything allocates the cross product
@@ -105,19 +107,44 @@ def _check_sizes(sweep: Sweep) -> None:
             )
 
 
-def cluster_profile(named: str | None, gpu: str) -> MeasuredProfile | None:
-    """The measured profile the model prices from: the file `cluster.profile` names, else the user's
-    cached profile of this GPU if there is one, else None (the GPU table). A profile that cannot be
-    read, or was measured on another GPU, is an error naming `cluster.profile`."""
-    path = Path(named).expanduser() if named is not None else cached_profile_path(gpu)
-    if named is None and not path.is_file():
-        return None
-    if named is not None and not path.is_file():
-        raise SpecError(f"cluster.profile: {path}: no such profile file (`sweep profile --out {path}` writes one)")
+# the copy of the measured profile a sweep priced from, kept beside its results (`sweeper.results.frozen`)
+KEPT_PROFILE = "profile.yaml"
+
+
+def cluster_profile(
+    named: str | None, gpu: str, *, base: Path | None = None, kept: Path | None = None
+) -> MeasuredProfile | None:
+    """The measured profile the model prices from: the file `cluster.profile` names (a relative path
+    is the sweep file's folder's, `base`, else the current folder's), else the user's cached profile
+    of this GPU if there is one, else None (the GPU table). `kept`: the copy beside the sweep's
+    results, read when the named file is gone (moved, forgotten, or the folder copied elsewhere):
+    the results open whatever happened to it. A profile that cannot be read, or was measured on
+    another GPU, is an error naming `cluster.profile`."""
+    if named is None:
+        path = cached_profile_path(gpu)
+        if not (path.exists() or path.is_symlink()):
+            return None
+        try:
+            check_cached(path)
+        except FileRefused as e:
+            raise SpecError(f"cluster.profile: the cached profile of {gpu}: {e}") from None
+    else:
+        p = Path(named).expanduser()
+        found = [c for c in ([base / p] if base is not None and not p.is_absolute() else []) + [p] if _exists(c)]
+        if found:
+            path = found[0]
+        elif kept is not None and kept.is_file():
+            path = kept  # the file as the sweep priced from it last
+        else:
+            raise SpecError(f"cluster.profile: {p}: no such profile file (`sweep profile --out {p}` writes one)")
     try:
         return MeasuredProfile(load_profile(path, gpu=gpu), str(path))
     except ProfileError as e:
         raise SpecError(f"cluster.profile: {e}") from None
+
+
+def _exists(path: Path) -> bool:
+    return path.exists() or path.is_symlink()  # a dangling link, a device: the reader says what it is
 
 
 def _check_usable(sweep: Sweep) -> None:

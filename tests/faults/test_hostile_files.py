@@ -132,3 +132,102 @@ def test_a_config_that_is_a_device_or_a_fifo_is_refused(tmp_path):
 
 def test_the_config_errors_are_sweep_errors():
     assert issubclass(FileRefused, SweepError) and FileRefused.exit_code == 2
+
+
+# ---- measured profiles ---------------------------------------------------------------------------
+def _profile_file(tmp_path: Path, edit=None, name: str = "p.yaml") -> Path:
+    from tests.test_profile import synthetic_profile
+
+    data = synthetic_profile().to_dict()
+    if edit is not None:
+        edit(data)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_a_profiles_row_order_does_not_move_its_predictions(tmp_path):
+    from sweeper.estimate.predict import predict
+    from sweeper.layouts.layout import Layout
+    from tests.test_profile import tiny_sweep
+
+    def reverse(d: dict) -> None:
+        for k in ("collectives", "gemm", "elementwise", "attention"):
+            d[k] = d[k][::-1]
+
+    a, b = _profile_file(tmp_path), _profile_file(tmp_path, reverse, "rev.yaml")
+    _, sa = tiny_sweep(tmp_path, profile=str(a))
+    _, sb = tiny_sweep(tmp_path, profile=str(b))
+    cols = Layout.from_mapping({"tp": 2, "pp": 1, "micro_batch_size": 2}).columns(sa)
+    # reversed collectives moved a predicted MFU from 0.0218 to 0.0089 (np.interp over unsorted sizes)
+    assert predict(cols, sb).mfu[0] == predict(cols, sa).mfu[0]
+    assert predict(cols, sb).parts["tp_comm"][0] == predict(cols, sa).parts["tp_comm"][0] > 0
+
+
+def _first(d: dict, table: str, **change) -> None:
+    d[table][0] = {**d[table][0], **change}
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (
+            lambda d: _first(d, "collectives", busbw_gbps=0.0),
+            "collectives.0.busbw_gbps: Input should be greater than 0",
+        ),
+        (lambda d: _first(d, "gemm", fwd_s=1e300), "gemm.0.fwd_s: Input should be less than 1000000"),
+        (lambda d: _first(d, "gemm", m="16"), "gemm.0.m: Input should be a valid integer"),
+        (lambda d: _first(d, "gemm", m=True), "gemm.0.m: Input should be a valid integer"),
+        (lambda d: _first(d, "gemm", m=16.0), "gemm.0.m: Input should be a valid integer"),
+        (lambda d: d.update(processes="2"), "processes: Input should be a valid integer"),
+    ],
+)
+def test_an_impossible_profile_number_is_one_line(tmp_path, edit, words):
+    from sweeper.profiles.profile import ProfileError, load_profile
+
+    with pytest.raises(ProfileError) as info:
+        load_profile(_profile_file(tmp_path, edit))
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_huge_integer_in_a_profile_is_one_line(tmp_path):
+    from sweeper.profiles.profile import ProfileError, load_profile
+
+    path = _profile_file(tmp_path)
+    path.write_text(path.read_text().replace("processes: 2", "processes: 1" + "0" * 400))
+    with pytest.raises(ProfileError, match="processes: an integer of 401 digits; at most 18"):
+        load_profile(path)
+
+
+def test_profile_show_on_a_device_or_a_sparse_file_is_one_line(tmp_path):
+    from tests.conftest import sweep_cli
+
+    big = tmp_path / "big.profile.yaml"
+    with open(big, "wb") as f:
+        f.truncate(3 << 30)
+    for path, words in (("/dev/zero", "a character device"), (str(big), "3221225472 bytes; at most 8388608")):
+        r = sweep_cli("profile", "show", path, cwd=tmp_path)
+        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_cached_profile_others_may_write_is_refused(tmp_path, monkeypatch):
+    from sweeper.profiles.profile import cached_profile_path, save_profile
+    from tests.test_profile import synthetic_profile, tiny_sweep
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = cached_profile_path("cpu")
+    save_profile(synthetic_profile(), path)
+    path.chmod(0o666)
+    with pytest.raises(SpecError) as info:
+        tiny_sweep(tmp_path)
+    assert str(info.value).endswith(f"{path}: writable by others (mode 666); `chmod go-w {path}` makes it yours alone")
+    path.chmod(0o600)
+    path.parent.chmod(0o777)
+    with pytest.raises(SpecError, match=f"{path.parent}: writable by others"):
+        tiny_sweep(tmp_path)
+    path.parent.chmod(0o755)
+    assert tiny_sweep(tmp_path)[1].cluster.profile is not None
+    if os.geteuid() == 0:  # as root: a profile another user owns
+        os.chown(path, 4242, 4242)
+        with pytest.raises(SpecError, match=f"{path}: owned by user 4242, not you"):
+            tiny_sweep(tmp_path)
