@@ -231,3 +231,94 @@ def test_a_cached_profile_others_may_write_is_refused(tmp_path, monkeypatch):
         os.chown(path, 4242, 4242)
         with pytest.raises(SpecError, match=f"{path}: owned by user 4242, not you"):
             tiny_sweep(tmp_path)
+
+
+# ---- sweep profile forget -------------------------------------------------------------------------
+def test_forget_deletes_only_cached_profiles(tmp_path):
+    from sweeper.profiles.profile import save_profile
+    from tests.conftest import cli_env, sweep_cli
+    from tests.test_profile import synthetic_profile
+
+    env = cli_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
+    cache = tmp_path / "cache" / "sweep" / "profiles"
+    cache.mkdir(parents=True)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "notes.profile.yaml").write_text("not a profile\n")
+    save_profile(synthetic_profile(), victim / "valid.profile.yaml")
+    (cache / "dir.profile.yaml").mkdir()
+    (cache / "junk.profile.yaml").write_text("junk: 1\n")
+    cases = [
+        (("--gpu", "../../../victim/notes"), "not a GPU table key"),
+        ((str(victim / "valid.profile.yaml"),), "is not a cached profile"),
+        ((str(victim / "notes.profile.yaml"),), "is not a cached profile"),
+        (("--gpu", "dir"), "is not a regular file"),  # was an IsADirectoryError traceback
+        (("--gpu", "junk"), "not a measured profile"),
+    ]
+    for args, words in cases:
+        r = sweep_cli("profile", "forget", *args, cwd=tmp_path, env=env)
+        assert r.returncode == 2 and words in r.stderr and "nothing deleted" in r.stderr, (args, r.stderr)
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in victim.iterdir()) == ["notes.profile.yaml", "valid.profile.yaml"]
+    assert (cache / "dir.profile.yaml").is_dir() and (cache / "junk.profile.yaml").is_file()
+    save_profile(synthetic_profile(), cache / "cpu.profile.yaml")
+    r = sweep_cli("profile", "forget", cwd=tmp_path, env=env)  # every cached profile: only the real ones
+    assert r.returncode == 0 and f"deleted {cache / 'cpu.profile.yaml'}" in r.stdout, r.stderr
+    assert (cache / "junk.profile.yaml").is_file() and not (cache / "cpu.profile.yaml").exists()
+
+
+# ---- learned profiles -----------------------------------------------------------------------------
+POISONED = """schema: 1
+kind: learned
+cluster: 2xcpu
+gpu: cpu
+trainer: builtin
+sweeps:
+- id: 4dab79cf5c17ac4d
+  name: elsewhere
+  model: custom
+  nodes: 1
+  date: '2026-11-01T00:00:00+00:00'
+  trials: 3
+  measured: 3
+  calibration: {compute_scale: 2.4, comm_scale: 1.6, trials: 3}
+  effects:
+  - {knob: activation_checkpointing, value: none, log_ratio: LOG, trials: TRIALS}
+"""
+
+
+@pytest.mark.parametrize(
+    ("log", "trials", "words"),
+    [
+        ("1.0e+300", "3", "log_ratio: Input should be less than or equal to 6.9"),
+        ("0.1", "1.0e+30", "trials: Input should be a valid integer"),
+        ("0.1", '"3"', "trials: Input should be a valid integer"),
+    ],
+)
+def test_a_poisoned_learned_profile_is_refused_in_one_line(tmp_path, log, trials, words):
+    from tests.conftest import SPACES, cli_env, sweep_cli
+
+    learned = tmp_path / "cache" / "sweep" / "profiles" / "learned"
+    learned.mkdir(parents=True)
+    path = learned / "2xcpu__cpu__builtin.yaml"
+    path.write_text(POISONED.replace("LOG", log).replace("TRIALS", trials))
+    env = cli_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
+    r = sweep_cli("run", str(SPACES / "tiny_cpu.yaml"), "--dry-run", cwd=tmp_path, env=env)
+    assert r.returncode == 2 and words in r.stderr and str(path) in r.stderr, r.stderr
+    assert "forget --learned" in r.stderr and "Traceback" not in r.stderr
+    r = sweep_cli("profile", "show", str(path), cwd=tmp_path, env=env)  # was an OverflowError
+    assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_learned_profile_in_a_folder_others_may_write_is_refused(tmp_path):
+    from tests.conftest import SPACES, cli_env, sweep_cli
+
+    learned = tmp_path / "cache" / "sweep" / "profiles" / "learned"
+    learned.mkdir(parents=True)
+    (learned / "2xcpu__cpu__builtin.yaml").write_text(POISONED.replace("LOG", "0.1").replace("TRIALS", "3"))
+    learned.chmod(0o777)
+    env = cli_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
+    r = sweep_cli("run", str(SPACES / "tiny_cpu.yaml"), "--dry-run", cwd=tmp_path, env=env)
+    assert r.returncode == 2 and f"{learned}: writable by others (mode 777); `chmod go-w {learned}`" in r.stderr, (
+        r.stderr
+    )
