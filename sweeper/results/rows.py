@@ -24,7 +24,7 @@ import sweeper
 from sweeper.errors import SweepError
 from sweeper.files import atomic_write, atomic_write_text
 from sweeper.results.folder import INFLIGHT_FILE, PRIVATE_DIR, check_readable_folder, trial_number_of
-from sweeper.results.trial import TrialResult
+from sweeper.results.trial import TrialResult, as_failed, impossible
 from sweeper.spec.sweep import Sweep
 from sweeper.statuses import TrialStatus
 
@@ -215,6 +215,9 @@ class ResultsStore:
             if number in out:
                 self._warn(f"skipped {path}: a second file of trial {number} ({self.trial_path(number).name} is read)")
                 continue
+            if (why := impossible(row)) is not None:  # written before such rows were refused: never learned from
+                self._warn(f"read {path} as failed: impossible numbers: {why}")
+                row = as_failed(row, why)
             out[number] = row
         return [out[n] for n in sorted(out)]
 

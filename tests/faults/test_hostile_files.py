@@ -322,3 +322,98 @@ def test_a_learned_profile_in_a_folder_others_may_write_is_refused(tmp_path):
     assert r.returncode == 2 and f"{learned}: writable by others (mode 777); `chmod go-w {learned}`" in r.stderr, (
         r.stderr
     )
+
+
+# ---- replay tables: impossible numbers ------------------------------------------------------------
+def _replay(tmp_path: Path, rows: str, name: str = "rep", **extra) -> Path:
+    (tmp_path / f"{name}.csv").write_text(rows)
+    spec = {
+        "name": name,
+        "model": {"layers": 16, "hidden": 2048, "heads": 16, "kv_heads": 8, "ffn": 5632, "vocab": 32000},
+        "seq_len": 4096,
+        "global_batch_size": 512,
+        "cluster": {"nodes": 8, "gpus_per_node": 8, "gpu": "h100-sxm"},
+        "space": {"tp": [1, 2], "pp": [1, 2], "micro_batch_size": [1]},
+        "trial": {"steps": 4, "warmup_steps": 1},
+        "search": {"max_trials": 4, "parallel": 1},
+        "launcher": {"kind": "replay", "table": f"{name}.csv"},
+        "results_dir": str(tmp_path / "results"),
+    } | extra
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+IMPOSSIBLE = (
+    "tp,pp,micro_batch_size,status,step_times_s,mfu\n"
+    '1,1,1,ok,"[1.0, 0.5, 0.5, 0.5]",\n'
+    '1,2,1,ok,"[1.0, -0.5, -0.5, -0.5]",\n'
+    '2,1,1,ok,"[1.0, NaN, NaN, NaN]",\n'
+    '2,2,1,ok,"[1.0, 0.6, 0.6, 0.6]",5.0\n'
+)
+
+
+def test_impossible_replay_numbers_make_failed_rows_never_a_wedge(tmp_path):
+    import pandas as pd
+
+    from tests.conftest import sweep_cli
+
+    spec = _replay(tmp_path, IMPOSSIBLE)
+    for _ in range(2):  # negative times wedged every later run (residuals not finite) until --fresh
+        r = sweep_cli("run", str(spec), cwd=tmp_path)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    d = pd.read_parquet(tmp_path / "results" / "rep" / "trials").set_index(["tp", "pp"])
+    assert d.loc[(1, 1), "status"] == "ok" and 0 < d.loc[(1, 1), "mfu"] <= 1
+    for key, words in {
+        (1, 2): "step 2 took -0.5 s",
+        (2, 1): "step 2 took nan s",
+        (2, 2): "mfu is 5.0; an MFU is a fraction of the peak, in (0, 1]",
+    }.items():
+        assert d.loc[key, "status"] == "failed" and pd.isna(d.loc[key, "mfu"]), d.loc[key]
+        assert words in d.loc[key, "error"]
+    r = sweep_cli("best", str(spec), cwd=tmp_path)  # mfu 5.0 won `sweep best`
+    assert r.returncode == 0 and "0.6" not in r.stdout.split("\n")[0]
+
+
+def test_an_ok_row_written_with_impossible_numbers_reads_as_failed(tmp_path):
+    from sweeper.results.rows import ResultsStore
+    from sweeper.results.trial import impossible
+
+    store = ResultsStore(tmp_path / "r")
+    store.ensure()
+    store.write_row({"trial_number": 0, "status": "ok", "mfu": -0.004, "step_times_s": [1.0, -0.5]})
+    (row,) = store.rows()
+    assert row["status"] == "failed" and row["mfu"] is None and "step 2 took -0.5 s" in row["error"]
+    assert any("as failed: impossible numbers" in w for w in store.warnings)
+    assert impossible({"status": "ok", "mfu": 0.5, "step_times_s": [0.1, 0.2]}) is None
+
+
+# ---- a relative cluster.profile does not lock the results -------------------------------------------
+def test_results_open_after_their_profile_moved(tmp_path):
+    from tests.conftest import sweep_cli
+
+    rel = tmp_path / "rel"
+    rel.mkdir()
+    _profile_file(rel, name="cpu.profile.yaml")
+    spec = _replay(
+        rel,
+        "tp,pp,micro_batch_size,status,mfu,step_time_mean_s\n1,1,1,ok,0.02,1.0\n1,1,2,ok,0.03,0.8\n",
+        name="relprof",
+        model={"layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 176, "vocab": 256},
+        seq_len=64,
+        global_batch_size=8,
+        cluster={"nodes": 1, "gpus_per_node": 2, "gpu": "cpu", "profile": "cpu.profile.yaml"},
+        space={"tp": [1], "pp": [1], "micro_batch_size": [1, 2]},
+        results_dir="results",
+    )
+    r = sweep_cli("run", spec.name, cwd=rel)
+    assert r.returncode == 0, r.stderr[-2000:]
+    kept = rel / "results" / "relprof" / "profile.yaml"
+    assert kept.is_file() and "profile: profile.yaml" in (kept.parent / "sweep.yaml").read_text()
+    (rel / "cpu.profile.yaml").rename(tmp_path / "moved.profile.yaml")
+    for command in ("best", "status", "report", "run"):
+        r = sweep_cli(command, spec.name, cwd=rel)
+        assert r.returncode == 0, (command, r.stderr[-2000:])
+    # from another folder, the results named by the sweep file's own folder
+    r = sweep_cli("best", str(spec), "--results", str(kept.parent), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
