@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 import sweeper
 from sweeper.errors import SweepError
-from sweeper.files import atomic_write, atomic_write_text
+from sweeper.files import FileRefused, atomic_write, atomic_write_text, parse_json, read_limited
 from sweeper.results.folder import INFLIGHT_FILE, PRIVATE_DIR, check_readable_folder, trial_number_of
 from sweeper.results.trial import TrialResult, as_failed, impossible
 from sweeper.spec.sweep import Sweep
@@ -251,10 +251,11 @@ class ResultsStore:
                     raise ValueError("a symbolic link, not followed")
                 if m is None:
                     raise ValueError("not an in-flight record of the sweep (trial-NNNNN.json)")
-                rec = json.loads(path.read_text())
+                rec = parse_json(read_limited(path, max_bytes=MAX_INFLIGHT_BYTES), path)
                 _check_record(rec, int(m.group(1)))
-            except (OSError, ValueError, TypeError) as e:
-                self._warn(f"skipped {path}: {' '.join(str(e).split())[:200]}")
+            except (OSError, ValueError, TypeError, FileRefused) as e:
+                why = str(e).removeprefix(f"{path}: ")
+                self._warn(f"skipped {path}: {' '.join(why.split())[:200]}")
                 continue
             out.append(rec)
         return out
@@ -322,6 +323,7 @@ def _own_name_first(path: Path) -> tuple[int, str]:
     return (0 if own else 1, path.name)
 
 
+MAX_INFLIGHT_BYTES = 1 << 20  # an in-flight record is a few hundred bytes
 _RECORD_FIELDS = {"trial_number": int, "optuna_trial": int, "row": int, "attempt": int, "layout": dict}
 
 

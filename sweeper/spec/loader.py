@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sweeper.errors import SpecError
-from sweeper.files import FileRefused, parse_yaml
+from sweeper.files import FileRefused, parse_yaml, read_limited
 from sweeper.knobs import KNOBS
 from sweeper.layouts.layout import DECIDED_ALONE, unusable
 from sweeper.profiles.lookup import MeasuredProfile
@@ -211,10 +211,10 @@ def load_sweep(path_or_name: str | Path, *, profiles: bool = True) -> Sweep:
     """Read a sweep file by path, or by bare name in the current directory, then among the shipped
     spaces; `profiles=False`: without the cluster's measured profile (a trial's task needs none)."""
     path = find_sweep_file(path_or_name)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise SpecError(f"{path}: cannot read: {e.strerror}") from None
+    try:  # bounded before reading: a FIFO or a device named as a sweep file would never end
+        data = read_limited(path, max_bytes=MAX_SPEC_BYTES)
+    except FileRefused as e:
+        raise SpecError(str(e)) from None
     return parse_sweep(data, source=str(path), profiles=profiles)
 
 
