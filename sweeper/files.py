@@ -268,6 +268,7 @@ class StrictYamlLoader(yaml.SafeLoader):
     integers of at most MAX_INT_DIGITS digits, no float that is not finite."""
 
     _depth = 0
+    check_numbers = True  # the sweep file's schema names its own fields' bounds (trial.timeout_min: ...)
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
@@ -306,7 +307,7 @@ class StrictYamlLoader(yaml.SafeLoader):
 
     def _check_number(self, node: Any, field: str) -> None:
         """An integer too long to convert, or a float that is not finite (.inf, .nan, 1.0e+400)."""
-        if not isinstance(node, yaml.ScalarNode):
+        if not self.check_numbers or not isinstance(node, yaml.ScalarNode):
             return
         why = None
         if node.tag == "tag:yaml.org,2002:int" and len(node.value.lstrip("+-").replace("_", "")) > MAX_INT_DIGITS:
@@ -314,10 +315,20 @@ class StrictYamlLoader(yaml.SafeLoader):
         elif node.tag == "tag:yaml.org,2002:float" and not math.isfinite(self.construct_yaml_float(node)):
             why = f"{field}: {node.value[:20]} is not a finite number"
         if why:
-            raise yaml.MarkedYAMLError("while reading", None, why, node.start_mark)
+            raise _OutOfBounds("while reading", None, why, node.start_mark)
 
 
-def parse_yaml(text: str | bytes, source: str | Path) -> Any:
+class _OutOfBounds(yaml.MarkedYAMLError):
+    """A number the loader refuses: valid YAML, out of what a file from elsewhere may hold."""
+
+
+class SweepYamlLoader(StrictYamlLoader):
+    """The sweep file's loader: numbers are left to its schema, whose errors name the field's path."""
+
+    check_numbers = False
+
+
+def parse_yaml(text: str | bytes, source: str | Path, *, loader: type[StrictYamlLoader] = StrictYamlLoader) -> Any:
     """The YAML document of a file (see StrictYamlLoader); any problem is one FileRefused line naming
     the file, line and column (PyYAML's own text names `<unicode string>` and spans several lines)."""
     if isinstance(text, bytes):
@@ -326,7 +337,11 @@ def parse_yaml(text: str | bytes, source: str | Path) -> Any:
         except UnicodeDecodeError as e:
             raise FileRefused(f"{source}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     try:
-        return yaml.load(text, Loader=StrictYamlLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader subclass
+    except _OutOfBounds as e:
+        mark = e.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise FileRefused(f"{source}: {where}{e.problem}") from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

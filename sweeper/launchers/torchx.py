@@ -75,6 +75,8 @@ COUNTS_REPLICAS: tuple[str, ...] = ("local_docker",)
 EXTRA: dict[str, str] = {"ray": "ray", "kubernetes": "kubernetes"}
 ROLE = "trial"
 APP_FILE = "app.txt"  # in the trial's folder: the handle of the app it submitted, for re-attach
+PORT_FILE = "master_port.txt"  # in the trial's folder: the offset of the master port it holds, for re-attach
+PORTS = 1000  # master ports a sweep's trials take turns on: master_port to master_port + 999
 # Between tries of a submission the scheduler refused (a Ray head that just started has no job agent
 # yet: "please try again later"), within the profile's `submit_patience_s`
 SUBMIT_WAITS_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
@@ -113,7 +115,10 @@ class TorchxProfile(LauncherProfile):
         default_factory=list, description="torchx mounts, e.g. type=bind,src=/data,dst=/data,readonly"
     )
     master_port: int = Field(
-        default=29500, ge=1024, le=64535, description="node 0's port for a trial over several nodes (+ trial % 1000)"
+        default=29500,
+        ge=1024,
+        le=64535,
+        description="node 0's port for a trial over several nodes (+ trial % 1000, or the next offset no trial in flight holds)",
     )
     poll_s: float = Field(default=2.0, gt=0, le=600, description="seconds between status checks")
     submit_patience_s: float = Field(
@@ -170,7 +175,9 @@ def app_name(sweep_name: str, number: int) -> str:
     return f"sweep-{base}-{number}"
 
 
-def app_def(profile: TorchxProfile, sweep: Sweep, job: TrialJob, image: str, spec_text: str) -> AppDef:
+def app_def(
+    profile: TorchxProfile, sweep: Sweep, job: TrialJob, image: str, spec_text: str, *, port_offset: int | None = None
+) -> AppDef:
     """The torchx app of one trial: a replica per node, each running its node's ranks."""
     from torchx import specs
 
@@ -185,8 +192,8 @@ def app_def(profile: TorchxProfile, sweep: Sweep, job: TrialJob, image: str, spe
         *("--rank0-env", specs.macros.rank0_env),  # the variable's name: each scheduler has its own
         *("--nodes", str(cluster.nodes)),
         *("--timeout-s", f"{job.timeout_s:g}"),
-        # one port per trial number: trials of one sweep may share node 0's machine
-        *("--master-port", str(profile.master_port + job.number % 1000)),
+        # one port per trial in flight (TorchxLauncher.port_offset): trials of one sweep may share node 0's machine
+        *("--master-port", str(profile.master_port + (job.number % PORTS if port_offset is None else port_offset))),
         *("--source", str(job.spec_path)),
         *("--workdir", str(job.workdir)),
         *("--linger-s", f"{LINGER_S.get(profile.scheduler, 0.0):g}"),
@@ -233,6 +240,18 @@ class TorchxLauncher(Launcher):
         self.sweep = sweep
         self.poll_s = profile.poll_s
         self._runner: Runner | None = None
+        self._ports: dict[int, int] = {}  # trial number -> its master port's offset, while it is in flight
+
+    def port_offset(self, number: int) -> int:
+        """The master port offset of trial `number`: its number modulo PORTS where no trial in flight
+        holds that, else the next free one (trials 1000 apart collided on `master_port + trial % 1000`)."""
+        if number not in self._ports:
+            held = set(self._ports.values())
+            free = next((o for k in range(PORTS) if (o := (number + k) % PORTS) not in held), None)
+            if free is None:
+                raise SweepError(f"launcher: {PORTS} torchx trials in flight hold every master port; run fewer at once")
+            self._ports[number] = free
+        return self._ports[number]
 
     @property
     def runner(self) -> Runner:
@@ -250,12 +269,22 @@ class TorchxLauncher(Launcher):
         """What torchx would submit for the trial, as the scheduler's own request (a Kubernetes job,
         Docker containers, Ray actors): `submit` schedules exactly this."""
         sweep = self.sweep.at(job.nodes) if job.nodes is not None else self.sweep
-        app = app_def(self.profile, sweep, job, image or self._image(job), Path(job.spec_path).read_text())
+        offset = self._ports.get(job.number)  # held from submit to the trial's end (a dry run holds none)
+        app = app_def(
+            self.profile, sweep, job, image or self._image(job), Path(job.spec_path).read_text(), port_offset=offset
+        )
         return self.runner.dryrun(app, self.profile.scheduler, cfg=dict(self.profile.cfg))
 
     def submit(self, job: TrialJob) -> Handle:
         own_dir(job.workdir)  # a link planted at the job's folder is replaced, never followed
-        app_id = self._schedule(job)
+        offset = self.port_offset(job.number)
+        with open_own(job.workdir / PORT_FILE) as f:  # a re-attached trial keeps holding its port
+            f.write(str(offset).encode())
+        try:
+            app_id = self._schedule(job)
+        except BaseException:
+            self._ports.pop(job.number, None)
+            raise
         with open_own(job.workdir / APP_FILE) as f:  # before anything else can fail: `find` reads it
             f.write(app_id.encode())
         return Handle(app_id, job, None, {"submitted": time.time()})
@@ -375,6 +404,7 @@ class TorchxLauncher(Launcher):
         hosts = [r.hostname for r in replicas if r.hostname and r.hostname != "<NONE>"]  # torchx.specs.NONE
         outcome = JobOutcome(result, handle.job_id, ",".join(hosts) or None, str(log) if log else None, infrastructure)
         handle.info["outcome"] = outcome  # an ended trial stays ended
+        self._ports.pop(handle.job.number, None)  # its port is free for the next trial
         return outcome
 
     def cancel(self, handle: Handle) -> None:
@@ -393,6 +423,10 @@ class TorchxLauncher(Launcher):
             return None
         if status is None or _vanished(self.profile.scheduler, status):
             return None
+        try:  # the port it holds, as submit recorded it
+            self._ports[job.number] = int((job.workdir / PORT_FILE).read_text()) % PORTS
+        except (OSError, ValueError):
+            self._ports[job.number] = job.number % PORTS  # recorded before ports were: the old rule's
         return Handle(job_id, job, None, {"submitted": time.time()})
 
     def find(self, job: TrialJob) -> str | None:

@@ -149,7 +149,7 @@ class Profile(_Row):
     def _sorted(self) -> Profile:
         """Every table in one order, whatever the file's: a reader that interpolates over a table
         (np.interp over unsorted sizes) must not answer by the rows' order."""
-        tables = {
+        tables: dict[str, list[Any]] = {
             "gemm": sorted(self.gemm, key=lambda g: (g.dtype, g.m * g.n * g.k, g.m, g.n, g.k)),
             "attention": sorted(self.attention, key=lambda a: (a.kernel, a.seq, a.batch, a.heads, a.kv_heads)),
             "elementwise": sorted(self.elementwise, key=lambda e: (e.op, e.mode, e.elements)),

@@ -130,6 +130,9 @@ class ResultsStore:
     warnings: list[str] = field(default_factory=list)
     identity: str | None = None  # when set, rows of another sweep are skipped (and listed in `foreign`)
     foreign: list[Path] = field(default_factory=list)
+    # when set, a row of another node count is skipped, by name: `nodes` edited in a row file to a
+    # size the sweep never ran would be ranked (and exported) as one it measured
+    node_counts: tuple[int, ...] | None = None
 
     def _warn(self, message: str) -> None:
         if message not in self.warnings:  # rows() may be read more than once per run
@@ -214,6 +217,11 @@ class ResultsStore:
                 continue
             if number in out:
                 self._warn(f"skipped {path}: a second file of trial {number} ({self.trial_path(number).name} is read)")
+                continue
+            nodes = row.get("nodes")
+            if self.node_counts is not None and nodes is not None and nodes not in self.node_counts:
+                counts = ", ".join(map(str, self.node_counts))
+                self._warn(f"skipped {path}: nodes {nodes} is not a node count of the sweep ({counts})")
                 continue
             if (why := impossible(row)) is not None:  # written before such rows were refused: never learned from
                 self._warn(f"read {path} as failed: impossible numbers: {why}")
@@ -366,8 +374,9 @@ def open_results(spec: str, results: Path | None) -> tuple[Path, ResultsStore]:
         raise SweepError(f"no results under {root} (run `sweep run {spec}` first)")
     if sweep is None and (root / "sweep.yaml").is_file():
         sweep = load_sweep(root / "sweep.yaml", profiles=False)
-    # rows of another sweep (a copied file) are skipped with a warning, never ranked
-    return root, ResultsStore(root, identity=sweep_identity(sweep) if sweep is not None else None)
+    # rows of another sweep (a copied file) or of a node count it never ran are skipped with a warning, never ranked
+    identity = sweep_identity(sweep) if sweep is not None else None
+    return root, ResultsStore(root, identity=identity, node_counts=sweep.node_counts if sweep is not None else None)
 
 
 def sweep_as_run(root: Path, spec: str) -> Sweep:

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sweeper.errors import SpecError
-from sweeper.files import FileRefused, parse_yaml, read_limited
+from sweeper.files import FileRefused, SweepYamlLoader, parse_yaml, read_limited
 from sweeper.knobs import KNOBS
 from sweeper.layouts.layout import DECIDED_ALONE, unusable
 from sweeper.profiles.lookup import MeasuredProfile
@@ -202,7 +202,7 @@ def read_yaml(text: str, source: str) -> Any:
     """The YAML document (`sweeper.files.parse_yaml`: no aliases, no deep nesting, no key twice, no
     number out of bounds); a problem is one SpecError line naming the file, line and column."""
     try:
-        return parse_yaml(text, source)
+        return parse_yaml(text, source, loader=SweepYamlLoader)
     except FileRefused as e:
         raise SpecError(str(e)) from None
 

@@ -417,3 +417,47 @@ def test_results_open_after_their_profile_moved(tmp_path):
     # from another folder, the results named by the sweep file's own folder
     r = sweep_cli("best", str(spec), "--results", str(kept.parent), cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+# ---- a row file edited to a node count the sweep never ran ------------------------------------------
+def test_a_row_of_a_node_count_the_sweep_never_ran_is_skipped_with_a_warning(tmp_path):
+    import pyarrow.parquet as pq
+
+    from tests.conftest import sweep_cli
+
+    spec = _replay(
+        tmp_path,
+        "tp,pp,micro_batch_size,status,mfu\n1,1,1,ok,0.30\n1,2,1,ok,0.20\n2,1,1,ok,0.25\n2,2,1,ok,0.10\n",
+    )
+    assert sweep_cli("run", str(spec), cwd=tmp_path).returncode == 0
+    rows = sorted((tmp_path / "results" / "rep" / "trials").glob("trial-*.parquet"))
+    table = pq.read_table(rows[0])
+    best_before = table.column("mfu")[0].as_py()
+    pq.write_table(table.set_column(table.schema.get_field_index("nodes"), "nodes", [[3]]), rows[0])
+    for command in (("best", str(spec)), ("compare", str(spec), str(spec))):
+        r = sweep_cli(*command, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert f"skipped {rows[0]}: nodes 3 is not a node count of the sweep (8)" in " ".join(r.stderr.split()), (
+            command,
+            r.stderr,
+        )
+    assert best_before is not None
+
+
+# ---- a killed `sweep profile` leaves no measuring folder --------------------------------------------
+def test_a_killed_profiles_folder_is_removed_by_the_next(tmp_path):
+    import subprocess
+
+    from sweeper.run.profiler import WORKDIR_PREFIX, remove_stale_workdirs
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stale = tmp_path / f"{WORKDIR_PREFIX}{gone.pid}-abc"
+    (stale / "out").mkdir(parents=True)
+    (stale / "task.pkl").write_bytes(b"x")
+    live = tmp_path / f"{WORKDIR_PREFIX}{os.getpid()}-def"
+    live.mkdir()
+    other = tmp_path / f"{WORKDIR_PREFIX}notapid-x"
+    other.mkdir()
+    assert remove_stale_workdirs(tmp_path) == [stale]
+    assert not stale.exists() and live.is_dir() and other.is_dir()
