@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from sweeper.launchers.torchx import PORTS, TorchxLauncher, TorchxProfile
+from sweeper.launchers.torchx import TorchxLauncher, TorchxProfile
+from sweeper.launchers.torchx_trials import PORTS
 from tests.conftest import make_sweep
 
 pytest.importorskip("torchx")
@@ -24,7 +25,7 @@ def test_trials_1000_apart_get_different_ports():
     assert tx.port_offset(1005) == 6  # 5 is held by trial 5, still in flight
     assert tx.port_offset(6) == 7
     assert tx.port_offset(5) == 5  # a trial keeps its port
-    tx._ports.pop(5)  # trial 5 ended (TorchxLauncher._ended frees it)
+    tx._ports.free(5)  # trial 5 ended (TorchxLauncher._ended frees it)
     assert tx.port_offset(2005) == 5
 
 
