@@ -16,11 +16,11 @@ from pathlib import Path
 import yaml
 
 from sweeper.errors import SweepError
-from sweeper.files import atomic_write_bytes
+from sweeper.files import FileRefused, atomic_write_bytes, read_limited
 from sweeper.results.folder import make_private
 from sweeper.results.rows import ResultsStore
 from sweeper.spec.hf_config import FROZEN_NAME
-from sweeper.spec.loader import KEPT_PROFILE, parse_sweep
+from sweeper.spec.loader import KEPT_PROFILE, MAX_SPEC_BYTES, parse_sweep
 from sweeper.spec.sweep import Sweep
 
 FROZEN_SPEC = "sweep.yaml"
@@ -60,7 +60,7 @@ def freeze_spec(sweep: Sweep, store: ResultsStore) -> Path:
         text = _with_copies(text, sweep)
     if frozen.exists():
         # the profile is how the model prices, not what was measured (and may have moved since)
-        old = parse_sweep(frozen.read_bytes(), source=str(frozen), profiles=False)
+        old = parse_sweep(_read(frozen), source=str(frozen), profiles=False)
         if _identity(old) != _identity(sweep):
             raise SweepError(
                 f"{sweep.source} changed since {frozen} was recorded (model, batch, cluster, space or "
@@ -132,7 +132,15 @@ def check_rows_identity(store: ResultsStore) -> None:
 
 def digest(path: Path) -> str:
     """The recorded sweep file's content hash, to notice an edit cheaply (`check_unchanged`)."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashlib.sha256(_read(path)).hexdigest()
+
+
+def _read(path: Path) -> bytes:
+    """The recorded sweep file, read as a file from elsewhere is (a FIFO put there would hang the sweep)."""
+    try:
+        return read_limited(path, max_bytes=MAX_SPEC_BYTES)
+    except FileRefused as e:
+        raise SweepError(f"{e}; the results folder's sweep.yaml must be the sweep file as run") from None
 
 
 def check_unchanged(path: Path, known: str, *, identity: str, source: Path | str | None) -> str:
@@ -141,9 +149,9 @@ def check_unchanged(path: Path, known: str, *, identity: str, source: Path | str
     from sweeper.results.identity import sweep_identity
 
     try:
-        data = path.read_bytes()
-    except OSError as e:
-        data, found = b"", f"unreadable: {e.strerror or e}"
+        data = read_limited(path, max_bytes=MAX_SPEC_BYTES)
+    except FileRefused as e:
+        data, found = b"", f"unreadable: {str(e).removeprefix(f'{path}: ')}"
     now = hashlib.sha256(data).hexdigest()
     if data and now == known:
         return known
