@@ -81,3 +81,27 @@ def test_an_app_whose_containers_were_removed_has_vanished(request: pytest.Fixtu
     assert "vanished" in (done.result.error or ""), done.result.error
     job = bench.job(sweep)
     assert launcher.reattach(handle.job_id, job) is None  # gone for a restarted sweep too
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_a_finished_trials_containers_are_removed_once_its_logs_are_in(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    # issue 38: the containers of finished trials stayed until pruned
+    import docker
+
+    from tests.test_launchers_contract import OK_COMMAND
+
+    bench = Bench("torchx-docker", tmp_path, request)
+    sweep = bench.sweep(OK_COMMAND)
+    launcher = bench.launcher(sweep)
+    job = bench.job(sweep)
+    handle = launcher.submit(job)
+    done = outcome(launcher, handle)
+    assert done.result.status == TrialStatus.OK, done.result.error
+    assert done.log_path is not None and Path(done.log_path).stat().st_size > 0  # the logs were collected first
+    app = handle.job_id.rsplit("/", 1)[-1]
+    left = docker.from_env().containers.list(all=True, filters={"label": f"torchx.pytorch.org/app-id={app}"})
+    assert left == []
+    assert launcher.poll(handle) is not None  # an ended trial stays ended, its containers gone

@@ -21,7 +21,8 @@ import yaml
 from sweeper.errors import SpecError
 from sweeper.launchers import TrialJob, make_launcher, resolve_profile
 from sweeper.launchers.replica import _parser, parse_reports, report_line
-from sweeper.launchers.torchx import TorchxLauncher, trial_outcome
+from sweeper.launchers.torchx import TorchxLauncher
+from sweeper.launchers.torchx_trials import trial_outcome
 from sweeper.layouts.layout import Layout
 from sweeper.results.trial import TrialResult
 from sweeper.spec.loader import load_sweep, parse_sweep

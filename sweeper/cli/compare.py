@@ -10,8 +10,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from sweeper.errors import SweepError
-
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -56,13 +54,15 @@ def compare(
 
 def _load(spec: str, results: Path | None) -> tuple[pd.DataFrame, str]:
     """A sweep's results frame and its name, from --results or the sweep file's results folder."""
-    from sweeper.results.rows import ResultsStore
-    from sweeper.spec.loader import load_sweep
+    from sweeper.cli.render import message_console, say
+    from sweeper.results.rows import open_results
 
-    root = results or load_sweep(spec).results_path
-    if not (root / "trials").is_dir():
-        raise SweepError(f"no results under {root} (run `sweep run {spec}` first)")
-    return ResultsStore(root).frame(), root.name
+    root, store = open_results(spec, results)
+    frame = store.frame()
+    err = message_console()
+    for w in store.warnings:  # a row of another sweep, or of a node count it never ran: skipped, said
+        say(err, "warning", w)
+    return frame, root.name
 
 
 def shared_layouts(frame_a: pd.DataFrame, frame_b: pd.DataFrame) -> pd.DataFrame:

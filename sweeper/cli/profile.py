@@ -3,6 +3,7 @@ overhead, collectives) and write a profile file; `show` prints one, `forget` del
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -104,7 +105,9 @@ def show(
 
 @profile_app.command("forget")
 def forget(
-    path: Annotated[Path | None, typer.Argument(help="a cached profile file to delete")] = None,
+    path: Annotated[
+        Path | None, typer.Argument(help="a cached measured profile file to delete (in the cache folder)")
+    ] = None,
     gpu: Annotated[
         str | None, typer.Option("--gpu", help="delete the cached measured profile of this GPU (a GPU table key)")
     ] = None,
@@ -128,19 +131,45 @@ def forget(
         _forget_learned(None if path is None else str(path))
         return
     if path is not None:
-        describe_file(path)  # refuses a file that is no profile before deleting it
-        targets = [path]
+        targets = [cached_file(path, f"{path}")]
     elif gpu is not None:
-        targets = [cached_profile_path(gpu)]
-        if not targets[0].exists():
-            raise SweepError(f"--gpu {gpu}: no cached profile at {targets[0]}")
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", gpu) or ".." in gpu:
+            raise SweepError(f"--gpu {gpu}: not a GPU table key (letters, digits, '_', '.', '-'); nothing deleted")
+        target = cached_profile_path(gpu)
+        if not (target.exists() or target.is_symlink()):
+            raise SweepError(f"--gpu {gpu}: no cached profile at {target}")
+        targets = [cached_file(target, f"--gpu {gpu}")]
     else:
-        targets = sorted(cache_dir().glob("*.profile.yaml"))
+        targets = []
+        for p in sorted(cache_dir().glob("*.profile.yaml")):
+            try:
+                targets.append(cached_file(p, str(p)))
+            except SweepError as e:
+                typer.echo(f"kept {p}: {e}", err=True)
     for target in targets:
         target.unlink()
         typer.echo(f"deleted {target}")
     if not targets:
         typer.echo(f"no cached profile in {cache_dir()}")
+
+
+def cached_file(path: Path, named: str) -> Path:
+    """The cached measured profile `path` names, checked before it is deleted: a regular file (not a
+    link, not a folder) directly in the cache folder, named <gpu>.profile.yaml, that reads as a
+    measured profile. Anything else is refused in one line, and nothing is deleted."""
+    from sweeper.profiles.profile import ProfileError, cache_dir, load_profile
+
+    folder = cache_dir()
+    where = f"{named}: nothing deleted"
+    if path.is_symlink() or not path.is_file():
+        raise SweepError(f"{where}: {path} is not a regular file; `forget` deletes cached profile files only")
+    if path.resolve().parent != folder.resolve() or not path.name.endswith(".profile.yaml"):
+        raise SweepError(f"{where}: {path} is not a cached profile (<gpu>.profile.yaml in {folder})")
+    try:
+        load_profile(path)
+    except ProfileError as e:
+        raise SweepError(f"{where}: not a measured profile ({e})") from None
+    return folder / path.name
 
 
 def describe_file(path: Path) -> list[str]:

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
 from sweeper.errors import SpecError
+from sweeper.files import FileRefused, parse_yaml, read_limited
 from sweeper.launchers.base import LauncherProfile
 from sweeper.launchers.registry import launcher_classes
 from sweeper.spec.sweep import Sweep
+
+MAX_LAUNCHER_BYTES = 1 << 20  # a launcher profile is a few dozen lines
 
 
 def profiles_dirs() -> list[Path]:
@@ -36,10 +38,10 @@ def resolve_profile(sweep: Sweep) -> LauncherProfile:
                 raise SpecError(f"launcher: no profile {spec!r} (profiles: {', '.join(known)})")
         else:
             source = str(path)
-            try:
-                spec = yaml.safe_load(path.read_text()) or {}
-            except (OSError, yaml.YAMLError) as e:
-                raise SpecError(f"{path}: cannot read the launcher profile: {' '.join(str(e).split())}") from None
+            try:  # a file of the site's, read as every file from elsewhere is (sweeper.files)
+                spec = parse_yaml(read_limited(path, max_bytes=MAX_LAUNCHER_BYTES), path) or {}
+            except FileRefused as e:
+                raise SpecError(f"the launcher profile {e}") from None
     if not isinstance(spec, dict) or "kind" not in spec:
         raise SpecError(f"{source}: a launcher profile must be a mapping with a 'kind'")
     registry = launcher_classes()

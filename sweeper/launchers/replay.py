@@ -12,6 +12,7 @@ replays simulated and published sweeps.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import statistics
@@ -23,11 +24,12 @@ from pydantic import Field
 
 from sweeper.errors import SpecError
 from sweeper.estimate.flops import model_flops_per_token, utilization
+from sweeper.files import FileRefused, read_limited
 from sweeper.knobs import KNOBS, NO_EFFECT_VALUE
 from sweeper.launchers.base import Handle, JobOutcome, Launcher, LauncherProfile, TrialJob, failure
 from sweeper.layouts.layout import Columns, Layout, ineffective
 from sweeper.results.noise import interval_fields
-from sweeper.results.trial import TrialResult
+from sweeper.results.trial import TrialResult, as_failed, impossible
 from sweeper.spec.sweep import Sweep
 from sweeper.statuses import TrialStatus
 
@@ -50,16 +52,32 @@ class ReplayProfile(LauncherProfile):
     table: str = Field(min_length=1, description="path of the table; relative to the sweep file's folder")
 
 
+MAX_TABLE_BYTES = 256 << 20  # a table of earlier results holds thousands of rows, not gigabytes
+
+
 def load_table(path: Path) -> list[dict[str, Any]]:
-    """Rows of a replay table (Parquet file or dataset folder, or CSV)."""
+    """Rows of a replay table (Parquet file or dataset folder, or CSV), read as every file from
+    elsewhere is (`sweeper.files.read_limited`: regular files, their size bounded before reading)."""
     import pandas as pd
 
-    if not path.exists():
+    if not (path.exists() or path.is_symlink()):
         raise SpecError(f"launcher.table: {path} does not exist")
     try:
-        frame = pd.read_csv(path) if path.suffix.lower() == ".csv" else pd.read_parquet(path)
+        if path.is_dir() and not path.is_symlink():  # a results dataset: its row files, each checked
+            parts = sorted(p for p in path.rglob("*.parquet") if not p.name.startswith("."))
+            data = [read_limited(p, max_bytes=MAX_TABLE_BYTES) for p in parts]
+            if sum(map(len, data)) > MAX_TABLE_BYTES:
+                raise FileRefused(f"{path}: its files hold over {MAX_TABLE_BYTES} bytes; at most that is read")
+            frame = pd.concat([pd.read_parquet(io.BytesIO(d)) for d in data], ignore_index=True) if data else None
+            if frame is None:
+                raise FileRefused(f"{path}: a folder with no Parquet file")
+        else:
+            raw = io.BytesIO(read_limited(path, max_bytes=MAX_TABLE_BYTES))
+            frame = pd.read_csv(raw) if path.suffix.lower() == ".csv" else pd.read_parquet(raw)
+    except FileRefused as e:
+        raise SpecError(f"launcher.table: {e}") from None
     except (OSError, ValueError) as e:
-        raise SpecError(f"launcher.table: cannot read {path}: {e}") from None
+        raise SpecError(f"launcher.table: cannot read {path}: {' '.join(str(e).split())[:200]}") from None
     if "status" not in frame.columns or not {"mfu", "step_time_mean_s", "step_times_s"} & set(frame.columns):
         raise SpecError(f"launcher.table: {path} needs a status column and mfu, step_time_mean_s or step_times_s")
     if not set(KNOBS) & set(frame.columns):
@@ -144,6 +162,8 @@ class ReplayLauncher(Launcher):
                     handle.job_id,
                 )
         measured = (result.get("step_times_s") or [])[sweep.trial.warmup_steps :]
+        if (why := impossible(result)) is not None:  # before any arithmetic on them (stdev of NaN raised)
+            return JobOutcome(TrialResult.from_dict(as_failed(result, f"replay table row: {why}")), handle.job_id)
         if measured and result.get("step_time_mean_s") is None:
             result["step_time_mean_s"] = statistics.fmean(measured)
         measured_run = TrialStatus(status).succeeded() or TrialStatus(status).was_stopped()  # its steps ran

@@ -41,6 +41,7 @@ from sweeper.launchers.base import (
     tail,
 )
 from sweeper.launchers.replica import SPEC_ENV, parse_reports
+from sweeper.launchers.torchx_trials import PORTS, PortPool, reports_left, trial_outcome
 from sweeper.results.trial import TrialResult
 from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE
 from sweeper.spec.sweep import Sweep
@@ -75,6 +76,7 @@ COUNTS_REPLICAS: tuple[str, ...] = ("local_docker",)
 EXTRA: dict[str, str] = {"ray": "ray", "kubernetes": "kubernetes"}
 ROLE = "trial"
 APP_FILE = "app.txt"  # in the trial's folder: the handle of the app it submitted, for re-attach
+PORT_FILE = "master_port.txt"  # in the trial's folder: the offset of the master port it holds, for re-attach
 # Between tries of a submission the scheduler refused (a Ray head that just started has no job agent
 # yet: "please try again later"), within the profile's `submit_patience_s`
 SUBMIT_WAITS_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
@@ -113,7 +115,10 @@ class TorchxProfile(LauncherProfile):
         default_factory=list, description="torchx mounts, e.g. type=bind,src=/data,dst=/data,readonly"
     )
     master_port: int = Field(
-        default=29500, ge=1024, le=64535, description="node 0's port for a trial over several nodes (+ trial % 1000)"
+        default=29500,
+        ge=1024,
+        le=64535,
+        description="node 0's port for a trial over several nodes (+ trial % 1000, or the next offset no trial in flight holds)",
     )
     poll_s: float = Field(default=2.0, gt=0, le=600, description="seconds between status checks")
     submit_patience_s: float = Field(
@@ -170,7 +175,9 @@ def app_name(sweep_name: str, number: int) -> str:
     return f"sweep-{base}-{number}"
 
 
-def app_def(profile: TorchxProfile, sweep: Sweep, job: TrialJob, image: str, spec_text: str) -> AppDef:
+def app_def(
+    profile: TorchxProfile, sweep: Sweep, job: TrialJob, image: str, spec_text: str, *, port_offset: int | None = None
+) -> AppDef:
     """The torchx app of one trial: a replica per node, each running its node's ranks."""
     from torchx import specs
 
@@ -185,8 +192,8 @@ def app_def(profile: TorchxProfile, sweep: Sweep, job: TrialJob, image: str, spe
         *("--rank0-env", specs.macros.rank0_env),  # the variable's name: each scheduler has its own
         *("--nodes", str(cluster.nodes)),
         *("--timeout-s", f"{job.timeout_s:g}"),
-        # one port per trial number: trials of one sweep may share node 0's machine
-        *("--master-port", str(profile.master_port + job.number % 1000)),
+        # one port per trial in flight (TorchxLauncher.port_offset): trials of one sweep may share node 0's machine
+        *("--master-port", str(profile.master_port + (job.number % PORTS if port_offset is None else port_offset))),
         *("--source", str(job.spec_path)),
         *("--workdir", str(job.workdir)),
         *("--linger-s", f"{LINGER_S.get(profile.scheduler, 0.0):g}"),
@@ -233,6 +240,11 @@ class TorchxLauncher(Launcher):
         self.sweep = sweep
         self.poll_s = profile.poll_s
         self._runner: Runner | None = None
+        self._ports = PortPool()  # each trial in flight's master port
+
+    def port_offset(self, number: int) -> int:
+        """The master port offset trial `number` holds while in flight (`PortPool.take`)."""
+        return self._ports.take(number)
 
     @property
     def runner(self) -> Runner:
@@ -250,12 +262,22 @@ class TorchxLauncher(Launcher):
         """What torchx would submit for the trial, as the scheduler's own request (a Kubernetes job,
         Docker containers, Ray actors): `submit` schedules exactly this."""
         sweep = self.sweep.at(job.nodes) if job.nodes is not None else self.sweep
-        app = app_def(self.profile, sweep, job, image or self._image(job), Path(job.spec_path).read_text())
+        offset = self._ports.get(job.number)  # held from submit to the trial's end (a dry run holds none)
+        app = app_def(
+            self.profile, sweep, job, image or self._image(job), Path(job.spec_path).read_text(), port_offset=offset
+        )
         return self.runner.dryrun(app, self.profile.scheduler, cfg=dict(self.profile.cfg))
 
     def submit(self, job: TrialJob) -> Handle:
         own_dir(job.workdir)  # a link planted at the job's folder is replaced, never followed
-        app_id = self._schedule(job)
+        offset = self.port_offset(job.number)
+        with open_own(job.workdir / PORT_FILE) as f:  # a re-attached trial keeps holding its port
+            f.write(str(offset).encode())
+        try:
+            app_id = self._schedule(job)
+        except BaseException:
+            self._ports.free(job.number)
+            raise
         with open_own(job.workdir / APP_FILE) as f:  # before anything else can fail: `find` reads it
             f.write(app_id.encode())
         return Handle(app_id, job, None, {"submitted": time.time()})
@@ -326,7 +348,9 @@ class TorchxLauncher(Launcher):
     def _collect(self, handle: Handle, status: AppStatus) -> JobOutcome:
         """The ended app's logs into the trial's folder, and its outcome from the replicas' reports."""
         lines, log = self._fetch_logs(handle)
-        reports = parse_reports(lines) | _reports_left(handle.job.workdir)
+        reports = parse_reports(lines) | reports_left(handle.job.workdir)
+        if self.profile.scheduler == "local_docker":  # logs and reports are in: the containers go
+            remove_containers(handle.job_id)
         result, infrastructure = trial_outcome(
             reports,
             handle.job,
@@ -375,6 +399,7 @@ class TorchxLauncher(Launcher):
         hosts = [r.hostname for r in replicas if r.hostname and r.hostname != "<NONE>"]  # torchx.specs.NONE
         outcome = JobOutcome(result, handle.job_id, ",".join(hosts) or None, str(log) if log else None, infrastructure)
         handle.info["outcome"] = outcome  # an ended trial stays ended
+        self._ports.free(handle.job.number)  # its port is free for the next trial
         return outcome
 
     def cancel(self, handle: Handle) -> None:
@@ -393,6 +418,10 @@ class TorchxLauncher(Launcher):
             return None
         if status is None or _vanished(self.profile.scheduler, status):
             return None
+        try:  # the port it holds, as submit recorded it
+            self._ports.keep(job.number, int((job.workdir / PORT_FILE).read_text()))
+        except (OSError, ValueError):
+            self._ports.keep(job.number, job.number)  # recorded before ports were: the old rule's
         return Handle(job_id, job, None, {"submitted": time.time()})
 
     def find(self, job: TrialJob) -> str | None:
@@ -402,57 +431,29 @@ class TorchxLauncher(Launcher):
             return None
 
 
-def trial_outcome(
-    reports: dict[int, dict[str, Any]], job: TrialJob, *, app: str, state: str, cancelled: bool, log_tail: str = ""
-) -> tuple[TrialResult, bool]:
-    """The trial's result from its replicas' reports (`replica.parse_reports`) once its app ended in
-    `state`, and whether it failed around the trial (retried once). Node 0 speaks for the trial; a rank
-    any node saw killed for memory (its own evidence) makes a failure an OOM."""
-    oom = next((f"{r['oom_evidence']} (node {n})" for n, r in sorted(reports.items()) if r.get("oom_evidence")), None)
-    result = _result_of(reports.get(0), job)
-    if result is None:
-        if cancelled:
-            reason, infrastructure = f"torchx app {app} was cancelled ({state})", False
-        else:  # a replica died without its report, or the scheduler lost it: retried once
-            reason = f"{INFRASTRUCTURE_FAILURE}: torchx app {app} ended {state} without a result from node 0"
-            infrastructure = oom is None
-        result = failure(TrialStatus.OOM if oom else TrialStatus.FAILED, f"{reason}\n{log_tail}".strip(), job)
-        if oom:
-            result.error = f"{oom}; {result.error}"
-        return result, infrastructure
-    if result.status == TrialStatus.FAILED and oom:  # another node's rank was killed for memory
-        result.status, result.error = TrialStatus.OOM, f"{oom}; then: {result.error}"
-        return result, False
-    return result, result.status == TrialStatus.FAILED and str(result.error or "").startswith(INFRASTRUCTURE_FAILURE)
-
-
-def _reports_left(folder: Path) -> dict[int, dict[str, Any]]:
-    """The reports replicas left in the trial's folder, where they could reach it (`replica._leave_report`)."""
-    lines = []
-    for path in sorted(folder.glob("replica-*.json")):
-        try:
-            lines.append(path.read_text(errors="replace"))
-        except OSError:
-            continue
-    return parse_reports(lines)
-
-
 def _vanished(scheduler: str, status: AppStatus) -> bool:
     """An ended app without a replica left: Docker's answer for an app whose containers were removed
     (local_cwd describes an ended app without its replicas too, and keeps it: not gone)."""
     return scheduler in COUNTS_REPLICAS and status.is_terminal() and not any(role.replicas for role in status.roles)
 
 
-def _result_of(report: dict[str, Any] | None, job: TrialJob) -> TrialResult | None:
-    """Node 0's result from its report; a report that holds none is said as the trial's failure."""
-    if report is None:
-        return None
-    if isinstance(report.get("result"), dict):
-        try:
-            return TrialResult.from_dict(report["result"])
-        except (TypeError, ValueError) as e:
-            return failure(TrialStatus.FAILED, f"node 0 reported an unreadable result: {e}", job)
-    return failure(TrialStatus.FAILED, f"node 0: {report.get('error') or 'no result in its report'}", job)
+def remove_containers(app_handle: str) -> int:
+    """Remove the Docker containers of an ended torchx app (`local_docker://session/app_id`), once its
+    logs are in the trial's folder (they stayed until pruned); the number removed. A container Docker
+    cannot remove now is left to `docker container prune`, never an error of the trial."""
+    import docker
+    from torchx.schedulers.docker_scheduler import LABEL_APP_ID
+    from torchx.specs import parse_app_handle
+
+    app_id = parse_app_handle(app_handle).app_id
+    removed = 0
+    try:
+        for container in docker.from_env().containers.list(all=True, filters={"label": f"{LABEL_APP_ID}={app_id}"}):
+            container.remove(force=True)
+            removed += 1
+    except docker.errors.DockerException:
+        pass
+    return removed
 
 
 def _quiet_scheduler_logs() -> None:

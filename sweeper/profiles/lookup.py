@@ -187,7 +187,9 @@ class Lookup:
         out = np.zeros(np.broadcast(ranks, nbytes).shape)
         r_b, n_b = np.broadcast_arrays(ranks, nbytes)
         for size in sizes:
-            group = [p for p in points if p.ranks == size]
+            group = sorted(
+                (p for p in points if p.ranks == size), key=lambda p: p.bytes
+            )  # np.interp needs sizes in order
             near = np.abs(r_b - size) == np.min([np.abs(r_b - s) for s in sizes], axis=0)
             rows = near & (r_b >= 2) & (out == 0)
             if not rows.any():

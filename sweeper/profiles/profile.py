@@ -17,13 +17,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
 from sweeper.errors import SweepError
-from sweeper.files import atomic_write_text
+from sweeper.files import FileRefused, atomic_write_text, check_owned, parse_yaml, read_limited
 
 SCHEMA = 1
 MEASURED = "measured"
@@ -36,6 +36,12 @@ ElementwiseOp = Literal["rmsnorm", "layernorm", "rope", "swiglu", "gelu", "add",
 ElementwiseMode = Literal["eager", "fused", "compiled"]
 CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"]
 Scope = Literal["intra", "inter"]
+# what a measurement can say: an integer is an integer ("16", true or 16.0 are not), a time is
+# positive and under 1e6 s (11 days: no kernel or collective of a step takes that), a count of
+# rows, elements or bytes is positive and below 1e15
+Count = Annotated[int, Strict(), Field(ge=1, lt=10**15)]
+Seconds = Annotated[float, Strict(), Field(gt=0, lt=1e6)]
+MaybeSeconds = Annotated[float, Strict(), Field(ge=0, lt=1e6)]  # a part that may do nothing (adamw's backward)
 
 
 class ProfileError(SweepError):
@@ -61,24 +67,24 @@ class GemmPoint(_Row):
     """C[m, n] = A[m, k] B[k, n]: seconds of the forward GEMM and of backward's two (dgrad, wgrad)."""
 
     dtype: GemmDtype
-    m: int = Field(ge=1)
-    n: int = Field(ge=1)
-    k: int = Field(ge=1)
-    fwd_s: float = Field(gt=0)
-    bwd_s: float = Field(gt=0)
+    m: Count
+    n: Count
+    k: Count
+    fwd_s: Seconds
+    bwd_s: Seconds
 
 
 class AttentionPoint(_Row):
     """One causal attention call of `kernel` on (batch, heads, seq, head_dim) queries: forward and backward."""
 
     kernel: str
-    batch: int = Field(ge=1)
-    heads: int = Field(ge=1)
-    kv_heads: int = Field(ge=1)
-    head_dim: int = Field(ge=1)
-    seq: int = Field(ge=1)
-    fwd_s: float = Field(gt=0)
-    bwd_s: float = Field(gt=0)
+    batch: Count
+    heads: Count
+    kv_heads: Count
+    head_dim: Count
+    seq: Count
+    fwd_s: Seconds
+    bwd_s: Seconds
 
 
 class ElementwisePoint(_Row):
@@ -86,9 +92,9 @@ class ElementwisePoint(_Row):
 
     op: ElementwiseOp
     mode: ElementwiseMode
-    elements: int = Field(ge=1)
-    fwd_s: float = Field(ge=0)
-    bwd_s: float = Field(ge=0)
+    elements: Count
+    fwd_s: MaybeSeconds
+    bwd_s: MaybeSeconds
 
 
 class BlockPoint(_Row):
@@ -98,8 +104,8 @@ class BlockPoint(_Row):
 
     knob: str
     value: str
-    rows: int = Field(ge=1)
-    seconds: float = Field(gt=0)
+    rows: Count
+    seconds: Seconds
 
 
 class CollectivePoint(_Row):
@@ -107,10 +113,10 @@ class CollectivePoint(_Row):
 
     op: CollectiveOp
     scope: Scope
-    ranks: int = Field(ge=2)
-    bytes: int = Field(ge=1)
-    seconds: float = Field(gt=0)
-    busbw_gbps: float = Field(ge=0)
+    ranks: Annotated[int, Strict(), Field(ge=2, le=1_000_000)]
+    bytes: Count
+    seconds: Seconds
+    busbw_gbps: Annotated[float, Strict(), Field(gt=0, lt=1e6)]  # GB/s: no bus moves a petabyte a second
 
 
 class Profile(_Row):
@@ -124,10 +130,12 @@ class Profile(_Row):
     measured_at: str = Field(description="ISO 8601, UTC")
     versions: Versions
     shapes_from: str = Field(description="the sweep file whose shapes were measured, or 'default'")
-    processes: int = Field(ge=1, description="processes per node the compute was measured for")
-    cpus: int = Field(ge=1, description="the node's CPU cores")
-    threads: int = Field(ge=1, description="threads per process (CPU)")
-    launch_s: float = Field(ge=0, description="host time of one small eager op, forward and backward")
+    processes: Annotated[int, Strict(), Field(ge=1, le=100_000)] = Field(
+        description="processes per node the compute was measured for"
+    )
+    cpus: Annotated[int, Strict(), Field(ge=1, le=1_000_000)] = Field(description="the node's CPU cores")
+    threads: Annotated[int, Strict(), Field(ge=1, le=1_000_000)] = Field(description="threads per process (CPU)")
+    launch_s: MaybeSeconds = Field(description="host time of one small eager op, forward and backward")
     block_base: dict[str, str] = Field(default_factory=dict)
     gemm: tuple[GemmPoint, ...] = ()
     attention: tuple[AttentionPoint, ...] = ()
@@ -136,6 +144,21 @@ class Profile(_Row):
     collectives: tuple[CollectivePoint, ...] = ()
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _sorted(self) -> Profile:
+        """Every table in one order, whatever the file's: a reader that interpolates over a table
+        (np.interp over unsorted sizes) must not answer by the rows' order."""
+        tables: dict[str, list[Any]] = {
+            "gemm": sorted(self.gemm, key=lambda g: (g.dtype, g.m * g.n * g.k, g.m, g.n, g.k)),
+            "attention": sorted(self.attention, key=lambda a: (a.kernel, a.seq, a.batch, a.heads, a.kv_heads)),
+            "elementwise": sorted(self.elementwise, key=lambda e: (e.op, e.mode, e.elements)),
+            "block": sorted(self.block, key=lambda b: (b.knob, b.value, b.rows)),
+            "collectives": sorted(self.collectives, key=lambda c: (c.op, c.scope, c.ranks, c.bytes)),
+        }
+        for name, rows in tables.items():
+            object.__setattr__(self, name, tuple(rows))
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
@@ -146,6 +169,22 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     base = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
     return Path(base) / "sweep" / "profiles"
+
+
+def check_cached(path: Path) -> None:
+    """Refuse a cached profile (measured or learned) that another user owns or others may write, or
+    that sits in such a folder of the cache: whoever can write it steers every sweep of this user.
+    A FileRefused line says how to make it the user's own."""
+    top = cache_dir().parent  # <cache>/sweep: the folders below it are the tool's
+    folders = [f for f in path.parents if f == top or top in f.parents]
+    for p in [path, *folders]:
+        if p.exists() or p.is_symlink():
+            fix = (
+                f"remove it (`rm {p}`) and measure again with `sweep profile`"
+                if p == path
+                else f"use a cache folder of your own (XDG_CACHE_HOME) or have {p} removed"
+            )
+            check_owned(p, fix=fix)
 
 
 def cached_profile_path(gpu: str, env: Mapping[str, str] | None = None) -> Path:
@@ -163,15 +202,9 @@ def read_header(path: Path) -> dict[str, Any]:
     """The file's YAML mapping after the checks every kind shares: readable, a mapping, `schema: 1`,
     a known `kind:`. Each failure is one ProfileError line naming the field."""
     try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise ProfileError(f"{path}: cannot read the profile: {e.strerror}") from None
-    if len(data) > MAX_PROFILE_BYTES:
-        raise ProfileError(f"{path}: the profile is {len(data)} bytes; a profile must be under {MAX_PROFILE_BYTES}")
-    try:
-        raw = yaml.safe_load(data)
-    except yaml.YAMLError as e:
-        raise ProfileError(f"{path}: not a YAML profile: {' '.join(str(e).split())[:200]}") from None
+        raw = parse_yaml(read_limited(path, max_bytes=MAX_PROFILE_BYTES), path)
+    except FileRefused as e:
+        raise ProfileError(str(e)) from None
     if not isinstance(raw, dict):
         raise ProfileError(f"{path}: a profile is a mapping (schema, kind, gpu, ...), got {type(raw).__name__}")
     if raw.get("schema") != SCHEMA:

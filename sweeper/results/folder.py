@@ -31,6 +31,7 @@ OWN_FILES = {
     "sweep.yaml",
     ".sweep.yaml.tmp",
     "hf_config.json",  # the copy of a config.json model (sweeper.results.frozen), which sweep.yaml names
+    "profile.yaml",  # the copy of the measured profile the sweep priced from (sweeper.results.frozen), likewise
     "run.lock",
     "optuna.db",
     "optuna.db-journal",
@@ -121,6 +122,7 @@ CHECKED = (
     *OWN_DIRS,
     "sweep.yaml",
     "hf_config.json",
+    "profile.yaml",
     "run.lock",
     "optuna.db",
     "optuna.db-journal",
@@ -186,14 +188,12 @@ def recorded_name(path: Path) -> tuple[str | None, str]:
     """The `name` of a results folder's recorded sweep file, or None and why it is not a sweep file.
     Read as YAML only (the sweep loader's own reader: no aliases, no deep nesting), not checked
     against today's schema: a folder of an older version is still the sweep's."""
-    from sweeper.errors import SpecError
-    from sweeper.spec.loader import MAX_SPEC_BYTES, read_yaml
+    from sweeper.files import FileRefused, parse_yaml, read_limited
+    from sweeper.spec.loader import MAX_SPEC_BYTES
 
     try:
-        data = read_yaml(path.read_bytes()[:MAX_SPEC_BYTES].decode("utf-8", errors="replace"), str(path))
-    except OSError as e:
-        return None, f"unreadable: {e.strerror or e}"
-    except SpecError as e:
+        data = parse_yaml(read_limited(path, max_bytes=MAX_SPEC_BYTES), path)
+    except FileRefused as e:
         return None, str(e).removeprefix(f"{path}: ")
     value = data.get("name") if isinstance(data, dict) else None
     return (value, "") if isinstance(value, str) else (None, "it names no sweep")

@@ -13,12 +13,14 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import yaml
+
 from sweeper.errors import SweepError
-from sweeper.files import atomic_write_bytes
+from sweeper.files import FileRefused, atomic_write_bytes, read_limited
 from sweeper.results.folder import make_private
 from sweeper.results.rows import ResultsStore
 from sweeper.spec.hf_config import FROZEN_NAME
-from sweeper.spec.loader import parse_sweep
+from sweeper.spec.loader import KEPT_PROFILE, MAX_SPEC_BYTES, parse_sweep
 from sweeper.spec.sweep import Sweep
 
 FROZEN_SPEC = "sweep.yaml"
@@ -54,19 +56,22 @@ def freeze_spec(sweep: Sweep, store: ResultsStore) -> Path:
     if sweep.source is None:
         raise SweepError("a sweep run needs a sweep file (got a sweep without a source path)")
     text = Path(sweep.source).read_bytes()
-    if sweep.model_file is not None:  # the config.json is part of what was run: kept beside it too
-        text = _with_model_copy(text, sweep, store.root)
+    if sweep.model_file is not None or sweep.cluster.profile is not None:
+        text = _with_copies(text, sweep)
     if frozen.exists():
         # the profile is how the model prices, not what was measured (and may have moved since)
-        old = parse_sweep(frozen.read_bytes(), source=str(frozen), profiles=False)
+        old = parse_sweep(_read(frozen), source=str(frozen), profiles=False)
         if _identity(old) != _identity(sweep):
             raise SweepError(
                 f"{sweep.source} changed since {frozen} was recorded (model, batch, cluster, space or "
                 "trial settings differ); run with --fresh to start over, or give the sweep a new name"
             )
     try:
-        if sweep.model_file is not None:  # first the copy the frozen file names
+        if sweep.model_file is not None:  # first the copies the frozen file names
             atomic_write_bytes(store.root / FROZEN_MODEL, sweep.model_file.text)
+        if sweep.cluster.profile is not None:
+            profile = sweep.cluster.profile.profile.to_dict()
+            atomic_write_bytes(store.root / KEPT_PROFILE, yaml.safe_dump(profile, sort_keys=False).encode())
         atomic_write_bytes(frozen, text)
     except OSError as e:
         raise SweepError(
@@ -75,19 +80,26 @@ def freeze_spec(sweep: Sweep, store: ResultsStore) -> Path:
     return frozen
 
 
-def _with_model_copy(text: bytes, sweep: Sweep, root: Path) -> bytes:
-    """The sweep file as frozen when its model is a config.json: `model.hf_config` names the copy
-    kept beside it (FROZEN_MODEL), so that trials, `sweep best` and a later run read the file as it
-    was run, and a changed config.json is noticed as a changed sweep file is."""
-    import yaml
-
-    assert sweep.model_file is not None
+def _with_copies(text: bytes, sweep: Sweep) -> bytes:
+    """The sweep file as frozen when it read a file from beside it: a config.json model
+    (`model.hf_config` names the copy kept as FROZEN_MODEL, so that trials, `sweep best` and a later
+    run read it as it was run, and a change is noticed as a changed sweep file is), or a measured
+    profile (`cluster.profile` names the copy kept as KEPT_PROFILE, so that the results open wherever
+    the folder is and whatever happened to the file: the profile is not part of the identity)."""
     data = yaml.safe_load(text)  # the loader read it already: a mapping without aliases
-    data["model"] = {"hf_config": FROZEN_MODEL}
-    note = (
-        f"# {sweep.source} as run; its model.hf_config {sweep.model_file.path} is copied beside it as {FROZEN_MODEL}\n"
-    )
-    return (note + yaml.safe_dump(data, sort_keys=False)).encode()
+    notes = []
+    if sweep.model_file is not None:
+        data["model"] = {"hf_config": FROZEN_MODEL}
+        notes.append(f"its model.hf_config {_flat(sweep.model_file.path)} is copied beside it as {FROZEN_MODEL}")
+    if sweep.cluster.profile is not None:
+        data.setdefault("cluster", {})["profile"] = KEPT_PROFILE
+        notes.append(f"its measured profile {_flat(sweep.cluster.profile.path)} is copied beside it as {KEPT_PROFILE}")
+    return (f"# {_flat(sweep.source)} as run; {'; '.join(notes)}\n" + yaml.safe_dump(data, sort_keys=False)).encode()
+
+
+def _flat(path: object) -> str:
+    """A path on one line of a YAML comment (a newline in a file name would end the comment)."""
+    return " ".join(str(path).split())
 
 
 def _identity(s: Sweep) -> tuple:
@@ -120,7 +132,15 @@ def check_rows_identity(store: ResultsStore) -> None:
 
 def digest(path: Path) -> str:
     """The recorded sweep file's content hash, to notice an edit cheaply (`check_unchanged`)."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashlib.sha256(_read(path)).hexdigest()
+
+
+def _read(path: Path) -> bytes:
+    """The recorded sweep file, read as a file from elsewhere is (a FIFO put there would hang the sweep)."""
+    try:
+        return read_limited(path, max_bytes=MAX_SPEC_BYTES)
+    except FileRefused as e:
+        raise SweepError(f"{e}; the results folder's sweep.yaml must be the sweep file as run") from None
 
 
 def check_unchanged(path: Path, known: str, *, identity: str, source: Path | str | None) -> str:
@@ -129,9 +149,9 @@ def check_unchanged(path: Path, known: str, *, identity: str, source: Path | str
     from sweeper.results.identity import sweep_identity
 
     try:
-        data = path.read_bytes()
-    except OSError as e:
-        data, found = b"", f"unreadable: {e.strerror or e}"
+        data = read_limited(path, max_bytes=MAX_SPEC_BYTES)
+    except FileRefused as e:
+        data, found = b"", f"unreadable: {str(e).removeprefix(f'{path}: ')}"
     now = hashlib.sha256(data).hexdigest()
     if data and now == known:
         return known

@@ -22,9 +22,9 @@ import pyarrow.parquet as pq
 
 import sweeper
 from sweeper.errors import SweepError
-from sweeper.files import atomic_write, atomic_write_text
+from sweeper.files import FileRefused, atomic_write, atomic_write_text, parse_json, read_limited
 from sweeper.results.folder import INFLIGHT_FILE, PRIVATE_DIR, check_readable_folder, trial_number_of
-from sweeper.results.trial import TrialResult
+from sweeper.results.trial import TrialResult, as_failed, impossible
 from sweeper.spec.sweep import Sweep
 from sweeper.statuses import TrialStatus
 
@@ -130,6 +130,9 @@ class ResultsStore:
     warnings: list[str] = field(default_factory=list)
     identity: str | None = None  # when set, rows of another sweep are skipped (and listed in `foreign`)
     foreign: list[Path] = field(default_factory=list)
+    # when set, a row of another node count is skipped, by name: `nodes` edited in a row file to a
+    # size the sweep never ran would be ranked (and exported) as one it measured
+    node_counts: tuple[int, ...] | None = None
 
     def _warn(self, message: str) -> None:
         if message not in self.warnings:  # rows() may be read more than once per run
@@ -215,6 +218,14 @@ class ResultsStore:
             if number in out:
                 self._warn(f"skipped {path}: a second file of trial {number} ({self.trial_path(number).name} is read)")
                 continue
+            nodes = row.get("nodes")
+            if self.node_counts is not None and nodes is not None and nodes not in self.node_counts:
+                counts = ", ".join(map(str, self.node_counts))
+                self._warn(f"skipped {path}: nodes {nodes} is not a node count of the sweep ({counts})")
+                continue
+            if (why := impossible(row)) is not None:  # written before such rows were refused: never learned from
+                self._warn(f"read {path} as failed: impossible numbers: {why}")
+                row = as_failed(row, why)
             out[number] = row
         return [out[n] for n in sorted(out)]
 
@@ -248,10 +259,11 @@ class ResultsStore:
                     raise ValueError("a symbolic link, not followed")
                 if m is None:
                     raise ValueError("not an in-flight record of the sweep (trial-NNNNN.json)")
-                rec = json.loads(path.read_text())
+                rec = parse_json(read_limited(path, max_bytes=MAX_INFLIGHT_BYTES), path)
                 _check_record(rec, int(m.group(1)))
-            except (OSError, ValueError, TypeError) as e:
-                self._warn(f"skipped {path}: {' '.join(str(e).split())[:200]}")
+            except (OSError, ValueError, TypeError, FileRefused) as e:
+                why = str(e).removeprefix(f"{path}: ")
+                self._warn(f"skipped {path}: {' '.join(why.split())[:200]}")
                 continue
             out.append(rec)
         return out
@@ -319,6 +331,7 @@ def _own_name_first(path: Path) -> tuple[int, str]:
     return (0 if own else 1, path.name)
 
 
+MAX_INFLIGHT_BYTES = 1 << 20  # an in-flight record is a few hundred bytes
 _RECORD_FIELDS = {"trial_number": int, "optuna_trial": int, "row": int, "attempt": int, "layout": dict}
 
 
@@ -353,15 +366,17 @@ def open_results(spec: str, results: Path | None) -> tuple[Path, ResultsStore]:
     from sweeper.results.identity import sweep_identity
     from sweeper.spec.loader import load_sweep
 
-    sweep = load_sweep(spec) if results is None else None
+    # the sweep file names the folder; its measured profile prices nothing here (and may be gone)
+    sweep = load_sweep(spec, profiles=False) if results is None else None
     root = results or sweep.results_path  # type: ignore[union-attr]
     check_readable_folder(root)
     if not (root / "trials").is_dir():
         raise SweepError(f"no results under {root} (run `sweep run {spec}` first)")
     if sweep is None and (root / "sweep.yaml").is_file():
-        sweep = load_sweep(root / "sweep.yaml")
-    # rows of another sweep (a copied file) are skipped with a warning, never ranked
-    return root, ResultsStore(root, identity=sweep_identity(sweep) if sweep is not None else None)
+        sweep = load_sweep(root / "sweep.yaml", profiles=False)
+    # rows of another sweep (a copied file) or of a node count it never ran are skipped with a warning, never ranked
+    identity = sweep_identity(sweep) if sweep is not None else None
+    return root, ResultsStore(root, identity=identity, node_counts=sweep.node_counts if sweep is not None else None)
 
 
 def sweep_as_run(root: Path, spec: str) -> Sweep:

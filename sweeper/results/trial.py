@@ -105,6 +105,55 @@ class TrialResult:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+# what a trial's own numbers can be: a step takes a positive, finite time (under 1e6 s), and MFU is a
+# fraction of the peak, in (0, 1]; a row outside that (a replay table's negative or NaN step times,
+# an MFU of 5.0) is no measurement, and the search must never learn from it
+MAX_STEP_S = 1e6
+MEASURED = (
+    "mfu",
+    "hfu",
+    "mfu_low",
+    "mfu_high",
+    "tflops_per_gpu",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "step_time_mean_s",
+    "step_time_std_s",
+    "step_time_ci_s",
+)
+
+
+def _seconds(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and 0 < v < MAX_STEP_S
+
+
+def impossible(values: Mapping[str, Any]) -> str | None:
+    """Why a finished trial's numbers cannot be measurements (None when they can): a step time that
+    is not finite and positive, or an MFU outside (0, 1]. Only a trial whose steps ran is asked."""
+    status = values.get("status")
+    if status not in STATUSES or not (TrialStatus(status).succeeded() or TrialStatus(status).was_stopped()):
+        return None
+    for i, t in enumerate(values.get("step_times_s") or []):
+        if not _seconds(t):
+            return f"step {i + 1} took {t} s; a step time is finite, positive and under {MAX_STEP_S:g} s"
+    mean = values.get("step_time_mean_s")
+    if mean is not None and not _seconds(mean):
+        return f"step_time_mean_s is {mean}; a step time is finite, positive and under {MAX_STEP_S:g} s"
+    mfu = values.get("mfu")
+    if mfu is not None and not (isinstance(mfu, int | float) and 0 < mfu <= 1):
+        return f"mfu is {mfu}; an MFU is a fraction of the peak, in (0, 1]"
+    return None
+
+
+def as_failed(values: Mapping[str, Any], why: str) -> dict[str, Any]:
+    """The row of a trial whose numbers are impossible (`impossible`): failed, with the reason, and
+    none of its derived numbers (the search and the report read only what could be measured)."""
+    out = dict(values) | dict.fromkeys(MEASURED)
+    out["status"] = FAILED
+    out["error"] = f"impossible numbers: {why}" + (f" ({values['error']})" if values.get("error") else "")
+    return out
+
+
 def layout_fields(layout: Layout, sweep: Sweep) -> dict[str, Any]:
     """The knobs of `layout` and its derived dp and grad_accum, as result fields."""
     return layout.resolve(sweep).as_fields()

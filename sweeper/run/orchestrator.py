@@ -23,7 +23,7 @@ from sweeper.results.frozen import check_unchanged, digest, open_results
 from sweeper.results.identity import sweep_identity
 from sweeper.results.rows import InFlight, now_utc, row_from
 from sweeper.results.study_guard import default_storage, set_aside, sqlite_path, storage_errors
-from sweeper.results.trial import stops_sweep
+from sweeper.results.trial import TrialResult, as_failed, impossible, stops_sweep
 from sweeper.run.rows_told import learn_rows, measured, rebuild_from_rows, row_attrs
 from sweeper.run.slow_trials import crashed, judge, saved_gpu_hours
 from sweeper.run.state import Running, SweepRun
@@ -237,6 +237,8 @@ def _resubmit(run: SweepRun, rec: InFlight, error: str) -> None:
 def _record(run: SweepRun, rec: InFlight, outcome: JobOutcome) -> dict[str, Any]:
     """Write the trial's row, tell the search, forget the in-flight record (in that order)."""
     plan_row = rec.row
+    if (why := impossible(outcome.result.to_dict())) is not None:  # never a row the search learns from
+        outcome = replace(outcome, result=TrialResult.from_dict(as_failed(outcome.result.to_dict(), why)))
     values = outcome.result.to_dict()
     values.update(
         run.plan.layout(plan_row).as_dict(),

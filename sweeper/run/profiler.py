@@ -10,7 +10,10 @@ shapes are the sweep's (`sweeper.estimate.shapes`), else the default set.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import stat
 import tempfile
 import threading
 from collections.abc import Callable
@@ -114,7 +117,12 @@ def _launch_and_follow(kwargs: dict[str, Any], *, processes: int, progress: Call
     """Run `profile_worker` on `processes` local ranks, passing rank 0's progress lines on; its result."""
     from sweeper.launchers.ranks import launch
 
-    workdir = Path(tempfile.mkdtemp(prefix="sweep-profile-"))
+    remove_stale_workdirs(Path(tempfile.gettempdir()))
+    workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-"))
+    # a SIGTERM (a scheduler's, `kill`) ends the process through the `finally` below, which removes the folder
+    previous = (
+        signal.signal(signal.SIGTERM, _exit_on_term) if threading.current_thread() is threading.main_thread() else None
+    )
     task = {"kind": "call", "target": "sweeper.runtime.profile_run:profile_worker", "kwargs": kwargs}
     done: list[Any] = []
     thread = threading.Thread(
@@ -136,6 +144,42 @@ def _launch_and_follow(kwargs: dict[str, Any], *, processes: int, progress: Call
         return result
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+WORKDIR_PREFIX = "sweep-profile-"  # then the measuring process's id: a folder of a dead one is stale
+
+
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def remove_stale_workdirs(tmp: Path) -> list[Path]:
+    """Remove the measuring folders that a `sweep profile` killed outright (SIGKILL: no `finally` ran)
+    left under `tmp`: the user's own folders (not links) named for a process that no longer runs."""
+    removed = []
+    for p in tmp.glob(f"{WORKDIR_PREFIX}*-*"):
+        pid = p.name.removeprefix(WORKDIR_PREFIX).split("-", 1)[0]
+        try:
+            st = p.lstat()
+        except OSError:
+            continue
+        if not (pid.isdigit() and stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()) or _alive(int(pid)):
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _follow(log: Path, seen: int, progress: Callable[[str], None]) -> int:

@@ -8,6 +8,7 @@ the sweep (`sweeper.search.study`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from sweeper.plan.plan import Plan
 from sweeper.results.rows import InFlight
 from sweeper.run.unwritten import not_written
 from sweeper.search.search import LayoutSearch
+from sweeper.search.stopping import MFU_LOW
 from sweeper.search.study import rebuild_study, study_state, trial_attrs
 from sweeper.statuses import TrialStatus
 
@@ -49,7 +51,11 @@ def measured(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def row_attrs(row: Mapping[str, Any]) -> dict[str, Any]:
     """What the Optuna study keeps of a result row beside the layout: error line, job id, trial number."""
-    return trial_attrs(None, error=row.get("error"), job_id=row.get("job_id"), trial_number=int(row["trial_number"]))
+    low = row.get("mfu_low")  # the early stop compares a running trial with the best's interval
+    extra = {MFU_LOW: float(low)} if low is not None and math.isfinite(float(low)) else {}
+    return trial_attrs(
+        None, error=row.get("error"), job_id=row.get("job_id"), trial_number=int(row["trial_number"]), **extra
+    )
 
 
 def learn_rows(search: LayoutSearch, plan: Plan, rows: Sequence[Mapping[str, Any]]) -> None:

@@ -12,6 +12,7 @@ answers at once (replay) is judged on the finished trial's steps, as if they had
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -27,16 +28,16 @@ if TYPE_CHECKING:
     from sweeper.run.state import Running, SweepRun
 
 WORKLOAD_LOG = "workload.log"
-REPORTED_STEPS = 3  # the "first measured steps": a trial not stopped after these runs to its end
+REPORTED_STEPS = 5  # the "first measured steps": a trial not stopped after these runs to its end
 
 
 def read_steps_file(path: Path) -> list[float]:
     """The step times in a steps file; a line being written (no newline yet) is left for the next read."""
     try:
         text = path.read_text()
-    except OSError:
+        return [float(x) for x in text.split("\n")[:-1] if x.strip()]
+    except (OSError, ValueError):  # a line that is no number: the trial's own result says what happened
         return []
-    return [float(x) for x in text.split("\n")[:-1] if x.strip()]
 
 
 def live_step_times(job: TrialJob) -> list[float]:
@@ -100,6 +101,8 @@ def stop_if_slow(
     times = list(step_times_s or [])
     if finished is not None and not times and finished.result.step_time_mean_s:
         times = [float(finished.result.step_time_mean_s)] * sweep.trial.steps
+    if not all(math.isfinite(t) and t > 0 for t in times):
+        return None  # impossible step times: the trial ends failed with the reason (results.trial.impossible)
     per_step = step_mfu(sweep, times)[:REPORTED_STEPS]
     if not per_step:
         return None
@@ -118,7 +121,8 @@ def stop_if_slow(
     result.status = TrialStatus.STOPPED_EARLY
     result.error = (
         f"stopped early after {len(ran)} of {sweep.trial.steps} steps: its steps ran at "
-        f"{100 * (result.mfu or 0):.1f}% MFU, over {STOP_SLOWER:g}x slower than the best so far"
+        f"{100 * (result.mfu or 0):.1f}% MFU, over {STOP_SLOWER:g}x slower than the best so far and its "
+        "interval wholly below the best's"
     )
     return JobOutcome(
         result,

@@ -41,11 +41,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sweeper.errors import SpecError, SweepError
+from sweeper.errors import SpecError
 from sweeper.estimate.memfit import MemoryFit
 from sweeper.estimate.step_time import Calibration
-from sweeper.files import atomic_write_text
-from sweeper.profiles.profile import LEARNED, cache_dir
+from sweeper.files import FileRefused, atomic_write_text, parse_yaml, read_limited
+from sweeper.profiles.profile import LEARNED, MAX_PROFILE_BYTES, cache_dir, check_cached
 from sweeper.search.prior import EffectKey, LearnedEffect, Prior
 from sweeper.spec.hardware import GIB
 from sweeper.spec.sweep import Sweep
@@ -191,34 +191,41 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
+# what a measurement can say at all (the reader's bounds, before any meaning): a scale or a ratio of
+# step times beyond a thousandfold, a memory offset beyond 10 TiB, a count beyond a million trials
+MAX_SCALE = 1e3
+MAX_LOG_RATIO = 6.9  # ln(MAX_SCALE), rounded so that a refusal names a readable limit
+MAX_COUNT = 1_000_000
+
+
 class _CalibrationFile(_Strict):
-    compute_scale: float = Field(gt=0)
-    comm_scale: float = Field(gt=0)
-    trials: int = Field(ge=0)
+    compute_scale: float = Field(ge=1 / MAX_SCALE, le=MAX_SCALE)
+    comm_scale: float = Field(ge=1 / MAX_SCALE, le=MAX_SCALE)
+    trials: int = Field(ge=0, le=MAX_COUNT)
 
 
 class _EffectFile(_Strict):
-    knob: str
+    knob: str = Field(max_length=100)
     value: bool | int | str
-    log_ratio: float
-    trials: int = Field(ge=1)
+    log_ratio: float = Field(ge=-MAX_LOG_RATIO, le=MAX_LOG_RATIO)
+    trials: int = Field(ge=1, le=MAX_COUNT)
 
 
 class _MemoryFile(_Strict):
-    act_scale: float = Field(gt=0)
-    offset_gib: float
-    reserved_factor: float | None = Field(default=None, gt=0)
-    peaks: int = Field(ge=0)
+    act_scale: float = Field(gt=0, le=MAX_SCALE)
+    offset_gib: float = Field(ge=-10_000, le=10_000)
+    reserved_factor: float | None = Field(default=None, gt=0, le=MAX_SCALE)
+    peaks: int = Field(ge=0, le=MAX_COUNT)
 
 
 class _SweepFile(_Strict):
-    id: str = Field(min_length=1)
-    name: str
-    model: str
-    nodes: int = Field(ge=1)
-    date: str
-    trials: int = Field(ge=0)
-    measured: int = Field(ge=0)
+    id: str = Field(min_length=1, max_length=200)
+    name: str = Field(max_length=200)
+    model: str = Field(max_length=200)
+    nodes: int = Field(ge=1, le=MAX_COUNT)
+    date: str = Field(max_length=100)
+    trials: int = Field(ge=0, le=MAX_COUNT)
+    measured: int = Field(ge=0, le=MAX_COUNT)
     calibration: _CalibrationFile | None = None
     effects: list[_EffectFile] = Field(default_factory=list)
     memory: _MemoryFile | None = None
@@ -230,7 +237,7 @@ class _ProfileFile(_Strict):
     cluster: str = Field(min_length=1)
     gpu: str = Field(min_length=1)
     trainer: str = Field(min_length=1)
-    sweeps: list[_SweepFile] = Field(default_factory=list)
+    sweeps: list[_SweepFile] = Field(default_factory=list, max_length=100)
 
 
 def _lessons(f: _SweepFile) -> Lessons:
@@ -283,13 +290,13 @@ def _record(s: Lessons) -> dict[str, Any]:
 
 
 def read(path: Path) -> LearnedProfile:
-    """A learned profile file; a malformed one is refused in one line naming the file and the field."""
+    """A learned profile file, through the one reader (`sweeper.files`: a regular file of at most
+    MAX_PROFILE_BYTES, numbers bounded, no key twice); a malformed one is refused in one line naming
+    the file and the field."""
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise SweepError(f"{path}: cannot read the learned profile: {e.strerror or e}") from None
-    except yaml.YAMLError as e:
-        raise SpecError(f"{path}: not a learned profile (invalid YAML: {' '.join(str(e).split())})") from None
+        data = parse_yaml(read_limited(path, max_bytes=MAX_PROFILE_BYTES), path)
+    except FileRefused as e:
+        raise SpecError(f"{e} (a learned profile; `sweep profile forget --learned {path}` drops it)") from None
     if not isinstance(data, dict):
         raise SpecError(f"{path}: not a learned profile (expected a mapping with schema: {SCHEMA}, kind: {KIND})")
     try:
@@ -300,15 +307,22 @@ def read(path: Path) -> LearnedProfile:
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
-        raise SpecError(f"{path}: {field}: {msg} (a learned profile of schema {SCHEMA})") from None
+        raise SpecError(
+            f"{path}: {field}: {msg} (a learned profile of schema {SCHEMA}; "
+            f"`sweep profile forget --learned {path}` drops it)"
+        ) from None
     return LearnedProfile(LearnedKey(f.cluster, f.gpu, f.trainer), tuple(_lessons(s) for s in f.sweeps), path)
 
 
 def load(key: LearnedKey) -> LearnedProfile | None:
     """The learned profile of `key`, or None when no sweep on it has been remembered."""
     path = key.path
-    if not path.is_file():
+    if not (path.exists() or path.is_symlink()):
         return None
+    try:
+        check_cached(path)
+    except FileRefused as e:
+        raise SpecError(f"the learned profile of {key}: {e}") from None
     profile = read(path)
     if profile.key != key:
         raise SpecError(f"{path}: holds the learned profile of {profile.key}, not of {key} as its name says")
@@ -346,7 +360,7 @@ def forget(key: LearnedKey | None = None) -> list[Path]:
     paths = [key.path] if key is not None else sorted(folder.glob("*.yaml")) if folder.is_dir() else []
     removed = []
     for p in paths:
-        if p.is_file():
+        if p.is_file() and not p.is_symlink():  # the tool's own files only: never a link's target
             p.unlink()
             removed.append(p)
     return removed

@@ -12,15 +12,17 @@ causal attention), Qwen2-MoE's shared-expert gate (one hidden x 1 projection per
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sweeper.errors import SpecError
+from sweeper.files import FileRefused, parse_json, read_limited
 
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few kB; anything bigger is not one
+# the model's own limit on blocks (ModelSpec.layers), checked before anything loops over them
+MAX_LAYERS = 100_000
 # the copy of the file beside a sweep's results (`sweeper.results.frozen`), which its frozen sweep file names
 FROZEN_NAME = "hf_config.json"
 
@@ -45,15 +47,18 @@ class ModelFile:
 def _dense(c: Config) -> dict[str, Any]:
     """The fields every architecture here shares (LlamaConfig's names)."""
     heads = _int(c, "num_attention_heads")
+    layers = _int(c, "num_hidden_layers")
+    if not 1 <= layers <= MAX_LAYERS:
+        raise _Refused(f"num_hidden_layers = {layers}; allowed: 1 to {MAX_LAYERS}")
     fields: dict[str, Any] = {
-        "layers": _int(c, "num_hidden_layers"),
+        "layers": layers,
         "hidden": _int(c, "hidden_size"),
         "heads": heads,
         # LlamaConfig: "If it is not specified, will default to `num_attention_heads`"
         "kv_heads": _int(c, "num_key_value_heads", heads),
         "ffn": _int(c, "intermediate_size"),
         "vocab": _int(c, "vocab_size"),
-        "tied_embeddings": bool(c.get("tie_word_embeddings", False)),  # False in each class's defaults
+        "tied_embeddings": _bool(c, "tie_word_embeddings"),  # False in each class's defaults
     }
     if c.get("head_dim") is not None:  # Qwen3, Mistral-Nemo; else hidden / heads
         fields["head_dim"] = _int(c, "head_dim")
@@ -62,7 +67,7 @@ def _dense(c: Config) -> dict[str, Any]:
 
 def _llama(c: Config) -> dict[str, Any]:
     # LlamaConfig's attention_bias: q, k, v and o; mlp_bias: the three MLP projections
-    return {**_dense(c), "attention_bias": bool(c.get("attention_bias", False)), "mlp_bias": bool(c.get("mlp_bias"))}
+    return {**_dense(c), "attention_bias": _bool(c, "attention_bias"), "mlp_bias": _bool(c, "mlp_bias")}
 
 
 def _qwen2(c: Config) -> dict[str, Any]:
@@ -72,7 +77,7 @@ def _qwen2(c: Config) -> dict[str, Any]:
 
 def _qwen3(c: Config) -> dict[str, Any]:
     # Qwen3Attention: q_norm and k_norm (RMSNorm over head_dim); attention_bias as Llama's (default false)
-    return {**_dense(c), "qk_norm": True, "attention_bias": bool(c.get("attention_bias", False))}
+    return {**_dense(c), "qk_norm": True, "attention_bias": _bool(c, "attention_bias")}
 
 
 def _mixtral(c: Config) -> dict[str, Any]:
@@ -91,7 +96,9 @@ def _qwen_moe(c: Config, *, qwen3: bool) -> dict[str, Any]:
         "moe_ffn": _int(c, "moe_intermediate_size"),
         "dense_layers": _leading_dense(c, base["layers"]),
     }
-    shared = c.get("shared_expert_intermediate_size") or 0
+    if moe["moe_ffn"] < 1:
+        raise _Refused(f"moe_intermediate_size = {moe['moe_ffn']}; an expert's MLP is at least 1 wide")
+    shared = _int(c, "shared_expert_intermediate_size") if c.get("shared_expert_intermediate_size") is not None else 0
     if shared:  # Qwen2-MoE: one shared MLP of that width = shared_experts experts of moe_ffn (as Megatron-LM counts it)
         if shared % moe["moe_ffn"]:
             raise _Refused(
@@ -105,7 +112,10 @@ def _qwen_moe(c: Config, *, qwen3: bool) -> dict[str, Any]:
 def _leading_dense(c: Config, layers: int) -> int:
     """How many leading blocks have a dense MLP; refused where a dense block follows a sparse one."""
     step = _int(c, "decoder_sparse_step", 1)
-    only = set(c.get("mlp_only_layers") or [])
+    listed = c.get("mlp_only_layers") or []
+    if not isinstance(listed, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in listed):
+        raise _Refused(f"mlp_only_layers must be a list of block numbers, got {str(listed)[:60]}")
+    only = set(listed)
     dense = [i for i in range(layers) if i in only or (i + 1) % max(step, 1) != 0]
     if dense != list(range(len(dense))):
         raise _Refused(
@@ -142,7 +152,17 @@ def _int(c: Config, key: str, default: int | None = None) -> int:
     if v is None:
         raise _Refused(f"{key} is missing")
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise _Refused(f"{key} must be a whole number, got {v!r}")
+        raise _Refused(f"{key} must be a whole number, got {str(v)[:40]!r}")
+    return v
+
+
+def _bool(c: Config, key: str) -> bool:
+    """A true/false field (False where missing, as in each class's defaults); "false" is text, not false."""
+    v = c.get(key, False)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise _Refused(f"{key} must be true or false, got {v!r}")
     return v
 
 
@@ -177,15 +197,10 @@ def read_config(path: Path) -> tuple[ModelFile, dict[str, Any]]:
     """The file and the model fields it gives; every problem is a SpecError naming model.hf_config and the file."""
     where = f"model.hf_config: {path}"
     try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise SpecError(f"{where}: {path.stat().st_size} bytes; a config.json is under {MAX_CONFIG_BYTES}")
-        text = path.read_bytes()
-    except OSError as e:
-        raise SpecError(f"{where}: cannot read: {e.strerror or e}") from None
-    try:
-        data = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SpecError(f"{where}: not a JSON config ({' '.join(str(e).split())})") from None
+        text = read_limited(path, max_bytes=MAX_CONFIG_BYTES)
+        data = parse_json(text, path, what="a JSON config")
+    except FileRefused as e:
+        raise SpecError(f"model.hf_config: {e}") from None
     if not isinstance(data, dict):
         raise SpecError(f"{where}: expected a JSON object of fields, got {type(data).__name__}")
     try:

@@ -8,14 +8,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from sweeper.errors import SpecError
+from sweeper.files import FileRefused, SweepYamlLoader, parse_yaml, read_limited
 from sweeper.knobs import KNOBS
 from sweeper.layouts.layout import DECIDED_ALONE, unusable
 from sweeper.profiles.lookup import MeasuredProfile
-from sweeper.profiles.profile import ProfileError, cached_profile_path, load_profile
+from sweeper.profiles.profile import ProfileError, cached_profile_path, check_cached, load_profile
 from sweeper.spec.checks import check_layout_count
 from sweeper.spec.hardware import alias_of
 from sweeper.spec.hf_config import ModelFile, read_config, resolve
@@ -26,9 +26,6 @@ from sweeper.spec.sweep import Cluster, Sweep
 from sweeper.trainers import RECIPES, TRAINERS
 
 MAX_SPEC_BYTES = 1 << 20  # a sweep file is a few dozen lines; anything bigger is a mistake
-# a sweep file nests a few levels (model: moe: ...); PyYAML composes by recursion, so a kilobyte of
-# brackets would otherwise end in a RecursionError thousands of frames deep
-MAX_YAML_DEPTH = 32
 
 
 def model_shape(model: str | ModelSpec | HFConfigSpec, source: Path | None) -> tuple[ModelShape, ModelFile | None]:
@@ -56,7 +53,9 @@ def build_sweep(raw: SweepFile, *, source: Path | None = None, profiles: bool = 
         shape = replace(shape, max_positions=raw.seq_len)
     sizes = raw.cluster.sizes
     gpu = raw.cluster.resolved_gpu()
-    measured = cluster_profile(raw.cluster.profile, gpu.name) if profiles else None
+    kept = Path(raw.results_dir) / raw.name / KEPT_PROFILE
+    base = source.parent if source is not None else None
+    measured = cluster_profile(raw.cluster.profile, gpu.name, base=base, kept=kept) if profiles else None
     cluster = Cluster(sizes[0], raw.cluster.gpus_per_node, gpu, measured)
     space = raw.space.values()
     check_layout_count(space, MAX_LAYOUTS)  # before anything allocates the cross product
@@ -108,19 +107,44 @@ def _check_sizes(sweep: Sweep) -> None:
             )
 
 
-def cluster_profile(named: str | None, gpu: str) -> MeasuredProfile | None:
-    """The measured profile the model prices from: the file `cluster.profile` names, else the user's
-    cached profile of this GPU if there is one, else None (the GPU table). A profile that cannot be
-    read, or was measured on another GPU, is an error naming `cluster.profile`."""
-    path = Path(named).expanduser() if named is not None else cached_profile_path(gpu)
-    if named is None and not path.is_file():
-        return None
-    if named is not None and not path.is_file():
-        raise SpecError(f"cluster.profile: {path}: no such profile file (`sweep profile --out {path}` writes one)")
+# the copy of the measured profile a sweep priced from, kept beside its results (`sweeper.results.frozen`)
+KEPT_PROFILE = "profile.yaml"
+
+
+def cluster_profile(
+    named: str | None, gpu: str, *, base: Path | None = None, kept: Path | None = None
+) -> MeasuredProfile | None:
+    """The measured profile the model prices from: the file `cluster.profile` names (a relative path
+    is the sweep file's folder's, `base`, else the current folder's), else the user's cached profile
+    of this GPU if there is one, else None (the GPU table). `kept`: the copy beside the sweep's
+    results, read when the named file is gone (moved, forgotten, or the folder copied elsewhere):
+    the results open whatever happened to it. A profile that cannot be read, or was measured on
+    another GPU, is an error naming `cluster.profile`."""
+    if named is None:
+        path = cached_profile_path(gpu)
+        if not (path.exists() or path.is_symlink()):
+            return None
+        try:
+            check_cached(path)
+        except FileRefused as e:
+            raise SpecError(f"cluster.profile: the cached profile of {gpu}: {e}") from None
+    else:
+        p = Path(named).expanduser()
+        found = [c for c in ([base / p] if base is not None and not p.is_absolute() else []) + [p] if _exists(c)]
+        if found:
+            path = found[0]
+        elif kept is not None and kept.is_file():
+            path = kept  # the file as the sweep priced from it last
+        else:
+            raise SpecError(f"cluster.profile: {p}: no such profile file (`sweep profile --out {p}` writes one)")
     try:
         return MeasuredProfile(load_profile(path, gpu=gpu), str(path))
     except ProfileError as e:
         raise SpecError(f"cluster.profile: {e}") from None
+
+
+def _exists(path: Path) -> bool:
+    return path.exists() or path.is_symlink()  # a dangling link, a device: the reader says what it is
 
 
 def _check_usable(sweep: Sweep) -> None:
@@ -174,71 +198,23 @@ def parse_sweep(text: str | bytes, *, source: str = "<sweep file>", profiles: bo
         raise SpecError(f"{source}: {e}") from None
 
 
-class _NoAliasLoader(yaml.SafeLoader):
-    """SafeLoader that refuses aliases, so an anchor 'bomb' cannot expand into gigabytes, and
-    nesting deeper than MAX_YAML_DEPTH."""
-
-    _depth = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise yaml.MarkedYAMLError(
-                "while reading the sweep file", None, "aliases (*name) are not supported", event.start_mark
-            )
-        if self._depth >= MAX_YAML_DEPTH:
-            raise yaml.MarkedYAMLError(
-                "while reading the sweep file",
-                None,
-                f"nested more than {MAX_YAML_DEPTH} levels deep (a sweep file needs a few)",
-                self.peek_event().start_mark,
-            )
-        self._depth += 1
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        # a key given twice would silently keep the last value: `seq_len: 64` ... `seq_len: 128`
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = key_node.value
-            if key in seen:
-                raise yaml.MarkedYAMLError(
-                    "while reading the sweep file",
-                    None,
-                    f"duplicate key {key!r} (line {key_node.start_mark.line + 1}; first on line {seen[key] + 1})",
-                    key_node.start_mark,
-                )
-            seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
-
-
 def read_yaml(text: str, source: str) -> Any:
-    """The YAML document; a syntax error is one line naming the file, line and column (PyYAML's
-    own text names `<unicode string>` and spans several lines)."""
+    """The YAML document (`sweeper.files.parse_yaml`: no aliases, no deep nesting, no key twice, no
+    number out of bounds); a problem is one SpecError line naming the file, line and column."""
     try:
-        return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        what = e.problem or e.context or "not valid YAML"
-        if e.problem and e.context and e.context_mark:  # e.g. "while parsing a flow sequence" and where it began
-            what += f" ({e.context} from line {e.context_mark.line + 1})"
-        raise SpecError(f"{source}: invalid YAML{where}: {' '.join(what.split())}") from None
-    except yaml.YAMLError as e:
-        raise SpecError(f"{source}: invalid YAML: {' '.join(str(e).split())}") from None
+        return parse_yaml(text, source, loader=SweepYamlLoader)
+    except FileRefused as e:
+        raise SpecError(str(e)) from None
 
 
 def load_sweep(path_or_name: str | Path, *, profiles: bool = True) -> Sweep:
     """Read a sweep file by path, or by bare name in the current directory, then among the shipped
     spaces; `profiles=False`: without the cluster's measured profile (a trial's task needs none)."""
     path = find_sweep_file(path_or_name)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise SpecError(f"{path}: cannot read: {e.strerror}") from None
+    try:  # bounded before reading: a FIFO or a device named as a sweep file would never end
+        data = read_limited(path, max_bytes=MAX_SPEC_BYTES)
+    except FileRefused as e:
+        raise SpecError(str(e)) from None
     return parse_sweep(data, source=str(path), profiles=profiles)
 
 
