@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
 from sweeper.errors import SpecError
 from sweeper.launchers.base import LauncherProfile
 from sweeper.launchers.registry import launcher_classes
 from sweeper.spec.sweep import Sweep
+from sweeper.yamltext import load_yaml
 
 
 def profiles_dirs() -> list[Path]:
@@ -37,9 +37,10 @@ def resolve_profile(sweep: Sweep) -> LauncherProfile:
         else:
             source = str(path)
             try:
-                spec = yaml.safe_load(path.read_text()) or {}
-            except (OSError, yaml.YAMLError) as e:
-                raise SpecError(f"{path}: cannot read the launcher profile: {' '.join(str(e).split())}") from None
+                text = path.read_text()
+            except OSError as e:
+                raise SpecError(f"{path}: cannot read the launcher profile: {e.strerror or e}") from None
+            spec = load_yaml(text, f"{path}: the launcher profile") or {}
     if not isinstance(spec, dict) or "kind" not in spec:
         raise SpecError(f"{source}: a launcher profile must be a mapping with a 'kind'")
     registry = launcher_classes()

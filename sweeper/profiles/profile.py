@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sweeper.errors import SweepError
 from sweeper.files import atomic_write_text
+from sweeper.yamltext import load_yaml
 
 SCHEMA = 1
 MEASURED = "measured"
@@ -168,10 +169,7 @@ def read_header(path: Path) -> dict[str, Any]:
         raise ProfileError(f"{path}: cannot read the profile: {e.strerror}") from None
     if len(data) > MAX_PROFILE_BYTES:
         raise ProfileError(f"{path}: the profile is {len(data)} bytes; a profile must be under {MAX_PROFILE_BYTES}")
-    try:
-        raw = yaml.safe_load(data)
-    except yaml.YAMLError as e:
-        raise ProfileError(f"{path}: not a YAML profile: {' '.join(str(e).split())[:200]}") from None
+    raw = load_yaml(data, f"{path}: not a YAML profile", error=ProfileError)
     if not isinstance(raw, dict):
         raise ProfileError(f"{path}: a profile is a mapping (schema, kind, gpu, ...), got {type(raw).__name__}")
     if raw.get("schema") != SCHEMA:

@@ -49,6 +49,7 @@ from sweeper.profiles.profile import LEARNED, cache_dir
 from sweeper.search.prior import EffectKey, LearnedEffect, Prior
 from sweeper.spec.hardware import GIB
 from sweeper.spec.sweep import Sweep
+from sweeper.yamltext import load_yaml
 
 SCHEMA = 1
 KIND = LEARNED
@@ -285,11 +286,10 @@ def _record(s: Lessons) -> dict[str, Any]:
 def read(path: Path) -> LearnedProfile:
     """A learned profile file; a malformed one is refused in one line naming the file and the field."""
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
     except OSError as e:
         raise SweepError(f"{path}: cannot read the learned profile: {e.strerror or e}") from None
-    except yaml.YAMLError as e:
-        raise SpecError(f"{path}: not a learned profile (invalid YAML: {' '.join(str(e).split())})") from None
+    data = load_yaml(text, f"{path}: not a learned profile", error=SpecError)
     if not isinstance(data, dict):
         raise SpecError(f"{path}: not a learned profile (expected a mapping with schema: {SCHEMA}, kind: {KIND})")
     try:

@@ -8,7 +8,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from sweeper.errors import SpecError
@@ -24,11 +23,9 @@ from sweeper.spec.models import PRESETS, ModelShape
 from sweeper.spec.schema import MAX_LAYOUTS, HFConfigSpec, ModelSpec, SweepFile
 from sweeper.spec.sweep import Cluster, Sweep
 from sweeper.trainers import RECIPES, TRAINERS
+from sweeper.yamltext import load_yaml
 
 MAX_SPEC_BYTES = 1 << 20  # a sweep file is a few dozen lines; anything bigger is a mistake
-# a sweep file nests a few levels (model: moe: ...); PyYAML composes by recursion, so a kilobyte of
-# brackets would otherwise end in a RecursionError thousands of frames deep
-MAX_YAML_DEPTH = 32
 
 
 def model_shape(model: str | ModelSpec | HFConfigSpec, source: Path | None) -> tuple[ModelShape, ModelFile | None]:
@@ -174,61 +171,10 @@ def parse_sweep(text: str | bytes, *, source: str = "<sweep file>", profiles: bo
         raise SpecError(f"{source}: {e}") from None
 
 
-class _NoAliasLoader(yaml.SafeLoader):
-    """SafeLoader that refuses aliases, so an anchor 'bomb' cannot expand into gigabytes, and
-    nesting deeper than MAX_YAML_DEPTH."""
-
-    _depth = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise yaml.MarkedYAMLError(
-                "while reading the sweep file", None, "aliases (*name) are not supported", event.start_mark
-            )
-        if self._depth >= MAX_YAML_DEPTH:
-            raise yaml.MarkedYAMLError(
-                "while reading the sweep file",
-                None,
-                f"nested more than {MAX_YAML_DEPTH} levels deep (a sweep file needs a few)",
-                self.peek_event().start_mark,
-            )
-        self._depth += 1
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        # a key given twice would silently keep the last value: `seq_len: 64` ... `seq_len: 128`
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = key_node.value
-            if key in seen:
-                raise yaml.MarkedYAMLError(
-                    "while reading the sweep file",
-                    None,
-                    f"duplicate key {key!r} (line {key_node.start_mark.line + 1}; first on line {seen[key] + 1})",
-                    key_node.start_mark,
-                )
-            seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
-
-
 def read_yaml(text: str, source: str) -> Any:
-    """The YAML document; a syntax error is one line naming the file, line and column (PyYAML's
-    own text names `<unicode string>` and spans several lines)."""
-    try:
-        return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        what = e.problem or e.context or "not valid YAML"
-        if e.problem and e.context and e.context_mark:  # e.g. "while parsing a flow sequence" and where it began
-            what += f" ({e.context} from line {e.context_mark.line + 1})"
-        raise SpecError(f"{source}: invalid YAML{where}: {' '.join(what.split())}") from None
-    except yaml.YAMLError as e:
-        raise SpecError(f"{source}: invalid YAML: {' '.join(str(e).split())}") from None
+    """The YAML document of a sweep file (`sweeper.yamltext`: numbers as people write them, no
+    aliases, no duplicate keys); a syntax error is one SpecError line naming the file, line and column."""
+    return load_yaml(text, source, error=SpecError)
 
 
 def load_sweep(path_or_name: str | Path, *, profiles: bool = True) -> Sweep:
