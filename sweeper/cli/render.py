@@ -227,11 +227,11 @@ def _nodes_text(sweep) -> str:  # noqa: ANN001 - Sweep
 def print_plan_sizes(plan: Plan, console: Console) -> None:
     """The dry run's answer per node count: each size's best predicted layout and its whole run."""
     from sweeper.cli.render_sizes import print_sizes
-    from sweeper.plan.sizes import marks, predicted_best
+    from sweeper.plan.sizes import plan_answers
 
-    found = [predicted_best(plan, n) for n in plan.sweep.node_counts]
+    found, marked = plan_answers(plan)
     title = f"{plan.sweep.name}: best predicted layout per node count (the model uncalibrated: ±band)"
-    print_sizes(console, found, marks(found, plan.sweep.goal), plan.sweep.goal, title)
+    print_sizes(console, found, marked, plan.sweep.goal, title)
 
 
 def recipe_summary(sweep) -> str:  # noqa: ANN001 - Sweep
