@@ -126,7 +126,9 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     )
     console.print(f"step-time model: {pricing_line(sweep)}", markup=False)
     print_counts(console, plan_counts(plan), sweep.memory.probe_margin)
-    print_estimate(console, cost_estimate(plan))
+    from sweeper.launchers.startup import trial_startup
+
+    print_estimate(console, cost_estimate(plan, trial_startup(sweep)))
     if sweep.several_sizes or sweep.goal is not None:
         print_plan_sizes(plan, console)
 

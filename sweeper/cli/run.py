@@ -118,11 +118,12 @@ def plan_summary(plan) -> dict:  # noqa: ANN001
     from dataclasses import asdict
 
     from sweeper.cli.render import pricing_line
+    from sweeper.launchers.startup import trial_startup
     from sweeper.plan.summary import cost_estimate, plan_counts
 
     frame = plan.to_frame()
     cands = frame[frame.status == PlanStatus.CANDIDATE]
-    counts, cost = plan_counts(plan), cost_estimate(plan)
+    counts, cost = plan_counts(plan), cost_estimate(plan, trial_startup(plan.sweep))
     return {
         "name": plan.sweep.name,
         "step_time_model": pricing_line(plan.sweep),

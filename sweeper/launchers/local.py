@@ -99,6 +99,9 @@ class LocalLauncher(Launcher):
 
     kind = "local"
     profile_model = LocalProfile
+    # a local trial's processes start in about 8 s (tiny_cpu on 2 CPU cores: interpreter, torch import, gloo)
+    default_startup_s = 10.0
+    default_startup_why = "assumed for local processes: interpreter, torch import, process group"
 
     @classmethod
     def from_profile(cls, profile: LauncherProfile, sweep: Sweep) -> LocalLauncher:
