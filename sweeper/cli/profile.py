@@ -99,7 +99,7 @@ def show(
     if not found:
         typer.echo(f"no cached profile under {cache_dir()}")
     for p in found:
-        typer.echo(f"{p}: {describe_file(p)[0]}")
+        typer.echo(describe_file(p)[0])  # its first line names the file
 
 
 @profile_app.command("forget")
@@ -131,7 +131,10 @@ def forget(
         describe_file(path)  # refuses a file that is no profile before deleting it
         targets = [path]
     elif gpu is not None:
-        targets = [cached_profile_path(gpu)]
+        from sweeper.spec.hardware import lookup_gpu
+
+        known = lookup_gpu(gpu)  # `h100` is the table's h100-sxm, as in a sweep file
+        targets = [cached_profile_path(known.name if known is not None else gpu)]
         if not targets[0].exists():
             raise SweepError(f"--gpu {gpu}: no cached profile at {targets[0]}")
     else:

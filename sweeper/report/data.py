@@ -80,6 +80,16 @@ def gpu_hours(df: pd.DataFrame) -> np.ndarray:
     return np.cumsum(df["num_devices"].fillna(0).to_numpy(float) * span_s.to_numpy(float) / 3600.0)
 
 
+# how the page names the search that ran (search.sampler): `auto` is no grid (docs/search.md)
+RUN_NAMES = {
+    "auto": "Search (auto: the untried layout of highest expected gain each trial)",
+    "grid": "Grid run",
+    "random": "Random search",
+    "tpe": "TPE search",
+    "gp": "Gaussian-process search",
+}
+
+
 def summary_lines(sweep: Sweep, plan: Plan, df: pd.DataFrame) -> list[str]:
     """The page's opening text: winner and layout, margin over the runner-up, coverage, pruned and why."""
     ok = successful(df).sort_values(["mfu", "trial_number"], ascending=[False, True])
@@ -98,7 +108,7 @@ def summary_lines(sweep: Sweep, plan: Plan, df: pd.DataFrame) -> list[str]:
     share = f" ({100 * len(df) / cands:.0f}%)" if cands else ""
     statuses = ", ".join(f"{k} {v}" for k, v in Counter(df["status"]).most_common())
     lines.append(
-        f"Grid run: {len(df)} trials of {cands} candidate layouts{share}; "
+        f"{RUN_NAMES[sweep.search.sampler]}: {len(df)} trials of {cands} candidate layouts{share}; "
         f"{len(plan)} layouts in the cross product. Trials: {statuses or 'none'}."
     )
     stopped = df[df["status"] == TrialStatus.STOPPED_EARLY]
