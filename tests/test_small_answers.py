@@ -32,3 +32,51 @@ def test_forget_gpu_reads_the_alias_and_show_names_each_file_once(tmp_path):
     r = sweep_cli("profile", "forget", "--gpu", "h100", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     assert f"deleted {path}" in r.stdout and not path.exists()
+
+
+def test_sweep_trial_shows_the_95_interval_and_no_expert_knobs_for_a_dense_model(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")  # one line per row
+    from sweeper.cli.trial import print_result
+    from sweeper.results.trial import TrialResult
+
+    layout = {"tp": 2, "pp": 1, "dp": 1, "micro_batch_size": 1, "grad_accum": 4, "etp": 2, "ep": 1}
+    times = [1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0, 1.0, 1.0]
+    r = TrialResult.from_dict(
+        {
+            "status": "ok",
+            "step_times_s": times,
+            "step_time_mean_s": 1.0,
+            "step_time_std_s": 0.05,
+            "steps_measured": 9,
+            "step_time_ci_s": 0.038,
+            **layout,
+        }
+    )
+    print_result(r, moe=False)
+    out = capsys.readouterr().out
+    assert "1.0000 s ± 0.0380 (95 % interval of the mean of 9 measured steps)" in out
+    assert "etp=" not in out and "ep=" not in out and "tp=2" in out
+    print_result(r, moe=True)
+    assert "etp=2" in capsys.readouterr().out
+
+
+def test_the_live_display_does_not_count_a_trial_stopped_early_as_a_failure():
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from sweeper.cli.progress import LiveProgress
+
+    console = Console(file=io.StringIO(), width=200)
+    live = LiveProgress(console)
+    rows = [
+        {"status": "ok", "mfu": 0.4, "tp": 1, "pp": 1, "micro_batch_size": 1, "dp": 1, "grad_accum": 1},
+        {"status": "stopped_early", "mfu": None},
+        {"status": "oom", "mfu": None},
+    ]
+    console.print(live._render(SimpleNamespace(rows=rows, running={})))  # the display's rows (a stand-in run)
+    text = console.file.getvalue()
+    failures = text.split("failures", 1)[1].splitlines()[0]
+    assert "oom 1" in failures and "stopped_early" not in failures
+    assert "stopped early" in text and "not failures" in text
