@@ -80,3 +80,12 @@ def test_the_live_display_does_not_count_a_trial_stopped_early_as_a_failure():
     failures = text.split("failures", 1)[1].splitlines()[0]
     assert "oom 1" in failures and "stopped_early" not in failures
     assert "stopped early" in text and "not failures" in text
+
+
+def test_compare_from_another_folder_points_to_results_a(tmp_path):
+    r = sweep_cli("compare", "tiny_cpu", "tiny_cpu", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip() == (
+        f"error: no results under results/tiny_cpu (results_dir is relative to this folder, {tmp_path}): "
+        "run `sweep run tiny_cpu` first, or give the results folder with --results-a DIR"
+    )

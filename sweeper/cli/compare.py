@@ -33,13 +33,13 @@ def compare(
     results_b: Annotated[Path | None, typer.Option("--results-b", help="results folder of B")] = None,
     fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json")] = Format.table,
 ) -> None:
-    frame_a, name_a = _load(a, results_a)
+    frame_a, name_a = _load(a, results_a, "--results-a")
     if b is None and results_b is None:  # one sweep over several node counts: each layout across its sizes
         from sweeper.cli.compare_sizes import show_across_sizes
 
         show_across_sizes(frame_a, name_a, as_json=fmt is Format.json)
         return
-    frame_b, name_b = _load(b or "", results_b)
+    frame_b, name_b = _load(b or "", results_b, "--results-b")
     shared = shared_layouts(frame_a, frame_b)
     summary = summarize(shared)
     if fmt is Format.json:
@@ -54,14 +54,14 @@ def compare(
     _print_table(shared, summary, name_a, name_b)
 
 
-def _load(spec: str, results: Path | None) -> tuple[pd.DataFrame, str]:
-    """A sweep's results frame and its name, from --results or the sweep file's results folder."""
-    from sweeper.results.rows import ResultsStore
+def _load(spec: str, results: Path | None, option: str) -> tuple[pd.DataFrame, str]:
+    """A sweep's results frame and its name, from --results-a/-b (`option`) or the sweep file's results folder."""
+    from sweeper.results.rows import ResultsStore, no_results_message
     from sweeper.spec.loader import load_sweep
 
     root = results or load_sweep(spec).results_path
     if not (root / "trials").is_dir():
-        raise SweepError(f"no results under {root} (run `sweep run {spec}` first)")
+        raise SweepError(no_results_message(root, spec, option, given=results is not None))
     return ResultsStore(root).frame(), root.name
 
 
