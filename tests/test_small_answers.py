@@ -89,3 +89,24 @@ def test_compare_from_another_folder_points_to_results_a(tmp_path):
         f"error: no results under results/tiny_cpu (results_dir is relative to this folder, {tmp_path}): "
         "run `sweep run tiny_cpu` first, or give the results folder with --results-a DIR"
     )
+
+
+def test_help_texts_point_to_sections_that_exist():
+    import re
+
+    from tests.conftest import ROOT
+
+    def headings(page: str) -> set[str]:
+        text = (ROOT / page).read_text()
+        return {h.replace("`", "").strip() for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+    pointers = []
+    for source in (ROOT / "sweeper" / "cli").glob("*.py"):
+        text = source.read_text()
+        pointers += [(f"docs/{m[0]}.md", m[1]) for m in re.findall(r"docs/(\w+)\.md, '([^']+)'", text)]
+        pointers += [("README.md", m) for m in re.findall(r"README '([^']+)'", text)]
+    assert ("docs/profiles.md", "sweep profile: measure the node") in pointers
+    for page, section in pointers:
+        assert section in headings(page), (page, section)
+    quick = sweep_cli("profile", "--help", cwd=ROOT, env=cli_env(COLUMNS="300"))
+    assert "about a minute on a CPU node" in quick.stdout and "seconds, not minutes" not in quick.stdout

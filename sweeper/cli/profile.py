@@ -45,14 +45,14 @@ def profile(
         str | None,
         typer.Argument(
             metavar="[SWEEP_FILE]",
-            help="measure this sweep's shapes (default: a default set, README 'Knowing the machine')",
+            help="measure this sweep's shapes (default: a default set; docs/profiles.md, 'sweep profile: measure the node')",
         ),
     ] = None,
     out: Annotated[
         Path | None,
         typer.Option("--out", help="where to write the profile (default: the user's cache, where the model finds it)"),
     ] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="fewer shapes and repetitions: seconds, not minutes")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="fewer shapes and repetitions: about a minute on a CPU node, a first look")] = False,
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
