@@ -110,3 +110,19 @@ def test_help_texts_point_to_sections_that_exist():
         assert section in headings(page), (page, section)
     quick = sweep_cli("profile", "--help", cwd=ROOT, env=cli_env(COLUMNS="300"))
     assert "about a minute on a CPU node" in quick.stdout and "seconds, not minutes" not in quick.stdout
+
+
+def test_the_docs_say_what_the_exports_do_on_fsdp_and_cuda_graphs():
+    from sweeper.trainers.export import layout_record, megatron_args, torchtitan_cli_args
+    from tests.conftest import ROOT, make_sweep
+
+    sweep = make_sweep()
+    row = {"tp": 2, "pp": 2, "micro_batch_size": 1, "sharding": "fsdp", "dp": 16, "grad_accum": 128}
+    args, _ = megatron_args(layout_record(row, sweep))
+    flags = "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --ckpt-format fsdp_dtensor"
+    assert flags in " ".join(args)
+    docs = " ".join((ROOT / "docs" / p).read_text() for p in ("memory.md", "exports.md")).replace("\n", " ")
+    assert docs.count(flags.replace(" fsdp_dtensor", "")) >= 2 and "not confirmed" not in docs
+    titan, _ = torchtitan_cli_args(layout_record(row | {"sharding": "zero1"}, sweep))
+    assert "--training.disable_cuda_graphs" in titan  # pp = 2, ep = 1: for pp too, not only ep
+    assert "with pp > 1 or ep > 1 only with `--training.disable_cuda_graphs`" in docs
