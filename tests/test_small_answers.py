@@ -126,3 +126,23 @@ def test_the_docs_say_what_the_exports_do_on_fsdp_and_cuda_graphs():
     titan, _ = torchtitan_cli_args(layout_record(row | {"sharding": "zero1"}, sweep))
     assert "--training.disable_cuda_graphs" in titan  # pp = 2, ep = 1: for pp too, not only ep
     assert "with pp > 1 or ep > 1 only with `--training.disable_cuda_graphs`" in docs
+
+
+def test_a_tie_within_noise_is_not_the_heatmaps_two_extremes_and_points_carry_their_interval():
+    import pandas as pd
+
+    from sweeper.report.data import colour_scale, interval_ends
+
+    df = pd.DataFrame(
+        {
+            "status": ["ok", "ok", "oom"],
+            "mfu": [0.450, 0.452, None],
+            "mfu_low": [0.440, 0.442, None],
+            "mfu_high": [0.460, None, None],  # the second's interval reaches 0 s at the top: no upper end
+        }
+    )
+    lo, hi = colour_scale(df)
+    assert (lo, hi) == pytest.approx((44.0, 46.0))
+    assert 0.2 < (45.0 - lo) / (hi - lo) < 0.8 and 0.2 < (45.2 - lo) / (hi - lo) < 0.8  # both mid-scale
+    low, high = interval_ends(df[df.status == "ok"])
+    assert list(low) == [0.440, 0.442] and list(high) == [0.460, 0.452]

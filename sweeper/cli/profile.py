@@ -52,7 +52,9 @@ def profile(
         Path | None,
         typer.Option("--out", help="where to write the profile (default: the user's cache, where the model finds it)"),
     ] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="fewer shapes and repetitions: about a minute on a CPU node, a first look")] = False,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="fewer shapes and repetitions: about a minute on a CPU node, a first look")
+    ] = False,
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
