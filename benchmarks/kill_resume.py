@@ -173,6 +173,7 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=6, help="trials in the sweep")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="sweep-kill-resume-") as tmp:
+        os.environ["XDG_CACHE_HOME"] = os.path.join(tmp, "cache")  # never the user's cache: learned profiles
         folder = Path(tmp)
         t0 = time.perf_counter()
         run_to_end(demo_spec(folder, "uninterrupted", steps=args.steps, trials=args.trials))

@@ -16,6 +16,7 @@ usage: python benchmarks/nodes_cost.py [--models 1B,8B] [--per-size N]; prints a
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -142,6 +143,7 @@ def main() -> int:
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        os.environ["XDG_CACHE_HOME"] = os.path.join(tmp, "cache")  # never the user's cache: learned profiles
         for m in args.models.split(","):
             rows.append(one_model(f"nanotron-llama-{m}", Path(tmp), args.per_size))
     t = pd.DataFrame(rows)

@@ -9,6 +9,7 @@ point is the cost around trials, not the trials.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -107,6 +108,7 @@ def one(label: str, launcher: Launcher, sampler: str, parallel: int, tmp: Path) 
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as d:
+        os.environ["XDG_CACHE_HOME"] = os.path.join(d, "cache")  # never the user's cache: learned profiles
         tmp = Path(d)
         rows = [
             one("instant-grid", InstantLauncher(), "grid", 1, tmp),

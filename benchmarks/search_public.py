@@ -281,6 +281,7 @@ def foundry(recipe: str) -> Counter:
 def main() -> int:
     t0 = time.time()
     with tempfile.TemporaryDirectory() as d:
+        os.environ["XDG_CACHE_HOME"] = os.path.join(d, "cache")  # never the user's cache: learned profiles
         tmp = Path(d)
         out = []
         for name, g in ultrascale_cells():

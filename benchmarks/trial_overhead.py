@@ -196,6 +196,7 @@ def run_trainer(sweep: Sweep) -> dict:
     from sweeper.launchers.ranks import launch_trial
 
     with tempfile.TemporaryDirectory(prefix="trial-overhead-") as tmp:
+        os.environ["XDG_CACHE_HOME"] = os.path.join(tmp, "cache")  # never the user's cache: learned profiles
         r = launch_trial(sweep, LAYOUT, workdir=Path(tmp))
     if r.status != "ok":
         raise SystemExit(f"the trainer's trial ended {r.status}: {r.error}")

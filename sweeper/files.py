@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -316,6 +317,13 @@ class StrictYamlLoader(yaml.SafeLoader):
             why = f"{field}: {node.value[:20]} is not a finite number"
         if why:
             raise _OutOfBounds("while reading", None, why, node.start_mark)
+
+
+# YAML 1.1 (PyYAML) reads `2e12` and `2.0e12` as strings: its float needs a dot and a signed
+# exponent (`2.0e+12`), so `goal: {tokens: 2.0e12}` failed as "not a valid number"; YAML 1.2 and
+# every other parser read them as floats, and so do we: 2e12, 2.0e12, 2.e12, .5e3, 1_000e3
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$")
+StrictYamlLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
 
 
 class _OutOfBounds(yaml.MarkedYAMLError):

@@ -92,7 +92,11 @@ def test_dry_run_gives_the_budget_and_the_estimated_cost():
     assert line.startswith(
         f"estimated cost: {est['gpu_hours']:,.0f} GPU-hours, {est['wall_hours']:.1f} h wall (an estimate:"
     )
-    assert "2 min of start-up + 10 steps at the plan's predicted step time" in line and "no queue wait" in line
+    assert (
+        "2 min of start-up (assumed for a job on a cluster" in line
+        and "+ 10 steps at the plan's predicted step time" in line
+        and "no queue wait" in line
+    )
 
 
 def zero_candidates(tmp_path: Path, batch: int) -> Path:

@@ -10,7 +10,10 @@ from tests.test_cli_exit_codes import replay_spec
 def test_status_from_the_wrong_folder_says_there_are_no_results(tmp_path):
     r = sweep_cli("status", "tiny_cpu", cwd=tmp_path)  # results_dir: results, relative to here: none
     assert r.returncode == 2, r.stdout
-    assert r.stderr.strip() == "error: no results under results/tiny_cpu (run `sweep run tiny_cpu` first)"
+    assert r.stderr.strip() == (
+        f"error: no results under results/tiny_cpu (results_dir is relative to this folder, {tmp_path}): "
+        "run `sweep run tiny_cpu` first, or give the results folder with --results DIR"
+    )
     assert "0 finished" not in r.stdout
     best = sweep_cli("best", "tiny_cpu", cwd=tmp_path)
     assert best.returncode == r.returncode and best.stderr == r.stderr  # the same answer as best

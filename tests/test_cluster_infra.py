@@ -202,14 +202,11 @@ def _nogpu_spec(tmp_path: Path) -> Path:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a usable GPU")
-def test_gpu_sweep_without_a_gpu_stops_after_one_failed_trial(tmp_path: Path) -> None:
+def test_gpu_sweep_without_a_gpu_is_refused_before_any_trial(tmp_path: Path) -> None:
     r = sweep_cli("run", str(_nogpu_spec(tmp_path)), cwd=tmp_path, timeout=300)
     assert r.returncode == 2, r.stderr[-2000:]
-    assert "stopped after one trial" in r.stderr and "a100-80gb" in r.stderr
-    rows = pd.read_parquet(tmp_path / "results" / "nogpu" / "trials")
-    assert len(rows) == 1 and rows.status.iloc[0] == "failed"
-    assert rows.error.iloc[0].startswith(NO_ACCELERATOR)
-    assert rows.torch_version.iloc[0] == torch.__version__ and rows.gpu_name.isna().all()
+    assert "cluster.gpu: a100-80gb needs CUDA" in r.stderr and "CPU-only build" in r.stderr
+    assert not (tmp_path / "results" / "nogpu").exists()  # no row: the machine's fault is no layout's
 
 
 @pytest.mark.slow

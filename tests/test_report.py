@@ -138,7 +138,12 @@ def test_report_writes_html_and_pngs(reported):
     assert "Winner: trial 1 at 47.00% MFU" in page
     assert "tp=4 pp=2 dp=8 mbs=2 grad_accum=128" in page
     assert "Margin over the runner-up (trial 2, 45.00% MFU): 2.00 points" in page
-    assert re.search(r"Grid run: 5 trials of \d+ candidate layouts", page)
+    # the default search is `auto`, no grid: the page does not call it one
+    assert re.search(
+        r"Search \(auto: the untried layout of highest expected gain each trial\): 5 trials of \d+ candidate layouts",
+        page,
+    )
+    assert "Grid run" not in page
     assert "Invalid:" in page and "Pruned by the memory estimate:" in page
     assert not re.search(r"<(script|link)\b", page, re.I) and not re.search(r"src=[\"']?https?:", page, re.I)
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
@@ -159,7 +164,9 @@ def test_summary_counts_plan_reasons(results):
     df = ResultsStore(sweep.results_path).frame()
     lines = summary_lines(sweep, plan, df)
     cands = plan.counts()["candidate"]
-    assert f"Grid run: 5 trials of {cands} candidate layouts" in lines[2]
+    assert lines[2].startswith(
+        f"Search (auto: the untried layout of highest expected gain each trial): 5 trials of {cands} "
+    )
     for code, n in plan.reason_counts().items():
         if code != "memory":
             assert f": {n}" in lines[4]
@@ -200,7 +207,7 @@ def test_report_on_the_real_tiny_sweep(tiny_cpu_sweep):
     assert r.returncode == 0, r.stderr
     page = (tiny_cpu_sweep.results / "report.html").read_text()
     assert "Winner: trial" in page and "RSS growth above a baseline" in page
-    assert "Grid run: 4 trials of 12 candidate layouts" in page
+    assert "each trial): 4 trials of 12 candidate layouts" in page
 
 
 def test_report_explains_the_winner_lists_failures_and_shows_varying_knobs(reported):

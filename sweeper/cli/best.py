@@ -59,7 +59,7 @@ def best(
             )
         from sweeper.cli.best_plan import best_predicted
 
-        best_predicted(spec, top=top, fmt=fmt.value)
+        best_predicted(spec, top=top, fmt=fmt.value, by=by)
         return
 
     from sweeper.results.rows import best_rows, open_results

@@ -7,11 +7,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sweeper.errors import NoSuccessError, SweepError
-from sweeper.plan.sizes import Marks, SizeAnswer, Winner, answers, marks, winner
+from sweeper.plan.sizes import Marks, SizeAnswer, Winner, answers, marks, plan_answers, verdict, winner
 from sweeper.spec.sweep import Sweep
+
+if TYPE_CHECKING:
+    from sweeper.plan.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,11 @@ def size_view(rows: Sequence[Mapping[str, Any]], root: Path, spec: str) -> SizeV
     return SizeView(sweep, found, marks(found, sweep.goal))
 
 
+def plan_view(plan: Plan) -> SizeView:
+    """The answer per node count before any trial (`plan_answers`), as a view."""
+    return SizeView(plan.sweep, *plan_answers(plan))
+
+
 def winner_row(
     rows: Sequence[Mapping[str, Any]], view: SizeView, by: Winner
 ) -> tuple[Mapping[str, Any], Sweep, SizeAnswer]:
@@ -52,12 +60,14 @@ def winner_row(
     return row, view.sweep.at(chosen.nodes), chosen
 
 
-def view_json(view: SizeView, by: Winner) -> dict[str, Any]:
-    """The answer per node count for `sweep best --format json`."""
-    chosen = winner(view.found, by)
+def view_json(view: SizeView, by: Winner, *, measured: bool = True) -> dict[str, Any]:
+    """The answer per node count for `sweep best --format json` (`measured=False`: of the plan's
+    predictions, for `--plan` and the dry run's --json)."""
+    chosen = winner(view.found, by, measured=measured)
+    goal = view.sweep.goal
     return {
         "by": by.value,
-        "sizes": [_answer_json(a) for a in view.found],
+        "sizes": [_answer_json(a) | ({"verdict": verdict(a, goal)} if goal is not None else {}) for a in view.found],
         "marks": asdict(view.marks),
         "winner_nodes": None if chosen is None else chosen.nodes,
     }

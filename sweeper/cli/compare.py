@@ -31,13 +31,13 @@ def compare(
     results_b: Annotated[Path | None, typer.Option("--results-b", help="results folder of B")] = None,
     fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json")] = Format.table,
 ) -> None:
-    frame_a, name_a = _load(a, results_a)
+    frame_a, name_a = _load(a, results_a, "--results-a")
     if b is None and results_b is None:  # one sweep over several node counts: each layout across its sizes
         from sweeper.cli.compare_sizes import show_across_sizes
 
         show_across_sizes(frame_a, name_a, as_json=fmt is Format.json)
         return
-    frame_b, name_b = _load(b or "", results_b)
+    frame_b, name_b = _load(b or "", results_b, "--results-b")
     shared = shared_layouts(frame_a, frame_b)
     summary = summarize(shared)
     if fmt is Format.json:
@@ -52,12 +52,12 @@ def compare(
     _print_table(shared, summary, name_a, name_b)
 
 
-def _load(spec: str, results: Path | None) -> tuple[pd.DataFrame, str]:
-    """A sweep's results frame and its name, from --results or the sweep file's results folder."""
+def _load(spec: str, results: Path | None, option: str) -> tuple[pd.DataFrame, str]:
+    """A sweep's results frame and its name, from --results-a/-b (`option`) or the sweep file's results folder."""
     from sweeper.cli.render import message_console, say
     from sweeper.results.rows import open_results
 
-    root, store = open_results(spec, results)
+    root, store = open_results(spec, results, option=option)
     frame = store.frame()
     err = message_console()
     for w in store.warnings:  # a row of another sweep, or of a node count it never ran: skipped, said

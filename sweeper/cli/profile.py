@@ -46,14 +46,16 @@ def profile(
         str | None,
         typer.Argument(
             metavar="[SWEEP_FILE]",
-            help="measure this sweep's shapes (default: a default set, README 'Knowing the machine')",
+            help="measure this sweep's shapes (default: a default set; docs/profiles.md, 'sweep profile: measure the node')",
         ),
     ] = None,
     out: Annotated[
         Path | None,
         typer.Option("--out", help="where to write the profile (default: the user's cache, where the model finds it)"),
     ] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="fewer shapes and repetitions: seconds, not minutes")] = False,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="fewer shapes and repetitions: about a minute on a CPU node, a first look")
+    ] = False,
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
@@ -100,7 +102,7 @@ def show(
     if not found:
         typer.echo(f"no cached profile under {cache_dir()}")
     for p in found:
-        typer.echo(f"{p}: {describe_file(p)[0]}")
+        typer.echo(describe_file(p)[0])  # its first line names the file
 
 
 @profile_app.command("forget")
@@ -133,9 +135,12 @@ def forget(
     if path is not None:
         targets = [cached_file(path, f"{path}")]
     elif gpu is not None:
+        from sweeper.spec.hardware import lookup_gpu
+
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", gpu) or ".." in gpu:
             raise SweepError(f"--gpu {gpu}: not a GPU table key (letters, digits, '_', '.', '-'); nothing deleted")
-        target = cached_profile_path(gpu)
+        known = lookup_gpu(gpu)  # `h100` is the table's h100-sxm, as in a sweep file
+        target = cached_profile_path(known.name if known is not None else gpu)
         if not (target.exists() or target.is_symlink()):
             raise SweepError(f"--gpu {gpu}: no cached profile at {target}")
         targets = [cached_file(target, f"--gpu {gpu}")]

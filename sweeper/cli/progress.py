@@ -95,6 +95,10 @@ class LiveProgress:
         best = max(ok, key=lambda r: r["mfu"]) if ok else None
         grid.add_row("in flight", ", ".join(f"#{n} ({i.handle.job_id})" for n, i in run.running.items()) or "-")
         grid.add_row("best so far", f"MFU {100 * best['mfu']:.2f}%  {describe(best)}" if best else "-")
-        fails = Counter(r["status"] for r in run.rows if r["status"] != TrialStatus.OK)
+        # a trial stopped early ran fine and was clearly slower: not a failure (as the report says)
+        fails = Counter(r["status"] for r in run.rows if r["status"] not in (TrialStatus.OK, TrialStatus.STOPPED_EARLY))
         grid.add_row("failures", ", ".join(f"{k} {v}" for k, v in fails.most_common()) or "none")
+        stopped = sum(r["status"] == TrialStatus.STOPPED_EARLY for r in run.rows)
+        if stopped:
+            grid.add_row("stopped early", f"{stopped} (clearly slower than the best so far; not failures)")
         return Group(self.bar, grid)

@@ -126,7 +126,9 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     )
     console.print(f"step-time model: {pricing_line(sweep)}", markup=False)
     print_counts(console, plan_counts(plan), sweep.memory.probe_margin)
-    print_estimate(console, cost_estimate(plan))
+    from sweeper.launchers.startup import trial_startup
+
+    print_estimate(console, cost_estimate(plan, trial_startup(sweep)))
     if sweep.several_sizes or sweep.goal is not None:
         print_plan_sizes(plan, console)
 
@@ -227,11 +229,11 @@ def _nodes_text(sweep) -> str:  # noqa: ANN001 - Sweep
 def print_plan_sizes(plan: Plan, console: Console) -> None:
     """The dry run's answer per node count: each size's best predicted layout and its whole run."""
     from sweeper.cli.render_sizes import print_sizes
-    from sweeper.plan.sizes import marks, predicted_best
+    from sweeper.plan.sizes import plan_answers
 
-    found = [predicted_best(plan, n) for n in plan.sweep.node_counts]
+    found, marked = plan_answers(plan)
     title = f"{plan.sweep.name}: best predicted layout per node count (the model uncalibrated: ±band)"
-    print_sizes(console, found, marks(found, plan.sweep.goal), plan.sweep.goal, title)
+    print_sizes(console, found, marked, plan.sweep.goal, title)
 
 
 def recipe_summary(sweep) -> str:  # noqa: ANN001 - Sweep

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from sweeper.plan.sizes import Marks, SizeAnswer
+from sweeper.plan.sizes import Marks, SizeAnswer, verdict
 from sweeper.spec.schema import GoalSpec
 
 
@@ -39,7 +39,7 @@ def _cells(a: SizeAnswer, goal: GoalSpec | None) -> list[str]:
     cells += [f"{run.days:.1f}", f"{run.gpu_hours:,.0f}"]
     if goal.gpu_hour_cost is not None:
         cells.append(f"{run.cost:,.0f}")
-    cells.append("misses " + "; ".join(a.misses) if a.misses else "met")
+    cells.append(verdict(a, goal))
     return cells
 
 

@@ -107,6 +107,10 @@ def write_plan(plan, path: Path) -> None:  # noqa: ANN001 - Plan, imported lazil
             atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False), private=False)
     except OSError as e:
         raise SweepError(f"--out {path}: cannot write: {e.strerror}") from None
+    from sweeper.cli.render import message_console, say
+
+    # on stderr: a --json document on stdout stays one document
+    say(message_console(), "wrote", f"the plan, {len(frame)} layouts (one row each), to {path}", style="green")
 
 
 def plan_summary(plan) -> dict:  # noqa: ANN001
@@ -114,11 +118,12 @@ def plan_summary(plan) -> dict:  # noqa: ANN001
     from dataclasses import asdict
 
     from sweeper.cli.render import pricing_line
+    from sweeper.launchers.startup import trial_startup
     from sweeper.plan.summary import cost_estimate, plan_counts
 
     frame = plan.to_frame()
     cands = frame[frame.status == PlanStatus.CANDIDATE]
-    counts, cost = plan_counts(plan), cost_estimate(plan)
+    counts, cost = plan_counts(plan), cost_estimate(plan, trial_startup(plan.sweep))
     return {
         "name": plan.sweep.name,
         "step_time_model": pricing_line(plan.sweep),
@@ -130,7 +135,21 @@ def plan_summary(plan) -> dict:  # noqa: ANN001
         "statuses": [asdict(s) for s in counts.statuses],
         "estimate": {**asdict(cost), "assumes": cost.assumes},
         "candidates": json.loads(cands.drop(columns=["status", "reason"]).to_json(orient="records")),
-    }
+    } | _per_nodes(plan)
+
+
+def _per_nodes(plan) -> dict:  # noqa: ANN001 - Plan
+    """Over several node counts or with a goal: the answer per size (days, GPU-hours, cost and the
+    verdict against the goal's limits), the one `sweep best --plan` gives."""
+    from sweeper.cli.best_sizes import plan_view, view_json
+    from sweeper.plan.sizes import Winner
+
+    sweep = plan.sweep
+    if not sweep.several_sizes and sweep.goal is None:
+        return {}
+    view = plan_view(plan)
+    by_cost = view_json(view, Winner.cost, measured=False)["winner_nodes"]
+    return {"per_nodes": view_json(view, Winner.time, measured=False) | {"winner_nodes_by_cost": by_cost}}
 
 
 def run_live(sweep, *, fresh: bool, yes: bool, top: int, rebuild_study: bool = False) -> None:  # noqa: ANN001 - Sweep

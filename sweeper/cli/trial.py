@@ -63,7 +63,14 @@ def trial(
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:
-        print_result(result)
+        print_result(result, moe=sweep.model.experts > 0)
+
+
+def dense_line(values: dict[str, Any]) -> str:
+    """A dense model's layout in one line: without ep and etp (an expert knob says nothing there)."""
+    from sweeper.knobs import layout_line
+
+    return " ".join(w for w in layout_line(values).split() if not w.startswith(("etp=", "ep=")))
 
 
 def at_nodes(sweep: Sweep, nodes: int | None) -> Sweep:
@@ -162,8 +169,9 @@ def run_local(sweep: Sweep, layout: Layout, *, timeout_s: float | None, workdir:
     return result
 
 
-def print_result(result: TrialResult) -> None:
-    """The result as a two-column table on stdout."""
+def print_result(result: TrialResult, *, moe: bool = True) -> None:
+    """The result as a two-column table on stdout (`moe=False`: a dense model, without ep and etp,
+    which only a mixture of experts has)."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -181,12 +189,14 @@ def print_result(result: TrialResult) -> None:
         ("status", r.status + (f": {escape(r.error)}" if r.error else "")),
         (
             "layout",
-            layout_line(vars(r)),
+            dense_line(vars(r)) if not moe else layout_line(vars(r)),
         ),
         ("device", f"{r.num_devices} x {r.device}"),
         (
             "step time",
-            f"{num(r.step_time_mean_s, '.4f')} s ± {num(r.step_time_std_s, '.4f')} over {len(r.step_times_s)} steps",
+            # the 95 % interval of the mean, as every other command shows it, over the steps measured
+            f"{num(r.step_time_mean_s, '.4f')} s ± {num(r.step_time_ci_s, '.4f')} (95 % interval of the mean "
+            f"of {r.steps_measured if r.steps_measured is not None else len(r.step_times_s)} measured steps)",
         ),
         ("tokens/s", f"{num(r.tokens_per_s, ',.0f')} ({num(r.tokens_per_s_per_gpu, ',.0f')} per device)"),
         ("TFLOP/s/device", num(r.tflops_per_gpu, ".4f")),

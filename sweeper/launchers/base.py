@@ -107,6 +107,11 @@ class Launcher(ABC):
     # Whether its trials measure the sweep's cluster here and now, so that what they teach is kept in the
     # cluster's learned profile and earlier lessons apply (`search.learned_profile` decides when set).
     measures_here: ClassVar[bool] = True
+    # A trial's start-up when none of this sweep's trials measured one (the dry run's estimate says
+    # which it used): a job's start on its nodes, the processes' launch, NCCL and the model's build
+    default_startup_s: ClassVar[float] = 120.0
+    default_startup_why: ClassVar[str] = "assumed for a job on a cluster: queue start, launch, NCCL, model build"
+    runs_steps: ClassVar[bool] = True  # False: a trial's answer costs no steps (a replay reads a table)
 
     @classmethod
     def from_profile(cls, profile: LauncherProfile, sweep: Sweep) -> Launcher:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from sweeper.errors import SpecError
+from sweeper.errors import SpecError, SweepError
 from sweeper.files import open_own, own_dir
 from sweeper.launchers.base import KILL_GRACE_S, Handle, JobOutcome, Launcher, LauncherProfile, TrialJob, failure, tail
 from sweeper.process import kill_group, read_result
@@ -43,6 +43,34 @@ def check_local_capacity(sweep: Sweep) -> None:
         )
 
 
+def check_local_device(sweep: Sweep) -> None:
+    """The local launcher runs trials on this machine: a GPU sweep needs CUDA and the named GPU here.
+
+    Checked before the first trial (and before the results folder is made): otherwise each run
+    would record the machine's fault as the failure of a layout, the plan's best first."""
+    gpu = sweep.cluster.gpu
+    if gpu.name == "cpu":
+        return
+    from sweeper.runtime.env import cuda_unusable_reason
+
+    reason = cuda_unusable_reason()
+    if reason is not None:
+        raise SweepError(
+            f"cluster.gpu: {gpu.name} needs CUDA, and this machine cannot run it ({reason}); the local "
+            "launcher runs trials here: run on a GPU node, use launcher: slurm, or plan with --dry-run"
+        )
+    import torch
+
+    from sweeper.spec.hardware import gpu_matches
+
+    found = torch.cuda.get_device_name(0)
+    if not gpu_matches(gpu, found):
+        raise SweepError(
+            f"cluster.gpu: {gpu.name}, but this machine's GPU is {found!r}; set cluster.gpu to the card "
+            "the trials run on (MFU and memory are computed against it)"
+        )
+
+
 def trial_command(job: TrialJob) -> list[str]:
     """The command that runs one trial: every knob given explicitly, the result as JSON on stdout."""
     sets = [arg for k, v in job.layout.as_dict().items() for arg in ("--set", f"{k}={_cli_value(v)}")]
@@ -71,10 +99,14 @@ class LocalLauncher(Launcher):
 
     kind = "local"
     profile_model = LocalProfile
+    # a local trial's processes start in about 8 s (tiny_cpu on 2 CPU cores: interpreter, torch import, gloo)
+    default_startup_s = 10.0
+    default_startup_why = "assumed for local processes: interpreter, torch import, process group"
 
     @classmethod
     def from_profile(cls, profile: LauncherProfile, sweep: Sweep) -> LocalLauncher:
         check_local_capacity(sweep)
+        check_local_device(sweep)
         return cls()
 
     def submit(self, job: TrialJob) -> Handle:

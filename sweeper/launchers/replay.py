@@ -90,6 +90,9 @@ class ReplayLauncher(Launcher):
     of the plan), and ends as `failed` when asked for all the same."""
 
     kind = "replay"
+    default_startup_s = 0.0  # a replay answers each trial at once from its table
+    default_startup_why = "a replay answers from its table"
+    runs_steps = False
     poll_s = 0.0
     profile_model = ReplayProfile
     cannot_run_reason = "not in the replay table: a replay answers only the layouts it holds"

@@ -154,6 +154,14 @@ def answers(plan: Plan, rows: Sequence[Mapping[str, Any]]) -> list[SizeAnswer]:
     return out
 
 
+def plan_answers(plan: Plan) -> tuple[list[SizeAnswer], Marks]:
+    """The answer per node count before any trial: `answers` with no rows (each size the plan's
+    best predicted layout, the model's prior band) and its marks. The dry run, its --json and
+    `sweep best --plan` all show this one, as `sweep best` shows `answers` of measured rows."""
+    found = answers(plan, [])
+    return found, marks(found, plan.sweep.goal)
+
+
 def _pairs(plan: Plan, rows: Sequence[Mapping[str, Any]]) -> tuple[list[float], list[float]]:
     """Measured and predicted step times of the sweep's ok trials whose layout the plan holds."""
     from sweeper.layouts.layout import Layout
@@ -184,12 +192,52 @@ def marks(found: Sequence[SizeAnswer], goal: GoalSpec | None) -> Marks:
     return Marks(*(None if a is None else a.nodes for a in (fastest, cheapest, in_time)))
 
 
-def winner(found: Sequence[SizeAnswer], by: Winner) -> SizeAnswer | None:
-    """The measured size `sweep best` names: the fastest or the cheapest of those meeting every limit."""
-    ok = [a for a in found if a.measured and a.tokens_per_s and not a.misses]
+def winner(found: Sequence[SizeAnswer], by: Winner, *, measured: bool = True) -> SizeAnswer | None:
+    """The size `sweep best` names: the fastest or the cheapest of those meeting every limit; of
+    the measured sizes (`measured`), or of all, predicted too (`sweep best --plan`, before any trial)."""
+    ok = [a for a in found if (a.measured or not measured) and a.tokens_per_s and not a.misses]
     if by is Winner.time:
         return max(ok, key=lambda a: (a.tokens_per_s, -a.nodes), default=None)
     return min(ok, key=lambda a: (a.gpu_seconds_per_token, a.nodes), default=None)
+
+
+def verdict(a: SizeAnswer, goal: GoalSpec | None) -> str:
+    """The goal's limits for one size, stated against the model's band where the answer is predicted:
+    `met`, `met unless the model is 12 % optimistic`, `misses max_days: 34.9 > 30 unless the model is
+    16 % pessimistic`, or `... even at the top of its ±30% band`. Measured: `met` or the misses.
+
+    Pessimistic by x: the true step is the predicted one / (1 + x), so days and cost / (1 + x);
+    optimistic by y: days and cost / (1 - y)."""
+    if goal is None or a.run is None:
+        return ""
+    if a.measured or a.band is None:
+        return "misses " + "; ".join(a.misses) if a.misses else "met"
+    worst = _worst_ratio(a.run, goal)  # the largest of value / limit over the limits set
+    if worst is None:
+        return "met"
+    if a.misses:
+        need = worst - 1
+        if need <= a.band:
+            return f"misses {'; '.join(a.misses)} unless the model is {_pct(need)} pessimistic"
+        return f"misses {'; '.join(a.misses)} even at the top of its ±{100 * a.band:.0f}% band"
+    room = 1 - worst
+    if room < a.band:
+        return f"met unless the model is {_pct(room)} optimistic"
+    return "met"
+
+
+def _worst_ratio(run: RunCost, goal: GoalSpec) -> float | None:
+    ratios = []
+    if goal.max_days is not None:
+        ratios.append(run.days / goal.max_days)
+    if goal.max_cost is not None and run.cost is not None:
+        ratios.append(run.cost / goal.max_cost)
+    return max(ratios) if ratios else None
+
+
+def _pct(share: float) -> str:
+    """A share as the verdict words it, rounded up: `14 %` (at least `1 %`: a size at its limit)."""
+    return f"{max(1, math.ceil(100 * share - 1e-9)):,} %"
 
 
 def out_of_play(

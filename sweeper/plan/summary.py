@@ -152,6 +152,18 @@ def no_candidates_message(plan: Plan) -> str:
 
 
 @dataclass(frozen=True)
+class TrialStartup:
+    """What a trial costs besides its steps, and where the figure comes from (the dry run says it)."""
+
+    seconds: float = TRIAL_STARTUP_S
+    source: str = "assumed"
+    runs_steps: bool = True  # False: a trial costs no steps (a replay answers from its table)
+
+    def text(self) -> str:
+        return f"{self.seconds / 60:g} min" if self.seconds >= 120 else f"{self.seconds:.0f} s"
+
+
+@dataclass(frozen=True)
 class CostEstimate:
     """What the sweep would spend, predicted before any trial: its trials at the plan's step times."""
 
@@ -161,30 +173,36 @@ class CostEstimate:
     parallel: int  # search.parallel: trials at a time
     gpus_per_trial: int
     steps: int  # trial.steps
-    startup_s: float  # assumed per trial (TRIAL_STARTUP_S)
+    startup_s: float  # per trial (`TrialStartup`: measured, the launcher's default, or none for a replay)
     trial_s: float  # one trial, the mean over the runnable layouts (start-up + steps; at most the time limit)
     gpu_hours: float
     wall_hours: float
     gpus_most: int = 0  # over several node counts: the largest size's GPUs (gpus_per_trial: the smallest's)
+    startup: TrialStartup = TrialStartup()
 
     @property
     def assumes(self) -> str:
         """What the estimate takes for granted, in a line."""
         which = "every runnable layout" if self.trials >= self.runnable else "the mean of the runnable layouts"
+        start = f"each trial {self.startup.text()} of start-up ({self.startup.source})"
+        if not self.startup.runs_steps:
+            return f"{start} and no steps, {self.parallel} at a time"
         return (
-            f"each trial {self.startup_s / 60:g} min of start-up + {self.steps} steps at the plan's predicted "
+            f"{start} + {self.steps} steps at the plan's predicted "
             f"step time ({which}), {self.parallel} at a time; no trial stopped early, no queue wait"
         )
 
 
-def cost_estimate(plan: Plan) -> CostEstimate:
+def cost_estimate(plan: Plan, startup: TrialStartup | None = None) -> CostEstimate:
     """The sweep's trials, GPU-hours and wall time at its budget and `parallel`, from the predicted
-    step times of the layouts it may run."""
+    step times of the layouts it may run and each trial's `startup` (`launchers.trial_startup`)."""
+    startup = startup or TrialStartup()
     sweep = plan.sweep
     runnable = plan.candidate_mask
     trials = min(sweep.search.max_trials, int(runnable.sum()))
     per_trial = np.minimum(
-        TRIAL_STARTUP_S + sweep.trial.steps * plan.throughput.total[runnable], sweep.trial.timeout_min * 60
+        startup.seconds + startup.runs_steps * sweep.trial.steps * plan.throughput.total[runnable],
+        sweep.trial.timeout_min * 60,
     )
     trial_s = float(per_trial.mean()) if per_trial.size else 0.0
     parallel = min(sweep.search.parallel, max(trials, 1))
@@ -199,9 +217,10 @@ def cost_estimate(plan: Plan) -> CostEstimate:
         parallel=sweep.search.parallel,
         gpus_per_trial=gpus,
         steps=sweep.trial.steps,
-        startup_s=TRIAL_STARTUP_S,
+        startup_s=startup.seconds,
         trial_s=trial_s,
         gpu_hours=trials * gpu_s / 3600,
         wall_hours=math.ceil(trials / parallel) * trial_s / 3600,
         gpus_most=int(gpus_of.max()) if sweep.several_sizes and gpus_of.size else 0,
+        startup=startup,
     )

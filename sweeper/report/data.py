@@ -80,6 +80,16 @@ def gpu_hours(df: pd.DataFrame) -> np.ndarray:
     return np.cumsum(df["num_devices"].fillna(0).to_numpy(float) * span_s.to_numpy(float) / 3600.0)
 
 
+# how the page names the search that ran (search.sampler): `auto` is no grid (docs/search.md)
+RUN_NAMES = {
+    "auto": "Search (auto: the untried layout of highest expected gain each trial)",
+    "grid": "Grid run",
+    "random": "Random search",
+    "tpe": "TPE search",
+    "gp": "Gaussian-process search",
+}
+
+
 def summary_lines(sweep: Sweep, plan: Plan, df: pd.DataFrame) -> list[str]:
     """The page's opening text: winner and layout, margin over the runner-up, coverage, pruned and why."""
     ok = successful(df).sort_values(["mfu", "trial_number"], ascending=[False, True])
@@ -98,7 +108,7 @@ def summary_lines(sweep: Sweep, plan: Plan, df: pd.DataFrame) -> list[str]:
     share = f" ({100 * len(df) / cands:.0f}%)" if cands else ""
     statuses = ", ".join(f"{k} {v}" for k, v in Counter(df["status"]).most_common())
     lines.append(
-        f"Grid run: {len(df)} trials of {cands} candidate layouts{share}; "
+        f"{RUN_NAMES[sweep.search.sampler]}: {len(df)} trials of {cands} candidate layouts{share}; "
         f"{len(plan)} layouts in the cross product. Trials: {statuses or 'none'}."
     )
     stopped = df[df["status"] == TrialStatus.STOPPED_EARLY]
@@ -254,6 +264,8 @@ class MfuPoints:
     predicted: np.ndarray | None = None
     measured: np.ndarray | None = None
     rank_correlation: float | None = None
+    low: np.ndarray | None = None  # each trial's MFU at the ends of its 95 % interval (the measured MFU where unknown)
+    high: np.ndarray | None = None
 
 
 def mfu_points(df: pd.DataFrame, plan: Plan, sweep: Sweep) -> MfuPoints:
@@ -271,7 +283,31 @@ def mfu_points(df: pd.DataFrame, plan: Plan, sweep: Sweep) -> MfuPoints:
         )
     predicted = predict(plan.cols, sweep).mfu[idx]
     measured = ok["mfu"].to_numpy(float)
-    return MfuPoints("", ok["trial_number"].to_numpy(), predicted, measured, rank_correlation(predicted, measured))
+    low, high = interval_ends(ok)
+    return MfuPoints(
+        "", ok["trial_number"].to_numpy(), predicted, measured, rank_correlation(predicted, measured), low, high
+    )
+
+
+def interval_ends(ok: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The MFU at the ends of each ok trial's 95 % interval (`mfu_low`, `mfu_high`); the measured MFU
+    where a trial has none (too few steps, or an interval reaching 0 s at the top)."""
+    mfu = ok["mfu"].to_numpy(float)
+    low = ok["mfu_low"].to_numpy(float) if "mfu_low" in ok else np.full_like(mfu, np.nan)
+    high = ok["mfu_high"].to_numpy(float) if "mfu_high" in ok else np.full_like(mfu, np.nan)
+    return np.where(np.isnan(low), mfu, low), np.where(np.isnan(high), mfu, high)
+
+
+def colour_scale(df: pd.DataFrame) -> tuple[float, float]:
+    """The heatmaps' MFU % scale: from the lowest to the highest MFU the ok trials' intervals allow,
+    so that a tie within noise is not painted as the scale's two extremes."""
+    ok = successful(df)
+    ok = ok[ok["mfu"].notna()]
+    if ok.empty:
+        return 0.0, 1.0
+    low, high = interval_ends(ok)
+    lo, hi = 100 * float(low.min()), 100 * float(high.max())
+    return (lo, hi) if hi > lo else (lo, lo + 1.0)
 
 
 def layout_counts(df: pd.DataFrame, plan: Plan) -> dict[str, int]:

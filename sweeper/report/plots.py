@@ -14,6 +14,7 @@ from sweeper.plan.plan import Plan
 from sweeper.report.data import (
     Plot,
     cell_kinds,
+    colour_scale,
     gpu_hours,
     layout_counts,
     memory_points,
@@ -87,9 +88,7 @@ def plot_heatmaps(df: pd.DataFrame, plan: Plan, out_dir: Path) -> list[Plot]:
     from matplotlib.patches import Rectangle
 
     plots = []
-    measured = 100 * df.loc[(df["status"] == TrialStatus.OK) & df["mfu"].notna(), "mfu"].to_numpy(float)
-    lo, hi = (float(measured.min()), float(measured.max())) if measured.size else (0.0, 1.0)
-    hi = hi if hi > lo else lo + 1.0  # one colour scale for every heatmap, so colours compare across them
+    lo, hi = colour_scale(df)  # one colour scale for every heatmap, so colours compare across them
     for (attn, ckpt), _ in df.groupby(["attention", "activation_checkpointing"], sort=True):
         cells = cell_kinds(df, plan, str(attn), str(ckpt))
         tps, pps = sorted(cells["tp"].unique()), sorted(cells["pp"].unique())
@@ -217,6 +216,9 @@ def plot_mfu_pred(df: pd.DataFrame, plan: Plan, sweep: Sweep, out_dir: Path) -> 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.0, 5.0))
     ax.scatter(100 * predicted, 100 * measured, color="tab:blue")
+    if pts.low is not None and pts.high is not None:  # each trial's 95 % interval, as every table shows it
+        err = 100 * np.vstack([measured - pts.low, pts.high - measured])
+        ax.errorbar(100 * predicted, 100 * measured, yerr=err, fmt="none", ecolor="tab:blue", alpha=0.5)
     for p, m, t in zip(predicted, measured, pts.trials):
         ax.annotate(str(t), (100 * p, 100 * m), fontsize=7, xytext=(3, 3), textcoords="offset points")
     top = 100 * max(predicted.max(), measured.max()) * 1.1
@@ -226,7 +228,9 @@ def plot_mfu_pred(df: pd.DataFrame, plan: Plan, sweep: Sweep, out_dir: Path) -> 
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     rho = pts.rank_correlation
-    caption = "labels are trial numbers" + (f"; Spearman rank correlation {rho:.2f}" if rho is not None else "")
+    caption = "labels are trial numbers; bars: each trial's 95 % interval of its MFU" + (
+        f"; Spearman rank correlation {rho:.2f}" if rho is not None else ""
+    )
     return Plot(_save(fig, out_dir, "mfu_pred_vs_measured.png"), title, caption)
 
 

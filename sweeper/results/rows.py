@@ -361,8 +361,18 @@ def best_rows(rows: Iterable[Mapping[str, Any]], top: int) -> list[Mapping[str, 
     return sorted(ok, key=lambda r: (-r["mfu"], r["trial_number"]))[:top]
 
 
-def open_results(spec: str, results: Path | None) -> tuple[Path, ResultsStore]:
-    """The results folder (given, or the sweep's) and its store; a user error when it has none."""
+def no_results_message(root: Path, spec: str, option: str, *, given: bool) -> str:
+    """No results folder at `root`: run the sweep first, or (the sweep's own folder, which
+    `results_dir` makes relative to where the command runs) name the folder with `option`."""
+    if given:
+        return f"no results under {root} ({option} names a sweep's results folder, with trials/ in it)"
+    where = f" (results_dir is relative to this folder, {Path.cwd()})" if not root.is_absolute() else ""
+    return f"no results under {root}{where}: run `sweep run {spec}` first, or give the results folder with {option} DIR"
+
+
+def open_results(spec: str, results: Path | None, *, option: str = "--results") -> tuple[Path, ResultsStore]:
+    """The results folder (given, or the sweep's) and its store; a user error, naming the command's
+    `option` for a folder, when it has none."""
     from sweeper.results.identity import sweep_identity
     from sweeper.spec.loader import load_sweep
 
@@ -371,7 +381,7 @@ def open_results(spec: str, results: Path | None) -> tuple[Path, ResultsStore]:
     root = results or sweep.results_path  # type: ignore[union-attr]
     check_readable_folder(root)
     if not (root / "trials").is_dir():
-        raise SweepError(f"no results under {root} (run `sweep run {spec}` first)")
+        raise SweepError(no_results_message(root, spec, option, given=results is not None))
     if sweep is None and (root / "sweep.yaml").is_file():
         sweep = load_sweep(root / "sweep.yaml", profiles=False)
     # rows of another sweep (a copied file) or of a node count it never ran are skipped with a warning, never ranked

@@ -328,6 +328,9 @@ def step(run: SweepRun, progress: Progress | None = None) -> bool:
                 f"trial {number}: {full.result.error}. Free the space and run `sweep run` again; "
                 "the results already written are intact"
             )
+        if stops_sweep(outcome.result.to_dict()):  # the machine's fault, never the layout's
+            _machine_fault(run, item.record, outcome)
+            continue
         # a crash that is not the layout's memory, kernel or time limit may be the node's: once more
         retry = outcome.infrastructure_failure or crashed(run, outcome)
         if retry and item.record.attempt < MAX_ATTEMPTS and not run.stop_requested:
@@ -346,6 +349,20 @@ def step(run: SweepRun, progress: Progress | None = None) -> bool:
         and run.search.remaining() > 0
         and not run.search.should_stop()
     )
+
+
+def _machine_fault(run: SweepRun, rec: InFlight, outcome: JobOutcome) -> None:
+    """A trial that found no usable GPU: retried once (another node may have one); then the sweep
+    stops, and no row is written: the layout is left untried for the next run, not failed."""
+    error = (outcome.result.error or "").splitlines()[0]
+    if rec.attempt < MAX_ATTEMPTS and not run.stop_requested:
+        _resubmit(run, rec, error)
+        return
+    run.search.abandon(rec.optuna_trial)
+    run.search.running.discard(rec.row)
+    run.store.clear_inflight(rec.trial_number)
+    run.stop_requested = True
+    run.fatal = f"trial {rec.trial_number}: {error} (no result recorded: its layout stays untried)"
 
 
 def _check_environment(run: SweepRun, row: dict[str, Any]) -> None:

@@ -42,6 +42,11 @@ class ModelFile:
     text: bytes
     architecture: str
     max_positions: int | None  # max_position_embeddings: the longest sequence it was trained on
+    # what the exports write beside the shape (sweeper.trainers.export_model): None where the file
+    # gives none (each trainer's default then applies, and the export says so)
+    rope_theta: float | None = None
+    rope_scaling: dict[str, Any] | None = None
+    norm_eps: float | None = None  # rms_norm_eps (Llama, Mistral, Qwen) or layer_norm_eps
 
 
 def _dense(c: Config) -> dict[str, Any]:
@@ -208,4 +213,15 @@ def read_config(path: Path) -> tuple[ModelFile, dict[str, Any]]:
         max_positions = _int(data, "max_position_embeddings") if data.get("max_position_embeddings") else None
     except _Refused as e:
         raise SpecError(f"{where}: {e}") from None
-    return ModelFile(path, text, arch, max_positions), fields
+    return ModelFile(path, text, arch, max_positions, *_beside_shape(data)), fields
+
+
+def _beside_shape(c: Config) -> tuple[float | None, dict[str, Any] | None, float | None]:
+    """rope_theta, rope_scaling and the norm's epsilon as the file gives them (None: not given)."""
+    theta, eps = c.get("rope_theta"), c.get("rms_norm_eps", c.get("layer_norm_eps"))
+    scaling = c.get("rope_scaling")
+    return (
+        float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else None,
+        dict(scaling) if isinstance(scaling, dict) else None,
+        float(eps) if isinstance(eps, (int, float)) and not isinstance(eps, bool) else None,
+    )

@@ -405,8 +405,12 @@ class SweepFile(_Strict):
     @classmethod
     def _known_model(cls, v: str | ModelSpec | HFConfigSpec) -> str | ModelSpec | HFConfigSpec:
         if isinstance(v, str) and v.lower() not in PRESETS:
+            import difflib
+
+            close = difflib.get_close_matches(v.lower(), list(PRESETS), n=1, cutoff=0.8)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(
-                f"unknown model preset {v!r}; presets: {', '.join(PRESETS)} "
+                f"unknown model preset {v!r}{hint}; presets: {', '.join(PRESETS)} "
                 "(or give a mapping of the shape, or {hf_config: path})"
             )
         return v

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from sweeper.knobs import KNOBS
 from sweeper.layouts.stages import split_layers
+from sweeper.trainers.export_model import megatron_model_flags, model_comment, model_fields
 from sweeper.trainers.export_moe import (
     megatron_cp_moe_args,
     megatron_recompute_modules,
@@ -78,6 +79,7 @@ def layout_record(row: Mapping[str, Any], sweep: Sweep) -> dict[str, Any]:
         "layers": sweep.model.layers,
         "precision": sweep.trial.precision,
         **moe_fields(sweep),
+        "model_shape": model_fields(sweep),  # every model field, none dropped (export_model)
     }
 
 
@@ -272,6 +274,7 @@ def to_torchtitan(row: Mapping[str, Any], sweep: Sweep) -> str:
         ),
     ]
     lines += [f"# no torchtitan option: {n}" for n in notes]
+    lines += [f"# {n}" for n in model_comment(sweep, "torchtitan")]
     if not rec["float8"]:
         lines.append('# float8=false (to enable: [model] converters = ["quantize.linear.float8"])')
     for name, values in sections.items():
@@ -328,6 +331,7 @@ def to_torchtitan_cli(row: Mapping[str, Any], sweep: Sweep) -> str:
         f"# names from pytorch/torchtitan {TORCHTITAN_CLI_VERSION} torchtitan/config/configs.py and trainer.py",
     ]
     lines += [f"# no torchtitan option: {n}" for n in notes + model_notes]
+    lines += [f"# {n}" for n in model_comment(sweep, "torchtitan")]
     return "\n".join(lines + _shell_lines(args)) + "\n"
 
 
@@ -467,6 +471,7 @@ def to_megatron(row: Mapping[str, Any], sweep: Sweep) -> str:
     ]
     lines += [f"# environment: {n}" for n in env_notes]
     lines += [f"# no Megatron-LM flag: {n}" for n in notes]
+    lines.append(f"# the model (add to your command): {' '.join(megatron_model_flags(sweep))}")
     return "\n".join(lines + _shell_lines(args)) + "\n"
 
 

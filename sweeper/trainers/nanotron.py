@@ -21,11 +21,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import yaml
 
+from sweeper.errors import SweepError
 from sweeper.estimate.memory import compute_bytes
 from sweeper.spec.memory_options import NanotronMemory, StateBytes
 from sweeper.spec.traits import PipelineStall, TimeTraits
 from sweeper.trainers.base import EnvNeeds, ParsedLog, Recipe, TableRecipe, Trainer
 from sweeper.trainers.export import layout_record, provenance_suffix
+from sweeper.trainers.export_model import model_fields
 
 if TYPE_CHECKING:
     from sweeper.layouts.layout import Columns
@@ -115,8 +117,15 @@ def nanotron_config(rec: Mapping[str, Any], sweep: Sweep) -> tuple[dict[str, Any
     """A layout record (`export.layout_record`) as nanotron's config (the YAML's mapping), and the
     knob values and model settings it has no field for."""
     m = sweep.model
+    if rec["sharding"] == "fsdp":  # zero_stage 0 or 1 would hold each stage's full weights and gradients
+        raise SweepError(
+            "sharding=fsdp: nanotron has no FSDP (its optimizer shards at most the optimizer state, "
+            "zero_stage: 1), so this layout cannot be exported as run; export a sweep whose "
+            "space.sharding is [none, zero1]"
+        )
     notes: list[str] = []
     sp = bool(rec["sequence_parallel"]) and rec["tp"] > 1
+    notes += _dropped_knobs(rec)
     if rec["attention"] != "flash2":
         notes.append(
             f"attention={rec['attention']}: nanotron's Llama always calls flash-attn 2 (flash_attn_varlen_func)"
@@ -127,8 +136,18 @@ def nanotron_config(rec: Mapping[str, Any], sweep: Sweep) -> tuple[dict[str, Any
         notes.append(
             f"model mlp={m.mlp}, norm={m.norm}, position={m.position}: nanotron's Llama is SwiGLU, RMSNorm, RoPE"
         )
+    biases = [b for b in ("qkv_bias", "attention_bias", "mlp_bias") if getattr(m, b)]
+    if biases:
+        notes.append(f"model {', '.join(f'{b}=true' for b in biases)}: nanotron's Llama has no biases")
     if m.head_dim and m.head_dim * m.heads != m.hidden:
         notes.append(f"model head_dim={m.head_dim}: nanotron's LlamaConfig derives it as hidden / heads")
+    shape = model_fields(sweep)
+    given = ("norm_eps", "rope_theta", "max_positions")
+    notes += [
+        f"model {k}: not given by the sweep's model; nanotron's LlamaConfig value written"
+        for k in given
+        if shape[k] is None
+    ]
     parallelism = {
         "dp": rec["dp"],
         "tp": rec["tp"],
@@ -150,15 +169,15 @@ def nanotron_config(rec: Mapping[str, Any], sweep: Sweep) -> tuple[dict[str, Any
         "initializer_range": 0.02,
         "intermediate_size": m.ffn,
         "is_llama_config": True,
-        "max_position_embeddings": rec["seq_len"],
+        "max_position_embeddings": max(rec["seq_len"], shape["max_positions"] or 0),
         "num_attention_heads": m.heads,
         "num_hidden_layers": m.layers,
         "num_key_value_heads": m.kv_heads,
         "pad_token_id": None,
         "pretraining_tp": 1,
-        "rms_norm_eps": 1e-5,
-        "rope_scaling": None,
-        "rope_theta": 10000.0,
+        "rms_norm_eps": shape["norm_eps"] or 1e-5,
+        "rope_scaling": shape["rope_scaling"],
+        "rope_theta": shape["rope_theta"] or 10000.0,
         "rope_interleaved": False,
         "tie_word_embeddings": bool(m.tied_embeddings),
         "use_cache": True,
@@ -218,6 +237,23 @@ def nanotron_config(rec: Mapping[str, Any], sweep: Sweep) -> tuple[dict[str, Any
         ],
     }
     return config, notes
+
+
+def _dropped_knobs(rec: Mapping[str, Any]) -> list[str]:
+    """The knob values nanotron's config has no field for, each named (docs/exports.md: never dropped)."""
+    out = []
+    if rec["activation_checkpointing"] not in ("none", "full"):
+        out.append(
+            f"activation_checkpointing={rec['activation_checkpointing']}: nanotron recomputes whole layers "
+            "(recompute_layer) or nothing; written as recompute_layer: false (more activation memory)"
+        )
+    if rec["compile"]:
+        out.append("compile=true: nanotron has no torch.compile option")
+    if rec["float8"]:
+        out.append("float8=true: nanotron's Llama has no float8 option at this commit")
+    if rec.get("virtual_stages", 1) > 1:
+        out.append(f"virtual_stages={rec['virtual_stages']}: nanotron has no interleaved pipeline schedule")
+    return out
 
 
 def launch_command(rec: Mapping[str, Any], sweep: Sweep) -> str:

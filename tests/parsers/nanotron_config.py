@@ -52,6 +52,7 @@ for line in sys.stdin:
                 mc.max_position_embeddings,
             ],
             "dummy_data": cfg.data_stages[0].data.dataset is None,
+            "rope": [mc.rope_theta, mc.rope_scaling, mc.rms_norm_eps],
         }
     except Exception as e:  # a refused config is the answer, whatever the loader raises
         out = {"ok": False, "error": f"{type(e).__name__}: {e}"}
