@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import optuna
 import pandas as pd
 import pytest
@@ -225,3 +226,33 @@ def test_compare_lines_up_a_layout_across_node_counts(tmp_path):
     assert layouts[0]["kept"] == pytest.approx(0.8) and layouts[0]["16"] == pytest.approx(0.45)
     table = sweep_cli("compare", "x", "--results-a", str(tmp_path / "r"), cwd=tmp_path).stdout
     assert "32 nodes" in table and "80%" in table
+
+
+def test_the_next_trial_goes_to_the_challenger_whose_band_reaches_furthest_not_to_a_marks_holder():
+    from sweeper.search.sizes import SizeBounds, reach
+
+    # 8 nodes holds both marks (1.0e6 tokens/s, 15.6k per GPU); 16 can beat it by time only at the
+    # top of its band (1.5e6 against 1.0e6); 32 cannot (0.9e6); 8's own band counts for nothing
+    b = SizeBounds(upper={8: 2.0e6, 16: 1.5e6, 32: 0.9e6}, lower={}, seen={8: 1.0e6, 16: 0.8e6, 32: 0.5e6})
+    r = reach(b)
+    assert r[8] == float("-inf") and r[16] == pytest.approx(np.log(1.5)) and r[32] < 0
+    assert max(r, key=r.get) == 16
+
+
+def test_a_size_whose_best_is_well_below_its_predicted_best_stays_in_play(tmp_path):
+    from sweeper.search.sizes import size_bounds
+
+    sweep = parse_sweep(
+        yaml.safe_dump(_spec(tmp_path, cluster={"nodes": [8, 16], "gpus_per_node": 8, "gpu": "a100-80gb"}))
+    )
+    work = sweep.global_batch_size * sweep.seq_len
+    nodes = np.array([8, 8, 16, 16])
+    measured = {0: 10.0, 2: 30.0}  # 16 nodes measured 3x slower than the model's best there
+    untried = np.array([1, 3])
+    expected = np.array([12.0, 40.0])  # the residual learned the miss: 16's untried expected slow too
+    sigma = np.array([0.05, 0.05])
+    model = np.array([11.0, 6.0])  # the calibrated model: 16's best untried at 6 s
+    b = size_bounds(sweep, nodes, measured, untried, expected, sigma, model)
+    assert b.seen[16] == pytest.approx(work / 30.0)
+    assert b.upper[16] == pytest.approx(work / 6.0 * np.exp(2 * 0.2))  # the model's best, top of the prior band
+    assert b.upper[8] == pytest.approx(work / 10.0)  # found near its prediction: the residual's band

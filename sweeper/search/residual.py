@@ -68,10 +68,12 @@ EFFECT_INTERCEPT = 3.0
 DERIVED = ("grad_accum",)
 
 
-def features(cols: dict[str, np.ndarray], rows: np.ndarray, searched: Sequence[str]) -> np.ndarray:
+def features(
+    cols: dict[str, np.ndarray], rows: np.ndarray, searched: Sequence[str], extra: np.ndarray | None = None
+) -> np.ndarray:
     """One row of features per layout: numeric knobs and the `DERIVED` sizes that vary as log2 scaled
-    to [0, 1], the other knobs one-hot."""
-    out = []
+    to [0, 1], the other knobs one-hot; `extra` (one row per layout of `rows`) appended as given."""
+    out = [] if extra is None else [np.asarray(extra, dtype=float).reshape(len(rows), -1)]
     derived = [k for k in DERIVED if k in cols and np.unique(cols[k][rows]).size > 1]
     for k in [*searched, *derived]:
         v = cols[k][rows]

@@ -32,7 +32,8 @@ from sweeper.search.learn import Learning
 from sweeper.search.prior import EffectPrior, Prior
 from sweeper.search.residual import Residual, features, ok_chance
 from sweeper.search.schedule import Schedule, make_sampler
-from sweeper.search.sizes import at_next_size, sizes_out_of_play
+from sweeper.search.sizes import at_next_size, reach, size_bounds, sizes_out_of_play
+from sweeper.search.span import size_features
 from sweeper.search.stopping import SlowerThanBest, mfu_seconds
 from sweeper.search.study import mirror_trial, open_study, tell_study, trial_attrs
 from sweeper.statuses import PlanStatus, TrialStatus
@@ -142,7 +143,8 @@ class LayoutSearch:
         self._scored = np.flatnonzero(plan.status != PlanStatus.INVALID)
         self._pos = np.full(len(plan), -1, dtype=np.int64)
         self._pos[self._scored] = np.arange(self._scored.size)
-        self.residual = Residual(features(plan.cols, self._scored, self.searched))
+        extra = size_features(plan, self._scored) if self.sweep.several_sizes else None
+        self.residual = Residual(features(plan.cols, self._scored, self.searched, extra))
         # learned knob-value effects: the residual's prior mean (None without a learned profile)
         effects = EffectPrior(plan.cols, self._scored, self.searched, prior) if prior else None
         self.effects = effects if effects is not None and effects.active else None
@@ -204,16 +206,20 @@ class LayoutSearch:
         return Proposal(self.enqueue(row, trial_number=trial_number), row, self.plan.layout(row))
 
     def _at_next_size(self, rows: np.ndarray) -> np.ndarray:
-        """`rows` of the size the next trial is spent on; `left_out`: the sizes that cannot win, why."""
+        """`rows` of the size the next trial is spent on (`sweeper.search.sizes`); `left_out`: the sizes
+        that cannot win, and why."""
         if not self.sweep.several_sizes:
             return rows
         ok = {int(r): t for r, t in self.learning.measured.items() if self.outcome.get(int(r)) == TrialStatus.OK}
-        measured_rows = np.asarray(list(ok), dtype=np.int64)
         untried = np.asarray(self.untried(), dtype=np.int64)
-        model_s = self.model_step_s(measured_rows) if measured_rows.size else np.zeros(0)
-        expected_s = self.expected_step_s(untried) if untried.size else np.zeros(0)
-        self.left_out = sizes_out_of_play(self.sweep, self.plan.nodes, ok, model_s, untried, expected_s)
-        return at_next_size(self.sweep, self.plan.nodes, rows, [*self.done, *self.running], self.left_out)
+        expected_s, sigma = self.expected_step_s(untried), np.zeros(untried.size)
+        if untried.size:
+            sigma = self.residual.predict(self._pos[untried])[1]
+        bounds = size_bounds(self.sweep, self.plan.nodes, ok, untried, expected_s, sigma, self.model_step_s(untried))
+        self.left_out = sizes_out_of_play(self.sweep, bounds)
+        started = [*self.done, *self.running]
+        reaches = reach(bounds)
+        return at_next_size(self.sweep, self.plan.nodes, rows, started, self.left_out, reaches)
 
     def choose(self, *, max_rejections: int = 200) -> int | None:
         """The plan row to run next, marked running (its study trial is made by `enqueue`), or None."""
