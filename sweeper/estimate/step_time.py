@@ -45,6 +45,7 @@ from sweeper.spec.traits import TimeTraits
 if TYPE_CHECKING:
     from sweeper.spec.sweep import Sweep
 
+ReductionGroups = list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (params per rank, ranks, stride)
 GIGA = 1e9
 GEMM_HALF_SIZE = 0.5  # M*N (in 2^20 elements) at which a GEMM reaches half its large-size efficiency
 # attention kernels against FlashAttention-2's share of the GPU (FlashAttention-2 reports ~2x
@@ -144,130 +145,207 @@ def gemm_efficiency_at(gemm: np.ndarray, cols: Columns, sweep: Sweep) -> np.ndar
     return eff * np.where(cols["float8"].astype(bool) & gpu.supports_fp8, FLOAT8_SPEEDUP, 1.0)
 
 
-def predict_table(cols: Columns, sweep: Sweep, calibration: Calibration, traits: TimeTraits) -> StepTime:
-    """`predict` from the GPU table's figures and the trainer's traits."""
-    m, gpu, cl = sweep.model, sweep.cluster.gpu, sweep.cluster
-    s, L, h, a = sweep.seq_len, m.layers, m.hidden, m.heads
+@dataclass(frozen=True)
+class _Basis:
+    """What every part of the step reads: the layouts' columns and the figures derived once from them."""
+
+    cols: Columns
+    sweep: Sweep
+    traits: TimeTraits
+    e: float  # bytes per activation element
+    peak: float  # FLOP/s of one GPU at the trial's precision
+    tokens_gpu: float  # tokens per step per GPU's share of the model
+    tp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    cp: np.ndarray
+    accum: np.ndarray
+    chunks: np.ndarray
+    full: np.ndarray  # full activation checkpointing
+    ffn: np.ndarray  # the MLPs recomputed
+    busiest: np.ndarray  # layers on the most loaded pipeline rank
+    imbalance: np.ndarray  # busiest / mean layers per rank: the pipeline runs at its pace
+    per_mb_layers: np.ndarray  # block passes the busiest GPU runs per step
+    per_flop: np.ndarray  # seconds per matmul FLOP of a token at this layout's GEMM efficiency
+    act_bytes: np.ndarray  # one micro-batch's activations of a rank (seq/cp tokens x hidden)
+
+
+def _basis(cols: Columns, sweep: Sweep, traits: TimeTraits) -> _Basis:
+    m, cl = sweep.model, sweep.cluster
+    peak = cl.gpu.peak_flops(sweep.trial.precision)
+    tokens_gpu = sweep.global_batch_size * sweep.seq_len / cl.world
+    tp, pp, dp, cp = (cols[k].astype(float) for k in ("tp", "pp", "dp", "cp"))
+    accum = np.maximum(cols["grad_accum"], 1).astype(float)
+    busiest = busiest_stage_layers(cols, m.layers)
+    imbalance = busiest * pp / m.layers
     e = compute_bytes(sweep)
-    tp, pp, dp = (cols[k].astype(float) for k in ("tp", "pp", "dp"))
-    mbs, accum = cols["micro_batch_size"].astype(float), np.maximum(cols["grad_accum"], 1).astype(float)
-    peak = gpu.peak_flops(sweep.trial.precision)
-    tokens_gpu = sweep.global_batch_size * s / cl.world  # tokens per step, per GPU share of the model
     mode = cols["activation_checkpointing"]
-    full = mode == "full"
-
-    # uneven stages: the pipeline runs at the pace of its most loaded rank
-    busiest = busiest_stage_layers(cols, L)
-    imbalance = busiest * pp / L
-
-    # --- matmuls with the weights: fwd 2N, bwd 4N (flops.py); recomputed forwards apart ---
-    eff = gemm_efficiency(cols, sweep)
-    per_flop = tokens_gpu * imbalance / (peak * eff)
-    q = m.q_dim
-    routed = routed_flops_per_token(m)  # the routed experts: grouped GEMMs at their own size
-    matmul = (model_flops_per_token(m, s) - 12.0 * L * q * s - routed) * per_flop
-    expert_per_flop = np.zeros(len(tp))
-    if routed:
-        expert_eff = gemm_efficiency_at(expert_gemm_size(cols, sweep), cols, sweep)
-        expert_per_flop = tokens_gpu * imbalance * expert_imbalance(cols) / (peak * expert_eff)
-    expert_matmul = routed * expert_per_flop
-    re_flops = np.select(
-        [full, mode == "ffn"], [recompute_flops_per_token(m, s, "full"), recompute_flops_per_token(m, s, "ffn")], 0.0
+    return _Basis(
+        cols=cols,
+        sweep=sweep,
+        traits=traits,
+        e=e,
+        peak=peak,
+        tokens_gpu=tokens_gpu,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        cp=cp,
+        accum=accum,
+        chunks=cols["chunks"].astype(float),
+        full=mode == "full",
+        ffn=mode == "ffn",
+        busiest=busiest,
+        imbalance=imbalance,
+        per_mb_layers=busiest * accum,
+        per_flop=tokens_gpu * imbalance / (peak * gemm_efficiency(cols, sweep)),
+        act_bytes=cols["micro_batch_size"].astype(float) * sweep.seq_len / cp * m.hidden * e,
     )
-    re_routed = np.where(full | (mode == "ffn"), routed / 3.0, 0.0)  # the routed experts' forward again
 
-    # --- attention: flash-like at a share of peak; score kernels add s x s HBM traffic -------
-    kernel = cols["attention"]
+
+def _hbm_s(b: _Basis, bytes_per_token: np.ndarray | float) -> np.ndarray:
+    """Seconds to stream `bytes_per_token` for each of the busiest rank's tokens through HBM."""
+    return bytes_per_token * b.tokens_gpu * b.imbalance / (b.sweep.cluster.gpu.hbm_gbps * GIGA)
+
+
+def _matmuls(b: _Basis) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The weights' matmuls (fwd 2N, bwd 4N, flops.py) and the routed experts' grouped GEMMs at their
+    own size; with the experts' seconds per FLOP, which their recomputation pays too."""
+    m, s = b.sweep.model, b.sweep.seq_len
+    routed = routed_flops_per_token(m)
+    matmul = (model_flops_per_token(m, s) - 12.0 * m.layers * m.q_dim * s - routed) * b.per_flop
+    expert_per_flop = np.zeros(len(b.tp))
+    if routed:
+        expert_eff = gemm_efficiency_at(expert_gemm_size(b.cols, b.sweep), b.cols, b.sweep)
+        expert_per_flop = b.tokens_gpu * b.imbalance * expert_imbalance(b.cols) / (b.peak * expert_eff)
+    return matmul, routed * expert_per_flop, expert_per_flop
+
+
+def _attention(b: _Basis) -> tuple[np.ndarray, np.ndarray]:
+    """Attention, flash-like at a share of peak (score kernels add s x s HBM traffic), and its
+    recomputation under full checkpointing."""
+    m, s, gpu = b.sweep.model, b.sweep.seq_len, b.sweep.cluster.gpu
+    kernel = b.cols["attention"]
     scores = np.isin(kernel, SCORE_KERNELS)
     share = np.select(
         [kernel == "cudnn", *(kernel == k for k in FLASH2_RELATIVE)],
         [gpu.fused_attention_share, *(gpu.flash2_share * v for v in FLASH2_RELATIVE.values())],
         gpu.flash2_share,
     )
-    attn_eff = np.where(scores, eff, share)
-    attn_per_flop = tokens_gpu * imbalance / (peak * attn_eff)
+    attn_eff = np.where(scores, gemm_efficiency(b.cols, b.sweep), share)
+    attn_per_flop = b.tokens_gpu * b.imbalance / (b.peak * attn_eff)
     score_bytes = np.select([kernel == k for k in SCORE_KERNELS], [SCORE_BYTES[k] for k in SCORE_KERNELS], 0.0)
-    attention = 12.0 * L * q * s * attn_per_flop + L * a * s * score_bytes * tokens_gpu * imbalance / (
-        gpu.hbm_gbps * GIGA
+    flops = 12.0 * m.layers * m.q_dim * s
+    attention = flops * attn_per_flop + _hbm_s(b, m.layers * m.heads * s * score_bytes)
+    return attention, np.where(b.full, 4.0 * m.layers * m.q_dim * s, 0.0) * attn_per_flop  # the forward again
+
+
+def _recompute_matmuls(b: _Basis, expert_per_flop: np.ndarray) -> np.ndarray:
+    """The forward matmuls checkpointing runs again (attention apart, `_attention`)."""
+    m, s = b.sweep.model, b.sweep.seq_len
+    re_flops = np.select(
+        [b.full, b.ffn], [recompute_flops_per_token(m, s, "full"), recompute_flops_per_token(m, s, "ffn")], 0.0
     )
-    re_attention = np.where(full, 4.0 * L * q * s, 0.0) * attn_per_flop
-    recompute_matmul = (re_flops - np.where(full, 4.0 * L * q * s, 0.0) - re_routed) * per_flop
-    recompute_matmul = recompute_matmul + re_routed * expert_per_flop
+    re_routed = np.where(b.full | b.ffn, routed_flops_per_token(m) / 3.0, 0.0)  # the routed experts' forward
+    dense = (re_flops - np.where(b.full, 4.0 * m.layers * m.q_dim * s, 0.0) - re_routed) * b.per_flop
+    return dense + re_routed * expert_per_flop
 
-    # --- elementwise: norms (replicated over tp without sequence parallel), RoPE, SwiGLU ----
-    sp = cols["effective_sp"]
+
+def _memory_bound(b: _Basis) -> np.ndarray:
+    """Elementwise traffic: norms (replicated over tp without sequence parallel), RoPE, SwiGLU, and
+    the loss on the last stage, whose GPUs hold the vocab/tp logits of tokens_gpu * tp * pp tokens."""
+    m, e, cols = b.sweep.model, b.e, b.cols
     norm_passes = np.where(cols["rmsnorm"] == "fused", NORM_PASSES["fused"], NORM_PASSES["eager"])
-    norm_bytes = 2 * norm_passes * h * e * np.where(sp, 1.0, tp)  # per token per layer, this GPU's share x tp
-    other_bytes = (12 * (h + 2 * m.kv_dim) + 18 * mlp_elementwise_width(m) + 12 * h) * e + moe_permute_bytes(m, e)
-    memory_bound = L * (norm_bytes + other_bytes) * tokens_gpu * imbalance / (gpu.hbm_gbps * GIGA)
-    memory_bound = memory_bound * np.where(cols["compile"].astype(bool), COMPILE_ELEMENTWISE, 1.0)
-    # the loss on the last stage: each of its GPUs holds the vocab/tp logits of tokens_gpu * tp * pp tokens
-    loss_logits = tokens_gpu * pp * m.vocab
-    memory_bound = memory_bound + traits.loss_traffic_per_logit * loss_logits / (gpu.hbm_gbps * GIGA)
+    norm_bytes = 2 * norm_passes * m.hidden * e * np.where(cols["effective_sp"], 1.0, b.tp)
+    width = 12 * (m.hidden + 2 * m.kv_dim) + 18 * mlp_elementwise_width(m) + 12 * m.hidden
+    other_bytes = width * e + moe_permute_bytes(m, e)  # RoPE, SwiGLU, residuals; a mixture's permutes
+    blocks = _hbm_s(b, m.layers * (norm_bytes + other_bytes))
+    blocks = blocks * np.where(cols["compile"].astype(bool), COMPILE_ELEMENTWISE, 1.0)
+    loss_logits = b.tokens_gpu * b.pp * m.vocab
+    return blocks + b.traits.loss_traffic_per_logit * loss_logits / (b.sweep.cluster.gpu.hbm_gbps * GIGA)
 
-    per_mb_layers = busiest * accum  # block passes the busiest GPU runs per step
-    moe_overhead = moe_block_overhead_s(m, per_mb_layers)  # a MoE block's host-side cost (estimate.moe)
-    framework = LAYER_OVERHEAD_S * per_mb_layers + traits.microbatch_s * accum + moe_overhead
-    re_framework = np.where(full, 0.5 * LAYER_OVERHEAD_S * per_mb_layers, 0.0)
-    re_framework = re_framework + np.where(full | (mode == "ffn"), 0.5 * moe_overhead, 0.0)
-    recompute = recompute_matmul + re_attention + re_framework
-    if traits.memory_pressure > 0:  # counted as framework time: the allocator's, not the model's
-        share = estimate(cols, sweep).total / (gpu.memory_gib * 2**30)
-        slow = traits.memory_pressure * np.clip((share - 0.9) / 0.1, 0.0, 1.0)
-        framework = framework + slow * (matmul + expert_matmul + attention + memory_bound + framework + recompute)
-    work = matmul + expert_matmul + attention + memory_bound + framework + recompute
 
-    # --- pipeline bubble: (pp-1)/(v*m) of the work (Megatron-LM, Narayanan et al. 2021, sec. 2.2);
-    # with fewer micro-batches than stages the same formula prices the longer fill and drain
-    chunks = cols["chunks"].astype(float)
-    bubble_share = np.where(pp > 1, (pp - 1) / chunks / accum, 0.0)
-    bubble = work * bubble_share
-    # a trainer's random pipeline stall (PipelineStall): m x the stall whatever pp (a stalled run's
-    # step in the ultrascale sweep), so outside the bubble; counted as framework time
-    if traits.pp_stall is not None:
-        framework = framework + np.where(pp > 1, traits.pp_stall.cost_s(cl.nodes) * accum, 0.0)
+def _framework(b: _Basis) -> tuple[np.ndarray, np.ndarray]:
+    """Launch and framework cost per block and per micro-batch (a MoE block's host-side cost,
+    estimate.moe, included), and what checkpointing's second forward adds to it."""
+    moe_overhead = moe_block_overhead_s(b.sweep.model, b.per_mb_layers)
+    framework = LAYER_OVERHEAD_S * b.per_mb_layers + b.traits.microbatch_s * b.accum + moe_overhead
+    again = np.where(b.full, 0.5 * LAYER_OVERHEAD_S * b.per_mb_layers, 0.0)
+    return framework, again + np.where(b.full | b.ffn, 0.5 * moe_overhead, 0.0)
 
-    # --- tensor parallel: with SP 2 all-gathers + 2 reduce-scatters per block forward and as
-    # many backward (the volume of 4 all-reduces); without SP 4 all-reduces (6 with full recompute)
-    intra = np.full(len(tp), gpu.intra_gbps)
-    cp = cols["cp"].astype(float)
-    act_bytes = mbs * s / cp * h * e  # a rank's seq/cp tokens
-    n_coll = np.where(sp, 8.0, 4.0) * np.where(full, 1.5, 1.0)
+
+def _memory_pressure(b: _Basis, busy: np.ndarray) -> np.ndarray:
+    """The allocator's slowdown of a trainer that runs near a full card (counted as framework time)."""
+    if b.traits.memory_pressure <= 0:
+        return np.zeros(len(b.tp))
+    share = estimate(b.cols, b.sweep).total / (b.sweep.cluster.gpu.memory_gib * 2**30)
+    return b.traits.memory_pressure * np.clip((share - 0.9) / 0.1, 0.0, 1.0) * busy
+
+
+def _bubble_share(b: _Basis) -> np.ndarray:
+    """(pp-1)/(v*m) of the work (Megatron-LM, Narayanan et al. 2021, sec. 2.2); with fewer
+    micro-batches than stages the same formula prices the longer fill and drain."""
+    return np.where(b.pp > 1, (b.pp - 1) / b.chunks / b.accum, 0.0)
+
+
+def _pp_stall(b: _Basis) -> np.ndarray:
+    """A trainer's random pipeline stall (PipelineStall): m x the stall whatever pp (a stalled run's
+    step in the ultrascale sweep), so outside the bubble; counted as framework time."""
+    stall = b.traits.pp_stall
+    if stall is None:
+        return np.zeros(len(b.tp))
+    return np.where(b.pp > 1, stall.cost_s(b.sweep.cluster.nodes) * b.accum, 0.0)
+
+
+def _tp_comm(b: _Basis, bubble_share: np.ndarray) -> np.ndarray:
+    """Tensor parallel: with SP 2 all-gathers + 2 reduce-scatters per block forward and as many
+    backward (the volume of 4 all-reduces); without SP 4 all-reduces (6 with full recompute)."""
+    traits, tp = b.traits, b.tp
+    intra = b.sweep.cluster.gpu.intra_gbps
+    again = np.where(b.full, 1.5, 1.0)
+    n_coll = np.where(b.cols["effective_sp"], 8.0, 4.0) * again
     latency = (
         traits.tp_collective_s
         if traits.tp_collective_pp_s is None
-        else np.where(pp > 1, traits.tp_collective_pp_s, traits.tp_collective_s)
+        else np.where(b.pp > 1, traits.tp_collective_pp_s, traits.tp_collective_s)
     )
-    tp_per_block = np.where(
-        tp > 1,
-        4.0 * np.where(full, 1.5, 1.0) * 2 * (tp - 1) / tp * act_bytes / (intra * GIGA) + n_coll * latency,
-        0.0,
-    )
-    tp_comm = tp_per_block * per_mb_layers * (1 + bubble_share) * tp_block_share(m)
+    volume_s = 4.0 * again * 2 * (tp - 1) / tp * b.act_bytes / (intra * GIGA)
+    per_block = np.where(tp > 1, volume_s + n_coll * latency, 0.0)
+    return per_block * b.per_mb_layers * (1 + bubble_share) * tp_block_share(b.sweep.model)
 
-    # --- context parallel's K/V exchange (a ring hides behind the attention of the remote chunks)
-    # and the experts' token all-to-alls (sweeper.estimate.moe) ------------------------------------
-    moves = per_mb_layers * (3.0 + full) * (1 + bubble_share)
-    cp_raw, cp_hideable = cp_exchange(cols, sweep, e, moves, ring=traits.cp_ring)
-    remote = (attention + re_attention) * (cp - 1) / cp * (1 + bubble_share)
-    cp_comm = cp_raw - np.minimum(cp_hideable, CP_RING_HIDDEN * remote)
-    ep_comm = ep_alltoall(cols, sweep, e, per_mb_layers * (2.0 + full) * (1 + bubble_share))
 
-    # --- pipeline sends: activations forward, gradients back, per micro-batch per boundary ---
-    ranks_per_stage = tp * cp * dp
-    pp_gbps = np.where(ranks_per_stage >= cl.gpus_per_node, gpu.inter_gbps, gpu.intra_gbps)
-    sends = 2 * accum * chunks + 2 * (pp - 1) * chunks  # the steady state plus fill and drain
-    pp_bytes = act_bytes / np.where(sp, tp, 1.0)
-    pp_comm = np.where(pp > 1, sends * (pp_bytes / (pp_gbps * GIGA) + traits.p2p_latency_s), 0.0)
+def _cp_comm(b: _Basis, attention: np.ndarray, bubble_share: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Context parallel's K/V exchange, exposed and raw: a ring hides behind the attention of the
+    remote chunks (sweeper.estimate.moe)."""
+    moves = b.per_mb_layers * (3.0 + b.full) * (1 + bubble_share)
+    raw, hideable = cp_exchange(b.cols, b.sweep, b.e, moves, ring=b.traits.cp_ring)
+    remote = attention * (b.cp - 1) / b.cp * (1 + bubble_share)
+    return raw - np.minimum(hideable, CP_RING_HIDDEN * remote), raw
 
-    # --- data parallel: fp32 gradient all-reduce (DDP), reduce-scatter + bf16 all-gather
-    # (ZeRO-1 / distributed optimizer), or FSDP's per-use gathers and reductions -------------
-    # dense parameters over dp*cp, a mixture's routed experts over expert data parallel (estimate.moe)
-    groups = reduction_groups(cols, sweep)
-    sharding = cols["sharding"]
-    zero1 = sharding == "zero1"
-    fsdp = sharding == "fsdp"
-    reduce_raw = np.zeros(len(tp))
+
+def _ep_comm(b: _Basis, bubble_share: np.ndarray) -> np.ndarray:
+    """The experts' token all-to-alls and expert-tp gathers (sweeper.estimate.moe)."""
+    return ep_alltoall(b.cols, b.sweep, b.e, b.per_mb_layers * (2.0 + b.full) * (1 + bubble_share))
+
+
+def _pp_comm(b: _Basis) -> np.ndarray:
+    """Pipeline sends: activations forward, gradients back, per micro-batch per boundary."""
+    cl = b.sweep.cluster
+    ranks_per_stage = b.tp * b.cp * b.dp
+    gbps = np.where(ranks_per_stage >= cl.gpus_per_node, cl.gpu.inter_gbps, cl.gpu.intra_gbps)
+    sends = 2 * b.accum * b.chunks + 2 * (b.pp - 1) * b.chunks  # the steady state plus fill and drain
+    sent = b.act_bytes / np.where(b.cols["effective_sp"], b.tp, 1.0)
+    return np.where(b.pp > 1, sends * (sent / (gbps * GIGA) + b.traits.p2p_latency_s), 0.0)
+
+
+def _dp_comm(b: _Basis, work: np.ndarray, groups: ReductionGroups) -> tuple[np.ndarray, np.ndarray]:
+    """Data parallel, exposed and raw: fp32 gradient all-reduce (DDP), reduce-scatter + bf16
+    all-gather (ZeRO-1 / distributed optimizer), or FSDP's per-use gathers and reductions; dense
+    parameters over dp*cp, a mixture's routed experts over expert data parallel (estimate.moe)."""
+    gpu, cl, e, traits = b.sweep.cluster.gpu, b.sweep.cluster, b.e, b.traits
+    sharding = b.cols["sharding"]
+    zero1, fsdp = sharding == "zero1", sharding == "fsdp"
+    reduce_raw = np.zeros(len(b.tp))
     for group_params, ranks, stride in groups:
         ar_bw = bus_gbps(gpu, cl.gpus_per_node, ranks, stride, gather=False)
         ag_bw = bus_gbps(gpu, cl.gpus_per_node, ranks, stride, gather=True)
@@ -277,37 +355,59 @@ def predict_table(cols: Columns, sweep: Sweep, calibration: Calibration, traits:
             allreduce_s(group_params * 4.0, ranks, ar_bw),
         )
     params = sum(g[0] for g in groups)
-    replicas = dp * cp  # what FSDP shards over
-    ag_bw = bus_gbps(gpu, cl.gpus_per_node, replicas, tp, gather=True)
-    per_mb_sync = (sharding == "none") & (pp > 1) & traits.grad_sync_per_microbatch_pp
-    reduce_raw = np.where(per_mb_sync, reduce_raw * accum, reduce_raw)
-    last_backward = (2.0 / 3.0) * work / accum
-    fsdp_volume = np.where(pp > 1, 1.0, accum) * (2 * params * e) + params * 4.0  # gathers (+per micro-batch) + RS
+    replicas = b.dp * b.cp  # what FSDP shards over
+    ag_bw = bus_gbps(gpu, cl.gpus_per_node, replicas, b.tp, gather=True)
+    per_mb_sync = (sharding == "none") & (b.pp > 1) & traits.grad_sync_per_microbatch_pp
+    reduce_raw = np.where(per_mb_sync, reduce_raw * b.accum, reduce_raw)
+    last_backward = (2.0 / 3.0) * work / b.accum
+    fsdp_volume = np.where(b.pp > 1, 1.0, b.accum) * (2 * params * e) + params * 4.0  # gathers (+per mb) + RS
     fsdp_raw = np.where(replicas > 1, (replicas - 1) / np.maximum(replicas, 1) * fsdp_volume / (ag_bw * GIGA), 0.0)
-    dp_raw = np.where(fsdp, fsdp_raw, reduce_raw)
-    dp_comm = np.where(
+    raw = np.where(fsdp, fsdp_raw, reduce_raw)
+    exposed = np.where(
         fsdp,
         np.maximum(fsdp_raw - FSDP_OVERLAP * work, 0.1 * fsdp_raw),
         np.maximum(reduce_raw - traits.dp_overlap * np.where(per_mb_sync, 0.0, last_backward), 0.0),
     )
+    return exposed, raw
 
-    # --- optimizer: fused AdamW streams its states once per step (sharded by ZeRO-1 and FSDP) --
-    opt_params = sum(p / np.where(sharding == "none", 1.0, np.maximum(n, 1)) for p, n, _ in groups)
-    optimizer = opt_params * OPTIMIZER_BYTES / (gpu.hbm_gbps * GIGA)
 
+def _optimizer(b: _Basis, groups: ReductionGroups) -> np.ndarray:
+    """Fused AdamW streams its states once per step (sharded by ZeRO-1 and FSDP)."""
+    unsharded = b.cols["sharding"] == "none"
+    params = sum(p / np.where(unsharded, 1.0, np.maximum(n, 1)) for p, n, _ in groups)
+    return np.asarray(params * OPTIMIZER_BYTES / (b.sweep.cluster.gpu.hbm_gbps * GIGA))
+
+
+def predict_table(cols: Columns, sweep: Sweep, calibration: Calibration, traits: TimeTraits) -> StepTime:
+    """`predict` from the GPU table's figures and the trainer's traits, part by part."""
+    b = _basis(cols, sweep, traits)
+    matmul, expert_matmul, expert_per_flop = _matmuls(b)
+    attention, re_attention = _attention(b)
+    memory_bound = _memory_bound(b)
+    framework, re_framework = _framework(b)
+    recompute = _recompute_matmuls(b, expert_per_flop) + re_attention + re_framework
+    # the allocator's slowdown multiplies all of the above, so it is priced on their sum
+    framework = framework + _memory_pressure(
+        b, matmul + expert_matmul + attention + memory_bound + framework + recompute
+    )
+    work = matmul + expert_matmul + attention + memory_bound + framework + recompute
+    bubble_share = _bubble_share(b)
+    groups = reduction_groups(cols, sweep)
+    dp_comm, dp_raw = _dp_comm(b, work, groups)
+    cp_comm, cp_raw = _cp_comm(b, attention + re_attention, bubble_share)
     parts = {
         "matmul": matmul,
         "expert_matmul": expert_matmul,
         "attention": attention,
         "memory_bound": memory_bound,
-        "framework": framework,
+        "framework": framework + _pp_stall(b),
         "recompute": recompute,
-        "bubble": bubble,
-        "optimizer": optimizer,
-        "tp_comm": tp_comm,
+        "bubble": work * bubble_share,
+        "optimizer": _optimizer(b, groups),
+        "tp_comm": _tp_comm(b, bubble_share),
         "cp_comm": cp_comm,
-        "ep_comm": ep_comm,
-        "pp_comm": pp_comm,
+        "ep_comm": _ep_comm(b, bubble_share),
+        "pp_comm": _pp_comm(b),
         "dp_comm": dp_comm,
         "dp_hidden": np.maximum(dp_raw - dp_comm, 0.0),
         "cp_hidden": cp_raw - cp_comm,
@@ -315,7 +415,8 @@ def predict_table(cols: Columns, sweep: Sweep, calibration: Calibration, traits:
     compute = sum(parts[k] for k in COMPUTE_PARTS)
     comm = sum(parts[k] for k in COMM_PARTS)
     step = calibration.compute_scale * compute + calibration.comm_scale * comm
-    mfu = model_flops_per_token(m, s) * sweep.global_batch_size * s / (step * cl.world * peak)
+    flops = model_flops_per_token(sweep.model, sweep.seq_len) * sweep.global_batch_size * sweep.seq_len
+    mfu = flops / (step * sweep.cluster.world * b.peak)
     return StepTime(np.asarray(compute), np.asarray(comm), calibration, mfu, parts)
 
 
