@@ -65,3 +65,52 @@ def test_ranks_of_each_node_run_in_its_namespace(tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+SWEEP = """
+name: net
+model: {layers: 2, hidden: 128, heads: 4, kv_heads: 2, ffn: 352, vocab: 1024}
+seq_len: 64
+global_batch_size: 8
+cluster: {nodes: 2, gpus_per_node: 2, gpu: cpu}
+space: {tp: [1, 2], pp: [1, 2], micro_batch_size: [1, 2], sharding: [none, zero1]}
+trial: {steps: 4, warmup_steps: 1, timeout_min: 5, precision: fp32}
+launcher: local
+"""
+
+
+@pytest.mark.slow
+def test_profile_across_two_nodes_measures_the_link(tmp_path: Path) -> None:
+    """`sweep profile --nodes 2`: one job over both namespaces; the collectives across the link at
+    1 and 2 ranks of each node, named by algorithm, run at the link's rate (not the loopback's)."""
+    from sweeper.profiles.profile import load_profile
+
+    (tmp_path / "s.yaml").write_text(SWEEP)
+    out = tmp_path / "p.yaml"
+    with netns.shaped_link("200mbit"):
+        done = subprocess.run(
+            [sys.executable, "-m", "sweeper.cli", "profile", str(tmp_path / "s.yaml"), "--nodes", "2", "--quick"]
+            + ["--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    assert done.returncode == 0, done.stderr[-2000:]
+    p = load_profile(out, gpu="cpu")
+    assert (p.nodes, p.shared_host, p.link) == (2, True, "tbf 200Mbit")
+    inter = [c for c in p.collectives if c.scope == "inter"]
+    assert {(c.op, c.per_node) for c in inter} >= {(op, q) for op in ("all_reduce", "send_recv") for q in (1, 2)}
+    assert {c.algorithm for c in inter if c.op == "all_reduce"} == {"gloo ring"}
+    big = max((c for c in inter if c.op == "send_recv" and c.per_node == 1), key=lambda c: c.bytes)
+    rate = big.bytes / big.seconds
+    assert 0.5 * 25e6 < rate < 1.1 * 25e6, f"send/recv across a 200mbit link at {rate / 1e6:.1f} MB/s"
+    inside = max((c for c in p.collectives if c.scope == "intra" and c.op == "send_recv"), key=lambda c: c.bytes)
+    assert inside.bytes / inside.seconds > 3 * rate
+    # with no namespaces there is nothing to run on: one line, exit 2
+    bad = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "profile", str(tmp_path / "s.yaml"), "--nodes", "2"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SWEEP_NETNS": ""},
+    )
+    assert bad.returncode == 2 and "--nodes 2: no local nodes here" in bad.stderr

@@ -53,6 +53,14 @@ def profile(
         typer.Option("--out", help="where to write the profile (default: the user's cache, where the model finds it)"),
     ] = None,
     quick: Annotated[bool, typer.Option("--quick", help="fewer shapes and repetitions: seconds, not minutes")] = False,
+    nodes: Annotated[
+        int,
+        typer.Option(
+            "--nodes",
+            help="measure as one job of this many nodes, adding the collectives across the link between them "
+            "(the local cluster of scripts/netns/start.sh)",
+        ),
+    ] = 1,
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
@@ -75,7 +83,7 @@ def profile(
     def progress(what: str) -> None:
         err.print(f"[dim]profile {time.monotonic() - start:6.1f} s:[/] {what}")
 
-    done = run_profile(sweep, out=out, quick=quick, progress=progress)
+    done = run_profile(sweep, out=out, quick=quick, progress=progress, nodes=nodes)
     for what, why in done.skipped.items():
         err.print(f"[yellow]left out:[/] {what}: {why}")
     typer.echo(f"profile of {done.profile.device} written to {done.path} in {time.monotonic() - start:.0f} s")

@@ -103,11 +103,15 @@ class BlockPoint(_Row):
 
 
 class CollectivePoint(_Row):
-    """One collective over `ranks` processes (`scope`: within a node or across two) of a `bytes` buffer."""
+    """One collective over `ranks` processes (`scope`: within a node or across two) of a `bytes` buffer;
+    across nodes, `per_node` of each node's ranks take part (they share the node's link), and
+    `algorithm` is how the backend ran it (gloo: a flat ring over the ranks in order)."""
 
     op: CollectiveOp
     scope: Scope
     ranks: int = Field(ge=2)
+    per_node: int | None = Field(default=None, ge=1)
+    algorithm: str | None = None
     bytes: int = Field(ge=1)
     seconds: float = Field(gt=0)
     busbw_gbps: float = Field(ge=0)
@@ -124,7 +128,12 @@ class Profile(_Row):
     measured_at: str = Field(description="ISO 8601, UTC")
     versions: Versions
     shapes_from: str = Field(description="the sweep file whose shapes were measured, or 'default'")
-    processes: int = Field(ge=1, description="processes per node the compute was measured for")
+    processes: int = Field(ge=1, description="processes that shared the cores while the compute was measured")
+    nodes: int = Field(default=1, ge=1, description="nodes the measuring job spanned (collectives across them)")
+    shared_host: bool = Field(
+        default=False, description="the nodes were namespaces of one machine: their ranks shared its cores"
+    )
+    link: str | None = Field(default=None, description="the link between the nodes, as measured or shaped")
     cpus: int = Field(ge=1, description="the node's CPU cores")
     threads: int = Field(ge=1, description="threads per process (CPU)")
     launch_s: float = Field(ge=0, description="host time of one small eager op, forward and backward")
@@ -217,7 +226,7 @@ def describe(profile: Profile, path: Path) -> list[str]:
     lines = [
         f"{path}: measured profile (schema {SCHEMA}) of {profile.device} (gpu: {profile.gpu})",
         f"measured {profile.measured_at} on {profile.host}, {soft}; collectives over {v.backend}",
-        f"shapes from: {profile.shapes_from}; {profile.processes} processes per node, {profile.threads} threads each",
+        f"shapes from: {profile.shapes_from}; {profile.processes} processes, {profile.threads} threads each",
         f"host launch overhead: {profile.launch_s * 1e6:.1f} us per small op (forward and backward)",
     ]
     for dtype in sorted({g.dtype for g in profile.gemm}):
@@ -236,6 +245,9 @@ def describe(profile: Profile, path: Path) -> list[str]:
         )
     for b in profile.block:
         lines.append(f"block at {b.rows} rows, {b.knob}={b.value}: {b.seconds * 1e3:.3g} ms (host overhead)")
+    if profile.nodes > 1:
+        where = "namespaces of one machine" if profile.shared_host else "machines"
+        lines.append(f"{profile.nodes} nodes ({where}), link: {profile.link or 'not described'}")
     for coll, scope in sorted({(c.op, c.scope) for c in profile.collectives}):
         comm = [c for c in profile.collectives if (c.op, c.scope) == (coll, scope)]
         best = max(comm, key=lambda c: c.busbw_gbps)
