@@ -104,13 +104,21 @@ def stop() -> None:
     subprocess.run([str(SCRIPTS / "stop.sh")], capture_output=True, check=False)
 
 
+LOCK = Path("/run/sweep-netns.lock")
+
+
 @contextmanager
 def shaped_link(rate: str, delay: str = "0us", nodes: int = 2) -> Iterator[LocalNodes]:
-    """The namespaces and links for the block's duration; removed after it, whatever happens."""
-    try:
-        yield start(rate, delay, nodes)
-    finally:
-        stop()
+    """The namespaces and links for the block's duration; removed after it, whatever happens. One
+    block at a time on the machine (a lock file): another waits for it rather than reshaping its link."""
+    import fcntl
+
+    with open(LOCK, "a") as lock:  # noqa: PTH123 - a lock file held open for the block
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield start(rate, delay, nodes)
+        finally:
+            stop()
 
 
 def link_description(nodes: LocalNodes) -> str:

@@ -85,10 +85,13 @@ def measure_collectives(
     group: Any = None,
     scope: str | None = None,
     per_node: int | None = None,
+    together: bool = False,
 ) -> tuple[list[CollectivePoint], dict[str, str]]:
     """On every member of `group` (default: all ranks): each collective at each size (the slowest
     member's time); returns the points and, per collective the backend lacks, why. `scope` None: inter
-    when the members span more than one host, else intra."""
+    when the members span more than one host, else intra. `together`: every rank of the world runs
+    this at once in its own group; they start each timing together and keep the slowest group's."""
+    agree = None if together else group
     world = dist.get_world_size(group)
     if scope is None:
         hosts: list[Any] = [None] * world
@@ -101,13 +104,13 @@ def measure_collectives(
             buf = torch.ones(numel, device=device)
             try:
                 fn = _op(name, buf, group)
-                once = _time(fn, device, 1, group)
+                once = _time(fn, device, 1, agree)
                 # the same count on every rank: the slowest rank's estimate decides
                 est = torch.tensor([once], dtype=torch.float64, device=device)
-                dist.all_reduce(est, op=dist.ReduceOp.MAX, group=group)
+                dist.all_reduce(est, op=dist.ReduceOp.MAX, group=agree)
                 reps = int(min(20, max(2, budget_s / max(float(est.item()), 1e-6))))
-                seconds = torch.tensor([_time(fn, device, reps, group)], dtype=torch.float64, device=device)
-                dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=group)
+                seconds = torch.tensor([_time(fn, device, reps, agree)], dtype=torch.float64, device=device)
+                dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=agree)
             except (RuntimeError, ValueError) as e:  # a backend without this collective: every rank sees it
                 failed[name] = " ".join(str(e).split())[:200]
                 break
@@ -132,27 +135,29 @@ def measure_collectives(
 def across_nodes(
     sizes: list[int], device: torch.device, *, nodes: int, per_node: int, progress: Callable[[str], None]
 ) -> tuple[list[CollectivePoint], dict[str, str]]:
-    """The collectives within node 0 (its ranks alone, the others waiting), then across the nodes with
-    1, 2, ... of each node's ranks taking part (the first q of each: they share the node's link).
-    Every rank calls this (process groups are made by all); a rank outside a group waits at the barrier."""
+    """The collectives within each node (every node at once, each over its own ranks), then across
+    the nodes in groups of q of each node's ranks, for each q dividing the node's ranks, with every
+    rank of every node taking part (per_node / q groups at once, strided as data parallelism's groups
+    are across tensor-parallel ranks): the node's link is shared as a trial shares it. A point's
+    `per_node` is q. Every rank calls this (process groups are made by all)."""
     rank = dist.get_rank()
+    node = rank // per_node
     points: list[CollectivePoint] = []
     failed: dict[str, str] = {}
     if per_node >= 2:
-        progress(f"collectives within a node ({per_node} ranks)")
-        inside = dist.new_group(list(range(per_node)))
-        if rank < per_node:
-            points, failed = measure_collectives(sizes, device, group=inside, scope="intra")
-        dist.barrier()
-    for q in range(1, per_node + 1):
-        progress(f"collectives across {nodes} nodes, {q} rank{'s' if q > 1 else ''} of each")
-        members = [node * per_node + i for node in range(nodes) for i in range(q)]
-        group = dist.new_group(members)
-        if rank in members:
-            got, why = measure_collectives(sizes, device, group=group, scope="inter", per_node=q)
-            points += got
-            failed |= {f"{k} (across nodes)": v for k, v in why.items()}
-        dist.barrier()
+        progress(f"collectives within each node ({per_node} ranks)")
+        groups = [dist.new_group([k * per_node + i for i in range(per_node)]) for k in range(nodes)]
+        got, failed = measure_collectives(sizes, device, group=groups[node], scope="intra", together=True)
+        points += got if node == 0 else []
+    for q in [q for q in range(1, per_node + 1) if per_node % q == 0]:
+        stride = per_node // q
+        progress(f"collectives across {nodes} nodes, groups of {q} rank{'s' if q > 1 else ''} of each")
+        members = [[k * per_node + j + stride * i for k in range(nodes) for i in range(q)] for j in range(stride)]
+        groups = [dist.new_group(m) for m in members]
+        mine = next(g for g, m in zip(groups, members, strict=True) if rank in m)
+        got, why = measure_collectives(sizes, device, group=mine, scope="inter", per_node=q, together=True)
+        points += got if rank in members[0] else []
+        failed |= {f"{k} (across nodes)": v for k, v in why.items()}
     return points, failed
 
 
