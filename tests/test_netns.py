@@ -114,3 +114,36 @@ def test_profile_across_two_nodes_measures_the_link(tmp_path: Path) -> None:
         env={**os.environ, "SWEEP_NETNS": ""},
     )
     assert bad.returncode == 2 and "--nodes 2: no local nodes here" in bad.stderr
+
+
+@pytest.mark.slow
+def test_the_link_rate_changes_which_layout_is_faster(tmp_path: Path) -> None:
+    """The two-node benchmark's grid tests the link: plain data parallelism over all four ranks (16 MB
+    of gradients all-reduced across the link every step) beats pp=2 x dp=2 (gradients reduced inside
+    each node, only activations cross) on a 2 Gbit/s link and loses to it on a 200 Mbit/s one."""
+    import importlib.util
+    import statistics
+
+    from sweeper.launchers.ranks import launch_trial
+    from sweeper.layouts.layout import Layout
+    from sweeper.spec.loader import parse_sweep
+
+    spec = importlib.util.spec_from_file_location("pa", Path(__file__).parents[1] / "benchmarks/profile_accuracy.py")
+    assert spec is not None and spec.loader is not None
+    pa = importlib.util.module_from_spec(spec)
+    sys.modules["pa"] = pa  # its dataclasses look their module up
+    spec.loader.exec_module(pa)
+    sweep = parse_sweep(pa.net_sweep_text("order").replace("steps: 12", "steps: 6"), profiles=False)
+    dp4 = pa.layout_of(sweep, {"micro_batch_size": 2})
+    pp2 = pa.layout_of(sweep, {"pp": 2, "micro_batch_size": 2})
+    step: dict[tuple[str, str], float] = {}
+    for rate in ("2gbit", "200mbit"):
+        with netns.shaped_link(rate) as nodes:
+            for name, layout in (("dp4", dp4), ("pp2_dp2", pp2)):
+                assert isinstance(layout, Layout)
+                got = launch_trial(sweep, layout, workdir=tmp_path / rate / name, timeout_s=300, nodes=nodes)
+                assert got.status == "ok", got.error
+                step[(rate, name)] = statistics.median(got.step_times_s)
+    print(step)
+    assert step[("2gbit", "dp4")] < step[("2gbit", "pp2_dp2")]
+    assert step[("200mbit", "dp4")] > step[("200mbit", "pp2_dp2")]
