@@ -18,7 +18,15 @@ micro-batch 1-8, checkpointing none/selective/full, the attention kernels (flash
 sdpa_efficient), rmsnorm fused, compile and float8 (where the card and torchao have it), 10-step
 trials, stopping before `--budget-s` (default 330 s with the profile) would be overrun.
 
+Two nodes (--nodes 2, root): the two-node cluster of network namespaces on this machine
+(scripts/netns/start.sh) with its link shaped to --link-rate and --link-delay; `sweep profile --nodes
+2` measures across it, then real trials of 2 nodes x 2 ranks over a small LLaMA whose gradients are
+big beside its compute (4 layers, hidden 256, vocab 2048, 64-token sequences: 16 MB of fp32
+gradients, so the link matters) put tp inside a node and dp, pp, zero1 and fsdp inside and across
+the link (16 layouts). Printed besides: the measured best layout's rank in the profiled prediction.
+
 Usage: python benchmarks/profile_accuracy.py [--device cpu|cuda] [--out DIR] [--budget-s S] [--quick]
+       python benchmarks/profile_accuracy.py --nodes 2 --link-rate 1gbit [--link-delay 0us] [--out DIR]
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from sweeper.estimate.predict import predict
+from sweeper.launchers.netns import LocalNodes
 from sweeper.launchers.ranks import launch_trial
 from sweeper.layouts.layout import Layout
 from sweeper.results.trial import OK
@@ -72,6 +81,49 @@ CPU_GRID: list[tuple[int, dict[str, Any]]] = [
     (4, {"tp": 2, "pp": 2, "micro_batch_size": 2}),
 ]
 CPU_QUICK = [0, 2, 4, 5, 7, 10, 12, 14, 15, 16, 17, 18]
+# two nodes of two ranks: ranks are ordered tp inside dp inside pp, so dp=4 and tp=2 x dp=2 reduce
+# gradients across the link, pp=2 x dp=2 reduces inside a node and sends activations across it
+NET_MODEL = "{layers: 4, hidden: 256, heads: 4, kv_heads: 2, ffn: 704, vocab: 2048}"
+NET_GRID: list[tuple[int, dict[str, Any]]] = [
+    (4, {"micro_batch_size": 1}),
+    (4, {"micro_batch_size": 2}),
+    (4, {"micro_batch_size": 1, "sharding": "zero1"}),
+    (4, {"micro_batch_size": 2, "sharding": "fsdp"}),
+    (4, {"micro_batch_size": 1, "activation_checkpointing": "full"}),
+    (4, {"tp": 2, "micro_batch_size": 1}),
+    (4, {"tp": 2, "micro_batch_size": 2}),
+    (4, {"tp": 2, "micro_batch_size": 2, "sharding": "zero1"}),
+    (4, {"pp": 2, "micro_batch_size": 1}),
+    (4, {"pp": 2, "micro_batch_size": 2}),
+    (4, {"pp": 2, "micro_batch_size": 1, "sharding": "zero1"}),
+    (4, {"pp": 2, "micro_batch_size": 2, "activation_checkpointing": "full"}),
+    (4, {"tp": 2, "pp": 2, "micro_batch_size": 1}),
+    (4, {"tp": 2, "pp": 2, "micro_batch_size": 2}),
+    (4, {"pp": 4, "micro_batch_size": 1}),
+    (4, {"pp": 4, "micro_batch_size": 2}),
+]
+
+
+def net_sweep_text(name: str) -> str:
+    """The two-node benchmark's sweep: 2 nodes x 2 CPU ranks (the namespaces of this machine)."""
+    return f"""
+name: {name}
+model: {NET_MODEL}
+seq_len: 64
+global_batch_size: 8
+cluster: {{nodes: 2, gpus_per_node: 2, gpu: cpu}}
+space:
+  tp: [1, 2]
+  pp: [1, 2, 4]
+  micro_batch_size: [1, 2]
+  activation_checkpointing: [none, full]
+  attention: [flash2]
+  sharding: [none, zero1, fsdp]
+trial: {{steps: 12, warmup_steps: 2, timeout_min: 10, precision: fp32}}
+launcher: local
+"""
+
+
 # the knobs the issue's H200 runs varied; compile and float8 last (the slowest to start)
 GPU_GRID: list[tuple[int, dict[str, Any]]] = [
     (1, {"micro_batch_size": 1}),
@@ -153,9 +205,12 @@ def predicted_s(sweep: Sweep, layout: Layout) -> float:
     return float(predict(layout.columns(sweep), sweep).total[0])
 
 
-def run_trial(sweep: Sweep, layout: Layout, workdir: Path, *, timeout_s: float) -> tuple[str, float, float, str]:
-    """(status, median and fastest step seconds, error) of one real trial on local processes."""
-    result = launch_trial(sweep, layout, workdir=workdir, timeout_s=timeout_s)
+def run_trial(
+    sweep: Sweep, layout: Layout, workdir: Path, *, timeout_s: float, nodes: LocalNodes | None = None
+) -> tuple[str, float, float, str]:
+    """(status, median and fastest step seconds, error) of one real trial on local processes (in the
+    namespaces of `nodes`, node k's ranks in namespace k)."""
+    result = launch_trial(sweep, layout, workdir=workdir, timeout_s=timeout_s, nodes=nodes)
     if result.status != OK or not result.step_times_s:
         return str(result.status), float("nan"), float("nan"), (result.error or "")[:160]
     return OK, statistics.median(result.step_times_s), min(result.step_times_s), ""
@@ -180,13 +235,33 @@ def summary(rows: list[Row], which: str, *, against: str = "measured_s") -> str:
     return f"{which} ({len(ok)} layouts): " + "; ".join(parts)
 
 
+def best_rank(rows: list[Row]) -> str:
+    """`measured best at predicted rank K`: where the fastest measured layout stands in the profiled
+    model's order (1: the model names it first)."""
+    ok = [r for r in rows if r.status == OK and not np.isnan(r.profiled_s)]
+    if not ok:
+        return "measured best: no layout measured"
+    best = min(ok, key=lambda r: r.measured_s)
+    rank = 1 + sum(r.profiled_s < best.profiled_s for r in ok)
+    top = min(ok, key=lambda r: r.profiled_s)
+    return (
+        f"measured best at predicted rank {rank}: {best.label} ({best.measured_s:.3f} s); "
+        f"predicted best {top.label} measured {top.measured_s:.3f} s ({top.measured_s / best.measured_s - 1:+.1%})"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--nodes", type=int, choices=(1, 2), default=1, help="2: across the local two-node cluster")
+    ap.add_argument("--link-rate", default="1gbit", help="with --nodes 2: the link's rate (tc: 300mbit, 1gbit)")
+    ap.add_argument("--link-delay", default="0us", help="with --nodes 2: the link's one-way delay (0us, 200us)")
     ap.add_argument("--out", type=Path, default=None, help="folder for the profile, the sweep files and the CSV")
     ap.add_argument("--budget-s", type=float, default=None, help="stop starting trials past this many seconds")
     ap.add_argument("--quick", action="store_true", help="a shorter grid and a quick profile")
     args = ap.parse_args()
+    if args.nodes == 2:
+        return main_nodes(args)
     start = time.monotonic()
     cuda = args.device == "cuda"
     gpu = "h200"
@@ -245,6 +320,18 @@ def main() -> int:
             table, layout, out / "trials" / f"t{i:02d}", timeout_s=limit
         )
         last_trial_s = time.monotonic() - t0
+    print_rows(rows, out)
+    print(f"\nprofile: {measured.path}; table: {out / 'profile_accuracy.csv'}; {time.monotonic() - start:.0f} s")
+    # a busy host only adds time: each trial's fastest step is its least disturbed one
+    print(summary(rows, "all layouts, against each trial's fastest step", against="fastest_s"))
+    print(summary([r for r in rows if not r.held_out], "fit part"))
+    print(summary([r for r in rows if r.held_out], "held-out part"))
+    print(summary(rows, "all layouts"))
+    return 0
+
+
+def print_rows(rows: list[Row], out: Path) -> None:
+    """The table of layouts (and the CSV beside it), then each layout's note."""
     frame = pd.DataFrame(
         [
             {
@@ -268,12 +355,63 @@ def main() -> int:
     for r in rows:
         if r.note:
             print(f"  {r.label}: {r.status}: {r.note}")
-    print(f"\nprofile: {measured.path}; table: {out / 'profile_accuracy.csv'}; {time.monotonic() - start:.0f} s")
-    # a busy host only adds time: each trial's fastest step is its least disturbed one
+
+
+def main_nodes(args: argparse.Namespace) -> int:
+    """--nodes 2: profile across the shaped link, then the two-node grid's trials across it."""
+    import os
+
+    from sweeper.errors import SweepError
+    from sweeper.launchers import netns
+
+    if os.geteuid() != 0:
+        print("--nodes 2: needs root (network namespaces and tc)", file=sys.stderr)
+        return 2
+    try:
+        netns.check_link(args.link_rate, args.link_delay)
+    except SweepError as e:
+        print(e, file=sys.stderr)
+        return 2
+    start = time.monotonic()
+    out = args.out or Path(tempfile.mkdtemp(prefix="profile-accuracy-nodes-"))
+    out.mkdir(parents=True, exist_ok=True)
+    grid = NET_GRID
+
+    def progress(what: str) -> None:
+        print(f"[{time.monotonic() - start:6.1f} s] {what}", file=sys.stderr, flush=True)
+
+    with netns.shaped_link(args.link_rate, args.link_delay) as nodes:
+        link = netns.link_description(nodes)
+        progress(f"two nodes ({', '.join(nodes.namespaces)}), link {link}")
+        table = load(net_sweep_text("profile_accuracy_nodes"), out / "sweep.yaml", profiles=False)
+        measured = run_profile(table, out=out / "profile.yaml", quick=args.quick, progress=progress, nodes=2)
+        for what, why in measured.skipped.items():
+            progress(f"profile left out {what}: {why}")
+        progress(f"profile written to {measured.path}")
+        text = net_sweep_text("profile_accuracy_nodes")
+        profiled = load(text.replace("gpu: ", f"profile: {measured.path}, gpu: "), out / "sweep_p.yaml", profiles=True)
+        rows = [Row(w, knobs, held_out(w, knobs)) for w, knobs in grid]
+        for i, row in enumerate(rows):
+            layout = layout_of(table, row.knobs)
+            rejection = layout.rejection(table)
+            if rejection is not None:
+                row.status, row.note = "invalid", rejection.message[:160]
+                continue
+            row.table_s, row.profiled_s = predicted_s(table, layout), predicted_s(profiled, layout)
+            progress(f"trial {i + 1}/{len(rows)}: {row.label}")
+            row.status, row.measured_s, row.fastest_s, row.note = run_trial(
+                table, layout, out / "trials" / f"t{i:02d}", timeout_s=table.trial.timeout_min * 60, nodes=nodes
+            )
+    print_rows(rows, out)
+    print(
+        f"\nlink {link} (asked: {args.link_rate}, delay {args.link_delay}); profile: {measured.path}; "
+        f"{time.monotonic() - start:.0f} s"
+    )
     print(summary(rows, "all layouts, against each trial's fastest step", against="fastest_s"))
     print(summary([r for r in rows if not r.held_out], "fit part"))
     print(summary([r for r in rows if r.held_out], "held-out part"))
     print(summary(rows, "all layouts"))
+    print(best_rank(rows))
     return 0
 
 

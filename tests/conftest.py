@@ -145,7 +145,7 @@ pytest_plugins = ["tests.slurm_cluster", "tests.ray_cluster", "tests.docker_daem
 # Each engine's tests run in one group, one after another in one worker: the worker's session
 # starts the engine once (two workers would start two SLURM clusters or two dockerd on one base,
 # and each one's stop would end the other's). A test is in it by its marker, or by the fixture.
-_ENGINES = {"slurm": "slurm_cluster", "ray": "ray_head", "docker": "docker_daemon"}
+_ENGINES = {"slurm": "slurm_cluster", "ray": "ray_head", "docker": "docker_daemon", "netns": "netns_nodes"}
 
 # Fixtures made once per session or module that are cheap or hold nothing shared between workers
 # (the engines' fixtures are handled by their groups, above).
@@ -228,8 +228,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     share a launch made once per session or module (the parity launches, the tiny CPU sweep, the
     parsers' harnesses), directly or through another such fixture, form one group, run by one worker,
     so that each launch still runs once; every SLURM test is in one group (`@slurm`), run one after
-    another, as the one local cluster needs, and so are the Ray tests (`@ray`) and the Docker tests
-    (`@docker`). Without xdist nothing is grouped."""
+    another, as the one local cluster needs, and so are the Ray tests (`@ray`), the Docker tests
+    (`@docker`) and the tests of the namespaces' two-node cluster (`@netns`). Without xdist nothing is grouped."""
     folder = getattr(config, "workerinput", {}).get("sweep_groups_dir")
     if folder is None:
         return

@@ -68,3 +68,20 @@ def time_together(*, out_dir: Path, together: bool) -> None:
     except RuntimeError as e:
         (out_dir / f"rank{rank}.txt").write_text(" ".join(str(e).split())[:200])
     os._exit(0)  # no teardown of a group whose peer may have failed
+
+
+def report_netns(*, out_dir: Path) -> None:
+    """Each rank names the network namespace it runs in (`ip netns identify`); rank 0 writes them all,
+    gathered over gloo, in rank order to netns.txt."""
+    import os
+    import subprocess
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    mine = subprocess.run(["ip", "netns", "identify", str(os.getpid())], capture_output=True, text=True).stdout
+    names: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(names, mine.strip() or "(none)")
+    if dist.get_rank() == 0:
+        (out_dir / "netns.txt").write_text(" ".join(str(n) for n in names))
+    dist.destroy_process_group()

@@ -56,6 +56,14 @@ def profile(
     quick: Annotated[
         bool, typer.Option("--quick", help="fewer shapes and repetitions: about a minute on a CPU node, a first look")
     ] = False,
+    nodes: Annotated[
+        int,
+        typer.Option(
+            "--nodes",
+            help="measure as one job of this many nodes, adding the collectives across the link between them "
+            "(the local cluster of scripts/netns/start.sh)",
+        ),
+    ] = 1,
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
@@ -78,7 +86,7 @@ def profile(
     def progress(what: str) -> None:
         err.print(f"[dim]profile {time.monotonic() - start:6.1f} s:[/] {what}")
 
-    done = run_profile(sweep, out=out, quick=quick, progress=progress)
+    done = run_profile(sweep, out=out, quick=quick, progress=progress, nodes=nodes)
     for what, why in done.skipped.items():
         err.print(f"[yellow]left out:[/] {what}: {why}")
     typer.echo(f"profile of {done.profile.device} written to {done.path} in {time.monotonic() - start:.0f} s")

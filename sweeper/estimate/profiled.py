@@ -24,10 +24,12 @@ from sweeper.estimate.flops import model_flops_per_token
 from sweeper.estimate.memory import compute_bytes
 from sweeper.estimate.moe import reduction_groups
 from sweeper.estimate.shapes import BLOCK_KNOBS, TINY_ROWS
+from sweeper.estimate.spans import collective_by_span, span
 from sweeper.estimate.step_time import (
     COMM_PARTS,
     COMPUTE_PARTS,
     FLOAT8_SPEEDUP,
+    FSDP_OVERLAP,
     Calibration,
     StepTime,
     busiest_stage_layers,
@@ -271,7 +273,8 @@ def price(
     busiest = busiest_stage_layers(cols, m.layers)
     passes = busiest * accum  # block passes the busiest rank runs per step
     blk = block_prices(lookup, m, rows=rows, tp=tp, sp=sp, cols=cols, dtype=dtype)
-    slow = oversubscription(lookup.profile, cl.gpus_per_node)
+    # nodes that are namespaces of the profile's one machine share its cores: every rank counts
+    slow = oversubscription(lookup.profile, cl.world if lookup.profile.shared_host else cl.gpus_per_node)
 
     vocab = np.maximum(m.vocab // tp, 1)
     head = lookup.gemm_s(dtype, rows, vocab, m.hidden, part="fwd") + lookup.gemm_s(
@@ -302,7 +305,7 @@ def price(
         "memory_bound": memory_bound,
         "framework": framework,
         "recompute": recompute,
-        "bubble": work * bubble_share,
+        "bubble": work * bubble_share * idle_costs(lookup.profile, cl.world),
         "optimizer": optimizer,
     }
     parts |= collectives(cols, sweep, lookup, table, work=work, bubble_share=bubble_share, traits=traits)
@@ -312,6 +315,13 @@ def price(
     peak = cl.gpu.peak_flops(sweep.trial.precision)
     mfu = model_flops_per_token(m, s) * sweep.global_batch_size * s / (step * cl.world * peak)
     return StepTime(np.asarray(compute), np.asarray(comm), calibration, np.asarray(mfu), parts)
+
+
+def idle_costs(profile: Profile, world: int) -> float:
+    """1 where a pipeline stage's idle time is lost; 0 where the nodes are namespaces of one machine
+    with more ranks than cores: there a waiting stage gives its core to the others, whose work (priced
+    at the profile's contention) then goes faster by as much, so the bubble costs no time."""
+    return 0.0 if profile.shared_host and world > profile.cpus else 1.0
 
 
 def oversubscription(profile: Profile, processes: int) -> float:
@@ -345,10 +355,11 @@ def collectives(
     bubble_share: np.ndarray,
     traits: TimeTraits,
 ) -> dict[str, np.ndarray]:
-    """Tensor-parallel, pipeline and data-parallel communication at the measured bus bandwidths
-    (within the node; across nodes where the profile was measured on two), the table's elsewhere."""
+    """Tensor-parallel, pipeline and data-parallel communication, each collective priced by the nodes
+    it spans (`sweeper.estimate.spans`: the node's table, the link as measured across two nodes, the
+    fitted ring beyond); the table's price where the profile measured nothing for it."""
     t = table.parts
-    m, cl = sweep.model, sweep.cluster
+    m, gpn = sweep.model, sweep.cluster.gpus_per_node
     tp, pp, dp = (cols[k].astype(float) for k in ("tp", "pp", "dp"))
     accum = np.maximum(cols["grad_accum"], 1).astype(float)
     e = compute_bytes(sweep)
@@ -357,32 +368,79 @@ def collectives(
     act_bytes = cols["micro_batch_size"] * sweep.seq_len / cols["cp"] * m.hidden * e
     passes = busiest_stage_layers(cols, m.layers) * accum
     out: dict[str, np.ndarray] = {}
-    intra_tp = tp <= cl.gpus_per_node
-    if lookup.has_collective("all_reduce", "intra"):
+    if lookup.has_collective("all_reduce", "intra"):  # tp stays inside a node (the layout rules)
         per_block = tp_block_comm(lookup, tp, act_bytes, sp) * np.where(full, 1.5, 1.0)
-        out["tp_comm"] = np.where(intra_tp, per_block * passes * (1 + bubble_share), t["tp_comm"])
-    stage_span = tp * cols["cp"] * dp
-    if lookup.has_collective("send_recv", "intra"):
-        chunks = cols["chunks"].astype(float)
-        sends = 2 * accum * chunks + 2 * (pp - 1) * chunks
-        one = lookup.collective_s("send_recv", "intra", np.full(len(tp), 2.0), act_bytes / np.where(sp, tp, 1.0))
-        out["pp_comm"] = np.where((pp > 1) & (stage_span < cl.gpus_per_node), sends * one, t["pp_comm"])
-    dp_raw = t["dp_comm"] + t["dp_hidden"]
-    if lookup.has_collective("all_reduce", "intra"):
-        raw = np.zeros(len(tp))
-        for params, ranks, stride in reduction_groups(cols, sweep):
-            nbytes = params * 4.0
-            buckets = np.maximum(np.ceil(nbytes / DDP_BUCKET_BYTES), 1.0)
-            ar = buckets * lookup.collective_s("all_reduce", "intra", ranks, nbytes / buckets)
-            inside = ranks * stride <= cl.gpus_per_node
-            raw = raw + np.where(inside, ar, np.nan)
-        usable = (cols["sharding"] == "none") & ~np.isnan(raw)
-        dp_raw = np.where(usable, np.nan_to_num(raw), dp_raw)
+        out["tp_comm"] = np.where(tp <= gpn, per_block * passes * (1 + bubble_share), t["tp_comm"])
+    out["pp_comm"] = pp_comm(lookup, cols, gpn, np.asarray(act_bytes / np.where(sp, tp, 1.0)), t["pp_comm"])
+    raw = dp_raw(lookup, cols, sweep, accum, traits)
+    usable = ~np.isnan(raw)
     last_backward = (2.0 / 3.0) * work / accum
-    fsdp = cols["sharding"] == "fsdp"
     # on a CPU node gloo reduces on the cores the backward computes on: nothing hides
     overlap = 0.0 if lookup.profile.gpu == "cpu" else traits.dp_overlap
-    exposed = np.maximum(dp_raw - overlap * last_backward, 0.0)
-    out["dp_comm"] = np.where(fsdp, t["dp_comm"], exposed)
-    out["dp_hidden"] = np.where(fsdp, t["dp_hidden"], np.maximum(dp_raw - exposed, 0.0))
+    exposed = np.maximum(raw - overlap * last_backward, 0.0)
+    fsdp = cols["sharding"] == "fsdp"
+    if lookup.profile.gpu != "cpu":  # FSDP's prefetch hides what the table says it hides
+        exposed = np.where(fsdp, np.maximum(raw - FSDP_OVERLAP * work, 0.1 * raw), exposed)
+    out["dp_comm"] = np.where(usable, exposed, t["dp_comm"])
+    out["dp_hidden"] = np.where(usable, np.maximum(np.nan_to_num(raw) - exposed, 0.0), t["dp_hidden"])
     return out
+
+
+def pp_comm(lookup: Lookup, cols: Columns, gpn: int, message: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """Pipeline sends on the busiest path: each stage boundary inside a node at the node's send/recv,
+    each one across the link at the send/recv measured with as many of the node's ranks sending at once
+    (a stage's ranks all send their activations together). The table's where either is missing."""
+    pp = cols["pp"].astype(float)
+    accum = np.maximum(cols["grad_accum"], 1).astype(float)
+    chunks = cols["chunks"].astype(float)
+    sends = 2 * accum * chunks + 2 * (pp - 1) * chunks
+    stage_span = (cols["tp"] * cols["cp"] * cols["dp"]).astype(float)
+    nodes, _ = span(pp, stage_span, gpn)
+    crossings = np.minimum(nodes - 1, pp - 1)
+    n = len(pp)
+    inside = (
+        lookup.collective_s("send_recv", "intra", np.full(n, 2.0), message)
+        if lookup.has_collective("send_recv", "intra")
+        else np.full(n, np.nan)
+    )
+    senders = np.minimum(stage_span, gpn)
+    across = (
+        lookup.inter_s("send_recv", senders, 2 * senders, message)
+        if lookup.has_collective("send_recv", "inter")
+        else np.full(n, np.nan)
+    )
+    inside = np.where(crossings >= pp - 1, 0.0, inside)  # every boundary crosses: the node's price unused
+    across = np.where(crossings == 0, 0.0, across)
+    one = (crossings * across + (pp - 1 - crossings) * inside) / np.maximum(pp - 1, 1)
+    return np.where((pp > 1) & ~np.isnan(one), sends * np.nan_to_num(one), np.where(pp > 1, table, 0.0))
+
+
+def dp_raw(lookup: Lookup, cols: Columns, sweep: Sweep, accum: np.ndarray, traits: TimeTraits) -> np.ndarray:
+    """The data-parallel traffic of a step, each collective by its span (NaN: not measured). Plain:
+    the gradients' fp32 all-reduce in DDP's 25 MiB buckets (per micro-batch where the trainer syncs
+    each one under a pipeline); ZeRO-1: that, then the updated shards gathered back (the optimizer's
+    broadcasts); FSDP: per block, its parameters all-gathered for forward and again for backward and
+    its gradients reduce-scattered, per micro-batch (once per step under a pipeline, whose stages keep
+    them gathered)."""
+    gpn = sweep.cluster.gpus_per_node
+    sharding = cols["sharding"]
+    pp = cols["pp"].astype(float)
+    per_mb = (sharding == "none") & (pp > 1) & traits.grad_sync_per_microbatch_pp
+    blocks = busiest_stage_layers(cols, sweep.model.layers) + 1.0  # and the embedding or the head
+    raw = np.zeros(len(pp))
+    for params, ranks, stride in reduction_groups(cols, sweep):
+        grads = params * 4.0
+        buckets = np.maximum(np.ceil(grads / DDP_BUCKET_BYTES), 1.0)
+        reduce = buckets * collective_by_span(lookup, "all_reduce", ranks, stride, grads / buckets, gpn)
+        gather = collective_by_span(lookup, "all_gather", ranks, stride, grads, gpn)
+        per_block = grads / blocks
+        fsdp = blocks * (
+            2 * collective_by_span(lookup, "all_gather", ranks, stride, per_block, gpn)
+            + collective_by_span(lookup, "reduce_scatter", ranks, stride, per_block, gpn)
+        )
+        raw = raw + np.select(
+            [sharding == "fsdp", sharding == "zero1"],
+            [np.where(pp > 1, 1.0, accum) * fsdp, reduce + gather],
+            np.where(per_mb, accum, 1.0) * reduce,
+        )
+    return raw

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.files import open_own, own_dir
+from sweeper.launchers.netns import LocalNodes, local_nodes
 from sweeper.layouts.layout import Layout
 from sweeper.process import die_with_parent, free_port, kill_group, read_result
 from sweeper.results.trial import FAILED, OOM, TIMEOUT, TrialResult, without_run
@@ -99,9 +100,12 @@ def launch(
     workdir: Path,
     extra_env: dict[str, str] | None = None,
     rendezvous: Rendezvous | None = None,
+    nodes: LocalNodes | None = None,
 ) -> Launched:
     """Run `task` (see `sweeper.runtime.worker`) on `nprocs` local processes; kill them all at `timeout_s`.
-    With a `rendezvous`, they are this node's ranks of a trial over `rendezvous.nodes` machines."""
+    With a `rendezvous`, they are this node's ranks of a trial over `rendezvous.nodes` machines. With
+    local `nodes` (network namespaces, `sweeper.launchers.netns`), `nprocs` ranks run in each, node k's
+    in namespace k, meeting at node 0's address across the links."""
     # `workdir` is the caller's; what the launch makes in it is its own, and a link planted at one
     # of those names (a copied results folder) is replaced, never written through
     workdir.mkdir(parents=True, exist_ok=True)
@@ -115,6 +119,9 @@ def launch(
     with open_own(workdir / "task.pkl") as f:  # the ranks unpickle it
         pickle.dump(task, f)
     rv = rendezvous or Rendezvous(0, 1, "127.0.0.1", free_port())
+    if nodes is not None:  # the port is free in node 0's namespace: a fresh one has nothing listening
+        rv = Rendezvous(0, nodes.nodes, nodes.master_addr, rv.master_port)
+    homes = [(node, local) for node in range(nodes.nodes) for local in range(nprocs)] if nodes else None
     base = {
         **os.environ,
         "MASTER_ADDR": rv.master_addr,
@@ -125,17 +132,22 @@ def launch(
         "PYTHONUNBUFFERED": "1",
         **(extra_env or {}),
     }
-    base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
+    # the namespaces of local nodes share this machine's cores: every rank of every node counts
+    here = nprocs * (nodes.nodes if nodes else 1)
+    base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // here)))
     watch = OomWatch()  # before the first rank: the kernel log is read from here on
     try:
         start = time.monotonic()
         procs = []
-        for rank in range(nprocs):
-            env = base | {"RANK": str(rv.node_rank * nprocs + rank), "LOCAL_RANK": str(rank)}
+        for rank in range(nprocs * (nodes.nodes if nodes else 1)):
+            node, local = homes[rank] if homes else (rv.node_rank, rank)
+            env = base | {"RANK": str(node * nprocs + local), "LOCAL_RANK": str(local), "GROUP_RANK": str(node)}
+            env |= nodes.environ(node) if nodes else {}
+            argv = [sys.executable, "-m", "sweeper.runtime.worker", str(workdir)]
             with open_own(workdir / "logs" / f"rank{rank}.log") as log:
                 procs.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "sweeper.runtime.worker", str(workdir)],
+                        nodes.command(node, argv) if nodes else argv,
                         env=env,
                         stdout=log,
                         stderr=subprocess.STDOUT,
@@ -198,19 +210,33 @@ def launch_trial(
     timeout_s: float | None = None,
     extra_env: dict[str, str] | None = None,
     rendezvous: Rendezvous | None = None,
+    nodes: LocalNodes | None = None,
 ) -> TrialResult:
     """Run one trial on `sweep.cluster.world` local processes and return rank 0's result; with a
-    `rendezvous` at node 0, this node's `gpus_per_node` ranks of it (the other nodes: `launch`).
+    `rendezvous` at node 0, this node's `gpus_per_node` ranks of it (the other nodes: `launch`); with
+    local `nodes` (or `SWEEP_NETNS`) of the cluster's node count, each node's ranks in its namespace.
 
     No result from rank 0 becomes `timeout` (the wall-clock limit killed it) or `failed` with the
     tail of the log of a rank that exited with an error, or `oom` when a rank was OOM-killed.
     """
     limit = timeout_s if timeout_s is not None else sweep.trial.timeout_min * 60
     task = {"kind": "trial", "sweep": sweep, "layout": layout}
-    nprocs = sweep.cluster.world if rendezvous is None else sweep.cluster.gpus_per_node
+    if nodes is None and rendezvous is None:
+        nodes = local_nodes()  # SWEEP_NETNS: a trial of that many nodes runs in those namespaces
+    nodes = nodes if nodes is not None and nodes.nodes == sweep.cluster.nodes else None
+    split = rendezvous is not None or nodes is not None
+    nprocs = sweep.cluster.gpus_per_node if split else sweep.cluster.world
     for attempt in (1, 2):
         folder = workdir if attempt == 1 else own_dir(workdir / "retry")
-        done = launch(task, nprocs=nprocs, timeout_s=limit, workdir=folder, extra_env=extra_env, rendezvous=rendezvous)
+        done = launch(
+            task,
+            nprocs=nprocs,
+            timeout_s=limit,
+            workdir=folder,
+            extra_env=extra_env,
+            rendezvous=rendezvous,
+            nodes=nodes,
+        )
         path = done.out_dir / "result.json"
         # the free port was taken between choosing it and rank 0 listening on it: once more (an agreed
         # port of several nodes cannot change on one node alone)

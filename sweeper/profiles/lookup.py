@@ -180,9 +180,27 @@ class Lookup:
         """Seconds of `op` over `ranks` members on a `nbytes` buffer: the bus bandwidth measured at that
         size (on the nearest measured group size) times the algorithm's traffic, at least the time of
         the smallest message measured (its latency). 0 where ranks < 2."""
+        return self._priced(self.comm[(op, scope)], op, ranks, nbytes)
+
+    def inter_s(self, op: str, per_node: ArrayLike, ranks: ArrayLike, nbytes: ArrayLike) -> np.ndarray:
+        """Seconds of `op` across two nodes with `per_node` of each node's ranks taking part: the
+        points measured with that many (the nearest measured) sharing the link, as `collective_s`."""
+        per_node = np.asarray(per_node, dtype=float)
+        ranks, nbytes = np.broadcast_arrays(np.asarray(ranks, dtype=float), np.asarray(nbytes, dtype=float))
+        points = self.comm[(op, "inter")]
+        counts = sorted({p.per_node or p.ranks // 2 for p in points})
+        out = np.zeros(np.broadcast(per_node, ranks).shape)
+        nearest = np.array(counts, dtype=float)[np.argmin([np.abs(per_node - c) for c in counts], axis=0)]
+        for q in counts:
+            rows = nearest == q
+            if rows.any():
+                group = [p for p in points if (p.per_node or p.ranks // 2) == q]
+                out[rows] = self._priced(group, op, ranks[rows], nbytes[rows])
+        return out
+
+    def _priced(self, points: list[CollectivePoint], op: str, ranks: ArrayLike, nbytes: ArrayLike) -> np.ndarray:
         ranks = np.asarray(ranks, dtype=float)
         nbytes = np.asarray(nbytes, dtype=float)
-        points = self.comm[(op, scope)]
         sizes = sorted({p.ranks for p in points})
         out = np.zeros(np.broadcast(ranks, nbytes).shape)
         r_b, n_b = np.broadcast_arrays(ranks, nbytes)

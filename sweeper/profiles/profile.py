@@ -109,11 +109,15 @@ class BlockPoint(_Row):
 
 
 class CollectivePoint(_Row):
-    """One collective over `ranks` processes (`scope`: within a node or across two) of a `bytes` buffer."""
+    """One collective over `ranks` processes (`scope`: within a node or across two) of a `bytes` buffer;
+    across nodes, `per_node` of each node's ranks take part (they share the node's link), and
+    `algorithm` is how the backend ran it (gloo: a flat ring over the ranks in order)."""
 
     op: CollectiveOp
     scope: Scope
     ranks: Annotated[int, Strict(), Field(ge=2, le=1_000_000)]
+    per_node: Annotated[int, Strict(), Field(ge=1, le=100_000)] | None = None  # ranks of each node (across nodes)
+    algorithm: Annotated[str, Field(max_length=64)] | None = None  # as the backend ran it (gloo: ring, pairwise, pair)
     bytes: Count
     seconds: Seconds
     busbw_gbps: Annotated[float, Strict(), Field(gt=0, lt=1e6)]  # GB/s: no bus moves a petabyte a second
@@ -131,7 +135,16 @@ class Profile(_Row):
     versions: Versions
     shapes_from: str = Field(description="the sweep file whose shapes were measured, or 'default'")
     processes: Annotated[int, Strict(), Field(ge=1, le=100_000)] = Field(
-        description="processes per node the compute was measured for"
+        description="processes that shared the cores while the compute was measured"
+    )
+    nodes: Annotated[int, Strict(), Field(ge=1, le=100_000)] = Field(
+        default=1, description="nodes the measuring job spanned (collectives across them)"
+    )
+    shared_host: Annotated[bool, Strict()] = Field(
+        default=False, description="the nodes were namespaces of one machine: their ranks shared its cores"
+    )
+    link: Annotated[str, Field(max_length=200)] | None = Field(
+        default=None, description="the link between the nodes, as measured or shaped"
     )
     cpus: Annotated[int, Strict(), Field(ge=1, le=1_000_000)] = Field(description="the node's CPU cores")
     threads: Annotated[int, Strict(), Field(ge=1, le=1_000_000)] = Field(description="threads per process (CPU)")
@@ -154,7 +167,7 @@ class Profile(_Row):
             "attention": sorted(self.attention, key=lambda a: (a.kernel, a.seq, a.batch, a.heads, a.kv_heads)),
             "elementwise": sorted(self.elementwise, key=lambda e: (e.op, e.mode, e.elements)),
             "block": sorted(self.block, key=lambda b: (b.knob, b.value, b.rows)),
-            "collectives": sorted(self.collectives, key=lambda c: (c.op, c.scope, c.ranks, c.bytes)),
+            "collectives": sorted(self.collectives, key=lambda c: (c.op, c.scope, c.ranks, c.per_node or 0, c.bytes)),
         }
         for name, rows in tables.items():
             object.__setattr__(self, name, tuple(rows))
@@ -250,7 +263,7 @@ def describe(profile: Profile, path: Path) -> list[str]:
     lines = [
         f"{path}: measured profile (schema {SCHEMA}) of {profile.device} (gpu: {profile.gpu})",
         f"measured {profile.measured_at} on {profile.host}, {soft}; collectives over {v.backend}",
-        f"shapes from: {profile.shapes_from}; {profile.processes} processes per node, {profile.threads} threads each",
+        f"shapes from: {profile.shapes_from}; {profile.processes} processes, {profile.threads} threads each",
         f"host launch overhead: {profile.launch_s * 1e6:.1f} us per small op (forward and backward)",
     ]
     for dtype in sorted({g.dtype for g in profile.gemm}):
@@ -269,6 +282,9 @@ def describe(profile: Profile, path: Path) -> list[str]:
         )
     for b in profile.block:
         lines.append(f"block at {b.rows} rows, {b.knob}={b.value}: {b.seconds * 1e3:.3g} ms (host overhead)")
+    if profile.nodes > 1:
+        where = "namespaces of one machine" if profile.shared_host else "machines"
+        lines.append(f"{profile.nodes} nodes ({where}), link: {profile.link or 'not described'}")
     for coll, scope in sorted({(c.op, c.scope) for c in profile.collectives}):
         comm = [c for c in profile.collectives if (c.op, c.scope) == (coll, scope)]
         best = max(comm, key=lambda c: c.busbw_gbps)

@@ -33,6 +33,7 @@ from sweeper.estimate.shapes import (
     sweep_block_values,
     sweep_workloads,
 )
+from sweeper.launchers.netns import LocalNodes, existing, link_description, local_nodes
 from sweeper.profiles.profile import Profile, cached_profile_path, save_profile
 
 if TYPE_CHECKING:
@@ -57,10 +58,15 @@ def run_profile(
     quick: bool,
     progress: Callable[[str], None],
     want_cuda: bool = True,
+    nodes: int = 1,
 ) -> Measured:
     """Measure this node (the sweep's shapes, or the default set) on one process per device, and write
-    the profile to `out`, or to the user's cache for this GPU."""
+    the profile to `out`, or to the user's cache for this GPU. `nodes` > 1: one job of that many nodes
+    (the local cluster of network namespaces, `sweeper.launchers.netns`), which also measures the
+    collectives across the link between them."""
     import torch
+
+    local = cluster_nodes(nodes)
 
     if sweep is not None and sweep.cluster.gpu.name == "cpu":
         want_cuda = False  # a CPU sweep's trials run on the CPU, even on a node with GPUs
@@ -90,15 +96,19 @@ def run_profile(
         processes=processes,
         quick=quick,
     )
-    kwargs = {
+    kwargs: dict[str, Any] = {
         "plan": plan,
         "precision": precision,
         "shapes_from": shapes_from,
         "budget_s": 0.01 if quick else 0.03,
         "want_cuda": want_cuda,
     }
-    progress(f"measuring on {processes} process{'es' if processes > 1 else ''} ({'GPU' if cuda else 'CPU'})")
-    data = _launch_and_follow(kwargs, processes=processes, progress=progress)
+    where = ""
+    if local is not None:
+        kwargs["link"] = link_description(local)
+        where = f" on each of {local.nodes} nodes ({', '.join(local.namespaces)}; link {kwargs['link']})"
+    progress(f"measuring on {processes} process{'es' if processes > 1 else ''}{where} ({'GPU' if cuda else 'CPU'})")
+    data = _launch_and_follow(kwargs, processes=processes, progress=progress, nodes=local)
     profile, skipped = Profile.model_validate(data["profile"]), dict(data["skipped"])
     if sweep is not None and sweep.cluster.gpu.name != profile.gpu:
         skipped["gpu"] = (
@@ -113,8 +123,28 @@ def run_profile(
     return Measured(profile, path, skipped)
 
 
-def _launch_and_follow(kwargs: dict[str, Any], *, processes: int, progress: Callable[[str], None]) -> dict[str, Any]:
-    """Run `profile_worker` on `processes` local ranks, passing rank 0's progress lines on; its result."""
+def cluster_nodes(nodes: int) -> LocalNodes | None:
+    """The local nodes a profile of `nodes` nodes runs on: the namespaces `SWEEP_NETNS` names, else the
+    `sweep-node<k>` ones of scripts/netns/start.sh; None for one node. Too few is one clear error."""
+    if nodes < 1:
+        raise SweepError(f"--nodes {nodes}: allowed: 1 or more")
+    if nodes == 1:
+        return None
+    found = local_nodes() or (LocalNodes(existing()) if len(existing()) >= 2 else None)
+    if found is None or found.nodes < nodes:
+        have = f"{found.nodes} local nodes" if found else "no local nodes"
+        raise SweepError(
+            f"--nodes {nodes}: {have} here; start a cluster of {nodes} network namespaces with "
+            f"`sudo scripts/netns/start.sh RATE [DELAY] {nodes}` (or name them in SWEEP_NETNS)"
+        )
+    return LocalNodes(found.namespaces[:nodes])
+
+
+def _launch_and_follow(
+    kwargs: dict[str, Any], *, processes: int, progress: Callable[[str], None], nodes: LocalNodes | None = None
+) -> dict[str, Any]:
+    """Run `profile_worker` on `processes` local ranks (per node of `nodes`), passing rank 0's progress
+    lines on; its result."""
     from sweeper.launchers.ranks import launch
 
     remove_stale_workdirs(Path(tempfile.gettempdir()))
@@ -126,7 +156,8 @@ def _launch_and_follow(kwargs: dict[str, Any], *, processes: int, progress: Call
     task = {"kind": "call", "target": "sweeper.runtime.profile_run:profile_worker", "kwargs": kwargs}
     done: list[Any] = []
     thread = threading.Thread(
-        target=lambda: done.append(launch(task, nprocs=processes, timeout_s=TIMEOUT_S, workdir=workdir)), daemon=True
+        target=lambda: done.append(launch(task, nprocs=processes, timeout_s=TIMEOUT_S, workdir=workdir, nodes=nodes)),
+        daemon=True,
     )
     try:
         thread.start()

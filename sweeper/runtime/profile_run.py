@@ -21,12 +21,13 @@ from sweeper.profiles.profile import SCHEMA, Profile, Versions
 from sweeper.runtime.env import (
     DistEnv,
     init_distributed,
+    local_world_size,
     pick_device,
     prepare_process_environment,
     runtime_versions,
 )
 from sweeper.runtime.profile_block import measure_blocks
-from sweeper.runtime.profile_comm import measure_collectives, tp_blocks
+from sweeper.runtime.profile_comm import across_nodes, measure_collectives, tp_blocks
 from sweeper.runtime.profiling import (
     Progress,
     Timer,
@@ -160,10 +161,18 @@ PROFILE_FILE = "profile.json"
 
 
 def profile_worker(
-    *, out_dir: Path, plan: MeasurePlan, precision: str, shapes_from: str, budget_s: float, want_cuda: bool = True
+    *,
+    out_dir: Path,
+    plan: MeasurePlan,
+    precision: str,
+    shapes_from: str,
+    budget_s: float,
+    want_cuda: bool = True,
+    link: str | None = None,
 ) -> None:
     """On every rank: the plan's measurements on this rank's device, then (two ranks or more) the
-    collectives and the tensor-parallel block over all of them. Rank 0 prints its progress (its log
+    collectives and the tensor-parallel block over all of them (a job of several nodes: within node 0,
+    then across the nodes; `link` is how the caller describes the link between them). Rank 0 prints its progress (its log
     is followed by `sweep profile`) and writes `profile.json`: the profile and what was left out."""
     prepare_process_environment()
     env = DistEnv.from_environ()
@@ -175,24 +184,39 @@ def profile_worker(
         if rank == 0:
             print(PROGRESS_MARK + what, flush=True)
 
+    per_node = local_world_size(env)
+    nodes = max(1, world // per_node)
+    hosts: list[Any] = [None] * world
+    torch.distributed.all_gather_object(hosts, socket.gethostname())
+    shared = nodes > 1 and len(set(hosts)) == 1  # namespaces of one machine (sweeper.launchers.netns)
     profile, skipped = measure_node(
         plan,
         device=device,
         precision=precision,
-        processes=world,
+        processes=world if nodes == 1 or shared else per_node,  # what shares this rank's cores
         shapes_from=shapes_from,
         progress=progress,
         budget_s=budget_s,
     )
     torch.distributed.barrier()
-    if world >= 2:
+    if nodes > 1:
+        points, failed = across_nodes(list(plan.comm_bytes), device, nodes=nodes, per_node=per_node, progress=progress)
+        profile = profile.model_copy(update={"nodes": nodes, "shared_host": shared, "link": link})
+    elif world >= 2:
         progress(f"collectives on {world} processes")
         points, failed = measure_collectives(list(plan.comm_bytes), device)
+    if world >= 2:
         blocks = []
         if plan.block_shape is not None:
             settings = {k: v[0] for k, v in plan.block_values.items()}
             blocks = tp_blocks(
-                plan.block_shape, settings, rows=plan.block_seq, precision=precision, device=device, failed=failed
+                plan.block_shape,
+                settings,
+                rows=plan.block_seq,
+                precision=precision,
+                device=device,
+                failed=failed,
+                nodes=nodes,
             )
         profile = profile.model_copy(update={"collectives": tuple(points), "block": profile.block + tuple(blocks)})
         skipped |= {f"collective {k}": v for k, v in failed.items()}

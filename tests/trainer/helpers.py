@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from sweeper.launchers.netns import LocalNodes
 from sweeper.launchers.ranks import launch
 from sweeper.runtime import kernels
 from sweeper.runtime.model import Transformer, build_model, loss_fn, materialize, norm_kernel
@@ -77,12 +78,19 @@ def run_workers(
     timeout_s: float = 300,
     env: dict[str, str] | None = None,
     module: str = "workers",
+    nodes: LocalNodes | None = None,
     **kwargs: Any,
 ) -> Any:
-    """Run `tests.trainer.<module>:<target>` on `nprocs` processes; fail the test with the logs if a rank failed."""
+    """Run `tests.trainer.<module>:<target>` on `nprocs` processes (per node of local `nodes`, each in its
+    namespace); fail the test with the logs if a rank failed."""
     task = {"kind": "call", "target": f"tests.trainer.{module}:{target}", "kwargs": kwargs}
     done = launch(
-        task, nprocs=nprocs, timeout_s=timeout_s, workdir=workdir, extra_env={"PYTHONPATH": str(ROOT), **(env or {})}
+        task,
+        nprocs=nprocs,
+        timeout_s=timeout_s,
+        workdir=workdir,
+        extra_env={"PYTHONPATH": str(ROOT), **(env or {})},
+        nodes=nodes,
     )
     if done.timed_out or any(done.returncodes):
         logs = "\n".join(f"--- rank {r} (rc {rc})\n{done.log_tail(r, 40)}" for r, rc in enumerate(done.returncodes))
