@@ -127,7 +127,7 @@ def test_show_prints_every_number_with_its_sweep():
     result = CliRunner().invoke(profile_app, ["show", str(path)])
     assert result.exit_code == 0 and result.output.splitlines() == lines
     listed = CliRunner().invoke(profile_app, ["show"])
-    assert listed.exit_code == 0 and listed.output.splitlines() == [f"{path}: {lines[0]}"]
+    assert listed.exit_code == 0 and listed.output.splitlines() == [lines[0]]  # its path once: the line names it
 
 
 def test_forget_removes_one_key_or_all():
