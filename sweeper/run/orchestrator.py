@@ -87,8 +87,9 @@ def prepare(
         if memory.prior is not None:
             run.notes.append(
                 f"started from the learned profile {memory.key.path} ({len(memory.prior.sources)} earlier "
-                f"sweep(s): {', '.join(memory.prior.sources)}); this sweep's trials correct it"
+                f"sweep(s): {'; '.join(memory.prior.origins)}); this sweep's trials correct it"
             )
+            run.notes += [f"learned profile: refused {line}" for line in memory.prior.refused]
         if left_out:
             run.notes.append(f"{left_out} valid layout(s) left out: {launcher.cannot_run_reason}")
         run.rows.extend(store.rows())
