@@ -70,7 +70,8 @@ def learned_line(sweep) -> str:  # noqa: ANN001 - Sweep, imported lazily
     """One line: the learned profile the sweep would start from (`sweeper.search.learned`), or why none."""
     from sweeper.launchers import launcher_classes, resolve_profile
     from sweeper.results.identity import sweep_identity
-    from sweeper.search.learned import learns, status_line
+    from sweeper.search.learned import learns
+    from sweeper.search.learned_show import status_line
 
     profile = resolve_profile(sweep)
     here = launcher_classes()[profile.kind].measures_here

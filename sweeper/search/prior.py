@@ -50,6 +50,7 @@ EFFECT_BOUND = math.log(10.0)
 # noise neither confirm nor refute an effect; a learned difference of 0.3 that the trials show the
 # other way drops the trust to 0.
 TRUST_PRIOR = 0.04
+TRUST_FLOOR = 0.1  # a trust below this is a contradiction: the sweep then runs exactly as without it
 
 EffectKey = tuple[str, Any]  # (knob, value)
 
@@ -133,6 +134,17 @@ class EffectPrior:
             out += self.beta[codes[index]]
         return self.trust * out
 
+    def weigh_measured(self, model: StepTime, measured: Mapping[int, float], pos: np.ndarray) -> float:
+        """`weigh` on the measured step times (plan row -> s), against the model calibrated on them alone;
+        `pos`: each plan row's position among the layouts given at construction."""
+        from sweeper.search.residual import calibrate
+
+        rows = np.asarray(list(measured), dtype=np.int64)
+        times = np.asarray([measured[int(r)] for r in rows])
+        own = calibrate(model, rows.tolist(), times.tolist())
+        model_s = np.maximum(own.compute_scale * model.compute[rows] + own.comm_scale * model.comm[rows], 1e-12)
+        return self.weigh(pos[rows], np.log(times / model_s))
+
     def weigh(self, index: np.ndarray, own_log_ratio: np.ndarray) -> float:
         """How far the sweep's own measured layouts (`index`, their log(measured / model calibrated on
         them alone)) bear the learned effects out: the slope of how they differ from one another on how
@@ -148,7 +160,8 @@ class EffectPrior:
             learned += self.centre[codes[np.asarray(index, dtype=int)]]
         lc = learned - learned.mean()
         rc = np.asarray(own_log_ratio, dtype=float) - float(np.mean(own_log_ratio))
-        self.trust = float(np.clip((rc @ lc + TRUST_PRIOR) / (lc @ lc + TRUST_PRIOR), 0.0, 1.0))
+        slope = float(np.clip((rc @ lc + TRUST_PRIOR) / (lc @ lc + TRUST_PRIOR), 0.0, 1.0))
+        self.trust = slope if slope >= TRUST_FLOOR else 0.0  # contradicted: none of its say left
         return self.trust
 
 

@@ -30,7 +30,7 @@ from sweeper.plan.plan import Plan
 from sweeper.search.acquisition import best_chance
 from sweeper.search.learn import Learning
 from sweeper.search.prior import EffectPrior, Prior
-from sweeper.search.residual import Residual, calibrate, features, ok_chance
+from sweeper.search.residual import Residual, features, ok_chance
 from sweeper.search.schedule import Schedule, make_sampler
 from sweeper.search.sizes import at_next_size, sizes_out_of_play
 from sweeper.search.stopping import SlowerThanBest, mfu_seconds
@@ -422,7 +422,9 @@ class LayoutSearch:
         if measured and not step_time_s and mfu:  # a table of MFU only: its step time is the same fact
             step_time_s = mfu_seconds(self.plan.sweep_of(row)) / mfu
         if measured and step_time_s:
-            self._weigh_learned(row, step_time_s)
+            if self.effects is not None:  # trusted as far as this sweep's own step times bear it out
+                told = self.learning.measured | {row: step_time_s}
+                self.learning.prior_trust = self.effects.weigh_measured(self.model, told, self._pos)
             self.learning.learn_step_time(row, step_time_s)
         device_peak = bool(device) and not str(device).startswith("cpu")  # CPU RSS growth is no allocator peak
         if measured and device_peak and (peak_mem_gib or peak_mem_reserved_gib):
@@ -432,18 +434,6 @@ class LayoutSearch:
         if measured:
             self.learning.learn_ran(row, done=self.done.keys())
         return value
-
-    def _weigh_learned(self, row: int, step_time_s: float) -> None:
-        """How far this sweep's own step times (with `row`'s) bear the learned effects out; the learned
-        scales' pull follows the same trust (`EffectPrior.weigh`): contradicted, the search is its own."""
-        if self.effects is None:
-            return
-        measured = self.learning.measured | {row: step_time_s}
-        rows = np.asarray(list(measured), dtype=np.int64)
-        times = np.asarray([measured[int(r)] for r in rows])
-        own = calibrate(self.model, rows.tolist(), times.tolist())
-        model_s = own.compute_scale * self.model.compute[rows] + own.comm_scale * self.model.comm[rows]
-        self.learning.prior_trust = self.effects.weigh(self._pos[rows], np.log(times / np.maximum(model_s, 1e-12)))
 
     def _tell_scratch(self, row: int, value: float) -> None:
         assert self._scratch is not None
