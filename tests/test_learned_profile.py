@@ -7,6 +7,7 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -196,6 +197,12 @@ def test_the_key_is_the_partition_or_the_node_s_make():
 def test_the_dry_run_says_which_learned_profile_it_uses(tmp_path):
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump(base_spec(results_dir=str(tmp_path / "results"))))
+    save(KEY, lessons("a13b", "aaaa"))
+    off = sweep_cli("run", str(spec), "--dry-run", cwd=tmp_path)
+    assert "learned profile: not used (off by default: on recorded sweeps it did not shorten the search" in off.stdout
+    KEY.path.unlink()
+    on = {"learned_profile": True}
+    spec.write_text(yaml.safe_dump(base_spec(results_dir=str(tmp_path / "results"), search=on)))
     env_run = sweep_cli("run", str(spec), "--dry-run", cwd=tmp_path)
     assert env_run.returncode == 0, env_run.stderr
     line = [ln for ln in env_run.stdout.splitlines() if ln.startswith("learned profile:")]
@@ -283,3 +290,36 @@ def test_lessons_of_nearer_node_counts_count_more_and_disagreeing_ones_cancel():
     assert prior.effects[("pp", 4)].log_ratio == pytest.approx(0.4 * (1.75 / 2.25) ** 2, abs=1e-6)
     even = load(KEY).prior()  # type: ignore[union-attr]
     assert even is not None and even.effects[("pp", 4)].log_ratio == pytest.approx(0.0)
+
+
+def test_a_poisoned_learned_profile_is_said_by_the_dry_run_and_show_has_no_traceback(tmp_path):
+    """The hostile file of ../shared/checks/hostile-files: log_ratio 1e300 on one knob value."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(base_spec(results_dir=str(tmp_path / "results"), search={"learned_profile": True})))
+    poisoned(KEY.path, log_ratio=1.0e300)
+    out = sweep_cli("run", str(spec), "--dry-run", cwd=tmp_path)
+    assert out.returncode == 0 and "Traceback" not in out.stderr
+    text = " ".join(out.stdout.split())
+    assert "refused: elsewhere: pp=4 exp(1e+300)x the model's step time (slower than predicted): implausible" in text
+    shown = CliRunner().invoke(profile_app, ["show", str(KEY.path)])
+    assert shown.exit_code == 0 and "refused: elsewhere: pp=4" in shown.output
+
+
+def test_the_dry_run_names_the_learned_effects_that_move_the_first_choice(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(base_spec(results_dir=str(tmp_path / "results"), search={"learned_profile": True})))
+    sweep = load_sweep(spec)
+    from sweeper.plan.plan import make_plan
+    from sweeper.search.learned_show import moved_first_choice
+
+    plan = make_plan(sweep)
+    rows = np.flatnonzero(plan.candidate_mask)
+    first = rows[np.argmax(plan.pred_mfu[rows])]
+    knob = next(k for k in ("pp", "tp", "micro_batch_size") if len(set(plan.cols[k][rows].tolist())) > 1)
+    value = plan.cols[knob][first].item()
+    save(KEY, lessons("a13b", "aaaa", calibration=None, effects={(knob, value): LearnedEffect(math.log(1.4), 6)}))
+    lines = moved_first_choice(plan, load(KEY).prior())  # type: ignore[arg-type, union-attr]
+    assert lines[0].startswith("learned profile: the first trial is ") and "not the model's first choice" in lines[0]
+    assert lines[1] == f"  it makes {knob}={value} 1.40x slower than the model says, from 1 sweep(s)"
+    out = sweep_cli("run", str(spec), "--dry-run", cwd=tmp_path).stdout
+    assert f"it makes {knob}={value} 1.40x slower than the model says, from 1 sweep(s)" in out

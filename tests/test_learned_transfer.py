@@ -159,7 +159,9 @@ def test_a_replay_neither_reads_nor_writes_a_learned_profile_unless_asked(tmp_pa
         pass
     assert run.memory is not None and not run.memory.enabled and run.memory.prior is None
     assert key.path.read_text() == before
-    assert learns(sweep, measures_here=True)  # a launcher that measures the cluster learns by default
+    assert not learns(sweep, measures_here=True)  # off by default, whatever the launcher (docs/profiles.md)
+    on = parse_sweep(yaml.safe_dump(_spec(tmp_path, "on", FIRST, search={"learned_profile": True})))
+    assert learns(on, measures_here=False) and learns(on, measures_here=True)
     off = parse_sweep(yaml.safe_dump(_spec(tmp_path, "off", FIRST, search={"learned_profile": False})))
     assert not learns(off, measures_here=True)
 

@@ -72,10 +72,13 @@ MAX_COUNT = 1_000_000
 
 
 def learns(sweep: Sweep, *, measures_here: bool) -> bool:
-    """Whether the sweep uses and updates its learned profile: the file's `search.learned_profile`,
-    else whether its launcher measures the sweep's cluster (`Launcher.measures_here`: not a replay)."""
-    setting = sweep.search.learned_profile
-    return measures_here if setting is None else setting
+    """Whether the sweep uses and updates its learned profile: only when its file says
+    `search.learned_profile: true`. Off by default: replayed in sequence on one cluster's recorded
+    sweeps (`benchmarks/search_transfer.py --recorded`, docs/profiles.md), it made as many searches
+    longer as shorter. `measures_here`: whether the launcher measures the cluster (not a replay);
+    kept for the dry run's reason."""
+    del measures_here  # on or off by the file alone: a replay asked to learn learns
+    return bool(sweep.search.learned_profile)
 
 
 def learned_dir() -> Path:
@@ -223,7 +226,7 @@ def _effects(found: list[dict[EffectKey, LearnedEffect]], near: list[float]) -> 
         total = sum(e.trials * w * e.log_ratio for e, w in items)
         size = sum(e.trials * w * abs(e.log_ratio) for e, w in items)
         agree = abs(total) / size if size > 0 else 0.0
-        out[key] = LearnedEffect(total / weight * agree, max(1, round(weight)))
+        out[key] = LearnedEffect(total / weight * agree, max(1, round(weight)), len(items))
     return out
 
 

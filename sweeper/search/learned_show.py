@@ -6,11 +6,14 @@ starts from, and the numbers refused as implausible (`sweeper.search.learned`).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from sweeper.estimate.step_time import Calibration
+from sweeper.knobs import KNOBS
+from sweeper.plan.plan import Plan
 from sweeper.search.learned import SCHEMA, LearnedKey, MemoryLesson, load, nodes_of, ratio_text, read, value_text
-from sweeper.search.prior import EFFECT_WEIGHT, EffectKey, LearnedEffect, Prior
+from sweeper.search.prior import EFFECT_WEIGHT, EffectKey, LearnedEffect, Prior, python_value
 from sweeper.spec.sweep import Sweep
 
 
@@ -77,9 +80,10 @@ def status_line(
     key = LearnedKey.of(sweep, cluster_name)
     if not enabled:
         why = (
-            "its launcher's step times were measured elsewhere; search.learned_profile: true uses one"
-            if not measures_here and sweep.search.learned_profile is None
-            else "search.learned_profile: false"
+            "search.learned_profile: false"
+            if sweep.search.learned_profile is False
+            else "off by default: on recorded sweeps it did not shorten the search, docs/profiles.md; "
+            "search.learned_profile: true uses one"
         )
         return f"learned profile: not used ({why})"
     profile = load(key)
@@ -93,3 +97,42 @@ def status_line(
         f"learned profile: {key.path}, from {len(prior.sources)} earlier sweep(s): {'; '.join(prior.origins)}; "
         f"used as the prior (not yours? `sweep profile forget --learned {key.slug}`){refused}"
     )
+
+
+def moved_first_choice(plan: Plan, prior: Prior) -> list[str]:
+    """What the learned profile changes in the search's first choice: the layout the search runs first
+    with it and without it, and the learned effects that tell them apart (`sweep run` and the dry run
+    print it, so a profile never steers a sweep without a word)."""
+    from sweeper.search.search import build_search
+
+    with_it = build_search(plan, sampler="auto", prior=prior).choose()
+    without = build_search(plan, sampler="auto").choose()
+    if with_it is None or without is None:
+        return []
+    first = _layout_text(plan, with_it)
+    if with_it == without:
+        return [f"learned profile: the first trial is the model's own first choice ({first})"]
+    lines = [f"learned profile: the first trial is {first}, not the model's first choice {_layout_text(plan, without)}"]
+    for knob in sorted({k for (k, _) in prior.effects}):
+        for row in (with_it, without):
+            value = python_value(plan.cols[knob][row]) if knob in plan.cols else None
+            e = prior.effects.get((knob, value))
+            other = with_it if row == without else without
+            if e is None or abs(e.log_ratio) < 0.01 or python_value(plan.cols[knob][other]) == value:
+                continue
+            r = math.exp(e.log_ratio)
+            how = f"{r:.2f}x slower" if r > 1 else f"{1 / r:.2f}x faster"
+            lines.append(f"  it makes {knob}={value_text(value)} {how} than the model says, from {e.sweeps} sweep(s)")
+    if prior.calibration is not None and len(lines) == 1:
+        c = prior.calibration
+        lines.append(
+            f"  its scales (compute x{c.compute_scale:.2f}, communication x{c.comm_scale:.2f}) reorder the model's layouts"
+        )
+    return lines
+
+
+def _layout_text(plan: Plan, row: int) -> str:
+    """The searched knobs of a plan row (and its node count, over several): 'tp=2 pp=4 ...'."""
+    knobs = [k for k in KNOBS if len(plan.sweep.space[k]) > 1]
+    text = " ".join(f"{k}={value_text(python_value(plan.cols[k][row]))}" for k in knobs)
+    return f"{text} at {plan.nodes_of(row)} nodes" if plan.sweep.several_sizes else text

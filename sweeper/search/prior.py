@@ -62,6 +62,7 @@ class LearnedEffect:
 
     log_ratio: float
     trials: int
+    sweeps: int = 1  # how many sweeps taught it
 
 
 @dataclass(frozen=True)
