@@ -13,7 +13,10 @@ of memory) and `simulated` (benchmarks/search_bench.py's simulator: other functi
 interactions, noise and a true memory off the estimate, the same for both models, as a cluster
 and trainer the model does not know are), times the quirk.
 
-usage: python benchmarks/search_transfer.py
+With --recorded: the same question on recorded sweeps, the Ultra-Scale Playbook's cells replayed in
+sequence on one cluster (benchmarks/search_recorded.py); its last line is `recorded transfer: ...`.
+
+usage: python benchmarks/search_transfer.py [--recorded [--seeds 0,1,2] [--cells us_1B_8n,...]]
 """
 
 from __future__ import annotations
@@ -153,5 +156,17 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    import argparse
+
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--recorded", action="store_true", help="the Ultra-Scale Playbook's recorded sweeps in sequence")
+    ap.add_argument("--seeds", default="0,1,2", help="with --recorded: the histories' seeds")
+    ap.add_argument("--cells", default=None, help="with --recorded: only these cells as the later sweep")
+    args = ap.parse_args()
+    if args.recorded:
+        import search_recorded
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        raise SystemExit(search_recorded.main([int(s) for s in args.seeds.split(",")], args.cells))
     raise SystemExit(main())

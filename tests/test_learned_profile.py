@@ -7,6 +7,7 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -20,13 +21,13 @@ from sweeper.search.learned import (
     LearnedKey,
     Lessons,
     MemoryLesson,
-    describe,
     forget,
     learned_dir,
     load,
     read,
     save,
 )
+from sweeper.search.learned_show import describe
 from sweeper.search.prior import LearnedEffect
 from sweeper.spec.loader import load_sweep
 from tests.conftest import base_spec, make_sweep, sweep_cli
@@ -117,7 +118,7 @@ def test_show_prints_every_number_with_its_sweep():
     assert lines[0].startswith(
         f"learned profile {path} (schema 1): cluster 8xa100-80gb, GPU a100-80gb, trainer builtin"
     )
-    assert "sweep a13b (llama-13b, 8 node(s), id aaaa)" in text
+    assert "sweep a13b (2025-01-01 00:00 UTC, 8 node(s), host not recorded): model llama-13b, id aaaa" in text
     assert "step time = 1.200 x the model's compute + 0.800 x its communication, fitted to 10 measured" in text
     assert "pp=4: 4.00x the model's step time (slower than predicted) from 3 measured layout(s) (from a13b)" in text
     assert "sequence_parallel=true: 0.90x the model's step time (faster than predicted)" in text
@@ -196,6 +197,12 @@ def test_the_key_is_the_partition_or_the_node_s_make():
 def test_the_dry_run_says_which_learned_profile_it_uses(tmp_path):
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump(base_spec(results_dir=str(tmp_path / "results"))))
+    save(KEY, lessons("a13b", "aaaa"))
+    off = sweep_cli("run", str(spec), "--dry-run", cwd=tmp_path)
+    assert "learned profile: not used (off by default: on recorded sweeps it did not shorten the search" in off.stdout
+    KEY.path.unlink()
+    on = {"learned_profile": True}
+    spec.write_text(yaml.safe_dump(base_spec(results_dir=str(tmp_path / "results"), search=on)))
     env_run = sweep_cli("run", str(spec), "--dry-run", cwd=tmp_path)
     assert env_run.returncode == 0, env_run.stderr
     line = [ln for ln in env_run.stdout.splitlines() if ln.startswith("learned profile:")]
@@ -208,7 +215,10 @@ def test_the_dry_run_says_which_learned_profile_it_uses(tmp_path):
     assert f"learned profile: {own} holds only this sweep's own lessons; not used, kept for the next sweep" in alone
     save(KEY, lessons("a13b", "aaaa"))
     used = sweep_cli("run", str(spec), "--dry-run", cwd=tmp_path).stdout
-    assert f"learned profile: {KEY.path}, from 1 earlier sweep(s) (a13b), used as the prior" in used
+    assert (
+        f"learned profile: {KEY.path}, from 1 earlier sweep(s): a13b (2025-01-01 00:00 UTC, 8 node(s), host not "
+        "recorded); used as the prior" in " ".join(used.split())
+    )
     spec.write_text(yaml.safe_dump(base_spec(search={"learned_profile": False})))
     assert (
         "learned profile: not used (search.learned_profile: false)"
@@ -217,3 +227,99 @@ def test_the_dry_run_says_which_learned_profile_it_uses(tmp_path):
     spec.write_text(yaml.safe_dump(base_spec(search={"learned_profile": "yes"})))
     bad = sweep_cli("run", str(spec), "--dry-run", cwd=tmp_path)
     assert bad.returncode == 2 and "search.learned_profile" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_the_sweeps_learned_from_are_named_with_when_and_where_they_ran():
+    save(KEY, lessons("a13b", "aaaa", host="gpu-login-1", results="/home/me/results/a13b"))
+    (s,) = load(KEY).sweeps  # type: ignore[union-attr]
+    assert (s.host, s.results) == ("gpu-login-1", "/home/me/results/a13b")
+    origin = "a13b (2025-01-01 00:00 UTC, 8 node(s), on gpu-login-1, results /home/me/results/a13b)"
+    assert s.origin == origin and load(KEY).prior().origins == (origin,)  # type: ignore[union-attr]
+    assert f"sweep {origin}: model llama-13b" in "\n".join(describe(KEY.path))
+
+
+def poisoned(path: Path, **effect: object) -> None:
+    """A learned profile whose one sweep's pp=4 effect (or other number) is `effect`."""
+    save(KEY, lessons("elsewhere", "eeee"))
+    data = yaml.safe_load(path.read_text())
+    data["sweeps"][0]["effects"][0] |= effect
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+@pytest.mark.parametrize("log_ratio", [1.0e300, -3.0, math.log(10.5)])
+def test_an_implausible_learned_effect_is_refused_and_said_never_used(log_ratio):
+    poisoned(KEY.path, log_ratio=log_ratio)
+    profile = load(KEY)
+    assert profile is not None
+    (s,) = profile.sweeps
+    assert ("pp", 4) not in s.effects and ("sequence_parallel", True) in s.effects  # the rest stands
+    assert s.calibration is not None and len(s.refused) == 1 and "implausible" in s.refused[0]
+    prior = profile.prior()
+    assert prior is not None and ("pp", 4) not in prior.effects and prior.refused == s.refused
+    text = "\n".join(describe(KEY.path))  # no OverflowError: the ratio of 1e300 is not computed
+    assert "refused: elsewhere: pp=4" in text and "not used" in text
+
+
+def test_a_learned_effect_within_10x_is_used():
+    poisoned(KEY.path, log_ratio=math.log(9.5))
+    prior = load(KEY).prior()  # type: ignore[union-attr]
+    assert prior is not None and prior.effects[("pp", 4)].log_ratio == pytest.approx(math.log(9.5), abs=1e-4)
+    assert prior.refused == ()
+
+
+def test_implausible_scales_and_memory_are_refused_and_said():
+    save(
+        KEY,
+        lessons("odd", "oooo", calibration=Calibration(40.0, 0.8, 10), memory=MemoryLesson(1e6, 1e6, None, 2)),
+    )
+    (s,) = load(KEY).sweeps  # type: ignore[union-attr]
+    assert s.calibration is None and s.memory is None and ("pp", 4) in s.effects
+    assert [r.split(" is ")[0] for r in s.refused] == [
+        "odd: compute_scale 40",
+        "odd: memory act_scale 1e+06",
+        "odd: memory offset_gib 1e+06",
+    ]
+
+
+def test_lessons_of_nearer_node_counts_count_more_and_disagreeing_ones_cancel():
+    save(KEY, lessons("near", "nnnn", nodes=8, effects={("pp", 4): LearnedEffect(0.4, 2)}))
+    save(KEY, lessons("far", "ffff", nodes=64, effects={("pp", 4): LearnedEffect(-0.4, 2)}))
+    prior = load(KEY).prior(nodes=8)  # type: ignore[union-attr]
+    assert prior is not None
+    # weights 2 and 2/8: the mean 0.4 * (2 - 0.25) / 2.25, times their agreement (2 - 0.25) / 2.25
+    assert prior.effects[("pp", 4)].log_ratio == pytest.approx(0.4 * (1.75 / 2.25) ** 2, abs=1e-6)
+    even = load(KEY).prior()  # type: ignore[union-attr]
+    assert even is not None and even.effects[("pp", 4)].log_ratio == pytest.approx(0.0)
+
+
+def test_a_poisoned_learned_profile_is_said_by_the_dry_run_and_show_has_no_traceback(tmp_path):
+    """The hostile file of ../shared/checks/hostile-files: log_ratio 1e300 on one knob value."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(base_spec(results_dir=str(tmp_path / "results"), search={"learned_profile": True})))
+    poisoned(KEY.path, log_ratio=1.0e300)
+    out = sweep_cli("run", str(spec), "--dry-run", cwd=tmp_path)
+    assert out.returncode == 0 and "Traceback" not in out.stderr
+    text = " ".join(out.stdout.split())
+    assert "refused: elsewhere: pp=4 exp(1e+300)x the model's step time (slower than predicted): implausible" in text
+    shown = CliRunner().invoke(profile_app, ["show", str(KEY.path)])
+    assert shown.exit_code == 0 and "refused: elsewhere: pp=4" in shown.output
+
+
+def test_the_dry_run_names_the_learned_effects_that_move_the_first_choice(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(base_spec(results_dir=str(tmp_path / "results"), search={"learned_profile": True})))
+    sweep = load_sweep(spec)
+    from sweeper.plan.plan import make_plan
+    from sweeper.search.learned_show import moved_first_choice
+
+    plan = make_plan(sweep)
+    rows = np.flatnonzero(plan.candidate_mask)
+    first = rows[np.argmax(plan.pred_mfu[rows])]
+    knob = next(k for k in ("pp", "tp", "micro_batch_size") if len(set(plan.cols[k][rows].tolist())) > 1)
+    value = plan.cols[knob][first].item()
+    save(KEY, lessons("a13b", "aaaa", calibration=None, effects={(knob, value): LearnedEffect(math.log(1.4), 6)}))
+    lines = moved_first_choice(plan, load(KEY).prior())  # type: ignore[arg-type, union-attr]
+    assert lines[0].startswith("learned profile: the first trial is ") and "not the model's first choice" in lines[0]
+    assert lines[1] == f"  it makes {knob}={value} 1.40x slower than the model says, from 1 sweep(s)"
+    out = sweep_cli("run", str(spec), "--dry-run", cwd=tmp_path).stdout
+    assert f"it makes {knob}={value} 1.40x slower than the model says, from 1 sweep(s)" in out

@@ -188,7 +188,7 @@ def cached_file(path: Path, named: str) -> Path:
 def describe_file(path: Path) -> list[str]:
     """The lines `show` prints, by the file's `kind:` (a learned profile is `sweeper.search.learned`'s)."""
     from sweeper.profiles.profile import LEARNED, describe, load_profile, read_header
-    from sweeper.search.learned import describe as describe_learned
+    from sweeper.search.learned_show import describe as describe_learned
 
     header: dict[str, Any] = read_header(path)
     if header.get("kind") == LEARNED:

@@ -55,13 +55,15 @@ def run(
         run_live(sweep, fresh=fresh, yes=yes, top=top, rebuild_study=rebuild_study)
         return
     if as_json:
-        typer.echo(json.dumps(plan_summary(plan) | {"learned_profile": learned_line(sweep)}, indent=2))
+        lines = [learned_line(sweep), *learned_moves(sweep, plan)]
+        typer.echo(json.dumps(plan_summary(plan) | {"learned_profile": "\n".join(lines)}, indent=2))
     else:
         from sweeper.cli.render import make_console, print_plan
 
         console = make_console()
         print_plan(plan, limit=limit, console=console)
-        console.print(learned_line(sweep), markup=False, highlight=False, soft_wrap=True)
+        for line in [learned_line(sweep), *learned_moves(sweep, plan)]:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     if not plan.candidate_mask.any():  # the summary above says why; scripts must not take it for a plan
         raise SweepError(no_candidates_message(plan))
 
@@ -70,7 +72,8 @@ def learned_line(sweep) -> str:  # noqa: ANN001 - Sweep, imported lazily
     """One line: the learned profile the sweep would start from (`sweeper.search.learned`), or why none."""
     from sweeper.launchers import launcher_classes, resolve_profile
     from sweeper.results.identity import sweep_identity
-    from sweeper.search.learned import learns, status_line
+    from sweeper.search.learned import learns
+    from sweeper.search.learned_show import status_line
 
     profile = resolve_profile(sweep)
     here = launcher_classes()[profile.kind].measures_here
@@ -81,6 +84,22 @@ def learned_line(sweep) -> str:  # noqa: ANN001 - Sweep, imported lazily
         enabled=learns(sweep, measures_here=here),
         measures_here=here,
     )
+
+
+def learned_moves(sweep, plan) -> list[str]:  # noqa: ANN001 - Sweep, Plan, imported lazily
+    """What the learned profile the sweep would start from changes in its first choice (none: [])."""
+    from sweeper.launchers import launcher_classes, resolve_profile
+    from sweeper.results.identity import sweep_identity
+    from sweeper.search.learned import learns
+    from sweeper.search.learned_show import moved_first_choice
+    from sweeper.search.remember import Memory
+
+    profile = resolve_profile(sweep)
+    enabled = learns(sweep, measures_here=launcher_classes()[profile.kind].measures_here)
+    if not enabled or not plan.candidate_mask.any():
+        return []
+    memory = Memory.of(sweep, sweep_id=sweep_identity(sweep), cluster_name=profile.cluster_name(), enabled=True)
+    return moved_first_choice(plan, memory.prior) if memory.prior is not None else []
 
 
 def cluster_of(sweep) -> str | None:  # noqa: ANN001 - Sweep

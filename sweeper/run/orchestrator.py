@@ -29,6 +29,7 @@ from sweeper.run.slow_trials import crashed, judge, saved_gpu_hours
 from sweeper.run.state import Running, SweepRun
 from sweeper.run.unwritten import left_unwritten, not_written, unwritten
 from sweeper.search.learned import learns
+from sweeper.search.learned_show import moved_first_choice
 from sweeper.search.remember import Memory
 from sweeper.search.search import build_search
 from sweeper.search.study import check_history
@@ -87,8 +88,11 @@ def prepare(
         if memory.prior is not None:
             run.notes.append(
                 f"started from the learned profile {memory.key.path} ({len(memory.prior.sources)} earlier "
-                f"sweep(s): {', '.join(memory.prior.sources)}); this sweep's trials correct it"
+                f"sweep(s): {'; '.join(memory.prior.origins)}); this sweep's trials correct it"
             )
+            run.notes += [f"learned profile: refused {line}" for line in memory.prior.refused]
+            if not run.search.done:  # a resumed sweep's first trial is long past
+                run.notes += moved_first_choice(plan, memory.prior)
         if left_out:
             run.notes.append(f"{left_out} valid layout(s) left out: {launcher.cannot_run_reason}")
         run.rows.extend(store.rows())

@@ -45,6 +45,7 @@ class Learning:
     memory_fit: MemoryFit = field(default_factory=MemoryFit)
     calibration: Calibration = field(default_factory=Calibration)
     prior: Prior = field(default_factory=Prior)  # what earlier sweeps taught (a learned profile), or nothing
+    prior_trust: float = 1.0  # how far this sweep's trials bear the learned profile out (search.EffectPrior.weigh)
 
     def __post_init__(self) -> None:
         self.pred_mfu: np.ndarray = self.model.mfu
@@ -71,7 +72,8 @@ class Learning:
         rows = list(self.measured)
         times = [self.measured[r] for r in rows]
         p = self.prior
-        self._recalibrate(calibrate(self.model, rows, times, prior=p.calibration, prior_weight=p.calibration_weight))
+        weight = p.calibration_weight * self.prior_trust
+        self._recalibrate(calibrate(self.model, rows, times, prior=p.calibration, prior_weight=weight))
 
     def _recalibrate(self, calibration: Calibration) -> None:
         self.calibration = calibration

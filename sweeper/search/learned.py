@@ -13,6 +13,8 @@ One YAML file per key under `<cache>/sweep/profiles/learned/` (`${XDG_CACHE_HOME
       model: llama-13b
       nodes: 8
       date: '2025-06-01T12:00:00+00:00'
+      host: gpu-login-1             # where `sweep run` ran, and its results folder: whose sweep it was
+      results: /home/me/results/llama13b_2k
       trials: 14                    # finished trials
       measured: 12                  # of them with a step time
       calibration: {compute_scale: 1.21, comm_scale: 0.93, trials: 12}
@@ -24,6 +26,11 @@ Each sweep keeps its own numbers (never the prior it started from, so no sweep c
 `prior` combines them, leaving out the sweep that asks (a resumed sweep does not learn from itself).
 Numbers that depend on the model's size (step times, peaks in GiB) are not kept; what is kept is
 relative to the model: its scales, each knob value's effect, the memory estimate's refit.
+
+A file is read from elsewhere: each number must be one a measurement could give (`PLAUSIBLE`: an
+effect within 10x either way, scales within the calibration's bounds, ...). One that is not is left
+out, and said (`Lessons.refused`: the dry run, `sweep run` and `sweep profile show` print it); the
+rest of the sweep's lessons stand.
 """
 
 from __future__ import annotations
@@ -42,11 +49,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sweeper.errors import SpecError
+from sweeper.estimate.memfit import SCALE_BOUNDS as MEMORY_SCALE_BOUNDS
 from sweeper.estimate.memfit import MemoryFit
 from sweeper.estimate.step_time import Calibration
 from sweeper.files import FileRefused, atomic_write_text, parse_yaml, read_limited
 from sweeper.profiles.profile import LEARNED, MAX_PROFILE_BYTES, cache_dir, check_cached
-from sweeper.search.prior import EffectKey, LearnedEffect, Prior
+from sweeper.search.prior import EFFECT_BOUND, EffectKey, LearnedEffect, Prior
 from sweeper.spec.hardware import GIB
 from sweeper.spec.sweep import Sweep
 
@@ -54,13 +62,23 @@ SCHEMA = 1
 KIND = LEARNED
 MAX_SWEEPS = 8  # the most recent sweeps kept per key: a cluster's software changes; old lessons go
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+# What a measurement can say (beyond, a number is refused as implausible): the throughput scales as
+# `residual.calibrate` bounds them, the memory refit's activation scale as `memfit.refit` does, a
+# fixed memory offset within the largest card's memory, reserved over allocated memory, and counts.
+CALIBRATION_BOUNDS = (0.2, 5.0)  # residual.SCALE_BOUNDS (not imported: it loads scikit-learn)
+MAX_OFFSET_GIB = 256.0
+RESERVED_BOUNDS = (0.9, 3.0)
+MAX_COUNT = 1_000_000
 
 
 def learns(sweep: Sweep, *, measures_here: bool) -> bool:
-    """Whether the sweep uses and updates its learned profile: the file's `search.learned_profile`,
-    else whether its launcher measures the sweep's cluster (`Launcher.measures_here`: not a replay)."""
-    setting = sweep.search.learned_profile
-    return measures_here if setting is None else setting
+    """Whether the sweep uses and updates its learned profile: only when its file says
+    `search.learned_profile: true`. Off by default: replayed in sequence on one cluster's recorded
+    sweeps (`benchmarks/search_transfer.py --recorded`, docs/profiles.md), it made as many searches
+    longer as shorter. `measures_here`: whether the launcher measures the cluster (not a replay);
+    kept for the dry run's reason."""
+    del measures_here  # on or off by the file alone: a replay asked to learn learns
+    return bool(sweep.search.learned_profile)
 
 
 def learned_dir() -> Path:
@@ -123,6 +141,23 @@ class Lessons:
     calibration: Calibration | None
     effects: dict[EffectKey, LearnedEffect]
     memory: MemoryLesson | None
+    host: str | None = None  # where `sweep run` ran
+    results: str | None = None  # its results folder
+    refused: tuple[str, ...] = ()  # numbers of the file left out as implausible, each with why
+
+    @property
+    def origin(self) -> str:
+        """The sweep, when it was saved and where it ran: what lets a user tell whether it was theirs."""
+        where = f"on {self.host}" if self.host else "host not recorded"
+        results = f", results {self.results}" if self.results else ""
+        return f"{self.name} ({_when(self.date)}, {self.nodes} node(s), {where}{results})"
+
+
+def _when(date: str) -> str:
+    """An ISO 8601 date as 'YYYY-MM-DD HH:MM UTC' (as written, when it is not one)."""
+    if len(date) >= 16 and date[10] == "T":
+        return f"{date[:10]} {date[11:16]} UTC"
+    return date
 
 
 @dataclass(frozen=True)
@@ -131,43 +166,67 @@ class LearnedProfile:
     sweeps: tuple[Lessons, ...]
     path: Path | None = None
 
-    def prior(self, *, exclude: str | None = None) -> Prior | None:
+    def prior(self, *, exclude: str | None = None, nodes: int | None = None) -> Prior | None:
         """The lessons of every kept sweep but `exclude` (a sweep id) combined, or None when none is left.
 
         Scales: geometric mean weighted by measured layouts; effects: per knob value, the mean
-        weighted by the layouts with that value, their counts summed; memory: weighted by peaks."""
+        weighted by the layouts with that value, shrunk by how far the sweeps disagree on it
+        (`_effects`); memory: weighted by peaks. With `nodes` (the asking sweep's node count), each
+        sweep's layouts count by how near its node count is (`similarity`): the scales' split
+        between compute and communication, and a knob's effect, change with the network a step spans."""
         kept = [s for s in self.sweeps if s.sweep_id != exclude]
         if not kept:
             return None
+        near = [1.0 if nodes is None else similarity(s.nodes, nodes) for s in kept]
         return Prior(
-            calibration=_calibration([s.calibration for s in kept]),
-            calibration_trials=sum(s.calibration.trials for s in kept if s.calibration),
-            effects=_effects([s.effects for s in kept]),
+            calibration=_calibration([s.calibration for s in kept], near),
+            calibration_trials=round(sum(s.calibration.trials * w for s, w in zip(kept, near) if s.calibration)),
+            effects=_effects([s.effects for s in kept], near),
             memory=_memory([s.memory for s in kept]),
             sources=tuple(s.name for s in kept),
+            origins=tuple(s.origin for s in kept),
+            refused=tuple(line for s in kept for line in s.refused),
         )
 
 
-def _calibration(found: list[Calibration | None]) -> Calibration | None:
-    cals = [c for c in found if c is not None and c.trials > 0]
-    if not cals:
+def nodes_of(sweep: Sweep) -> int:
+    """The node count a sweep's lessons are weighed for: its own, or the middle of its several."""
+    counts = sorted(sweep.node_counts)
+    return counts[len(counts) // 2]
+
+
+def similarity(learned_at: int, asked_at: int) -> float:
+    """How much a sweep's lessons at `learned_at` nodes count for a sweep at `asked_at`: 1 at the same
+    node count, halved per doubling between them (a lesson of 1 node says little of 64)."""
+    return 0.5 ** abs(math.log2(max(learned_at, 1) / max(asked_at, 1)))
+
+
+def _calibration(found: list[Calibration | None], near: list[float]) -> Calibration | None:
+    cals = [(c, c.trials * w) for c, w in zip(found, near) if c is not None and c.trials > 0]
+    n = sum(w for _, w in cals)
+    if not cals or n <= 0:
         return None
-    n = sum(c.trials for c in cals)
-    compute = math.exp(sum(c.trials * math.log(c.compute_scale) for c in cals) / n)
-    comm = math.exp(sum(c.trials * math.log(c.comm_scale) for c in cals) / n)
+    compute = math.exp(sum(w * math.log(c.compute_scale) for c, w in cals) / n)
+    comm = math.exp(sum(w * math.log(c.comm_scale) for c, w in cals) / n)
     return Calibration(compute, comm, 0)
 
 
-def _effects(found: list[dict[EffectKey, LearnedEffect]]) -> dict[EffectKey, LearnedEffect]:
+def _effects(found: list[dict[EffectKey, LearnedEffect]], near: list[float]) -> dict[EffectKey, LearnedEffect]:
+    """Per knob value: the weighted mean of the sweeps' effects, times how far they agree (|sum of the
+    weighted effects| / sum of their sizes: 1 when all point the same way, 0 when they cancel), so one
+    sweep's lucky or unlucky run is not carried to the next model as a rule; its layouts counted by
+    nearness (an effect of layouts at other node counts counts as fewer of them)."""
     out: dict[EffectKey, LearnedEffect] = {}
-    for effects in found:
-        for key, e in effects.items():
-            old = out.get(key)
-            if old is None:
-                out[key] = e
-            else:
-                n = old.trials + e.trials
-                out[key] = LearnedEffect((old.trials * old.log_ratio + e.trials * e.log_ratio) / n, n)
+    keys = {key for effects in found for key in effects}
+    for key in keys:
+        items = [(effects[key], w) for effects, w in zip(found, near) if key in effects]
+        weight = sum(e.trials * w for e, w in items)
+        if weight <= 0:
+            continue
+        total = sum(e.trials * w * e.log_ratio for e, w in items)
+        size = sum(e.trials * w * abs(e.log_ratio) for e, w in items)
+        agree = abs(total) / size if size > 0 else 0.0
+        out[key] = LearnedEffect(total / weight * agree, max(1, round(weight)), len(items))
     return out
 
 
@@ -224,6 +283,8 @@ class _SweepFile(_Strict):
     model: str = Field(max_length=200)
     nodes: int = Field(ge=1, le=MAX_COUNT)
     date: str = Field(max_length=100)
+    host: str | None = Field(default=None, max_length=300)
+    results: str | None = Field(default=None, max_length=4096)
     trials: int = Field(ge=0, le=MAX_COUNT)
     measured: int = Field(ge=0, le=MAX_COUNT)
     calibration: _CalibrationFile | None = None
@@ -241,8 +302,38 @@ class _ProfileFile(_Strict):
 
 
 def _lessons(f: _SweepFile) -> Lessons:
-    cal = f.calibration
-    mem = f.memory
+    """One sweep's entry, less the numbers no measurement could give (each named in `refused`)."""
+    refused: list[str] = []
+
+    def plausible(what: str, value: float, lo: float, hi: float) -> bool:
+        if lo <= value <= hi:
+            return True
+        refused.append(f"{f.name}: {what} {value:.4g} is implausible (a measurement gives {lo:g} to {hi:g}); not used")
+        return False
+
+    cal, mem = f.calibration, f.memory
+    if cal is not None and not (
+        plausible("compute_scale", cal.compute_scale, *CALIBRATION_BOUNDS)
+        & plausible("comm_scale", cal.comm_scale, *CALIBRATION_BOUNDS)
+        & plausible("calibration trials", cal.trials, 0, MAX_COUNT)
+    ):
+        cal = None
+    effects: dict[EffectKey, LearnedEffect] = {}
+    for e in f.effects:
+        if abs(e.log_ratio) > EFFECT_BOUND:
+            refused.append(
+                f"{f.name}: {e.knob}={value_text(e.value)} {ratio_text(e.log_ratio)}: implausible (a measured effect is "
+                f"within {math.exp(EFFECT_BOUND):g}x either way); not used"
+            )
+        elif plausible(f"{e.knob}={value_text(e.value)} trials", e.trials, 1, MAX_COUNT):
+            effects[(e.knob, e.value)] = LearnedEffect(e.log_ratio, e.trials)
+    if mem is not None and not (
+        plausible("memory act_scale", mem.act_scale, *MEMORY_SCALE_BOUNDS)
+        & plausible("memory offset_gib", mem.offset_gib, -MAX_OFFSET_GIB, MAX_OFFSET_GIB)
+        & (mem.reserved_factor is None or plausible("memory reserved_factor", mem.reserved_factor, *RESERVED_BOUNDS))
+        & plausible("memory peaks", mem.peaks, 0, MAX_COUNT)
+    ):
+        mem = None
     return Lessons(
         sweep_id=f.id,
         name=f.name,
@@ -252,8 +343,11 @@ def _lessons(f: _SweepFile) -> Lessons:
         trials=f.trials,
         measured=f.measured,
         calibration=Calibration(cal.compute_scale, cal.comm_scale, cal.trials) if cal else None,
-        effects={(e.knob, e.value): LearnedEffect(e.log_ratio, e.trials) for e in f.effects},
+        effects=effects,
         memory=MemoryLesson(mem.act_scale, mem.offset_gib, mem.reserved_factor, mem.peaks) if mem else None,
+        host=f.host,
+        results=f.results,
+        refused=tuple(refused),
     )
 
 
@@ -264,6 +358,8 @@ def _record(s: Lessons) -> dict[str, Any]:
         "model": s.model,
         "nodes": s.nodes,
         "date": s.date,
+        **({"host": s.host} if s.host else {}),
+        **({"results": s.results} if s.results else {}),
         "trials": s.trials,
         "measured": s.measured,
     }
@@ -366,94 +462,18 @@ def forget(key: LearnedKey | None = None) -> list[Path]:
     return removed
 
 
-# ---- what `sweep profile show` prints --------------------------------------------------------
-def describe(path: Path) -> list[str]:
-    """Every number of a learned profile with the sweep it came from, then the prior a next sweep starts from."""
-    p = read(path)
-    lines = [f"learned profile {path} (schema {SCHEMA}): {p.key}; {len(p.sweeps)} sweep(s)"]
-    for s in p.sweeps:
-        lines.append(
-            f"sweep {s.name} ({s.model}, {s.nodes} node(s), id {s.sweep_id}), saved {s.date}: "
-            f"{s.trials} trials, {s.measured} with a step time"
-        )
-        lines += [f"  {line} (from {s.name})" for line in _numbers(s.calibration, s.effects, s.memory)]
-    prior = p.prior()
-    if prior is not None:
-        lines.append(f"a next sweep here starts from (combined over {', '.join(prior.sources)}):")
-        lines += [f"  {line}" for line in _prior_numbers(prior)]
-    return lines
-
-
-def _numbers(
-    cal: Calibration | None, effects: dict[EffectKey, LearnedEffect], memory: MemoryLesson | None
-) -> list[str]:
-    out = []
-    if cal is not None:
-        out.append(
-            f"step time = {cal.compute_scale:.3f} x the model's compute + {cal.comm_scale:.3f} x its communication, "
-            f"fitted to {cal.trials} measured step time(s)"
-        )
-    for (knob, value), e in sorted(effects.items(), key=lambda item: -abs(item[1].log_ratio)):
-        out.append(f"{knob}={_value(value)}: {_ratio(e.log_ratio)} from {e.trials} measured layout(s)")
-    if memory is not None:
-        rf = f", reserved {memory.reserved_factor:.3f}x allocated" if memory.reserved_factor else ""
-        out.append(
-            f"memory: activations x{memory.act_scale:.3f} the estimate's, {memory.offset_gib:+.2f} GiB fixed{rf}, "
-            f"fitted to {memory.peaks} measured peak(s)"
-        )
-    return out
-
-
-def _prior_numbers(prior: Prior) -> list[str]:
-    from sweeper.search.prior import EFFECT_WEIGHT
-
-    out = []
-    if prior.calibration is not None:
-        c = prior.calibration
-        out.append(
-            f"scales: compute x{c.compute_scale:.3f}, communication x{c.comm_scale:.3f}, "
-            f"counted as {prior.calibration_weight:g} measured layout(s) of the new sweep"
-        )
-    for (knob, value), e in sorted(prior.effects.items(), key=lambda item: -abs(item[1].log_ratio)):
-        out.append(
-            f"{knob}={_value(value)}: {_ratio(e.log_ratio)}, counted as {min(e.trials, EFFECT_WEIGHT):g} layout(s)"
-        )
-    if prior.memory is not None:
-        out.append(f"memory: {prior.memory.describe().split(' (from')[0]}, until the new sweep's own peaks tell")
-    return out
-
-
-def _ratio(log_ratio: float) -> str:
-    r = math.exp(log_ratio)
-    how = "as predicted" if abs(log_ratio) < 0.005 else "slower than predicted" if r > 1 else "faster than predicted"
-    return f"{r:.2f}x the model's step time ({how})"
-
-
-def _value(v: Any) -> str:
-    return str(v).lower() if isinstance(v, bool) else str(v)
-
-
-def status_line(
-    sweep: Sweep, *, sweep_id: str, cluster_name: str | None, enabled: bool, measures_here: bool = True
-) -> str:
-    """The dry run's one line: which learned profile the sweep would start from, or why none.
-
-    `measures_here`: whether the sweep's launcher measures its cluster (`Launcher.measures_here`: not a replay)."""
-    key = LearnedKey.of(sweep, cluster_name)
-    if not enabled:
-        why = (
-            "its launcher's step times were measured elsewhere; search.learned_profile: true uses one"
-            if not measures_here and sweep.search.learned_profile is None
-            else "search.learned_profile: false"
-        )
-        return f"learned profile: not used ({why})"
-    profile = load(key)
-    if profile is None:
-        return f"learned profile: none yet for {key}; this sweep's trials will start {key.path}"
-    prior = profile.prior(exclude=sweep_id)
-    if prior is None:  # a sweep never starts from its own lessons (a resumed one would count them twice)
-        return f"learned profile: {key.path} holds only this sweep's own lessons; not used, kept for the next sweep"
-    return (
-        f"learned profile: {key.path}, from {len(prior.sources)} earlier sweep(s) ({', '.join(prior.sources)}), "
-        "used as the prior"
+def ratio_text(log_ratio: float) -> str:
+    """A log ratio as 'N.NNx the model's step time (...)'; beyond what a float holds, as exp(x)."""
+    r = f"{math.exp(log_ratio):.2f}" if abs(log_ratio) < 700 else f"exp({log_ratio:.3g})"
+    how = (
+        "as predicted"
+        if abs(log_ratio) < 0.005
+        else "slower than predicted"
+        if log_ratio > 0
+        else "faster than predicted"
     )
+    return f"{r}x the model's step time ({how})"
+
+
+def value_text(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)

@@ -21,6 +21,7 @@ Pure numpy over the plan's columns.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +40,17 @@ EFFECT_WEIGHT = 2.0
 # with its value being off by it, so an effect is fitted where more than that share are off the same
 # way, and left at 0 (the value as the model predicts) where the scales and the other effects explain them.
 EFFECT_COST = 0.5
-EFFECT_BOUND = 4.0  # in log space: 55x either way; beyond, a layout is broken, not slow
+# The largest effect a learned number may claim, in log space: 10x either way. A knob value the model
+# is 10x off on is broken, not slow; a sweep's own fit stops there, and a learned profile that says
+# more (a file edited, or written by something else) is refused as implausible and said, never used.
+EFFECT_BOUND = math.log(10.0)
+
+# The learned effects' trust is a slope with a prior of 1 worth this much evidence (in log space
+# squared): a step time's noise (0.1) squared times 4, so two layouts that differ by less than the
+# noise neither confirm nor refute an effect; a learned difference of 0.3 that the trials show the
+# other way drops the trust to 0.
+TRUST_PRIOR = 0.04
+TRUST_FLOOR = 0.1  # a trust below this is a contradiction: the sweep then runs exactly as without it
 
 EffectKey = tuple[str, Any]  # (knob, value)
 
@@ -51,6 +62,7 @@ class LearnedEffect:
 
     log_ratio: float
     trials: int
+    sweeps: int = 1  # how many sweeps taught it
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,8 @@ class Prior:
     effects: Mapping[EffectKey, LearnedEffect] = field(default_factory=dict)
     memory: MemoryFit | None = None
     sources: tuple[str, ...] = ()  # the sweeps it came from, by name
+    origins: tuple[str, ...] = ()  # the same sweeps, each with its date and where it ran
+    refused: tuple[str, ...] = ()  # learned numbers left out as implausible, each with why
 
     @property
     def calibration_weight(self) -> float:
@@ -92,6 +106,7 @@ class EffectPrior:
         self.centre = np.asarray([e.log_ratio if e is not None else 0.0 for e in learned])
         self.weight = np.asarray([min(float(e.trials), EFFECT_WEIGHT) if e is not None else 0.0 for e in learned])
         self.beta = self.centre.copy()  # nothing measured yet: the learned effects whole
+        self.trust = 1.0  # how far this sweep's own trials bear the learned effects out (`weigh`)
 
     @property
     def active(self) -> bool:
@@ -113,11 +128,42 @@ class EffectPrior:
             self.beta = np.where(self.learned, self.centre * self.weight / (self.weight + n), 0.0)
 
     def mean(self, index: np.ndarray) -> np.ndarray:
-        """The prior mean of the residual at layouts `index`: the sum of their values' learned effects."""
+        """The prior mean of the residual at layouts `index`: the sum of their values' learned effects,
+        as far as this sweep's trials bear them out (`trust`)."""
         out = np.zeros(len(index))
         for codes in self._codes:
             out += self.beta[codes[index]]
-        return out
+        return self.trust * out
+
+    def weigh_measured(self, model: StepTime, measured: Mapping[int, float], pos: np.ndarray) -> float:
+        """`weigh` on the measured step times (plan row -> s), against the model calibrated on them alone;
+        `pos`: each plan row's position among the layouts given at construction."""
+        from sweeper.search.residual import calibrate
+
+        rows = np.asarray(list(measured), dtype=np.int64)
+        times = np.asarray([measured[int(r)] for r in rows])
+        own = calibrate(model, rows.tolist(), times.tolist())
+        model_s = np.maximum(own.compute_scale * model.compute[rows] + own.comm_scale * model.comm[rows], 1e-12)
+        return self.weigh(pos[rows], np.log(times / model_s))
+
+    def weigh(self, index: np.ndarray, own_log_ratio: np.ndarray) -> float:
+        """How far the sweep's own measured layouts (`index`, their log(measured / model calibrated on
+        them alone)) bear the learned effects out: the slope of how they differ from one another on how
+        the learned effects say they differ, with a prior slope of 1 (`TRUST_PRIOR`), in [0, 1].
+
+        1 while nothing contradicts them (one layout cannot: its level is the scales'); 0 once the
+        trials differ the other way or not at all where the effects say they differ: the sweep then
+        runs as without them (its scales' prior weighed by the same trust)."""
+        if len(index) < 2:
+            return self.trust
+        learned = np.zeros(len(index))
+        for codes in self._codes:
+            learned += self.centre[codes[np.asarray(index, dtype=int)]]
+        lc = learned - learned.mean()
+        rc = np.asarray(own_log_ratio, dtype=float) - float(np.mean(own_log_ratio))
+        slope = float(np.clip((rc @ lc + TRUST_PRIOR) / (lc @ lc + TRUST_PRIOR), 0.0, 1.0))
+        self.trust = slope if slope >= TRUST_FLOOR else 0.0  # contradicted: none of its say left
+        return self.trust
 
 
 def own_lessons(
@@ -162,6 +208,8 @@ def own_lessons(
 
     lo, hi = np.log(SCALE_BOUNDS)
     bounds = ([lo, lo, *[-EFFECT_BOUND] * k], [hi, hi, *[EFFECT_BOUND] * k])
-    p = least_squares(loss, np.zeros(k + 2), bounds=bounds).x
+    # tolerances of 1e-6, not scipy's 1e-8: the smoothed L1 terms make the last digits take thousands
+    # of steps (10 s for a sweep of 10 layouts, after every trial), for changes below the 4 decimals kept
+    p = least_squares(loss, np.zeros(k + 2), bounds=bounds, ftol=1e-6, xtol=1e-6, gtol=1e-6).x
     effects = {key: LearnedEffect(float(np.round(b, 4)), int(n)) for key, b, n in zip(keys.keys, p[2:], counts)}
     return Calibration(float(np.exp(p[0])), float(np.exp(p[1])), int(rows.size)), effects

@@ -8,6 +8,7 @@ is small (a few dozen numbers), so rewriting it per trial costs milliseconds aga
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,7 +18,7 @@ import numpy as np
 
 from sweeper.estimate.memfit import refit
 from sweeper.estimate.step_time import Calibration
-from sweeper.search.learned import LearnedKey, Lessons, MemoryLesson, load, save
+from sweeper.search.learned import LearnedKey, Lessons, MemoryLesson, load, nodes_of, save
 from sweeper.search.prior import EffectKey, LearnedEffect, Prior, own_lessons
 from sweeper.spec.hardware import GIB
 from sweeper.spec.sweep import Sweep
@@ -39,7 +40,7 @@ class Memory:
     def of(cls, sweep: Sweep, *, sweep_id: str, cluster_name: str | None, enabled: bool) -> Memory:
         key = LearnedKey.of(sweep, cluster_name)
         profile = load(key) if enabled else None
-        prior = profile.prior(exclude=sweep_id) if profile is not None else None
+        prior = profile.prior(exclude=sweep_id, nodes=nodes_of(sweep)) if profile is not None else None
         return cls(key, sweep_id, enabled, prior)
 
     def keep(self, search: LayoutSearch, *, trials: int) -> Path | None:
@@ -81,4 +82,6 @@ def lessons_of(search: LayoutSearch, *, sweep_id: str, trials: int) -> Lessons |
         calibration=cal,
         effects=effects,
         memory=memory,
+        host=socket.gethostname() or None,
+        results=str(sweep.results_path.resolve()),
     )

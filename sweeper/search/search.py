@@ -428,6 +428,9 @@ class LayoutSearch:
         if measured and not step_time_s and mfu:  # a table of MFU only: its step time is the same fact
             step_time_s = mfu_seconds(self.plan.sweep_of(row)) / mfu
         if measured and step_time_s:
+            if self.effects is not None:  # trusted as far as this sweep's own step times bear it out
+                told = self.learning.measured | {row: step_time_s}
+                self.learning.prior_trust = self.effects.weigh_measured(self.model, told, self._pos)
             self.learning.learn_step_time(row, step_time_s)
         device_peak = bool(device) and not str(device).startswith("cpu")  # CPU RSS growth is no allocator peak
         if measured and device_peak and (peak_mem_gib or peak_mem_reserved_gib):

@@ -266,7 +266,7 @@ class SearchSettings(_Strict):
     learned_profile: bool | None = Field(
         default=None,
         description="start from what earlier sweeps on this cluster, GPU and trainer taught, and add what this one "
-        "teaches (default: yes, except for a replay, whose step times were measured elsewhere)",
+        "teaches (default: no; on recorded sweeps it did not shorten the search: docs/profiles.md)",
     )
 
 
