@@ -256,3 +256,44 @@ def test_a_size_whose_best_is_well_below_its_predicted_best_stays_in_play(tmp_pa
     assert b.seen[16] == pytest.approx(work / 30.0)
     assert b.upper[16] == pytest.approx(work / 6.0 * np.exp(2 * 0.2))  # the model's best, top of the prior band
     assert b.upper[8] == pytest.approx(work / 10.0)  # found near its prediction: the residual's band
+
+
+def test_the_top_of_a_band_is_never_wider_than_the_models_prior_band(tmp_path):
+    from sweeper.search.residual import PRIOR_SIGMA
+    from sweeper.search.sizes import size_bounds
+
+    # a residual whose fitted amplitude grew to 0.6 (quirks 5x slow elsewhere): its top would be
+    # x3.3 above what the size is expected to do; the upward band stays the model's prior x1.49
+    sweep = parse_sweep(
+        yaml.safe_dump(_spec(tmp_path, cluster={"nodes": [8, 16], "gpus_per_node": 8, "gpu": "a100-80gb"}))
+    )
+    work = sweep.global_batch_size * sweep.seq_len
+    nodes, measured, untried = np.array([8, 8, 16, 16]), {0: 10.0, 2: 6.0}, np.array([1, 3])
+    b = size_bounds(sweep, nodes, measured, untried, np.array([12.0, 7.0]), np.array([0.6, 0.6]), np.array([12.0, 7.0]))
+    assert b.upper[8] == pytest.approx(work / 12.0 * np.exp(2 * PRIOR_SIGMA))
+    assert b.upper[16] == pytest.approx(work / 7.0 * np.exp(2 * PRIOR_SIGMA))
+
+
+def test_a_sizes_predicted_best_is_scaled_by_the_other_sizes_trials_not_its_own(tmp_path):
+    from sweeper.search.search import build_search
+
+    sweep = parse_sweep(
+        yaml.safe_dump(_spec(tmp_path, cluster={"nodes": [8, 16], "gpus_per_node": 8, "gpu": "a100-80gb"}))
+    )
+    plan = make_plan(sweep)
+    search = build_search(plan, max_trials=8, seed=0)
+    at8 = [int(r) for r in np.flatnonzero(plan.candidate_mask & (plan.nodes == 8))]
+    at16 = [int(r) for r in np.flatnonzero(plan.candidate_mask & (plan.nodes == 16))]
+    model = plan.throughput.total
+    for r in at8[:2]:  # 8 nodes: 1.2x the model
+        search.observe(r, status="ok", mfu=None, step_time_s=1.2 * float(model[r]))
+    search.observe(at16[0], status="ok", mfu=None, step_time_s=5.0 * float(model[at16[0]]))  # 16's first miss
+    rows = np.asarray(at16[1:], dtype=np.int64)
+    elsewhere = search.elsewhere_step_s(rows)
+    # 16's own 5x miss pulls the sweep's scales up (every size's model_step_s with them), not what 16
+    # is expected to do: that comes from 8's trials alone, 1.2x the model
+    assert np.all(search.model_step_s(rows) > 1.04 * elsewhere)
+    assert elsewhere == pytest.approx(1.2 * model[rows], rel=0.05)
+    # 8's prediction is scaled by 16's one trial alone, which a single point fits closely
+    rest = np.asarray(at8[2:], dtype=np.int64)
+    assert np.all(search.elsewhere_step_s(rest) > 3.0 * model[rest])

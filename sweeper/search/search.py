@@ -30,7 +30,7 @@ from sweeper.plan.plan import Plan
 from sweeper.search.acquisition import best_chance
 from sweeper.search.learn import Learning
 from sweeper.search.prior import EffectPrior, Prior
-from sweeper.search.residual import Residual, features, ok_chance
+from sweeper.search.residual import Residual, calibrate, features, ok_chance
 from sweeper.search.schedule import Schedule, make_sampler
 from sweeper.search.sizes import at_next_size, reach, size_bounds, sizes_out_of_play
 from sweeper.search.span import size_features
@@ -215,7 +215,9 @@ class LayoutSearch:
         expected_s, sigma = self.expected_step_s(untried), np.zeros(untried.size)
         if untried.size:
             sigma = self.residual.predict(self._pos[untried])[1]
-        bounds = size_bounds(self.sweep, self.plan.nodes, ok, untried, expected_s, sigma, self.model_step_s(untried))
+        bounds = size_bounds(
+            self.sweep, self.plan.nodes, ok, untried, expected_s, sigma, self.elsewhere_step_s(untried)
+        )
         self.left_out = sizes_out_of_play(self.sweep, bounds)
         started = [*self.done, *self.running]
         reaches = reach(bounds)
@@ -320,6 +322,23 @@ class LayoutSearch:
         """Step time of each layout as the recalibrated model predicts it (without the residual)."""
         m, c = self.model, self.calibration
         return np.maximum(c.compute_scale * m.compute[rows] + c.comm_scale * m.comm[rows], 1e-12)
+
+    def elsewhere_step_s(self, rows: np.ndarray) -> np.ndarray:
+        """Step time of each layout as the model predicts it scaled by what the trials at the OTHER sizes
+        measured (`residual.calibrate` without the layout's own size's trials): a size's predicted best
+        is what the rest of the sweep expects of it, not what its own first misses pulled the scales to
+        (those misses are what the size is kept in play to check; `sweeper.search.sizes`)."""
+        out = np.zeros(len(rows))
+        measured, p = self.learning.measured, self.learning.prior
+        for n in np.unique(self.plan.nodes[rows]):
+            at = self.plan.nodes[rows] == n
+            keep = [r for r in measured if self.plan.nodes[r] != n]
+            c = calibrate(
+                self.model, keep, [measured[r] for r in keep], prior=p.calibration, prior_weight=p.calibration_weight
+            )
+            m = self.model
+            out[at] = np.maximum(c.compute_scale * m.compute[rows[at]] + c.comm_scale * m.comm[rows[at]], 1e-12)
+        return out
 
     def _refit(self) -> None:
         """Fit the residual to every measured step time (when something new was measured)."""

@@ -4,9 +4,14 @@ Each size's best is bounded by what the search believes: at least its best measu
 before any trial there, its best untried layout's expected speed at the bottom of its band), at most
 the better of that and its best untried layout at the top of its band. The band of an untried
 layout is the residual's posterior spread there (`BAND_SIGMAS` standard deviations of log step time:
-the model's prior error where nothing near was measured, less near what was), so a size whose
-trials so far are well below its predicted best stays in play until the layouts the model ranks
-high there have run or been judged by their neighbours.
+the model's prior error where nothing near was measured, less near what was), never wider above
+than the prior's: the residual's fitted amplitude grows with quirks (layouts several times SLOWER
+than the model says), which say nothing of a layout being faster than it says, and a band that
+wide at every size with hundreds of untried layouts kept the sizes already measured near their
+best in play and took the trials a size far from its prediction needed. A size whose trials so
+far are well below its predicted best (the model scaled by the OTHER sizes' trials:
+`LayoutSearch.elsewhere_step_s`; its own misses are what is in doubt) stays in play until the
+layouts the model ranks high there have run or been judged by their neighbours.
 
 A size that cannot win (`sweeper.plan.sizes.out_of_play`: not the fastest, not the cheapest, not the
 cheapest within the deadline, or missing a limit, even at the top of its band) gets no more trials,
@@ -59,11 +64,12 @@ def size_bounds(
 ) -> SizeBounds:
     """The band of each size's best: `measured` (ok plan rows -> step seconds) and the `untried` rows
     with their expected step time (`expected_step_s`), its posterior spread (`log_sigma`, log space)
-    and the calibrated model's step time (`model_step_s`, without the residual). A size with nothing
-    measured and nothing left to run is absent.
+    and the model's step time scaled by the other sizes' trials (`model_step_s`, without the residual).
+    The top of an untried layout's band uses at most the prior's spread (`PRIOR_SIGMA`). A size with
+    nothing measured and nothing left to run is absent.
 
     While a size's best so far is well below its predicted best (below the bottom of the prior band
-    around the calibrated model's best untried layout), the top of its band is at least the top of
+    around the scaled model's best untried layout), the top of its band is at least the top of
     that layout's prior band: trials there so far missed what the model expects of the size, and the
     residual, which learned only those misses, must not be the reason it is dropped."""
     work = sweep.global_batch_size * sweep.seq_len
@@ -75,7 +81,8 @@ def size_bounds(
         if not found and not at.any():
             continue
         speed = work / expected_step_s[at] if at.any() else np.zeros(0)
-        top = float(np.max(speed * np.exp(BAND_SIGMAS * log_sigma[at]), initial=0.0))
+        up = np.minimum(log_sigma[at], PRIOR_SIGMA)  # quirks widen the fitted spread: slower, never faster
+        top = float(np.max(speed * np.exp(BAND_SIGMAS * up), initial=0.0))
         bottom = float(np.max(speed * np.exp(-BAND_SIGMAS * log_sigma[at]), initial=0.0))
         predicted = work / float(model_step_s[at].min()) if at.any() else 0.0
         seen[n] = max(found, default=0.0)
