@@ -27,7 +27,7 @@ import optuna
 
 from sweeper.estimate.flops import model_flops_per_token
 from sweeper.plan.plan import Plan, make_plan
-from sweeper.search.search import build_search
+from sweeper.search.build import build_search
 from sweeper.spec.loader import load_sweep, parse_sweep
 from sweeper.spec.sweep import Sweep
 from sweeper.trainers import RECIPES as RECIPES_BY_NAME

@@ -41,9 +41,10 @@ from search_public import KEYS, held_out, ultrascale_cells, ultrascale_space
 from sweeper.launchers.replay import ReplayLauncher
 from sweeper.results.identity import sweep_identity
 from sweeper.run.orchestrator import plan_to_run
+from sweeper.search.build import build_search
 from sweeper.search.learned import LearnedKey, Lessons, learns, load, save
 from sweeper.search.remember import Memory
-from sweeper.search.search import LayoutSearch, build_search
+from sweeper.search.search import LayoutSearch
 from sweeper.search.stopping import mfu_seconds
 from sweeper.spec.loader import load_sweep
 

@@ -24,10 +24,10 @@ from sweeper.results.identity import sweep_identity
 from sweeper.run.orchestrator import prepare
 from sweeper.run.orchestrator import step as loop_step
 from sweeper.run.state import SweepRun
+from sweeper.search.build import build_search
 from sweeper.search.learned import LearnedKey, Lessons, learns, load, save
 from sweeper.search.prior import LearnedEffect
 from sweeper.search.remember import Memory, lessons_of
-from sweeper.search.search import build_search
 from sweeper.spec.hardware import GIB
 from sweeper.spec.loader import load_sweep, parse_sweep
 from sweeper.spec.sweep import Sweep

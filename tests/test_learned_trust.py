@@ -14,10 +14,11 @@ import yaml
 from sweeper.estimate.step_time import Calibration
 from sweeper.plan.plan import Plan, make_plan
 from sweeper.results.identity import sweep_identity
+from sweeper.search.build import build_search
 from sweeper.search.learned import LearnedKey, Lessons, save
 from sweeper.search.prior import LearnedEffect
 from sweeper.search.remember import Memory
-from sweeper.search.search import LayoutSearch, build_search
+from sweeper.search.search import LayoutSearch
 from sweeper.spec.loader import parse_sweep
 
 SPACE = {"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4], "sharding": ["none", "zero1"]}

@@ -15,7 +15,7 @@ from sweeper.estimate.memfit import (
     refitted_total,
 )
 from sweeper.plan.plan import make_plan
-from sweeper.search.search import build_search
+from sweeper.search.build import build_search
 from sweeper.spec.hardware import GIB
 from sweeper.trainers.megatron import parse_megatron
 from tests.conftest import make_sweep

@@ -275,7 +275,7 @@ def test_the_top_of_a_band_is_never_wider_than_the_models_prior_band(tmp_path):
 
 
 def test_a_sizes_predicted_best_is_scaled_by_the_other_sizes_trials_not_its_own(tmp_path):
-    from sweeper.search.search import build_search
+    from sweeper.search.build import build_search
 
     sweep = parse_sweep(
         yaml.safe_dump(_spec(tmp_path, cluster={"nodes": [8, 16], "gpus_per_node": 8, "gpu": "a100-80gb"}))

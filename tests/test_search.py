@@ -6,7 +6,8 @@ import optuna
 import pytest
 
 from sweeper.plan.plan import make_plan
-from sweeper.search.search import Schedule, build_search
+from sweeper.search.build import build_search
+from sweeper.search.search import Schedule
 from tests.conftest import make_sweep
 
 

@@ -11,7 +11,7 @@ from sweeper.launchers.replay import ReplayLauncher
 from sweeper.plan.plan import make_plan
 from sweeper.results.rows import ResultsStore, now_utc
 from sweeper.run.orchestrator import prepare, run_loop
-from sweeper.search.search import build_search
+from sweeper.search.build import build_search
 from sweeper.spec.loader import load_sweep
 from tests.conftest import base_spec, make_sweep
 

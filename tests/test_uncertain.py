@@ -8,7 +8,7 @@ import numpy as np
 from sweeper.estimate.memfit import MEMORY_LOG_SIGMA, MIN_FIT_CHANCE, fit_chance
 from sweeper.plan.plan import make_plan
 from sweeper.search.acquisition import best_chance
-from sweeper.search.search import build_search
+from sweeper.search.build import build_search
 from tests.conftest import make_sweep
 
 

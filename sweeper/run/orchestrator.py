@@ -28,10 +28,10 @@ from sweeper.run.rows_told import learn_rows, measured, rebuild_from_rows, row_a
 from sweeper.run.slow_trials import crashed, judge, saved_gpu_hours
 from sweeper.run.state import Running, SweepRun
 from sweeper.run.unwritten import left_unwritten, not_written, unwritten
+from sweeper.search.build import build_search
 from sweeper.search.learned import learns
 from sweeper.search.learned_show import moved_first_choice
 from sweeper.search.remember import Memory
-from sweeper.search.search import build_search
 from sweeper.search.study import check_history
 from sweeper.spec.sweep import Sweep
 from sweeper.statuses import PlanStatus, TrialStatus

@@ -103,7 +103,7 @@ def moved_first_choice(plan: Plan, prior: Prior) -> list[str]:
     """What the learned profile changes in the search's first choice: the layout the search runs first
     with it and without it, and the learned effects that tell them apart (`sweep run` and the dry run
     print it, so a profile never steers a sweep without a word)."""
-    from sweeper.search.search import build_search
+    from sweeper.search.build import build_search
 
     with_it = build_search(plan, sampler="auto", prior=prior).choose()
     without = build_search(plan, sampler="auto").choose()
