@@ -17,11 +17,12 @@ from tests.conftest import base_spec
 
 def test_a_slow_trial_is_stopped_early_and_its_saved_gpu_time_recorded(tmp_path):
     table = tmp_path / "table.parquet"
-    slow = [1.0] + [3.0] * 9  # 3x the first layout's pace after the warm-up step
+    # 20 s a step: this 64-GPU model's MFU stays a possible one (at 1 s it was 17, failed as impossible)
+    slow = [20.0] + [60.0] * 9  # 3x the first layout's pace after the warm-up step
     pd.DataFrame(
         [
-            {"tp": 4, "status": "ok", "step_time_mean_s": 1.0, "step_times_s": [1.0] * 10},
-            {"tp": 8, "status": "ok", "step_time_mean_s": 3.0, "step_times_s": slow},
+            {"tp": 4, "status": "ok", "step_time_mean_s": 20.0, "step_times_s": [20.0] * 10},
+            {"tp": 8, "status": "ok", "step_time_mean_s": 60.0, "step_times_s": slow},
         ]
     ).to_parquet(table)
     spec = base_spec(
@@ -41,22 +42,22 @@ def test_a_slow_trial_is_stopped_early_and_its_saved_gpu_time_recorded(tmp_path)
     rows = pd.read_parquet(tmp_path / "results" / "slow" / "trials").sort_values("trial_number")
     assert rows.status.tolist() == ["ok", "stopped_early"]
     stopped = rows.iloc[1]
-    # stopped after the warm-up step and the two measured steps the pruner needs: 7 of 10 steps not run
-    assert list(stopped.step_times_s) == [1.0, 3.0, 3.0]
-    assert stopped.gpu_hours_saved == pytest.approx(64 * 7 * 3.0 / 3600)
+    # stopped after the warm-up step and the three measured steps the noise-aware pruner needs: 6 of 10 not run
+    assert list(stopped.step_times_s) == [20.0, 60.0, 60.0, 60.0]
+    assert stopped.gpu_hours_saved == pytest.approx(64 * 6 * 60.0 / 3600)
     assert pd.isna(rows.iloc[0].gpu_hours_saved)
-    assert "stopped early after 3 of 10 steps" in stopped.error
+    assert "stopped early after 4 of 10 steps" in stopped.error
     study = optuna.load_study(study_name="slow", storage=f"sqlite:///{tmp_path}/results/slow/optuna.db")
     assert [t.state.name for t in study.trials] == ["COMPLETE", "PRUNED"]
-    assert list(study.trials[1].intermediate_values) == [0, 1]
+    assert list(study.trials[1].intermediate_values) == [0, 1, 2]
 
 
 def test_a_trial_as_fast_as_the_best_runs_to_its_end(tmp_path):
     table = tmp_path / "table.parquet"
     pd.DataFrame(
         [
-            {"tp": 4, "status": "ok", "step_time_mean_s": 1.0, "step_times_s": [1.0] * 10},
-            {"tp": 8, "status": "ok", "step_time_mean_s": 1.4, "step_times_s": [1.0] + [1.4] * 9},  # slower, not 1.5x
+            {"tp": 4, "status": "ok", "step_time_mean_s": 20.0, "step_times_s": [20.0] * 10},
+            {"tp": 8, "status": "ok", "step_time_mean_s": 28.0, "step_times_s": [20.0] + [28.0] * 9},  # 1.4x, not 1.5x
         ]
     ).to_parquet(table)
     spec = base_spec(
