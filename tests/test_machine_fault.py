@@ -42,6 +42,19 @@ def test_a_gpu_sweep_on_a_machine_without_cuda_is_refused_before_any_trial(tmp_p
     assert dry.returncode == 0, dry.stderr[-2000:]  # planning any cluster stays possible
 
 
+def test_another_trainers_command_is_not_judged_by_this_interpreters_torch(tmp_path: Path) -> None:
+    # a megatron command brings its own environment: this process's CPU-only torch says nothing of it
+    spec = _tiny(tmp_path, name="ext")
+    spec["cluster"] = {"nodes": 1, "gpus_per_node": 1, "gpu": "h100-sxm"}
+    spec["space"] = {k: v for k, v in spec["space"].items() if k not in ("tp", "pp")}
+    spec["workload"] = {"kind": "megatron", "command": "python pretrain_gpt.py {flags}"}
+    sweep = parse_sweep(yaml.safe_dump(spec))
+    check_local_device(sweep)  # no error: the command's own machine check is its own
+    spec["workload"] = {"kind": "builtin"}
+    with pytest.raises(Exception, match=r"cluster.gpu: h100-sxm needs CUDA"):
+        check_local_device(parse_sweep(yaml.safe_dump(spec)))
+
+
 def test_a_trial_that_found_no_gpu_is_retried_then_stops_the_sweep_without_a_row(tmp_path: Path) -> None:
     # a replay answers every trial with the error of a node without a usable GPU (any launcher's trial can)
     table = tmp_path / "t.csv"

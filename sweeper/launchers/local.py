@@ -17,6 +17,7 @@ from sweeper.process import kill_group, read_result
 from sweeper.results.trial import TrialResult
 from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE
 from sweeper.spec.sweep import Sweep
+from sweeper.spec.traits import BUILTIN_KIND
 from sweeper.statuses import TrialStatus
 
 MAX_LOCAL_PROCESSES = 64  # the local launcher starts one process per device of the cluster
@@ -47,9 +48,11 @@ def check_local_device(sweep: Sweep) -> None:
     """The local launcher runs trials on this machine: a GPU sweep needs CUDA and the named GPU here.
 
     Checked before the first trial (and before the results folder is made): otherwise each run
-    would record the machine's fault as the failure of a layout, the plan's best first."""
+    would record the machine's fault as the failure of a layout, the plan's best first. Only the
+    built-in trainer runs on this interpreter's torch: another trainer's command brings its own
+    environment (its torch, its CUDA), which this process cannot judge."""
     gpu = sweep.cluster.gpu
-    if gpu.name == "cpu":
+    if gpu.name == "cpu" or sweep.workload.kind != BUILTIN_KIND:
         return
     from sweeper.runtime.env import cuda_unusable_reason
 
