@@ -166,15 +166,32 @@ def read_limited(path: Path, *, max_bytes: int) -> bytes:
         os.close(fd)
 
 
-def check_owned(path: Path, *, fix: str) -> None:
+def check_owned(path: Path, *, fix: str, mode_fix: str | None = None, st: os.stat_result | None = None) -> None:
     """Refuse a file or folder another user owns, or others may write: whoever can write it decides
-    what the tool does with it. `fix` says how to make it the user's own (a command)."""
-    st = path.lstat()
+    what the tool does with it. `fix` says what to do about another owner (a command, or why it
+    matters), `mode_fix` about others' write permission (default: the `chmod` that makes it the
+    user's alone). `st`: its lstat, when the caller has it already."""
+    st = st if st is not None else path.lstat()
     if st.st_uid != os.geteuid():
-        raise FileRefused(f"{path}: owned by user {st.st_uid}, not you; {fix}")
+        raise FileRefused(f"{path}: owned by user {st.st_uid}, not you ({os.geteuid()}); {fix}")
     if st.st_mode & 0o022:
         mode = stat.S_IMODE(st.st_mode)
-        raise FileRefused(f"{path}: writable by others (mode {mode:o}); `chmod go-w {path}` makes it yours alone")
+        raise FileRefused(
+            f"{path}: writable by others (mode {mode:o}); {mode_fix or f'`chmod go-w {path}` makes it yours alone'}"
+        )
+
+
+def check_private_file(path: Path, *, refusing: str) -> None:
+    """A plain file of the user's (not a link, a device or a folder) that nobody else may write: one the
+    tool is about to trust like code. `refusing` says what is not done otherwise ("refusing to unpickle it")."""
+    try:
+        st = path.lstat()
+    except OSError as e:
+        raise FileRefused(f"{path}: cannot check it before reading: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a link" if stat.S_ISLNK(st.st_mode) else _kind(st.st_mode)
+        raise FileRefused(f"{path}: {kind}, not a plain file; {refusing}")
+    check_owned(path, fix=refusing, mode_fix=refusing, st=st)
 
 
 class _Big:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sweeper.errors import SweepError
+from sweeper.files import check_owned, check_private_file
 from sweeper.results.study_guard import check_storage, check_study_file, default_storage
 
 if TYPE_CHECKING:
@@ -221,7 +222,6 @@ def check_private(root: Path) -> None:
     """Refuse a results folder (or its parts: its own files and folders, and every row and in-flight
     record in them, which `sweep run` learns from and starts trials by) that another user owns or that
     others can write: whoever can write it can run code as the next `sweep run`, or plant results."""
-    me = os.geteuid()
     for p in [root, *(root / n for n in CHECKED)]:
         try:
             st = p.lstat()
@@ -229,25 +229,18 @@ def check_private(root: Path) -> None:
             continue
         if stat.S_ISLNK(st.st_mode):
             check_not_link(p)
-        _check_owned(p, st, root, me)
+        _check_owned(p, st, root)
     for folder in ("trials", "inflight"):
         d = root / folder
         for p in sorted(d.iterdir()) if d.is_dir() and not d.is_symlink() else []:
             st = p.lstat()
             if not stat.S_ISLNK(st.st_mode):  # a link is skipped by name, never followed
-                _check_owned(p, st, root, me)
+                _check_owned(p, st, root)
 
 
-def _check_owned(p: Path, st: os.stat_result, root: Path, me: int) -> None:
-    if st.st_mode & (stat.S_IWOTH | stat.S_IWGRP):
-        raise SweepError(
-            f"{p} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); a results folder is trusted like code. "
-            f"Check its contents, then `chmod -R go-w {root}`"
-        )
-    if st.st_uid != me:
-        raise SweepError(
-            f"{p} belongs to user id {st.st_uid}, not to you ({me}); a results folder is trusted like code"
-        )
+def _check_owned(p: Path, st: os.stat_result, root: Path) -> None:
+    trusted = "a results folder is trusted like code"
+    check_owned(p, fix=trusted, mode_fix=f"{trusted}. Check its contents, then `chmod -R go-w {root}`", st=st)
 
 
 def remove_stale_temps(root: Path) -> int:
@@ -306,14 +299,4 @@ def _read_only_mount(p: Path) -> bool:
 def check_trusted_file(path: Path) -> None:
     """Before unpickling a file from the results folder (a SLURM job's result): it is a plain file
     of ours that nobody else could have written. Anything else is refused, not read."""
-    try:
-        st = path.lstat()
-    except OSError as e:
-        raise SweepError(f"{path}: cannot check it before reading: {e.strerror or e}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise SweepError(f"{path}: not a plain file; refusing to unpickle it")
-    if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWOTH | stat.S_IWGRP):
-        raise SweepError(
-            f"{path}: owned by user id {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}, not a private "
-            "file of yours; refusing to unpickle it (a results folder is trusted like code)"
-        )
+    check_private_file(path, refusing="refusing to unpickle it (a results folder is trusted like code)")

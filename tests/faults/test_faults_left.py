@@ -46,10 +46,10 @@ def test_fresh_and_rebuild_study_on_another_users_folder_change_nothing(ran_ex: 
     before = files_under(root)
     subprocess.run(["chown", "-R", "4242:4242", str(root)], check=True)
     msg = one_line_error(sweep("run", str(spec), "--fresh", "--yes", cwd=tmp_path))
-    assert "belongs to user id 4242" in msg, msg
+    assert "owned by user 4242, not you" in msg, msg
     assert files_under(root) == before  # nothing deleted before the refusal
     msg = one_line_error(sweep("run", str(spec), "--rebuild-study", cwd=tmp_path))
-    assert "belongs to user id 4242" in msg, msg
+    assert "owned by user 4242, not you" in msg, msg
     assert files_under(root) == before and not list(root.glob("optuna.db.corrupt-*"))
     assert {p.stat().st_uid for p in root.rglob("*")} == {4242}
 

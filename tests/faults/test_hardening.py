@@ -388,7 +388,7 @@ def test_results_folder_writable_by_others_is_refused(ran_ex: Path, tmp_path: Pa
     os.chmod(root, 0o700)
     os.chmod(root / "sweep.yaml", 0o666)
     msg = one_line_error(sweep("run", str(spec), cwd=tmp_path))
-    assert "sweep.yaml is writable by others" in msg, msg
+    assert "sweep.yaml: writable by others" in msg, msg
 
 
 def test_planted_pickle_is_refused_unread(tmp_path: Path):

@@ -82,12 +82,12 @@ def test_a_row_file_others_could_have_written_is_refused_by_run(ran_ex: Path, tm
     row = tmp_path / "results" / "ex" / "trials" / "trial-00002.parquet"
     if owner == "world-writable":
         os.chmod(row, 0o666)
-        words = f"{row} is writable by others (mode 666)"
+        words = f"{row}: writable by others (mode 666)"
     else:
         if os.geteuid() != 0:
             pytest.skip("handing a file to another user needs root")
         os.chown(row, 4242, 4242)
-        words = f"{row} belongs to user id 4242"
+        words = f"{row}: owned by user 4242, not you"
     before = sorted(os.listdir(row.parent))
     msg = one_line_error(sweep("run", str(spec), cwd=tmp_path))
     assert words in msg and "trusted like code" in msg, msg
