@@ -22,6 +22,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` still runs: another user's process counts as running (it is not known
+    dead), a zombie (it ended; its parent has not reaped it yet) does not, nor does a pid out of range."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
 def kill_group(pid: int) -> bool:
     """SIGKILL the process group led by `pid` (a process started with `start_new_session=True`):
     the process and everything it started. False when it was already gone."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from sweeper.process import free_port, kill_group, read_result
+from sweeper.process import alive, free_port, kill_group, read_result
 
 
 def test_read_result_takes_the_object_after_stray_text_and_refuses_the_rest(tmp_path):
@@ -33,3 +35,14 @@ def test_kill_group_ends_a_session_with_its_children():
     assert kill_group(proc.pid)
     assert proc.wait(timeout=10) == -9
     assert 0 < free_port() < 65536
+
+
+def test_alive_tells_a_running_process_from_an_ended_or_zombie_one():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the child did not end"
+        time.sleep(0.01)
+    assert alive(os.getpid()) and not alive(child.pid)  # ended, not yet reaped: a zombie is not alive
+    child.wait()
+    assert not alive(child.pid) and not alive(2**40)  # reaped, and a pid no process can have

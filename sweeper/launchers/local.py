@@ -13,7 +13,7 @@ from typing import Literal
 from sweeper.errors import SpecError, SweepError
 from sweeper.files import open_own, own_dir
 from sweeper.launchers.base import KILL_GRACE_S, Handle, JobOutcome, Launcher, LauncherProfile, TrialJob, failure, tail
-from sweeper.process import kill_group, read_result
+from sweeper.process import alive, kill_group, read_result
 from sweeper.results.trial import TrialResult
 from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE
 from sweeper.spec.sweep import Sweep
@@ -131,7 +131,7 @@ class LocalLauncher(Launcher):
         if proc is not None:
             if proc.poll() is None:
                 return self._enforce_limit(handle)
-        elif not handle.info.get("ended") and _alive(handle.info["pid"]):
+        elif not handle.info.get("ended") and alive(handle.info["pid"]):
             return self._enforce_limit(handle)
         return self._collect(handle)
 
@@ -177,7 +177,7 @@ class LocalLauncher(Launcher):
     def reattach(self, job_id: str, job: TrialJob) -> Handle | None:
         """A local trial survives its `sweep run` (own session): find it by pid and command line."""
         pid = int(job_id.removeprefix("local-"))
-        if pid > 0 and _alive(pid) and str(job.workdir / "ranks") in _cmdline(pid):
+        if pid > 0 and alive(pid) and str(job.workdir / "ranks") in _cmdline(pid):
             return Handle(job_id, job, None, {"started": time.time(), "pid": pid})
         if (
             read_result(job.workdir / "result.json") is not None
@@ -210,7 +210,7 @@ class LocalLauncher(Launcher):
         # memory to free, a disk read to finish). Return once they are gone, so that no trial
         # started next (in the same folder, maybe) ever runs beside one of them.
         deadline = time.monotonic() + STRAY_EXIT_WAIT_S
-        while any(_alive(pid) for pid in killed) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in killed) and time.monotonic() < deadline:
             time.sleep(0.05)
         return ended
 
@@ -227,7 +227,7 @@ def trial_processes(jobs_dir: Path) -> dict[Path, int]:
             continue
         ranks = Path(cmd[cmd.index("--workdir") + 1]) if cmd.index("--workdir") + 1 < len(cmd) else None
         # trial_command passes <job folder>/ranks: the job folder is its parent
-        if ranks is not None and ranks.parent.parent == jobs_dir and _alive(pid):
+        if ranks is not None and ranks.parent.parent == jobs_dir and alive(pid):
             found.append((ranks.parent, pid))
     # a rank between fork and exec (its preexec_fn runs Python there) still looks like its parent
     # `sweep trial`, with the same folder and a higher pid: keep the parent, whichever comes first
@@ -240,20 +240,6 @@ def _ppid(pid: int) -> int | None:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie child of ours is dead for our purposes
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return True
 
 
 def _cmdline(pid: int) -> list[str]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from sweeper.errors import SweepError
 from sweeper.files import check_owned, check_private_file
+from sweeper.process import alive
 from sweeper.results.study_guard import check_storage, check_study_file, default_storage
 
 if TYPE_CHECKING:
@@ -250,20 +251,10 @@ def remove_stale_temps(root: Path) -> int:
     for d in (root, *(root / n for n in OWN_DIRS if n != "jobs")):
         for p in sorted(d.iterdir()) if d.is_dir() and not d.is_symlink() else []:
             m = TEMP_FILE.match(p.name)
-            if m is not None and not _alive(int(m.group(1))) and (p.is_symlink() or p.is_file()):
+            if m is not None and not alive(int(m.group(1))) and (p.is_symlink() or p.is_file()):
                 p.unlink(missing_ok=True)
                 removed += 1
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True  # another user's process, or no pid at all: not a writer of ours known dead
-    return True
 
 
 def make_private(root: Path) -> None:

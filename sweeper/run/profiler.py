@@ -34,6 +34,7 @@ from sweeper.estimate.shapes import (
     sweep_workloads,
 )
 from sweeper.launchers.netns import LocalNodes, existing, link_description, local_nodes
+from sweeper.process import alive
 from sweeper.profiles.profile import Profile, cached_profile_path, save_profile
 
 if TYPE_CHECKING:
@@ -196,21 +197,11 @@ def remove_stale_workdirs(tmp: Path) -> list[Path]:
             st = p.lstat()
         except OSError:
             continue
-        if not (pid.isdigit() and stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()) or _alive(int(pid)):
+        if not (pid.isdigit() and stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()) or alive(int(pid)):
             continue
         shutil.rmtree(p, ignore_errors=True)
         removed.append(p)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _follow(log: Path, seen: int, progress: Callable[[str], None]) -> int:
