@@ -195,7 +195,10 @@ class ResultsStore:
                 self._warn(f"skipped {path}: not a result file of the sweep (trial-NNNNN.parquet)")
                 continue
             try:
-                table = pq.read_table(path)
+                table = read_row_file(path)
+            except FileRefused as e:
+                self._warn(f"skipped {e}")
+                continue
             except Exception as e:  # noqa: BLE001 - any unreadable file is skipped, by name
                 self._warn(f"skipped {path}: {' '.join(str(e).split())[:200]}")
                 continue
@@ -283,6 +286,18 @@ class ResultsStore:
         return max(self.numbers(), default=-1) + 1
 
 
+def read_row_file(path: Path) -> pa.Table:
+    """One row file, bounded before it is decoded: a regular file of at most MAX_ROW_BYTES (a FIFO or
+    device is refused without blocking), whose row groups say they hold at most MAX_ROW_BYTES once
+    decompressed (a small file can expand to gigabytes). `row_problem` then judges its content."""
+    data = pa.py_buffer(read_limited(path, max_bytes=MAX_ROW_BYTES))
+    meta = pq.read_metadata(pa.BufferReader(data))
+    unpacked = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    if unpacked > MAX_ROW_BYTES:
+        raise FileRefused(f"{path}: {unpacked} bytes once decompressed; a row is at most {MAX_ROW_BYTES}")
+    return pq.read_table(pa.BufferReader(data))
+
+
 def row_problem(table: pa.Table) -> str | None:
     """Why a result file is not one row of the schema (a field missing or of another type, a status
     that is none, two rows), None when it is one: columns the schema has since gained may be
@@ -332,6 +347,7 @@ def _own_name_first(path: Path) -> tuple[int, str]:
 
 
 MAX_INFLIGHT_BYTES = 1 << 20  # an in-flight record is a few hundred bytes
+MAX_ROW_BYTES = 16 << 20  # a trial's row is kilobytes (its step times, a log's last lines)
 _RECORD_FIELDS = {"trial_number": int, "optuna_trial": int, "row": int, "attempt": int, "layout": dict}
 
 

@@ -193,3 +193,21 @@ def test_a_trial_rerun_after_a_full_disk_says_the_disk_was_full_not_vanished(tmp
     error = df.error[0]
     assert "(attempt 1: job local-999999999 could not write its result: the disk was full" in error, error
     assert "vanished" not in error, error
+
+
+# ---- a row file that would hang or flood the reader ----------------------------------------
+def test_a_fifo_or_a_decompression_bomb_in_trials_is_skipped_with_one_line(ran_ex: Path, tmp_path: Path):
+    trials = tmp_path / "results" / "ex" / "trials"
+    fifo = trials / "trial-00006.parquet"
+    os.mkfifo(fifo, 0o600)  # opened for reading, it would block until a writer came
+    bomb = trials / "trial-00007.parquet"
+    row = a_row(trials, trial_number=7, error="x" * (64 << 20))
+    pq.write_table(pa.Table.from_pylist([row]), bomb, compression="zstd")
+    os.chmod(bomb, 0o600)
+    assert bomb.stat().st_size < 1 << 20  # 64 MiB of one letter compresses to almost nothing
+    r = sweep("status", str(ran_ex), cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    warnings = [ln for ln in r.stderr.splitlines() if "warning:" in ln]
+    assert sum(f"{fifo}: a FIFO; only a regular file is read here" in ln for ln in warnings) == 1, r.stderr
+    assert sum(f"{bomb}: " in ln and "bytes once decompressed; a row is at most" in ln for ln in warnings) == 1
+    assert "ex: 4 finished, 0 running" in r.stdout, r.stdout
