@@ -140,6 +140,17 @@ def test_forget_removes_one_key_or_all():
     assert forget(None) == sorted([a, b]) and not list(learned_dir().glob("*.yaml"))
 
 
+def test_forget_removes_a_link_in_the_learned_folder_never_its_target(tmp_path):
+    target = save(KEY, lessons("a", "aaaa")).rename(tmp_path / "elsewhere.yaml")
+    link = KEY.path
+    link.symlink_to(target)  # a learned profile linked in: forgetting it must stop its use
+    assert forget(KEY) == [link] and not link.is_symlink() and target.is_file()
+    folder = tmp_path / "folder.yaml"
+    folder.mkdir()
+    KEY.path.symlink_to(folder)
+    assert forget(None) == [KEY.path] and folder.is_dir()
+
+
 def test_forget_learned_names_a_profile_by_its_file_its_name_or_a_sweep_file(tmp_path):
     runner = CliRunner()
     path = save(KEY, lessons("a", "aaaa"))

@@ -452,7 +452,8 @@ def forget(key: LearnedKey | None = None) -> list[Path]:
     paths = [key.path] if key is not None else sorted(folder.glob("*.yaml")) if folder.is_dir() else []
     removed = []
     for p in paths:
-        if p.is_file() and not p.is_symlink():  # the tool's own files only: never a link's target
+        # a link is removed as a link (unlink never follows it): its target, wherever it is, stays
+        if p.is_symlink() or p.is_file():
             p.unlink()
             removed.append(p)
     return removed
