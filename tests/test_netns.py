@@ -108,6 +108,7 @@ def test_profile_across_two_nodes_measures_the_link(tmp_path: Path) -> None:
     assert 0.5 * 25e6 < rate < 1.1 * 25e6, f"send/recv across a 200mbit link at {rate / 1e6:.1f} MB/s"
     inside = max((c for c in p.collectives if c.scope == "intra" and c.op == "send_recv"), key=lambda c: c.bytes)
     assert inside.bytes / inside.seconds > 3 * rate
+    _refuses_another_link(tmp_path, out)
     # with no namespaces there is nothing to run on: one line, exit 2
     bad = subprocess.run(
         [sys.executable, "-m", "sweeper.cli", "profile", str(tmp_path / "s.yaml"), "--nodes", "2"],
@@ -116,6 +117,44 @@ def test_profile_across_two_nodes_measures_the_link(tmp_path: Path) -> None:
         env={**os.environ, "SWEEP_NETNS": ""},
     )
     assert bad.returncode == 2 and "--nodes 2: no local nodes here" in bad.stderr
+
+
+def _refuses_another_link(tmp_path: Path, profile: Path) -> None:
+    """A profile measured across 'tbf 200Mbit' is refused by a sweep whose cluster.link names another
+    link, and by local trials across a link now shaped otherwise; `sweep profile` refuses to measure
+    a link other than the one the sweep file names."""
+    from sweeper.errors import SpecError
+    from sweeper.launchers.local import check_local_link
+    from sweeper.spec.loader import parse_sweep
+
+    with_profile = SWEEP.replace("gpu: cpu}", f"gpu: cpu, profile: {profile}, link: TBF 200mbit}}")
+    parse_sweep(with_profile)  # case and spacing aside, the same link: no error
+    other = with_profile.replace("link: TBF 200mbit", "link: tbf 1Gbit")
+    with pytest.raises(
+        SpecError,
+        match=r"cluster.profile: .*p.yaml: link: measured across 'tbf 200Mbit'; this sweep's cluster.link is 'tbf 1Gbit'",
+    ):
+        parse_sweep(other)
+    with netns.shaped_link("200mbit") as nodes:
+        check_local_link(
+            parse_sweep(with_profile.replace(", link: TBF 200mbit", "")), nodes
+        )  # the link it was measured across: trials go on
+        (tmp_path / "other.yaml").write_text(other.replace(f", profile: {profile}", ""))
+        refused = subprocess.run(
+            [sys.executable, "-m", "sweeper.cli", "profile", str(tmp_path / "other.yaml"), "--nodes", "2", "--quick"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert refused.returncode == 2, refused.stderr[-2000:]
+        assert "cluster.link 'tbf 1Gbit', but the local nodes' link" in refused.stderr.strip().splitlines()[-1]
+    with (
+        netns.shaped_link("1gbit") as nodes,
+        pytest.raises(
+            SweepError, match="measured across 'tbf 200Mbit', but the local nodes' link .* is 'tbf 1Gbit' now"
+        ),
+    ):
+        check_local_link(parse_sweep(with_profile.replace(", link: TBF 200mbit", "")), nodes)
 
 
 @pytest.mark.slow

@@ -228,8 +228,14 @@ def read_header(path: Path) -> dict[str, Any]:
     return raw
 
 
-def load_profile(path: Path, *, gpu: str | None = None) -> Profile:
-    """A measured profile from `path`; `gpu` (a GPU table key) refuses one measured on another card."""
+def same_link(a: str, b: str) -> bool:
+    """Two descriptions of a link name the same one: case and spacing aside ('tbf 1Gbit' = 'TBF  1gbit')."""
+    return " ".join(a.lower().split()) == " ".join(b.lower().split())
+
+
+def load_profile(path: Path, *, gpu: str | None = None, link: str | None = None) -> Profile:
+    """A measured profile from `path`; `gpu` (a GPU table key) refuses one measured on another card,
+    `link` (the sweep's `cluster.link`) one whose collectives crossed another link between nodes."""
     raw = read_header(path)
     if raw.get("kind", MEASURED) != MEASURED:
         raise ProfileError(f"{path}: kind: {raw['kind']} is not a measured profile; allowed here: {MEASURED}")
@@ -240,6 +246,11 @@ def load_profile(path: Path, *, gpu: str | None = None) -> Profile:
     if gpu is not None and profile.gpu != gpu:
         raise ProfileError(
             f"{path}: gpu: {profile.gpu} was measured on {profile.device}; this sweep's cluster has gpu {gpu}"
+        )
+    if link is not None and profile.link is not None and not same_link(profile.link, link):
+        raise ProfileError(
+            f"{path}: link: measured across '{profile.link}'; this sweep's cluster.link is '{link}' "
+            f"(measure this link with `sweep profile --nodes {profile.nodes}`, or name the profile's)"
         )
     return profile
 

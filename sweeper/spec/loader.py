@@ -55,8 +55,12 @@ def build_sweep(raw: SweepFile, *, source: Path | None = None, profiles: bool = 
     gpu = raw.cluster.resolved_gpu()
     kept = Path(raw.results_dir) / raw.name / KEPT_PROFILE
     base = source.parent if source is not None else None
-    measured = cluster_profile(raw.cluster.profile, gpu.name, base=base, kept=kept) if profiles else None
-    cluster = Cluster(sizes[0], raw.cluster.gpus_per_node, gpu, measured)
+    measured = (
+        cluster_profile(raw.cluster.profile, gpu.name, base=base, kept=kept, link=raw.cluster.link)
+        if profiles
+        else None
+    )
+    cluster = Cluster(sizes[0], raw.cluster.gpus_per_node, gpu, measured, raw.cluster.link)
     space = raw.space.values()
     check_layout_count(space, MAX_LAYOUTS)  # before anything allocates the cross product
     sweep = Sweep(
@@ -112,14 +116,14 @@ KEPT_PROFILE = "profile.yaml"
 
 
 def cluster_profile(
-    named: str | None, gpu: str, *, base: Path | None = None, kept: Path | None = None
+    named: str | None, gpu: str, *, base: Path | None = None, kept: Path | None = None, link: str | None = None
 ) -> MeasuredProfile | None:
     """The measured profile the model prices from: the file `cluster.profile` names (a relative path
     is the sweep file's folder's, `base`, else the current folder's), else the user's cached profile
     of this GPU if there is one, else None (the GPU table). `kept`: the copy beside the sweep's
     results, read when the named file is gone (moved, forgotten, or the folder copied elsewhere):
     the results open whatever happened to it. A profile that cannot be read, or was measured on
-    another GPU, is an error naming `cluster.profile`."""
+    another GPU or across another link than `cluster.link`, is an error naming `cluster.profile`."""
     if named is None:
         path = cached_profile_path(gpu)
         if not (path.exists() or path.is_symlink()):
@@ -138,7 +142,7 @@ def cluster_profile(
         else:
             raise SpecError(f"cluster.profile: {p}: no such profile file (`sweep profile --out {p}` writes one)")
     try:
-        return MeasuredProfile(load_profile(path, gpu=gpu), str(path))
+        return MeasuredProfile(load_profile(path, gpu=gpu, link=link), str(path))
     except ProfileError as e:
         raise SpecError(f"cluster.profile: {e}") from None
 

@@ -201,6 +201,13 @@ class ClusterSpec(_Strict):
         description="a measured profile (`sweep profile`) the step-time model prices from; default: the "
         "user's cached profile of this GPU, if any",
     )
+    link: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="the link between the nodes as `sweep profile --nodes N` records it (e.g. 'tbf 1Gbit', "
+        "the local two-node cluster's shaping); a measured profile of another link is refused",
+    )
 
     @field_validator("nodes", mode="before")
     @classmethod

@@ -50,6 +50,9 @@ class Cluster:
     # the measured profile the model prices the step from (sweeper.estimate.predict), or None: the GPU table. How the
     # model prices, not what is measured: left out of equality and of the sweep's identity
     profile: MeasuredProfile | None = field(default=None, compare=False, repr=False)
+    # the link between the nodes as the file names it (`cluster.link`): checked against the profile's
+    # and the local nodes' link; like the profile, not part of the sweep's identity
+    link: str | None = field(default=None, compare=False)
 
     @property
     def world(self) -> int:
