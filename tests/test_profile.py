@@ -177,6 +177,8 @@ def test_the_profile_leaves_the_identity_alone(tmp_path):
     assert sweep_identity(profiled) == sweep_identity(plain)
     assert profiled.cluster == plain.cluster
     assert replace(profiled.cluster, profile=None) == plain.cluster
+    linked = replace(profiled, cluster=replace(profiled.cluster, link="tbf 1Gbit"))  # `cluster.link`, likewise
+    assert sweep_identity(linked) == sweep_identity(plain) and linked.cluster == plain.cluster
 
 
 def test_the_cached_profile_of_the_clusters_gpu_is_used(tmp_path, monkeypatch):

@@ -39,8 +39,10 @@ def _skipped(value: Any) -> tuple[str, ...]:
     # late fields (GPT-OSS's biases and sinks), which identities written before those fields existed did not hold
     if isinstance(value, GPU):
         return value.MODEL_FIELDS
-    if isinstance(value, Cluster):  # a profile changes how the model prices, not what is measured
-        return ("profile",)
+    if isinstance(
+        value, Cluster
+    ):  # a profile (and the link it names) changes how the model prices, not what is measured
+        return ("profile", "link")
     if isinstance(value, ModelShape):
         late = tuple(f for f in ModelShape.LATE_FIELDS if not getattr(value, f))
         return late + (ModelShape.MOE_FIELDS if not value.is_moe else ())
