@@ -91,7 +91,8 @@ def ultrascale_space(g: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def cell_spec(g: pd.DataFrame, name: str, table: str, results: str) -> dict[str, Any]:
+def ultrascale_sweep(g: pd.DataFrame, name: str) -> dict[str, Any]:
+    """What an Ultra-Scale cell's rows say of its sweep: model, sequence, batch, cluster and space."""
     f = g.iloc[0]
     return {
         "name": name,
@@ -108,6 +109,11 @@ def cell_spec(g: pd.DataFrame, name: str, table: str, results: str) -> dict[str,
         "global_batch_size": int(f.gbs),
         "cluster": {"nodes": int(f.gpus) // 8, "gpus_per_node": 8, "gpu": "h100-sxm"},
         "space": ultrascale_space(g),
+    }
+
+
+def cell_spec(g: pd.DataFrame, name: str, table: str, results: str) -> dict[str, Any]:
+    return ultrascale_sweep(g, name) | {
         "memory": {"recipe": "megatron"},
         "launcher": {"kind": "replay", "table": table},
         "search": {"max_trials": len(g), "parallel": 1, "seed": 0},

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import yaml
-from search_public import KEYS, held_out, ultrascale_cells, ultrascale_space
+from search_public import KEYS, held_out, ultrascale_cells, ultrascale_sweep
 
 from sweeper.launchers.replay import ReplayLauncher
 from sweeper.results.identity import sweep_identity
@@ -82,22 +82,7 @@ def cells() -> list[Cell]:
 
 
 def sweep_file(cell: Cell, tmp: Path, tag: str, *, budget: int, learned: bool, seed: int) -> Path:
-    f = cell.g.iloc[0]
-    spec = {
-        "name": cell.name,
-        "model": {
-            "layers": int(f.layers),
-            "hidden": int(f.hidden),
-            "heads": int(f.heads),
-            "kv_heads": int(f.heads),
-            "ffn": int(f.ffn),
-            "vocab": int(f.vocab),
-            "tied_embeddings": bool(f.tied),
-        },
-        "seq_len": int(f.seq),
-        "global_batch_size": int(f.gbs),
-        "cluster": {"nodes": cell.nodes, "gpus_per_node": 8, "gpu": "h100-sxm"},
-        "space": ultrascale_space(cell.g),
+    spec = ultrascale_sweep(cell.g, cell.name) | {
         "workload": {
             "kind": "nanotron",
             "command": "torchrun --nproc-per-node {nproc} run_train.py --config-file {workdir}/nanotron.yaml",
