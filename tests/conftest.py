@@ -212,15 +212,32 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class SharedLaunchScheduling(LoadScopeScheduling):  # type: ignore[misc]
         groups: dict[str, str] | None = None
+        slow: set[str] = set()
 
         def _split_scope(self, nodeid: str) -> str:
             if self.groups is None:  # called once every worker has collected, so every file is there
                 self.groups = {}
                 for path in sorted(folder.glob("*.json")):
-                    self.groups.update(json.loads(path.read_text()))
+                    collected = json.loads(path.read_text())
+                    self.groups.update(collected["groups"])
+                    self.slow = self.slow | set(collected["slow"])
             return self.groups.get(nodeid, nodeid)
 
+        def _assign_work_unit(self, node: Any) -> None:
+            """The unit of most work first (the longest-first rule: what is left at the end is short,
+            so neither worker waits long for the other), not xdist's order (most tests first, then
+            the order of collection, which left a `slow` test of a minute or more to start last)."""
+            heaviest = max(self.workqueue, key=lambda scope: _weight(self.workqueue[scope], self.slow))
+            self.workqueue.move_to_end(heaviest, last=False)
+            super()._assign_work_unit(node)
+
     return SharedLaunchScheduling(config, log)
+
+
+def _weight(unit: Mapping[str, bool], slow: set[str]) -> float:
+    """A guess at the seconds a unit of work takes, from its tests' marks alone: a test marked `slow`
+    (a multi-process run, a real sweep) takes tens of seconds, any other well under one."""
+    return sum(20.0 if nodeid in slow else 0.5 for nodeid in unit)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -255,7 +272,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             groups[item.nodeid] = "@" + engine
         elif names:
             groups[item.nodeid] = "@" + find(names[0])
-    Path(folder, f"{config.workerinput['workerid']}.json").write_text(json.dumps(groups))
+    slow = [item.nodeid for item in items if item.get_closest_marker("slow") is not None]
+    Path(folder, f"{config.workerinput['workerid']}.json").write_text(json.dumps({"groups": groups, "slow": slow}))
 
 
 def _shared_fixtures(item: pytest.Item) -> list[str]:

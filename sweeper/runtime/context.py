@@ -34,7 +34,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
 
 from sweeper.errors import one_line
 from sweeper.runtime.kernels import SDPA_BACKENDS, KernelUnavailable
@@ -146,6 +145,10 @@ def prefix_attention(
     if not gqa and k.shape[1] != q.shape[1]:
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    # imported here: torch.nn.attention.bias imports torch._dynamo, seconds of CPU in every rank of
+    # every trial, which only a cp > 1 trial needs
+    from torch.nn.attention.bias import causal_lower_right
+
     bias = causal_lower_right(q.shape[-2], k.shape[-2])
     with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=gqa)

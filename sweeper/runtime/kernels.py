@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 
 import torch
 import torch.nn.functional as F
@@ -103,15 +103,19 @@ def _scale_mask_softmax(scores: torch.Tensor, scale: float) -> torch.Tensor:
     return torch.softmax(masked, dim=-1).to(scores.dtype)
 
 
-# Compiled once per process on first use (per shape); the graph is the three ops above.
-_fused_scale_mask_softmax = torch.compile(_scale_mask_softmax, fullgraph=True, dynamic=False)
+@cache
+def _fused_scale_mask_softmax() -> Callable[[torch.Tensor, float], torch.Tensor]:
+    """`_scale_mask_softmax` compiled, made once per process on first use (and compiled per shape);
+    the graph is the three ops above. Not at import: `torch.compile` imports torch._dynamo, seconds
+    of CPU in every rank of every trial, which only a fused_softmax trial needs."""
+    return torch.compile(_scale_mask_softmax, fullgraph=True, dynamic=False)
 
 
 def fused_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Attention with explicit s x s scores (like eager) whose scale-mask-softmax is one fused kernel."""
     k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
     scores = q @ k.transpose(-2, -1)
-    return _fused_scale_mask_softmax(scores, 1.0 / math.sqrt(q.shape[-1])) @ v
+    return _fused_scale_mask_softmax()(scores, 1.0 / math.sqrt(q.shape[-1])) @ v
 
 
 def _probe(

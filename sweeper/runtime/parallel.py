@@ -18,7 +18,6 @@ from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -313,6 +312,10 @@ def build_pipeline(
     device: torch.device,
 ) -> Any:
     """A torch.distributed.pipelining schedule over this rank's stages; micro-batches = grad_accum."""
+    # imported here: torch.distributed.pipelining imports torch._dynamo, seconds of CPU in every rank
+    # of every trial, which only a pp > 1 trial needs
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
     group = pp_mesh.get_group()
     pipe = [PipelineStage(mod, idx, num_stages, device, group=group) for idx, mod in stages]
     if schedule == "interleaved":

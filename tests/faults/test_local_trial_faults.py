@@ -79,7 +79,9 @@ def test_a_stopped_rank_ends_as_timeout_and_no_rank_survives(tmp_path):
 
 
 def test_trial_process_killed_is_retried_once_then_failed_with_the_cause(tmp_path):
-    spec = spec_file(tmp_path, "killed", trial={"steps": 200}, search={"max_trials": 2})
+    # 40 steps: the ranks are killed as they start (importing torch takes seconds), so they are
+    # alive when their trial dies; the second trial, left to run, takes ~12 s here (200 took a minute)
+    spec = spec_file(tmp_path, "killed", trial={"steps": 40}, search={"max_trials": 2})
     root = results(tmp_path, "killed")
     proc = start("run", str(spec), cwd=tmp_path)
     try:
@@ -93,6 +95,7 @@ def test_trial_process_killed_is_retried_once_then_failed_with_the_cause(tmp_pat
             ranks = wait_for(
                 lambda d=trial_dir: (p := rank_pids(d)) and len(p) == 2 and p, timeout=60, what="two ranks"
             )
+            assert all(alive(p) for p in ranks), "the ranks ended before their trial was killed"
             kill(int(rec["job_id"].removeprefix("local-")))
             wait_for(lambda r=ranks: not any(alive(p) for p in r), timeout=10, what="ranks to end with their trial")
         out, err = proc.communicate(timeout=180)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from sweeper.results.trial import STEPS_FILE
 from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE, OomSigns, oom_evidence
 from tests.faults.helpers import (
     alive,
@@ -80,8 +81,8 @@ def test_oom_needs_evidence_that_names_the_rank():
 
 
 def test_a_killed_rank_is_seen_at_once_retried_once_and_never_called_oom(tmp_path: Path):
-    # 200 steps take about a minute here; the 3-minute limit is never what ends a trial
-    spec = spec_file(tmp_path, "rankkill", trial={"steps": 200, "timeout_min": 3}, search={"max_trials": 2}, space=ONE)
+    # 40 steps take about 12 s here, from the first step's end on; the 3-minute limit is never what ends a trial
+    spec = spec_file(tmp_path, "rankkill", trial={"steps": 40, "timeout_min": 3}, search={"max_trials": 2}, space=ONE)
     root = results(tmp_path, "rankkill")
     proc = start("run", str(spec), cwd=tmp_path)
     killed_at = []
@@ -89,7 +90,11 @@ def test_a_killed_rank_is_seen_at_once_retried_once_and_never_called_oom(tmp_pat
         for attempt, rank in ((1, 1), (2, 0)):  # rank 1 dies while rank 0 waits; then rank 0 itself
             trial_dir = root / "jobs" / f"trial-00000-a{attempt}"
             pids = wait_for(lambda d=trial_dir: (p := rank_pids(d)) and len(p) == 2 and p, timeout=90, what="two ranks")
-            time.sleep(4)  # both ranks past start-up, in the training loop's collectives
+            # both ranks past start-up, in the training loop's collectives: rank 0 wrote a step's time
+            steps = trial_dir / "ranks" / "out" / STEPS_FILE
+            wait_for(
+                lambda f=steps: f.is_file() and f.read_text().count("\n") >= 1, timeout=90, what="a step", every=0.02
+            )
             ordered = sorted(
                 pids,
                 key=lambda p: (

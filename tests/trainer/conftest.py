@@ -31,8 +31,9 @@ def private_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 # Each launch starts its ranks (torch, gloo, the model: ~5 s of CPU a rank) once for all its cases:
 # every 2-rank case of the five parity modules runs in one launch, the 4-rank ones in another
-# (test_parity's `four_ranks`), the 8-rank ones in a third. Each runs once per kernel setting (helpers.KERNELS), a fixture parameter: tests get `[isa-default-...]`
-# and `[isa-avx2-...]` ids, and the two launches of a fixture are two xdist groups (tests/conftest.py).
+# (test_parity's `four_ranks`), the 8-rank ones in a third. Each runs once per kernel setting (helpers.KERNELS, a
+# fixture parameter: tests get `[isa-avx2-...]` ids); were there two, their launches would be two xdist groups
+# (tests/conftest.py).
 @pytest.fixture(scope="session", params=list(KERNELS))
 def eight_ranks_parity(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from .test_parity import EIGHT_RANKS, _run

@@ -1,8 +1,8 @@
 """Every layout family trains `STEPS` (2) steps and reproduces the single-process reference (same init, fp32).
 
 Each world size is one launch that runs its layouts one after another (start-up costs seconds;
-the 2-rank one also runs the other parity modules' cases, conftest `two_rank_launch`), once with
-the CPU's own kernels and once with AVX2's (MKL's and ATen's, helpers.KERNELS).
+the 2-rank one also runs the other parity modules' cases, conftest `two_rank_launch`), its ranks with
+AVX2's kernels (MKL's and ATen's, helpers.KERNELS) against a reference with the CPU's own.
 Compared with the reference: the loss of every step, every step-0 gradient, every parameter after
 the steps. The bounds are not fixed numbers but 4 x the noise floor of float32 rounding, measured
 in the same run on the same CPU (tests/trainer/bounds.py says how, and why a fixed bound failed
