@@ -13,9 +13,8 @@ from typing import Literal
 from sweeper.errors import SpecError, SweepError
 from sweeper.files import open_own, own_dir
 from sweeper.launchers.base import KILL_GRACE_S, Handle, JobOutcome, Launcher, LauncherProfile, TrialJob, failure, tail
-from sweeper.launchers.netns import LocalNodes, link_description, local_nodes
+from sweeper.launchers.netns import LocalNodes, local_nodes, refuse_another_link
 from sweeper.process import alive, kill_group, read_result
-from sweeper.profiles.profile import same_link
 from sweeper.results.trial import TrialResult
 from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE
 from sweeper.spec.sweep import Sweep
@@ -76,23 +75,13 @@ def check_local_device(sweep: Sweep) -> None:
         )
 
 
-def check_local_link(sweep: Sweep, nodes: LocalNodes | None) -> None:
-    """Trials on local nodes of network namespaces (`SWEEP_NETNS`) cross the link as tc shapes it now:
-    a profile measured across another shaping, or a `cluster.link` naming another, is refused before
-    the first trial (the model would price a link the trials do not cross)."""
-    if nodes is None:
-        return
-    now = link_description(nodes)
-    profile = sweep.cluster.profile
+def check_local_link(sweep: Sweep, nodes: LocalNodes) -> None:
+    """The links a sweep names (its `cluster.link`, the one its profile was measured across) against
+    the local nodes' link, before the first trial (`netns.refuse_another_link`)."""
     named = [("cluster.link", sweep.cluster.link)]
-    if profile is not None:
-        named.append((f"cluster.profile: {profile.path} was measured across", profile.profile.link))
-    for what, link in named:
-        if link is not None and not same_link(link, now):
-            raise SweepError(
-                f"{what} '{link}', but the local nodes' link ({', '.join(nodes.namespaces)}) is '{now}' now: "
-                "reshape it (scripts/netns/start.sh) or measure it (`sweep profile --nodes N`)"
-            )
+    if (measured := sweep.cluster.profile) is not None:
+        named.append((f"cluster.profile: {measured.path} was measured across", measured.profile.link))
+    refuse_another_link(nodes, *named)
 
 
 def trial_command(job: TrialJob) -> list[str]:
@@ -132,7 +121,8 @@ class LocalLauncher(Launcher):
         check_local_capacity(sweep)
         check_local_device(sweep)
         nodes = local_nodes()
-        check_local_link(sweep, nodes if nodes is not None and nodes.nodes in sweep.node_counts else None)
+        if nodes is not None and nodes.nodes in sweep.node_counts:  # its trials run across the namespaces' link
+            check_local_link(sweep, nodes)
         return cls()
 
     def submit(self, job: TrialJob) -> Handle:

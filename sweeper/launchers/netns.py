@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sweeper.errors import SweepError
+from sweeper.profiles.profile import same_link
 
 PREFIX = "sweep-node"
 HUB_ADDR = "10.77.0.1"  # node 0's address, on its loopback: every other node routes to it over its veth
@@ -119,6 +120,19 @@ def shaped_link(rate: str, delay: str = "0us", nodes: int = 2) -> Iterator[Local
             yield start(rate, delay, nodes)
         finally:
             stop()
+
+
+def refuse_another_link(nodes: LocalNodes, *named: tuple[str, str | None]) -> None:
+    """Trials on these nodes cross the link as tc shapes it now: each (what, link) that names
+    another (a sweep's `cluster.link`, the link its profile was measured across) is refused before
+    the first trial, or before a profile is measured (the model would price a link nobody crosses)."""
+    now = link_description(nodes)
+    for what, link in named:
+        if link is not None and not same_link(link, now):
+            raise SweepError(
+                f"{what} '{link}', but the local nodes' link ({', '.join(nodes.namespaces)}) is '{now}' now: "
+                "reshape it (scripts/netns/start.sh) or measure it (`sweep profile --nodes N`)"
+            )
 
 
 def link_description(nodes: LocalNodes) -> str:

@@ -17,7 +17,7 @@ import stat
 import tempfile
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +33,7 @@ from sweeper.estimate.shapes import (
     sweep_block_values,
     sweep_workloads,
 )
-from sweeper.launchers.local import check_local_link
-from sweeper.launchers.netns import LocalNodes, existing, link_description, local_nodes
+from sweeper.launchers.netns import LocalNodes, existing, link_description, local_nodes, refuse_another_link
 from sweeper.process import alive
 from sweeper.profiles.profile import Profile, cached_profile_path, save_profile
 
@@ -108,7 +107,7 @@ def run_profile(
     where = ""
     if local is not None:
         if sweep is not None:  # a profile of another link than the sweep names would be refused by it
-            check_local_link(replace(sweep, cluster=replace(sweep.cluster, profile=None)), local)
+            refuse_another_link(local, ("cluster.link", sweep.cluster.link))
         kwargs["link"] = link_description(local)
         where = f" on each of {local.nodes} nodes ({', '.join(local.namespaces)}; link {kwargs['link']})"
     progress(f"measuring on {processes} process{'es' if processes > 1 else ''}{where} ({'GPU' if cuda else 'CPU'})")
