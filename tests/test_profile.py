@@ -16,6 +16,8 @@ from sweeper.estimate.predict import predict
 from sweeper.estimate.shapes import DEFAULT_CPU, block_gemms, elementwise_sizes
 from sweeper.layouts.layout import Layout
 from sweeper.profiles.profile import (
+    DP_WRAPPER_DEPTHS,
+    DP_WRAPPERS,
     SCHEMA,
     AttentionPoint,
     BlockPoint,
@@ -229,3 +231,39 @@ def test_profiling_a_gpu_sweep_on_a_node_without_one_is_refused(tmp_path):
     r = sweep_cli("profile", str(spec), "--quick", cwd=tmp_path, env=cli_env(CUDA_VISIBLE_DEVICES=""))
     assert r.returncode == 2, r.stderr
     assert "the cluster's GPU is h100-sxm and this node has none" in r.stderr and "Traceback" not in r.stderr
+
+
+def wrapped_points(per_block: dict[str, float], per_model: dict[str, float]) -> tuple[BlockPoint, ...]:
+    """The tiny model at the profile's two depths under each data-parallel wrapper, costing `per_block`
+    and `per_model` seconds more than unwrapped (a 4 ms block, a 2 ms model of its own)."""
+    out = []
+    for wrapper in DP_WRAPPERS:
+        for n in DP_WRAPPER_DEPTHS:
+            extra = per_block.get(wrapper, 0.0) * n + per_model.get(wrapper, 0.0)
+            out.append(BlockPoint(knob=wrapper, value=str(n), rows=16, seconds=4e-3 * n + 2e-3 + extra))
+    return tuple(out)
+
+
+def test_the_data_parallel_wrappers_cost_what_the_profile_measured(tmp_path):
+    per_block = {"ddp": 1e-3, "replicate": 3e-3, "replicate_sync": 5e-3, "fsdp": 7e-3}
+    per_model = {"ddp": 2e-3, "replicate": 4e-3, "replicate_sync": 6e-3, "fsdp": 9e-3}
+    plain = synthetic_profile().model_copy(update={"processes": 4})  # measured as the 4 ranks share the cores
+    wrapped = plain.model_copy(update={"block": plain.block + wrapped_points(per_block, per_model)})
+    save_profile(plain, tmp_path / "plain.yaml")
+    save_profile(wrapped, tmp_path / "wrapped.yaml")
+    _, without = tiny_sweep(tmp_path, gpus_per_node=4, profile=str(tmp_path / "plain.yaml"))
+    _, with_ = tiny_sweep(tmp_path, gpus_per_node=4, profile=str(tmp_path / "wrapped.yaml"))
+    space = dict(with_.space, sharding=("none", "fsdp"))
+    without, with_ = replace(without, space=space), replace(with_, space=space)
+
+    def added(**knobs: object) -> float:
+        cols = Layout.from_mapping({"tp": 1, "pp": 1, "micro_batch_size": 1} | knobs).columns(with_)
+        return float(predict(cols, with_).parts["framework"][0] - predict(cols, without).parts["framework"][0])
+
+    # 4 layers, global batch 8 on 4 ranks at micro-batch 1: dp 4 runs 2 micro-batches of 4 blocks;
+    # pp 2 x dp 2 runs 4 micro-batches of the busiest stage's 2 blocks
+    assert added(sharding="fsdp") == pytest.approx(2 * (7e-3 * 4 + 9e-3))  # every micro-batch
+    assert added() == pytest.approx(1e-3 * 4 + 2e-3)  # DDP: once, on the micro-batch that reduces
+    hooks, syncing = 3e-3 * 2 + 4e-3, 5e-3 * 2 + 6e-3
+    assert added(pp=2) == pytest.approx(4 * hooks + (syncing - hooks))  # replicate: hooks on all, copies once
+    assert added(pp=4) == 0.0  # one data-parallel rank: no wrapper

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from sweeper.profiles.profile import load_profile
+from sweeper.profiles.profile import DP_WRAPPER_DEPTHS, DP_WRAPPERS, load_profile
 from tests.conftest import SPACES, sweep_cli
 
 
@@ -27,6 +27,11 @@ def test_profile_quick_measures_this_cpu_and_the_dry_run_uses_it(tmp_path):
     assert {c.op for c in profile.collectives} >= {"all_reduce", "send_recv"}
     assert {(b.knob, b.value) for b in profile.block} >= {("base", "base"), ("activation_checkpointing", "full")}
     assert profile.versions.backend == "gloo" and profile.shapes_from == str(sweep)
+    # the tiny model under each data-parallel wrapper at both depths; FSDP's hooks and copies cost time
+    wrapped = {(b.knob, int(b.value)): b.seconds for b in profile.block if b.knob in DP_WRAPPERS}
+    assert set(wrapped) == {(w, n) for w in DP_WRAPPERS for n in DP_WRAPPER_DEPTHS}
+    deep = DP_WRAPPER_DEPTHS[-1]
+    assert wrapped[("fsdp", deep)] > 1.2 * wrapped[("model", deep)] and wrapped[("model", deep)] > wrapped[("model", 1)]
 
     shown = sweep_cli("profile", "show", str(out), cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import ArrayLike
 
+from sweeper.estimate.dp_wrappers import wrapper_overhead
 from sweeper.estimate.flops import model_flops_per_token
 from sweeper.estimate.memory import compute_bytes
 from sweeper.estimate.moe import reduction_groups
@@ -294,6 +295,8 @@ def price(
         ac_overhead = np.zeros(len(tp))
     overhead = overhead + tp_overhead(lookup, m, cols, dtype=dtype)
     framework = passes * overhead * slow + traits.microbatch_s * accum
+    if lookup.profile.gpu == "cpu":  # FSDP2's hooks and copies (on a GPU they run while the kernels do)
+        framework = framework + wrapper_overhead(lookup, cols, m.layers, traits) * slow
     recompute = passes * (blk.recompute(mode) + ac_overhead) * slow
     optimizer = optimizer_s(lookup, cols, sweep) * slow
     work = matmul + t["expert_matmul"] + attention + memory_bound + framework + recompute

@@ -97,10 +97,18 @@ class ElementwisePoint(_Row):
     bwd_s: MaybeSeconds
 
 
+# the data-parallel wrappers a profile times the tiny model under (`BlockPoint` knob; its value: the
+# model's blocks): none, DDP on a micro-batch that reduces, FSDP2's replicate on one that does not and
+# on one that does, and FSDP, each on a mesh of one rank (their hooks and copies, not their collectives)
+DP_WRAPPERS = ("model", "ddp", "replicate", "replicate_sync", "fsdp")
+DP_WRAPPER_DEPTHS = (1, 3)  # two depths: the wrappers' cost per block apart from their cost per model
+
+
 class BlockPoint(_Row):
     """One transformer block of the built-in trainer, forward and backward, at a tiny shape where the
     host's overhead (launches, Python, autograd) is all there is: `knob` set to `value`, the others at
-    the profile's base values (`Profile.block_base`)."""
+    the profile's base values (`Profile.block_base`). A knob of `DP_WRAPPERS`: the tiny model of
+    `value` blocks under that wrapper."""
 
     knob: str
     value: str
@@ -292,7 +300,10 @@ def describe(profile: Profile, path: Path) -> list[str]:
             f"memory-bound {op} ({mode}): {len(elems)} sizes, {ns:.3g} ns per element at {elems[-1].elements:,}"
         )
     for b in profile.block:
-        lines.append(f"block at {b.rows} rows, {b.knob}={b.value}: {b.seconds * 1e3:.3g} ms (host overhead)")
+        if b.knob in DP_WRAPPERS:
+            lines.append(f"tiny model of {b.value} blocks at {b.rows} rows, wrapper {b.knob}: {b.seconds * 1e3:.3g} ms")
+        else:
+            lines.append(f"block at {b.rows} rows, {b.knob}={b.value}: {b.seconds * 1e3:.3g} ms (host overhead)")
     if profile.nodes > 1:
         where = "namespaces of one machine" if profile.shared_host else "machines"
         lines.append(f"{profile.nodes} nodes ({where}), link: {profile.link or 'not described'}")

@@ -15,10 +15,10 @@ from dataclasses import replace
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
-from sweeper.profiles.profile import BlockPoint
+from sweeper.profiles.profile import DP_WRAPPER_DEPTHS, DP_WRAPPERS, BlockPoint
 from sweeper.runtime import kernels
 from sweeper.runtime.model import build_model, materialize, norm_kernel
-from sweeper.runtime.parallel import apply_ac, apply_compile, apply_tp
+from sweeper.runtime.parallel import apply_ac, apply_compile, apply_ddp, apply_fsdp, apply_replicate, apply_tp
 from sweeper.runtime.profiling import Progress, Timer
 from sweeper.spec.models import ModelShape
 
@@ -90,6 +90,90 @@ def time_block(
         block.zero_grad(set_to_none=True)
 
     return timer(step)
+
+
+def time_wrapped(
+    shape: ModelShape,
+    settings: dict[str, str],
+    *,
+    layers: int,
+    wrapper: str,
+    rows: int,
+    precision: str,
+    timer: Timer,
+    mesh: DeviceMesh,
+) -> float:
+    """Seconds of the whole tiny model's forward and backward at `rows` tokens and `layers` blocks,
+    wrapped for data parallelism as the trainer wraps it (`DP_WRAPPERS`), on a mesh of this rank alone:
+    the wrappers' hooks and their copies in and out of the flat buffers, without their collectives
+    (which the profile prices by their span)."""
+    device = timer.device
+    bf16 = precision == "bf16"
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    deep = replace(shape, layers=layers)
+    attend = kernels.attention_kernel(
+        settings["attention"],
+        heads=shape.heads,
+        kv_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        seq_len=rows,
+        dtype=dtype,
+        device=device,
+    )
+    model: torch.nn.Module = build_model(deep, rows, attend=attend, norm_fn=norm_kernel(deep, settings["rmsnorm"]))
+    apply_ac(model, mode=settings["activation_checkpointing"])
+    if wrapper == "fsdp":
+        low = torch.bfloat16 if bf16 else None
+        apply_fsdp(model, dp_mesh=mesh, param_dtype=low, reduce_dtype=torch.float32 if bf16 else None, pipelined=False)
+    elif wrapper in ("replicate", "replicate_sync"):
+        apply_replicate(model, dp_mesh=mesh)
+    materialize(model, deep, seed=0, device=device)
+    if wrapper == "ddp":
+        model = apply_ddp(model, dp_mesh=mesh, device=device)
+    if wrapper == "replicate":
+        model.set_requires_gradient_sync(False)  # type: ignore[operator]  # FSDP2's ReplicateModule
+    tokens = torch.randint(0, shape.vocab, (1, rows), device=device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+    def step() -> None:
+        with autocast:
+            out = model(tokens)
+        out.float().sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    return timer(step)
+
+
+def measure_wrapped(
+    shape: ModelShape,
+    settings: dict[str, str],
+    *,
+    rows: int,
+    precision: str,
+    timer: Timer,
+    mesh: DeviceMesh,
+    failed: dict[str, str],
+) -> list[BlockPoint]:
+    """The tiny model of 1 and 3 blocks under each of `DP_WRAPPERS` (knob: the wrapper, value: the blocks)."""
+    out = []
+    for wrapper in DP_WRAPPERS:
+        for layers in DP_WRAPPER_DEPTHS:
+            try:
+                seconds = time_wrapped(
+                    shape,
+                    settings,
+                    layers=layers,
+                    wrapper=wrapper,
+                    rows=rows,
+                    precision=precision,
+                    timer=timer,
+                    mesh=mesh,
+                )
+            except Exception as e:  # noqa: BLE001 - a wrapper this torch cannot run is left out, with why
+                failed[f"{wrapper} model"] = " ".join(str(e).split())[:200]
+                break
+            out.append(BlockPoint(knob=wrapper, value=str(layers), rows=rows, seconds=seconds))
+    return out
 
 
 def measure_blocks(

@@ -26,7 +26,7 @@ from sweeper.runtime.env import (
     prepare_process_environment,
     runtime_versions,
 )
-from sweeper.runtime.profile_block import measure_blocks
+from sweeper.runtime.profile_block import measure_blocks, measure_wrapped
 from sweeper.runtime.profile_comm import across_nodes, measure_collectives, tp_blocks
 from sweeper.runtime.profiling import (
     Progress,
@@ -160,6 +160,26 @@ def measure_node(
 PROFILE_FILE = "profile.json"
 
 
+def wrapped_blocks(plan: MeasurePlan, precision: str, device: torch.device, skipped: dict[str, str]) -> list[Any]:
+    """The tiny model under each data-parallel wrapper, every rank at once (as a trial's ranks share
+    the cores), each on a mesh of itself. Only on CPU ranks: on a GPU the hooks' host time runs while
+    the kernels do (`sweeper.estimate.profiled` prices them on CPU ranks only)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    assert plan.block_shape is not None
+    world = torch.distributed.get_world_size()
+    alone = init_device_mesh(device.type, (world, 1), mesh_dim_names=("rank", "dp"))["dp"]
+    # differences of a few milliseconds on tens: longer batches, and every rank timing at once
+    timer = Timer(device, budget_s=0.25, batches=5, together=True)
+    settings = {k: v[0] for k, v in plan.block_values.items()}
+    failed: dict[str, str] = {}
+    points = measure_wrapped(
+        plan.block_shape, settings, rows=plan.block_seq, precision=precision, timer=timer, mesh=alone, failed=failed
+    )
+    skipped |= failed
+    return points
+
+
 def profile_worker(
     *,
     out_dir: Path,
@@ -222,6 +242,11 @@ def profile_worker(
         skipped |= {f"collective {k}": v for k, v in failed.items()}
     else:
         skipped["collectives"] = "one device on this node: no collective to measure"
+    if plan.block_shape is not None and device.type == "cpu":
+        progress("data-parallel wrappers (replicate, FSDP) on the tiny model")
+        profile = profile.model_copy(
+            update={"block": profile.block + tuple(wrapped_blocks(plan, precision, device, skipped))}
+        )
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / PROFILE_FILE).write_text(json.dumps({"profile": profile.to_dict(), "skipped": skipped}))

@@ -87,6 +87,9 @@ class TimeTraits:
     # context parallel's K/V exchange: a ring that overlaps the attention kernel (Megatron-LM / TE
     # p2p) or an all-gather before it (PyTorch's context_parallel "allgather" rotation)
     cp_ring: bool = True
+    # unsharded data parallelism is torch's: DDP, or at tp or pp > 1 (where DDP cannot hold DTensor
+    # parameters or pipeline stages) FSDP2's `replicate`, with hooks around every block on every micro-batch
+    torch_dp_wrappers: bool = False
 
 
 MEGATRON_LIKE = TimeTraits()
