@@ -99,6 +99,10 @@ def test_profile_across_two_nodes_measures_the_link(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     p = load_profile(out, gpu="cpu")
     assert (p.nodes, p.shared_host, p.link) == (2, True, "tbf 200Mbit")
+    # 4 ranks on this machine's cores: real steps of the trainer on them, beside their price
+    assert p.processes > p.cpus and p.reference_step is not None, done.stderr[-2000:]
+    assert p.reference_step.layout == "dp=4, 2 micro-batches of 1, 2 of the model's 2 blocks"
+    assert "reference step: 10 real steps of the built-in trainer" in done.stderr
     inter = [c for c in p.collectives if c.scope == "inter"]
     assert {(c.op, c.per_node) for c in inter} >= {(op, q) for op in ("all_reduce", "send_recv") for q in (1, 2)}
     assert {c.algorithm for c in inter if c.op == "all_reduce"} == {"gloo ring"}

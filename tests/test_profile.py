@@ -26,6 +26,7 @@ from sweeper.profiles.profile import (
     GemmPoint,
     Profile,
     ProfileError,
+    ReferenceStep,
     Versions,
     cache_dir,
     cached_profile_path,
@@ -267,3 +268,24 @@ def test_the_data_parallel_wrappers_cost_what_the_profile_measured(tmp_path):
     hooks, syncing = 3e-3 * 2 + 4e-3, 5e-3 * 2 + 6e-3
     assert added(pp=2) == pytest.approx(4 * hooks + (syncing - hooks))  # replicate: hooks on all, copies once
     assert added(pp=4) == 0.0  # one data-parallel rank: no wrapper
+
+
+def test_a_reference_step_scales_every_part_by_what_whole_steps_took(tmp_path):
+    plain = synthetic_profile()
+    ref = ReferenceStep(layout="dp=2, 2 micro-batches of 1, 2 of the model's 4 blocks", measured_s=0.3, predicted_s=0.2)
+    save_profile(plain, tmp_path / "plain.yaml")
+    save_profile(plain.model_copy(update={"reference_step": ref}), tmp_path / "ref.yaml")
+    _, without = tiny_sweep(tmp_path, profile=str(tmp_path / "plain.yaml"))
+    _, with_ = tiny_sweep(tmp_path, profile=str(tmp_path / "ref.yaml"))
+    for knobs in ({"tp": 1, "pp": 1, "micro_batch_size": 2}, {"tp": 2, "pp": 1, "micro_batch_size": 1}):
+        cols = Layout.from_mapping(knobs).columns(with_)
+        a, b = predict(cols, without), predict(cols, with_)
+        assert b.total[0] == pytest.approx(1.5 * a.total[0])
+        assert all(b.parts[k][0] == pytest.approx(1.5 * a.parts[k][0]) for k in a.parts)
+    assert "every step scaled by 1.5" in "\n".join(describe(load_profile(tmp_path / "ref.yaml"), tmp_path / "ref.yaml"))
+    # a ratio no host explains (a trial that hung, a wrong reading) is refused in one line naming the field
+    bad = plain.to_dict() | {"reference_step": ref.model_dump() | {"measured_s": 3.0}}
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(ProfileError, match=r"reference_step: .*a ratio of 15; allowed: 0.25 to 4") as e:
+        load_profile(tmp_path / "bad.yaml")
+    assert "\n" not in str(e.value)

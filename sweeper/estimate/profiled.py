@@ -312,6 +312,8 @@ def price(
         "optimizer": optimizer,
     }
     parts |= collectives(cols, sweep, lookup, table, work=work, bubble_share=bubble_share, traits=traits)
+    if (ref := lookup.profile.reference_step) is not None:  # what whole steps on these ranks take beyond their parts
+        parts = {k: v * ref.host_scale for k, v in parts.items()}
     compute = sum(parts[k] for k in COMPUTE_PARTS)
     comm = sum(parts[k] for k in COMM_PARTS)
     step = calibration.compute_scale * compute + calibration.comm_scale * comm

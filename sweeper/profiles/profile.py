@@ -131,6 +131,34 @@ class CollectivePoint(_Row):
     busbw_gbps: Annotated[float, Strict(), Field(gt=0, lt=1e6)]  # GB/s: no bus moves a petabyte a second
 
 
+HOST_SCALE_BOUNDS = (0.25, 4.0)  # a whole step against its priced parts: beyond these, not the host's doing
+
+
+class ReferenceStep(_Row):
+    """Real steps of the built-in trainer on the profile's ranks (`layout`, the 10-step protocol's
+    median), beside what the rest of the profile prices them at: on ranks that share cores, a whole
+    step takes longer than its separately measured parts (each rank waits for the ones the scheduler
+    runs elsewhere), and `measured_s / predicted_s` is how much (`host_scale`)."""
+
+    layout: Annotated[str, Field(max_length=200)]
+    measured_s: Seconds
+    predicted_s: Seconds
+
+    @model_validator(mode="after")
+    def _a_hosts_scale(self) -> ReferenceStep:
+        low, high = HOST_SCALE_BOUNDS
+        if not low <= self.host_scale <= high:
+            raise ValueError(
+                f"measured {self.measured_s:.4g} s against {self.predicted_s:.4g} s priced: a ratio of "
+                f"{self.host_scale:.3g}; allowed: {low} to {high}"
+            )
+        return self
+
+    @property
+    def host_scale(self) -> float:
+        return self.measured_s / self.predicted_s
+
+
 class Profile(_Row):
     """A measured profile of one node (see the module's docstring)."""
 
@@ -163,6 +191,7 @@ class Profile(_Row):
     elementwise: tuple[ElementwisePoint, ...] = ()
     block: tuple[BlockPoint, ...] = ()
     collectives: tuple[CollectivePoint, ...] = ()
+    reference_step: ReferenceStep | None = None
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
 
@@ -304,6 +333,11 @@ def describe(profile: Profile, path: Path) -> list[str]:
             lines.append(f"tiny model of {b.value} blocks at {b.rows} rows, wrapper {b.knob}: {b.seconds * 1e3:.3g} ms")
         else:
             lines.append(f"block at {b.rows} rows, {b.knob}={b.value}: {b.seconds * 1e3:.3g} ms (host overhead)")
+    if (ref := profile.reference_step) is not None:
+        lines.append(
+            f"reference step ({ref.layout}): {ref.measured_s:.4g} s measured, {ref.predicted_s:.4g} s priced: "
+            f"every step scaled by {ref.host_scale:.3g}"
+        )
     if profile.nodes > 1:
         where = "namespaces of one machine" if profile.shared_host else "machines"
         lines.append(f"{profile.nodes} nodes ({where}), link: {profile.link or 'not described'}")

@@ -36,6 +36,7 @@ from sweeper.estimate.shapes import (
 from sweeper.launchers.netns import LocalNodes, existing, link_description, local_nodes, refuse_another_link
 from sweeper.process import alive
 from sweeper.profiles.profile import Profile, cached_profile_path, save_profile
+from sweeper.run.reference_step import measure_reference, wants_reference
 
 if TYPE_CHECKING:
     from sweeper.spec.sweep import Sweep
@@ -119,6 +120,11 @@ def run_profile(
             "the sweep will not read this profile"
         )
     path = out if out is not None else cached_profile_path(profile.gpu)
+    if sweep is not None and wants_reference(profile, sweep):
+        reference, why = measure_reference(profile, sweep, path=path, nodes=local, progress=progress)
+        if reference is None:
+            skipped["reference step"] = why
+        profile = profile.model_copy(update={"reference_step": reference})
     try:
         save_profile(profile, path)
     except OSError as e:

@@ -10,7 +10,10 @@ activation checkpointing and compile, each set in turn with the others at their 
 from __future__ import annotations
 
 import contextlib
+import statistics
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -92,7 +95,7 @@ def time_block(
     return timer(step)
 
 
-def time_wrapped(
+def wrapped_step(
     shape: ModelShape,
     settings: dict[str, str],
     *,
@@ -100,14 +103,13 @@ def time_wrapped(
     wrapper: str,
     rows: int,
     precision: str,
-    timer: Timer,
+    device: torch.device,
     mesh: DeviceMesh,
-) -> float:
-    """Seconds of the whole tiny model's forward and backward at `rows` tokens and `layers` blocks,
-    wrapped for data parallelism as the trainer wraps it (`DP_WRAPPERS`), on a mesh of this rank alone:
-    the wrappers' hooks and their copies in and out of the flat buffers, without their collectives
-    (which the profile prices by their span)."""
-    device = timer.device
+) -> Callable[[], None]:
+    """One forward and backward of the whole tiny model at `rows` tokens and `layers` blocks, wrapped for
+    data parallelism as the trainer wraps it (`DP_WRAPPERS`) on a mesh of this rank alone: the wrappers'
+    hooks and their copies in and out of their buffers, without their collectives (which the profile
+    prices by their span)."""
     bf16 = precision == "bf16"
     dtype = torch.bfloat16 if bf16 else torch.float32
     deep = replace(shape, layers=layers)
@@ -141,7 +143,10 @@ def time_wrapped(
         out.float().sum().backward()
         model.zero_grad(set_to_none=True)
 
-    return timer(step)
+    return step
+
+
+PAIRED_ROUNDS = 5  # a wrapper and the unwrapped model timed in turn: a load that comes and goes hits both
 
 
 def measure_wrapped(
@@ -154,25 +159,36 @@ def measure_wrapped(
     mesh: DeviceMesh,
     failed: dict[str, str],
 ) -> list[BlockPoint]:
-    """The tiny model of 1 and 3 blocks under each of `DP_WRAPPERS` (knob: the wrapper, value: the blocks)."""
+    """The tiny model at each of `DP_WRAPPER_DEPTHS` unwrapped (knob `model`) and under each other of
+    `DP_WRAPPERS` (knob: the wrapper; value: the blocks). What a wrapper adds is a difference of a few
+    milliseconds on tens, so each is timed in turn with the unwrapped model, batch by batch, and its
+    seconds are the unwrapped model's plus the median of the rounds' differences."""
+    one = replace(timer, batches=1)
     out = []
-    for wrapper in DP_WRAPPERS:
-        for layers in DP_WRAPPER_DEPTHS:
+    for layers in DP_WRAPPER_DEPTHS:
+        make = partial(
+            wrapped_step, shape, settings, layers=layers, rows=rows, precision=precision, device=timer.device, mesh=mesh
+        )
+        plain = make(wrapper="model")
+        bases: list[float] = []
+        added: dict[str, float] = {}
+        for wrapper in DP_WRAPPERS[1:]:
             try:
-                seconds = time_wrapped(
-                    shape,
-                    settings,
-                    layers=layers,
-                    wrapper=wrapper,
-                    rows=rows,
-                    precision=precision,
-                    timer=timer,
-                    mesh=mesh,
-                )
+                step = make(wrapper=wrapper)
             except Exception as e:  # noqa: BLE001 - a wrapper this torch cannot run is left out, with why
                 failed[f"{wrapper} model"] = " ".join(str(e).split())[:200]
-                break
-            out.append(BlockPoint(knob=wrapper, value=str(layers), rows=rows, seconds=seconds))
+                continue
+            rounds = [(one(plain), one(step)) for _ in range(PAIRED_ROUNDS)]
+            bases += [b for b, _ in rounds]
+            added[wrapper] = statistics.median(w - b for b, w in rounds)
+        if not bases:
+            continue
+        base = statistics.median(bases)
+        out.append(BlockPoint(knob="model", value=str(layers), rows=rows, seconds=base))
+        out += [
+            BlockPoint(knob=w, value=str(layers), rows=rows, seconds=max(base + extra, 1e-9))
+            for w, extra in added.items()
+        ]
     return out
 
 

@@ -1,0 +1,107 @@
+"""The reference step of a profile whose ranks share cores: real steps of the built-in trainer on the
+profile's own ranks, priced by the profile just measured (`sweeper.profiles.profile.ReferenceStep`).
+
+A profile times each part of a step apart, every rank doing the same thing at once. A trial's ranks do
+different things at once and wait on each other at every collective; where they outnumber the cores
+(namespaces of one machine as nodes, more ranks than cores), each wait is for a rank the scheduler runs
+elsewhere, and whole steps take longer than their parts add up to. How much is measured here, on a
+layout the sweep itself need not contain: plain data parallelism over every rank, two micro-batches of
+one sequence each, on the sweep's model cut to two blocks (the sweep's own layouts are not the
+yardstick of the model that prices them).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sweeper.estimate.predict import predict
+from sweeper.layouts.layout import Layout
+from sweeper.profiles.lookup import MeasuredProfile
+from sweeper.profiles.profile import HOST_SCALE_BOUNDS, Profile, ReferenceStep
+from sweeper.results.trial import OK
+
+if TYPE_CHECKING:
+    from sweeper.launchers.netns import LocalNodes
+    from sweeper.spec.sweep import Sweep
+
+REFERENCE_LAYERS = 2
+REFERENCE_MICRO_BATCHES = 2
+REFERENCE_MIN_STEPS = 10  # the protocol's steps, for a median that one disturbed step does not move
+# every knob the reference sets; the others take the sweep's first value
+REFERENCE_KNOBS = {
+    "tp": 1,
+    "pp": 1,
+    "cp": 1,
+    "ep": 1,
+    "micro_batch_size": 1,
+    "sharding": "none",
+    "activation_checkpointing": "none",
+    "compile": False,
+    "float8": False,
+}
+
+
+def wants_reference(profile: Profile, sweep: Sweep | None) -> bool:
+    """A CPU profile of the built-in trainer whose ranks outnumber the cores (with --quick too: without
+    it every step on such ranks is priced a quarter to a half short)."""
+    return (
+        sweep is not None
+        and profile.gpu == "cpu"
+        and sweep.workload.kind == "builtin"
+        and profile.processes > profile.cpus
+    )
+
+
+def reference_sweep(sweep: Sweep, profile: Profile, path: Path) -> tuple[Sweep, Layout]:
+    """The sweep of the reference step, priced by `profile` (read from `path`), and its layout."""
+    world = sweep.cluster.world
+    model = replace(sweep.model, layers=min(REFERENCE_LAYERS, sweep.model.layers))
+    cluster = replace(sweep.cluster, profile=MeasuredProfile(profile, str(path)))
+    ref = replace(
+        sweep,
+        model=model,
+        trial=sweep.trial.model_copy(update={"steps": max(sweep.trial.steps, REFERENCE_MIN_STEPS)}),
+        global_batch_size=world * REFERENCE_MICRO_BATCHES,
+        cluster=cluster,
+        space={**sweep.space, **{k: (v,) for k, v in REFERENCE_KNOBS.items()}},
+        sizes=(),
+    )
+    layout = Layout.from_mapping({k: v[0] for k, v in ref.space.items()})
+    return ref, layout
+
+
+def measure_reference(
+    profile: Profile,
+    sweep: Sweep,
+    *,
+    path: Path,
+    nodes: LocalNodes | None,
+    progress: Callable[[str], None],
+) -> tuple[ReferenceStep | None, str]:
+    """The reference step on the profile's ranks (in the namespaces of `nodes`, if any), or None and why not."""
+    from sweeper.launchers.ranks import launch_trial
+
+    ref, layout = reference_sweep(sweep, profile, path)
+    rejection = layout.rejection(ref)
+    if rejection is not None:
+        return None, f"the reference layout does not run here: {rejection.message}"
+    what = (
+        f"dp={ref.cluster.world}, {REFERENCE_MICRO_BATCHES} micro-batches of 1, {ref.model.layers} of the model's "
+        f"{sweep.model.layers} blocks"
+    )
+    progress(f"reference step: {ref.trial.steps} real steps of the built-in trainer ({what})")
+    with tempfile.TemporaryDirectory(prefix="sweep-reference-") as work:
+        result = launch_trial(ref, layout, workdir=Path(work), nodes=nodes)
+    if result.status != OK or not result.step_times_s:
+        return None, f"the reference trial ended {result.status}: {(result.error or '')[:160]}"
+    measured = statistics.median(result.step_times_s)
+    predicted = float(predict(layout.columns(ref), ref).total[0])
+    low, high = HOST_SCALE_BOUNDS
+    if not low <= measured / predicted <= high:
+        return None, f"measured {measured:.4g} s against {predicted:.4g} s priced: outside {low}-{high}, left out"
+    return ReferenceStep(layout=what, measured_s=measured, predicted_s=predicted), ""
