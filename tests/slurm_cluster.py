@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,6 +99,36 @@ def _describe(env: dict[str, str]) -> SlurmCluster:
     )
 
 
+def _session_env() -> dict[str, str]:
+    """The environment of start.sh for the session's cluster."""
+    env = dict(os.environ)
+    env["SLURM_BASE"] = os.environ.get("SWEEP_TEST_SLURM_BASE", DEFAULT_BASE)
+    # A test machine may carry a slurm.conf from another local recipe: start.sh keeps it as
+    # *.before-sweep and `stop.sh --purge` puts it back, so the tests may replace it.
+    env.setdefault("SLURM_FORCE", "1")
+    env["SLURM_NODES"] = os.environ.get("SWEEP_TEST_SLURM_NODES", "3")
+    env.pop("SLURM_NETNS", None)
+    return env
+
+
+@contextmanager
+def on_namespaces(cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The session's cluster remade for the block with the network namespaces of scripts/netns/start.sh
+    as its nodes (SLURM_NETNS=1: node `sweep-node<k>`'s slurmd runs in namespace k), then as the session
+    started it. The namespaces must exist for the whole block (`netns.shaped_link` around it)."""
+    env = _session_env()
+    del env["SLURM_NODES"]  # as many as there are namespaces
+    started = _run(["bash", str(START)], {**env, "SLURM_NETNS": "1"}, START_TIMEOUT_S)
+    try:
+        if started.returncode != 0:
+            pytest.fail(f"SLURM_NETNS=1 {START} failed (exit {started.returncode}):\n{started.stdout}", pytrace=False)
+        yield _describe(env)
+    finally:
+        back = _run(["bash", str(START)], _session_env(), START_TIMEOUT_S)
+        if back.returncode != 0:
+            raise RuntimeError(f"{START} did not bring back the session's cluster {cluster.nodes}:\n{back.stdout}")
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[SlurmCluster]:
     """Start the project's single-node SLURM (scripts/slurm/start.sh) for the session."""
@@ -111,12 +142,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
             pytest.fail(f"CI is set, so the SLURM tests must run, but: {reason}", pytrace=False)
         pytest.skip(reason)
 
-    env = dict(os.environ)
-    env["SLURM_BASE"] = os.environ.get("SWEEP_TEST_SLURM_BASE", DEFAULT_BASE)
-    # A test machine may carry a slurm.conf from another local recipe: start.sh keeps it as
-    # *.before-sweep and `stop.sh --purge` puts it back, so the tests may replace it.
-    env.setdefault("SLURM_FORCE", "1")
-    env["SLURM_NODES"] = os.environ.get("SWEEP_TEST_SLURM_NODES", "3")
+    env = _session_env()
     keep = os.environ.get("SWEEP_TEST_SLURM_KEEP", "") == "1"
 
     try:

@@ -3,6 +3,7 @@ loopback inside a node is not, a trial's ranks run across it, and stop leaves no
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -61,6 +62,29 @@ def test_ranks_of_each_node_run_in_its_namespace(tmp_path: Path) -> None:
     assert done.returncodes == [0, 0, 0, 0], [done.log_tail(r) for r in range(4)]
     got = (done.out_dir / "netns.txt").read_text().split()
     assert got == ["sweep-node0", "sweep-node0", "sweep-node1", "sweep-node1"]
+
+
+def test_a_task_a_scheduler_starts_in_a_namespace_meets_the_others_across_the_link() -> None:
+    """A SLURM task on node sweep-node<k> (SLURM_NETNS=1 scripts/slurm/start.sh): gloo on the node's veth,
+    MASTER_ADDR (submitit's: the job's first node name) the address of that node; a GLOO_SOCKET_IFNAME
+    the task already has is kept; outside the namespaces nothing changes."""
+    probe = "import json, sys; from sweeper.launchers import netns; print(json.dumps(netns.scheduled_node_environ(json.loads(sys.argv[1]))))"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+    def inside(ns: str, environ: dict[str, str]) -> dict[str, str]:
+        argv = ["nsenter", f"--net=/run/netns/{ns}", sys.executable, "-c", probe, json.dumps(environ)]
+        return json.loads(subprocess.run(argv, capture_output=True, text=True, check=True, env=env).stdout)
+
+    assert netns.scheduled_node_environ({"MASTER_ADDR": "sweep-node0"}) == {}
+    with netns.shaped_link("1gbit"):
+        assert inside("sweep-node1", {"MASTER_ADDR": "sweep-node0"}) == {
+            "GLOO_SOCKET_IFNAME": "sw-node1",
+            "MASTER_ADDR": "10.77.0.1",
+        }
+        assert inside("sweep-node0", {"MASTER_ADDR": "sweep-node1", "GLOO_SOCKET_IFNAME": "eth9"}) == {
+            "MASTER_ADDR": "10.77.1.2"
+        }
+        assert inside("sweep-node0", {"MASTER_ADDR": "10.1.2.3"}) == {"GLOO_SOCKET_IFNAME": "sw-hub1"}
 
 
 if __name__ == "__main__":

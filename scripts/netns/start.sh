@@ -13,7 +13,16 @@
 # Namespace k is `sweep-node<k>` (lo up), address 10.77.<k>.2 on its end of the veth
 # (hub end 10.77.<k>.1; hub node 0's own address, MASTER_ADDR, is 10.77.0.1 on lo alias `sweep0`).
 # Running it again replaces the cluster (stop first), so the rate is always the one asked.
-# Nothing is changed outside the namespaces but the veth pairs, which live inside them.
+#
+# The control network, for a SLURM whose slurmd of node k runs in namespace k (scripts/slurm/start.sh
+# with SLURM_NETNS=1): each namespace also has an unshaped veth `sw-ctl` to the root namespace,
+# 10.78.<k>.2 inside, 10.78.<k>.1 on the root side (`sw-ctl<k>`). slurmctld (root namespace) and
+# slurmd talk over it, as do srun, sbatch and sacct run from the root namespace; 10.78.0.1 is the
+# address of slurmctld for every node. Between two namespaces the control addresses are routed
+# over the shaped link, as on a real cluster, where a batch script's srun on the first node reaches
+# the other nodes' slurmd over their NIC (the root namespace forwards nothing: no sysctl or
+# firewall outside the namespaces is changed).
+# Nothing is changed outside the namespaces but the veth pairs (and their root ends' addresses).
 set -euo pipefail
 die() { echo "scripts/netns/start.sh: ERROR: $*" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || die "must run as root (network namespaces and tc)"
@@ -61,11 +70,27 @@ for k in $(seq 1 $((NODES - 1))); do
   shape "sweep-node$k" "sw-node$k"
 done
 [ "$NODES" -gt 2 ] && ip netns exec sweep-node0 sysctl -q -w net.ipv4.ip_forward=1
+# the control network (see the top)
+for k in $(seq 0 $((NODES - 1))); do
+  ns=sweep-node$k
+  ip link add "sw-ctl$k" type veth peer name sw-ctl netns "$ns"
+  ip addr add "10.78.$k.1/24" dev "sw-ctl$k"
+  ip link set "sw-ctl$k" up
+  ip -n "$ns" addr add "10.78.$k.2/24" dev sw-ctl
+  ip -n "$ns" link set sw-ctl up
+  if [ "$k" = 0 ]; then
+    for j in $(seq 1 $((NODES - 1))); do ip -n "$ns" route add "10.78.$j.2/32" via "10.77.$j.2" dev "sw-hub$j"; done
+  else
+    ip -n "$ns" route add 10.78.0.1/32 via "10.78.$k.1" dev sw-ctl   # slurmctld, in the root namespace
+    ip -n "$ns" route add 10.78.0.0/16 via "10.77.$k.1"              # the other nodes, across the link
+  fi
+done
 # the addresses the ranks bind to: node 0's is MASTER_ADDR
 for k in $(seq 0 $((NODES - 1))); do
   addr=$([ "$k" = 0 ] && echo 10.77.0.1 || echo "10.77.$k.2")
   ip -n "sweep-node$k" route get 10.77.0.1 >/dev/null 2>&1 || die "node $k has no route to 10.77.0.1"
-  echo "node $k: namespace sweep-node$k address $addr"
+  ip -n "sweep-node$k" route get 10.78.0.1 >/dev/null 2>&1 || die "node $k has no route to the control address 10.78.0.1"
+  echo "node $k: namespace sweep-node$k address $addr, control address 10.78.$k.2"
 done
 if [ "$NO_NETEM" = 1 ]; then
   echo "scripts/netns/start.sh: WARNING: this kernel has no netem (CONFIG_NET_SCH_NETEM): the delay $DELAY is not added; the link is the veth's own" >&2

@@ -34,6 +34,13 @@
 #                         named after the host. N > 1: nodes HOST1..HOSTN, each `slurmd -N`
 #                         on its own port (6830+i), all on this host: a multi-node cluster
 #                         for tests (set a node DOWN under a job, spread a job over nodes).
+#   SLURM_NETNS           1: the nodes are the network namespaces of scripts/netns/start.sh
+#                         (make them first): node sweep-node<k>'s slurmd runs inside namespace
+#                         sweep-node<k>, so a job's tasks on node k run there and their traffic
+#                         to another node crosses the shaped link (sweep's SLURM launcher binds
+#                         gloo to it). slurmd listens on its control address 10.78.<k>.2 (an
+#                         unshaped veth to the root namespace), slurmctld on 10.78.0.1; SLURM_NODES
+#                         defaults to the namespaces' count. (default 0)
 #   SLURM_CLUSTER         ClusterName                              (default sweep)
 #   SLURM_PARTITION_NAME  the (default) partition's name           (default debug). Not
 #                         SLURM_PARTITION: srun reads that one as its --partition.
@@ -50,7 +57,8 @@ starts daemons as root); run it with sudo, or skip the SLURM tests with: pytest 
 
 BASE=${SLURM_BASE:-/tmp/sweep-slurm}
 CPUS=${SLURM_CPUS:-4}
-NODES=${SLURM_NODES:-1}
+NODES=${SLURM_NODES:-}
+NETNS=${SLURM_NETNS:-0}
 ACCT=${SLURM_ACCOUNTING:-1}
 CLUSTER=${SLURM_CLUSTER:-sweep}
 PARTITION=${SLURM_PARTITION_NAME:-debug}
@@ -60,6 +68,21 @@ FORCE=${SLURM_FORCE:-0}
 case "$BASE" in /*) ;; *) die "SLURM_BASE must be an absolute path, not '$BASE'" ;; esac
 BASE=${BASE%/}
 [[ "$CPUS" =~ ^[1-9][0-9]*$ ]] || die "SLURM_CPUS must be a positive integer, not '$CPUS'"
+[[ "$NETNS" =~ ^[01]$ ]] || die "SLURM_NETNS must be 0 or 1, not '$NETNS'"
+CTL_ADDR=127.0.0.1   # where every node and client reaches slurmctld
+if [ "$NETNS" = 1 ]; then
+  have=$(ip netns list 2>/dev/null | awk '{print $1}' | grep -cE '^sweep-node[0-9]+$' || true)
+  [ "$have" -ge 2 ] || die "SLURM_NETNS=1: there are no network namespaces sweep-node0, sweep-node1, ...;
+make them first: sudo scripts/netns/start.sh RATE [DELAY] [NODES]"
+  NODES=${NODES:-$have}
+  [ "$NODES" = "$have" ] || die "SLURM_NETNS=1: SLURM_NODES is $NODES, but scripts/netns/start.sh made $have namespaces"
+  for k in $(seq 0 $((NODES - 1))); do
+    [[ "$(ip -n "sweep-node$k" -o addr show dev sw-ctl 2>/dev/null)" == *" 10.78.$k.2/"* ]] \
+      || die "SLURM_NETNS=1: namespace sweep-node$k has no control veth (sw-ctl, 10.78.$k.2); remake the namespaces with scripts/netns/start.sh"
+  done
+  CTL_ADDR=10.78.0.1
+fi
+NODES=${NODES:-1}
 [[ "$NODES" =~ ^[1-9][0-9]?$ ]] || die "SLURM_NODES must be 1 to 99, not '$NODES'"
 [[ "$DB_PORT" =~ ^[1-9][0-9]*$ ]] || die "SLURM_DB_PORT must be a port number, not '$DB_PORT'"
 [[ "$CLUSTER" =~ ^[a-z][a-z0-9_]*$ ]] || die "SLURM_CLUSTER must be lower-case letters, digits, _ (a DB table prefix)"
@@ -71,8 +94,10 @@ T0=$(date +%s%N)
 say() { printf '[slurm start %5.1fs] %s\n' "$(( ($(date +%s%N) - T0) / 1000000 ))e-3" "$*"; }
 # alive PIDFILE COMM: the pid file names a live process whose command name starts with COMM
 alive() { local p; p=$(cat "$1" 2>/dev/null) || return 1; [ -n "$p" ] && [ -r "/proc/$p/comm" ] && [[ "$(cat "/proc/$p/comm")" == "$2"* ]]; }
-# port_open PORT: something listens on 127.0.0.1:PORT (ss, not a connect: slurm logs probes as errors)
-port_open() { ss -Hltn "sport = :$1" 2>/dev/null | grep -q .; }
+# port_open PORT [NAMESPACE]: something listens on PORT, in the root namespace or the one named
+# (ss, not a connect: slurm logs probes as errors)
+port_open() { if [ -n "${2:-}" ]; then ip netns exec "$2" ss -Hltn "sport = :$1" 2>/dev/null | grep -q .;
+              else ss -Hltn "sport = :$1" 2>/dev/null | grep -q .; fi; }
 # wait_for DESCRIPTION CMD...: poll CMD every 0.2 s for up to $WAIT_S s
 wait_for() {
   local what=$1; shift
@@ -143,8 +168,29 @@ fi
 # srun tells slurmd where to connect back by the short hostname: it must resolve
 H=$(hostname -s)
 getent hosts "$H" >/dev/null || { echo "127.0.0.1 $H" >>/etc/hosts; say "added '127.0.0.1 $H' to /etc/hosts"; }
-# The nodes: NAME PORT PIDFILE per node. One node keeps the plain layout (slurmd.pid, port 6818).
-if [ "$NODES" = 1 ]; then
+# The nodes: NAME PORT PIDFILE NAMESPACE per node. One node keeps the plain layout (slurmd.pid, port 6818).
+# %n: each slurmd of several (-N name) has its own spool, pid file and log
+MULTI_FILES="SlurmdSpoolDir=$STATE/d/%n
+SlurmdPidFile=$RUN/slurmd-%n.pid
+SlurmdLogFile=$LOG/slurmd-%n.log"
+NODE_NS=()
+if [ "$NETNS" = 1 ]; then
+  # node k is namespace k: its slurmd has the namespace to itself (port 6818), at its control
+  # address; its name resolves to its address on the shaped link, where the ranks meet
+  NODE_NAMES=() NODE_PORTS=() NODE_PIDS=() NODE_CONF=""
+  for k in $(seq 0 $((NODES - 1))); do
+    n=sweep-node$k
+    NODE_NAMES+=("$n"); NODE_PORTS+=(6818); NODE_PIDS+=("$RUN/slurmd-$n.pid"); NODE_NS+=("$n")
+    NODE_CONF+="NodeName=$n NodeHostname=$H NodeAddr=10.78.$k.2 Port=6818 CPUs=$CPUS RealMemory=\$MEM State=UNKNOWN
+"
+    mkdir -p "$STATE/d/$n"
+    addr=$([ "$k" = 0 ] && echo 10.77.0.1 || echo "10.77.$k.2")
+    getent hosts "$n" >/dev/null || { echo "$addr $n # sweep-slurm-node" >>/etc/hosts; say "added '$addr $n' to /etc/hosts"; }
+  done
+  NODE_CONF=${NODE_CONF%$'\n'}
+  SLURMD_FILES=$MULTI_FILES
+  NODE_SET="sweep-node[0-$((NODES - 1))]"
+elif [ "$NODES" = 1 ]; then
   NODE_NAMES=("$H"); NODE_PORTS=(6818); NODE_PIDS=("$RUN/slurmd.pid")
   NODE_CONF="NodeName=$H NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=\$MEM State=UNKNOWN"
   SLURMD_FILES="SlurmdSpoolDir=$STATE/d
@@ -160,10 +206,7 @@ else
     mkdir -p "$STATE/d/$H$i"
   done
   NODE_CONF=${NODE_CONF%$'\n'}
-  # %n: each slurmd (-N name) has its own spool, pid file and log
-  SLURMD_FILES="SlurmdSpoolDir=$STATE/d/%n
-SlurmdPidFile=$RUN/slurmd-%n.pid
-SlurmdLogFile=$LOG/slurmd-%n.log"
+  SLURMD_FILES=$MULTI_FILES
   NODE_SET="$H[1-$NODES]"
   # the node names must resolve (submitit's MASTER_ADDR is the job's first node name); marked
   # so that stop.sh --purge removes exactly these lines
@@ -205,7 +248,7 @@ cat >"$NEW" <<EOF
 $MARK
 # SLURM_BASE=$BASE
 ClusterName=$CLUSTER
-SlurmctldHost=$H(127.0.0.1)
+SlurmctldHost=$H($CTL_ADDR)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -334,12 +377,15 @@ if alive "$RUN/slurmctld.pid" slurmctld; then say "slurmctld already running"; e
   say "slurmctld started (pid $(cat "$RUN/slurmctld.pid"))"
 fi
 for i in "${!NODE_NAMES[@]}"; do
-  n=${NODE_NAMES[$i]} port=${NODE_PORTS[$i]} pid=${NODE_PIDS[$i]}
+  n=${NODE_NAMES[$i]} port=${NODE_PORTS[$i]} pid=${NODE_PIDS[$i]} ns=${NODE_NS[$i]:-}
   if alive "$pid" slurmd; then say "slurmd $n already running"; continue; fi
-  port_open "$port" && die "port $port (slurmd $n) is taken by a process this script did not start"
-  if [ "$NODES" = 1 ]; then /usr/sbin/slurmd; else /usr/sbin/slurmd -N "$n"; fi
+  port_open "$port" "$ns" && die "port $port (slurmd $n) is taken by a process this script did not start"
+  # nsenter, not `ip netns exec`: that one mounts a sysfs of the namespace over /sys, without the
+  # /sys/fs/cgroup that slurmd needs; only the network is the namespace's
+  if [ -n "$ns" ]; then nsenter --net="/run/netns/$ns" /usr/sbin/slurmd -N "$n"   # daemonizes in there
+  elif [ "$NODES" = 1 ]; then /usr/sbin/slurmd; else /usr/sbin/slurmd -N "$n"; fi
   STARTED=1
-  wait_for "slurmd $n on port $port" port_open "$port"
+  wait_for "slurmd $n on port $port" port_open "$port" "$ns"
   wait_for "slurmd $n pid file" alive "$pid" slurmd
   say "slurmd $n started (pid $(cat "$pid"), port $port)"
 done
@@ -366,7 +412,9 @@ fi
 # Also absorbs two first-job delays of a fresh cluster: its scheduler first runs ~3 s after
 # slurmctld starts, and the first job's accounting record can lag behind its end.
 if [ "$STARTED" = 1 ]; then
-  probe=$(cd / && sbatch --parsable -J sweep-ready -t 1 -n 1 -p "$PARTITION" -o /dev/null -e /dev/null \
+  # on the namespaces' nodes, a step on every node: srun from the first one reaches the others
+  span=(-n 1); [ "$NETNS" = 1 ] && span=(-N "$NODES" -n "$NODES")
+  probe=$(cd / && sbatch --parsable -J sweep-ready -t 1 "${span[@]}" -p "$PARTITION" -o /dev/null -e /dev/null \
           --wrap 'srun true') || die "sbatch failed"
   probe=${probe%%;*}
   # with accounting: the record sacct gives (what submitit reads); without: slurmctld's view

@@ -5,7 +5,9 @@ Node k is namespace `sweep-node<k>`; its ranks are started there with `ip netns 
 at node 0's address (`HUB_ADDR`). The namespaces share the machine's cores and memory: only the
 network between them is apart. `SWEEP_NETNS=sweep-node0,sweep-node1` in the environment makes the
 local launcher run a trial of that many nodes in them (`local_nodes`); `shaped_link` makes and
-removes them around a block (root only).
+removes them around a block (root only). The local SLURM can have them as its nodes too
+(`SLURM_NETNS=1 scripts/slurm/start.sh`: SLURM node `sweep-node<k>`'s slurmd runs in that namespace);
+a task it starts there learns where to meet the others from `scheduled_node_environ`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from sweeper.errors import SweepError
 from sweeper.profiles.profile import same_link
 
 PREFIX = "sweep-node"
+NETNS_DIR = Path("/run/netns")  # where `ip netns add` pins each namespace, by name
 HUB_ADDR = "10.77.0.1"  # node 0's address, on its loopback: every other node routes to it over its veth
 ENV = "SWEEP_NETNS"
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "netns"
@@ -63,6 +66,46 @@ def existing() -> tuple[str, ...]:
         return ()
     names = [w.split()[0] for w in out.splitlines() if w.startswith(PREFIX)]
     return tuple(sorted(names, key=lambda n: int(n.removeprefix(PREFIX) or 0)))
+
+
+def current_namespace() -> str | None:
+    """The `sweep-node<k>` namespace this process runs in, as `ip netns identify` finds it (the same
+    namespace file as its own); None in any other."""
+    try:
+        mine = os.stat("/proc/self/ns/net")
+        names = sorted(p.name for p in NETNS_DIR.iterdir() if p.name.startswith(PREFIX))
+    except OSError:
+        return None
+    for name in names:
+        try:
+            pinned = os.stat(NETNS_DIR / name)
+        except OSError:
+            continue
+        if (pinned.st_dev, pinned.st_ino) == (mine.st_dev, mine.st_ino):
+            return name
+    return None
+
+
+def node_of(namespace: str) -> int:
+    """k of `sweep-node<k>`."""
+    return int(namespace.removeprefix(PREFIX))
+
+
+def scheduled_node_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a task that a scheduler started on a node of the local cluster must change in its
+    torchrun-style `environ` to meet the other nodes across the link, as the local launcher's ranks do
+    (`LocalNodes.environ`, `master_addr`): gloo on this node's veth, and MASTER_ADDR the address of
+    the node it names when that is one of the namespaces (SLURM's first node name, `sweep-node<j>`).
+    Nothing outside a `sweep-node<k>` namespace; a GLOO_SOCKET_IFNAME already set is kept."""
+    here = current_namespace()
+    if here is None:
+        return {}
+    nodes = LocalNodes(existing())
+    out = {k: v for k, v in nodes.environ(node_of(here)).items() if k not in environ}
+    master = environ.get("MASTER_ADDR", "")
+    if master in nodes.namespaces:
+        out["MASTER_ADDR"] = nodes.address(node_of(master))
+    return out
 
 
 def local_nodes(environ: Mapping[str, str] | None = None) -> LocalNodes | None:

@@ -26,6 +26,7 @@ from sweeper.launchers.base import (
     failure,
     tail,
 )
+from sweeper.launchers.netns import scheduled_node_environ
 from sweeper.launchers.task import run_task, task_count, tasks_per_node
 from sweeper.process import read_result
 from sweeper.results.folder import check_trusted_file
@@ -166,6 +167,9 @@ def slurm_task(spec_path: str, layout: dict[str, Any], out_dir: str, nodes: int 
 
     if "RANK" not in os.environ:  # a profile's setup line may have set them itself
         TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # RANK, MASTER_ADDR/PORT, ...
+    # a node of the local cluster of network namespaces (SLURM_NETNS=1 scripts/slurm/start.sh): gloo
+    # on the node's end of the shaped link, not on the loopback the host name resolves to
+    os.environ.update(scheduled_node_environ(os.environ))
     return run_task(spec_path, layout, out_dir, nodes)
 
 
