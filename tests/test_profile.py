@@ -270,19 +270,22 @@ def test_the_data_parallel_wrappers_cost_what_the_profile_measured(tmp_path):
     assert added(pp=4) == 0.0  # one data-parallel rank: no wrapper
 
 
-def test_a_reference_step_scales_every_part_by_what_whole_steps_took(tmp_path):
+def test_a_reference_step_adds_to_every_step_what_whole_steps_took_beyond_their_parts(tmp_path):
     plain = synthetic_profile()
     ref = ReferenceStep(layout="dp=2, 2 micro-batches of 1, 2 of the model's 4 blocks", measured_s=0.3, predicted_s=0.2)
     save_profile(plain, tmp_path / "plain.yaml")
     save_profile(plain.model_copy(update={"reference_step": ref}), tmp_path / "ref.yaml")
     _, without = tiny_sweep(tmp_path, profile=str(tmp_path / "plain.yaml"))
     _, with_ = tiny_sweep(tmp_path, profile=str(tmp_path / "ref.yaml"))
-    for knobs in ({"tp": 1, "pp": 1, "micro_batch_size": 2}, {"tp": 2, "pp": 1, "micro_batch_size": 1}):
+    for knobs in ({"tp": 1, "pp": 1, "micro_batch_size": 2}, {"tp": 1, "pp": 2, "micro_batch_size": 1}):
         cols = Layout.from_mapping(knobs).columns(with_)
         a, b = predict(cols, without), predict(cols, with_)
-        assert b.total[0] == pytest.approx(1.5 * a.total[0])
-        assert all(b.parts[k][0] == pytest.approx(1.5 * a.parts[k][0]) for k in a.parts)
-    assert "every step scaled by 1.5" in "\n".join(describe(load_profile(tmp_path / "ref.yaml"), tmp_path / "ref.yaml"))
+        assert b.total[0] == pytest.approx(a.total[0] + 0.1)  # once a step, whatever the layout
+        assert b.parts["framework"][0] == pytest.approx(a.parts["framework"][0] + 0.1)
+        assert all(b.parts[k][0] == pytest.approx(a.parts[k][0]) for k in a.parts if k != "framework")
+    assert "0.1 s added to every step" in "\n".join(
+        describe(load_profile(tmp_path / "ref.yaml"), tmp_path / "ref.yaml")
+    )
     # a ratio no host explains (a trial that hung, a wrong reading) is refused in one line naming the field
     bad = plain.to_dict() | {"reference_step": ref.model_dump() | {"measured_s": 3.0}}
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))

@@ -306,20 +306,25 @@ def price(
         "matmul": matmul,
         "attention": attention,
         "memory_bound": memory_bound,
-        "framework": framework,
+        "framework": framework + host_step_s(lookup.profile),
         "recompute": recompute,
         "bubble": work * bubble_share * idle_costs(lookup.profile, cl.world),
         "optimizer": optimizer,
     }
     parts |= collectives(cols, sweep, lookup, table, work=work, bubble_share=bubble_share, traits=traits)
-    if (ref := lookup.profile.reference_step) is not None:  # what whole steps on these ranks take beyond their parts
-        parts = {k: v * ref.host_scale for k, v in parts.items()}
     compute = sum(parts[k] for k in COMPUTE_PARTS)
     comm = sum(parts[k] for k in COMM_PARTS)
     step = calibration.compute_scale * compute + calibration.comm_scale * comm
     peak = cl.gpu.peak_flops(sweep.trial.precision)
     mfu = model_flops_per_token(m, s) * sweep.global_batch_size * s / (step * cl.world * peak)
     return StepTime(np.asarray(compute), np.asarray(comm), calibration, np.asarray(mfu), parts)
+
+
+def host_step_s(profile: Profile) -> float:
+    """What every step takes beyond its parts on the profile's ranks, as its reference step measured
+    (`Profile.reference_step`: CPU ranks that outnumber the cores), once a step: not work a pipeline
+    bubble idles beside."""
+    return profile.reference_step.host_step_s if profile.reference_step is not None else 0.0
 
 
 def idle_costs(profile: Profile, world: int) -> float:

@@ -131,32 +131,34 @@ class CollectivePoint(_Row):
     busbw_gbps: Annotated[float, Strict(), Field(gt=0, lt=1e6)]  # GB/s: no bus moves a petabyte a second
 
 
-HOST_SCALE_BOUNDS = (0.25, 4.0)  # a whole step against its priced parts: beyond these, not the host's doing
+HOST_STEP_BOUNDS = (0.25, 4.0)  # a whole step against its priced parts: beyond these, not the host's doing
 
 
 class ReferenceStep(_Row):
     """Real steps of the built-in trainer on the profile's ranks (`layout`, the 10-step protocol's
     median), beside what the rest of the profile prices them at: on ranks that share cores, a whole
-    step takes longer than its separately measured parts (each rank waits for the ones the scheduler
-    runs elsewhere), and `measured_s / predicted_s` is how much (`host_scale`)."""
+    step takes longer than its separately measured parts add up to, and `measured_s - predicted_s`
+    is how much a step (`host_step_s`)."""
 
     layout: Annotated[str, Field(max_length=200)]
     measured_s: Seconds
     predicted_s: Seconds
 
     @model_validator(mode="after")
-    def _a_hosts_scale(self) -> ReferenceStep:
-        low, high = HOST_SCALE_BOUNDS
-        if not low <= self.host_scale <= high:
+    def _the_hosts_doing(self) -> ReferenceStep:
+        low, high = HOST_STEP_BOUNDS
+        ratio = self.measured_s / self.predicted_s
+        if not low <= ratio <= high:
             raise ValueError(
                 f"measured {self.measured_s:.4g} s against {self.predicted_s:.4g} s priced: a ratio of "
-                f"{self.host_scale:.3g}; allowed: {low} to {high}"
+                f"{ratio:.3g}; allowed: {low} to {high}"
             )
         return self
 
     @property
-    def host_scale(self) -> float:
-        return self.measured_s / self.predicted_s
+    def host_step_s(self) -> float:
+        """What every step takes beyond its parts (0 where whole steps took less than priced)."""
+        return max(self.measured_s - self.predicted_s, 0.0)
 
 
 class Profile(_Row):
@@ -336,7 +338,7 @@ def describe(profile: Profile, path: Path) -> list[str]:
     if (ref := profile.reference_step) is not None:
         lines.append(
             f"reference step ({ref.layout}): {ref.measured_s:.4g} s measured, {ref.predicted_s:.4g} s priced: "
-            f"every step scaled by {ref.host_scale:.3g}"
+            f"{ref.host_step_s:.3g} s added to every step"
         )
     if profile.nodes > 1:
         where = "namespaces of one machine" if profile.shared_host else "machines"

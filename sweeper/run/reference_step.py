@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from sweeper.estimate.predict import predict
 from sweeper.layouts.layout import Layout
 from sweeper.profiles.lookup import MeasuredProfile
-from sweeper.profiles.profile import HOST_SCALE_BOUNDS, Profile, ReferenceStep
+from sweeper.profiles.profile import HOST_STEP_BOUNDS, Profile, ReferenceStep
 from sweeper.results.trial import OK
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ def measure_reference(
         return None, f"the reference trial ended {result.status}: {(result.error or '')[:160]}"
     measured = statistics.median(result.step_times_s)
     predicted = float(predict(layout.columns(ref), ref).total[0])
-    low, high = HOST_SCALE_BOUNDS
+    low, high = HOST_STEP_BOUNDS
     if not low <= measured / predicted <= high:
         return None, f"measured {measured:.4g} s against {predicted:.4g} s priced: outside {low}-{high}, left out"
     return ReferenceStep(layout=what, measured_s=measured, predicted_s=predicted), ""
