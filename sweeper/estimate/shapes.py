@@ -52,6 +52,8 @@ class MeasurePlan:
     block_seq: int = TINY_ROWS
     block_values: dict[str, tuple[str, ...]] = field(default_factory=dict)  # knob -> values (first: base)
     comm_bytes: tuple[int, ...] = ()
+    # the data-parallel wrappers: rounds of each timed in turn with the unwrapped model (fewer with quick)
+    wrapper_rounds: int = 9
 
 
 DEFAULT_GPU = (
@@ -121,6 +123,7 @@ def plan_for(
     plan.attention.add((1, first.shape.heads, first.shape.kv_heads, first.shape.head_dim, TINY_ROWS))
     plan.block_values = block_values
     plan.comm_bytes = comm_sizes(workloads, processes=processes, quick=quick)
+    plan.wrapper_rounds = 3 if quick else 9
     return plan
 
 

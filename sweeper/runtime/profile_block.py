@@ -146,9 +146,6 @@ def wrapped_step(
     return step
 
 
-PAIRED_ROUNDS = 5  # a wrapper and the unwrapped model timed in turn: a load that comes and goes hits both
-
-
 def measure_wrapped(
     shape: ModelShape,
     settings: dict[str, str],
@@ -158,11 +155,13 @@ def measure_wrapped(
     timer: Timer,
     mesh: DeviceMesh,
     failed: dict[str, str],
+    rounds: int,
 ) -> list[BlockPoint]:
     """The tiny model at each of `DP_WRAPPER_DEPTHS` unwrapped (knob `model`) and under each other of
     `DP_WRAPPERS` (knob: the wrapper; value: the blocks). What a wrapper adds is a difference of a few
-    milliseconds on tens, so each is timed in turn with the unwrapped model, batch by batch, and its
-    seconds are the unwrapped model's plus the median of the rounds' differences."""
+    milliseconds on tens, so each is timed in turn with the unwrapped model, batch by batch for
+    `rounds` rounds (a load that comes and goes hits both), and its seconds are the unwrapped model's
+    plus the median of the rounds' differences."""
     one = replace(timer, batches=1)
     out = []
     for layers in DP_WRAPPER_DEPTHS:
@@ -178,9 +177,9 @@ def measure_wrapped(
             except Exception as e:  # noqa: BLE001 - a wrapper this torch cannot run is left out, with why
                 failed[f"{wrapper} model"] = " ".join(str(e).split())[:200]
                 continue
-            rounds = [(one(plain), one(step)) for _ in range(PAIRED_ROUNDS)]
-            bases += [b for b, _ in rounds]
-            added[wrapper] = statistics.median(w - b for b, w in rounds)
+            pairs = [(one(plain), one(step)) for _ in range(rounds)]
+            bases += [b for b, _ in pairs]
+            added[wrapper] = statistics.median(w - b for b, w in pairs)
         if not bases:
             continue
         base = statistics.median(bases)

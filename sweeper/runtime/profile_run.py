@@ -173,7 +173,14 @@ def wrapped_blocks(plan: MeasurePlan, precision: str, device: torch.device, skip
     settings = {k: v[0] for k, v in plan.block_values.items()}
     failed: dict[str, str] = {}
     points = measure_wrapped(
-        plan.block_shape, settings, rows=plan.block_seq, precision=precision, timer=timer, mesh=alone, failed=failed
+        plan.block_shape,
+        settings,
+        rows=plan.block_seq,
+        precision=precision,
+        timer=timer,
+        mesh=alone,
+        failed=failed,
+        rounds=plan.wrapper_rounds,
     )
     skipped |= failed
     return points
