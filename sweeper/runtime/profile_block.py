@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from sweeper.profiles.profile import DP_WRAPPER_DEPTHS, DP_WRAPPERS, BlockPoint
 from sweeper.runtime import kernels
-from sweeper.runtime.model import build_model, materialize, norm_kernel
+from sweeper.runtime.model import Transformer, build_model, materialize, norm_kernel
 from sweeper.runtime.parallel import apply_ac, apply_compile, apply_ddp, apply_fsdp, apply_replicate, apply_tp
 from sweeper.runtime.profiling import Progress, Timer
 from sweeper.spec.models import ModelShape
@@ -34,6 +34,23 @@ def block_settings(values: dict[str, tuple[str, ...]]) -> list[tuple[str, str, d
     for knob, vals in values.items():
         out += [(knob, v, base | {knob: v}) for v in vals[1:]]
     return out
+
+
+def tiny_model(
+    shape: ModelShape, settings: dict[str, str], *, rows: int, dtype: torch.dtype, device: torch.device, tp: int = 1
+) -> Transformer:
+    """The trainer's model of `shape` at `rows` tokens on the meta device, with the attention kernel and
+    the norm `settings` name (the attention's heads those of one of `tp` ranks)."""
+    attend = kernels.attention_kernel(
+        settings["attention"],
+        heads=shape.heads // tp,
+        kv_heads=max(shape.kv_heads // tp, 1),
+        head_dim=shape.head_dim,
+        seq_len=rows,
+        dtype=dtype,
+        device=device,
+    )
+    return build_model(shape, rows, attend=attend, norm_fn=norm_kernel(shape, settings["rmsnorm"]))
 
 
 def time_block(
@@ -52,27 +69,8 @@ def time_block(
     bf16 = precision == "bf16"
     dtype = torch.bfloat16 if bf16 else torch.float32
     one = replace(shape, layers=1)
-    attend = kernels.attention_kernel(
-        settings["attention"],
-        heads=shape.heads,
-        kv_heads=shape.kv_heads,
-        head_dim=shape.head_dim,
-        seq_len=rows,
-        dtype=dtype,
-        device=device,
-    )
     tp = 1 if tp_mesh is None else tp_mesh.size()
-    if tp > 1:
-        attend = kernels.attention_kernel(
-            settings["attention"],
-            heads=shape.heads // tp,
-            kv_heads=max(shape.kv_heads // tp, 1),
-            head_dim=shape.head_dim,
-            seq_len=rows,
-            dtype=dtype,
-            device=device,
-        )
-    model = build_model(one, rows, attend=attend, norm_fn=norm_kernel(one, settings["rmsnorm"]))
+    model = tiny_model(one, settings, rows=rows, dtype=dtype, device=device, tp=tp)
     if tp_mesh is not None:
         apply_tp(model, tp_mesh=tp_mesh, sequence_parallel=sequence_parallel)
     apply_ac(model, mode=settings["activation_checkpointing"])
@@ -113,16 +111,7 @@ def wrapped_step(
     bf16 = precision == "bf16"
     dtype = torch.bfloat16 if bf16 else torch.float32
     deep = replace(shape, layers=layers)
-    attend = kernels.attention_kernel(
-        settings["attention"],
-        heads=shape.heads,
-        kv_heads=shape.kv_heads,
-        head_dim=shape.head_dim,
-        seq_len=rows,
-        dtype=dtype,
-        device=device,
-    )
-    model: torch.nn.Module = build_model(deep, rows, attend=attend, norm_fn=norm_kernel(deep, settings["rmsnorm"]))
+    model: torch.nn.Module = tiny_model(deep, settings, rows=rows, dtype=dtype, device=device)
     apply_ac(model, mode=settings["activation_checkpointing"])
     if wrapper == "fsdp":
         low = torch.bfloat16 if bf16 else None
