@@ -94,8 +94,11 @@ global_batch_size: 8
 cluster: {nodes: 2, gpus_per_node: 2, gpu: cpu, link: TBF 200mbit}
 space: {tp: [1, 2], pp: [1], micro_batch_size: [1]}
 trial: {steps: 4, warmup_steps: 1, timeout_min: 5, precision: fp32}
-launcher: {kind: slurm, poll_s: 0.5, exclusive: false}
+launcher: {kind: slurm, poll_s: 0.5, exclusive: false, cpus_per_task: 1}
 """
+# cpus_per_task 1: the local SLURM advertises 4 CPUs a node on a machine of fewer cores; its default
+# (2 a task, OMP_NUM_THREADS 2) would run the reference step's 4 ranks on twice the threads the
+# profile measured them with (its cores shared among its ranks: 1 each here)
 
 
 def test_a_profile_of_two_nodes_is_one_slurm_job_across_the_shaped_link(slurm_cluster, tmp_path: Path) -> None:
@@ -129,5 +132,6 @@ def test_a_profile_of_two_nodes_is_one_slurm_job_across_the_shaped_link(slurm_cl
     assert 0.5 * 25e6 < rate < 1.1 * 25e6, f"send/recv across a 200mbit link at {rate / 1e6:.1f} MB/s"
     assert inside.bytes / inside.seconds > 3 * rate
     assert p.processes > p.cpus and p.reference_step is not None, done.stderr[-3000:]
+    print(f"reference step: {p.reference_step.measured_s:.3g} s measured, {p.reference_step.predicted_s:.3g} s priced")
     assert "reference step: 10 real steps of the built-in trainer" in done.stderr
     assert not list(tmp_path.glob(".sweep-profile-*")), "the job's folder is removed after it"
