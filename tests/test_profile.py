@@ -292,3 +292,14 @@ def test_a_reference_step_adds_to_every_step_what_whole_steps_took_beyond_their_
     with pytest.raises(ProfileError, match=r"reference_step: .*a ratio of 15; allowed: 0.25 to 4") as e:
         load_profile(tmp_path / "bad.yaml")
     assert "\n" not in str(e.value)
+
+
+def test_a_profile_across_nodes_with_a_launcher_that_cannot_run_one_is_refused(tmp_path):
+    """`--nodes N` runs through the sweep's launcher: SLURM or the local namespaces; torchx is named and refused."""
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump({**TINY, "launcher": {"kind": "torchx", "scheduler": "local_cwd"}}))
+    r = sweep_cli("profile", str(spec), "--nodes", "2", "--quick", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert "--nodes 2 with launcher torchx: a profile across nodes runs with launcher slurm" in line, r.stderr
+    assert "Traceback" not in r.stderr

@@ -1,12 +1,14 @@
 """The local SLURM on the cluster of network namespaces (`SLURM_NETNS=1 scripts/slurm/start.sh` after
 scripts/netns/start.sh; root, CI runs it): srun puts node k's tasks in namespace k, and a trial of two
 nodes submitted through sweep's SLURM launcher all-reduces its gradients across the shaped link, where
-a trial of one node leaves the link alone."""
+a trial of one node leaves the link alone; `sweep profile --nodes 2` of a SLURM sweep is one SLURM job
+of the two nodes, and measures the link."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -82,3 +84,54 @@ def test_a_trial_of_two_nodes_all_reduces_across_the_shaped_link(slurm_cluster, 
     )
     assert tx >= STEPS * grads and rx >= STEPS * grads
     assert tx1 + rx1 < 0.05 * STEPS * grads  # the same all-reduce over one node's loopback: SLURM's own chatter at most
+
+
+PROFILE_SWEEP = """
+name: prof
+model: {layers: 2, hidden: 128, heads: 4, kv_heads: 2, ffn: 352, vocab: 1024}
+seq_len: 64
+global_batch_size: 8
+cluster: {nodes: 2, gpus_per_node: 2, gpu: cpu, link: TBF 200mbit}
+space: {tp: [1, 2], pp: [1], micro_batch_size: [1]}
+trial: {steps: 4, warmup_steps: 1, timeout_min: 5, precision: fp32}
+launcher: {kind: slurm, poll_s: 0.5, exclusive: false, cpus_per_task: 1}
+"""
+# cpus_per_task 1: the local SLURM advertises 4 CPUs a node on a machine of fewer cores; its default
+# (2 a task, OMP_NUM_THREADS 2) would run the reference step's 4 ranks on twice the threads the
+# profile measured them with (its cores shared among its ranks: 1 each here)
+
+
+def test_a_profile_of_two_nodes_is_one_slurm_job_across_the_shaped_link(slurm_cluster, tmp_path: Path) -> None:
+    """`sweep profile --nodes 2` of a sweep whose launcher is SLURM: one job of 2 nodes x 2 tasks on the
+    SLURM nodes that are the namespaces; its collectives across nodes run at the link's rate, the
+    profile names the link the sweep does (no tc to read on a real cluster), and its reference step is
+    a second job on the same nodes."""
+    from sweeper.profiles.profile import load_profile
+
+    spec, out = tmp_path / "prof.yaml", tmp_path / "p.yaml"
+    spec.write_text(PROFILE_SWEEP)
+    with netns.shaped_link("200mbit"), on_namespaces(slurm_cluster):
+        done = sweep_cli("profile", str(spec), "--nodes", "2", "--quick", "--out", str(out), cwd=tmp_path, timeout=600)
+    print(done.stderr)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "measuring on 2 processes on each of 2 nodes (one SLURM job; link TBF 200mbit)" in done.stderr
+    # the measurement's job, then the reference step's (4 ranks on this machine's cores): each on both nodes
+    assert len(re.findall(r"SLURM job \d+ ran on sweep-node\[0-1\]", done.stderr)) == 2, done.stderr[-3000:]
+    assert "collectives across 2 nodes" in done.stderr  # rank 0's own progress lines, followed from its log
+    p = load_profile(out, gpu="cpu", link="tbf 200Mbit")
+    assert (p.nodes, p.shared_host, p.link, p.processes) == (2, True, "TBF 200mbit", 4)
+    inter = [c for c in p.collectives if c.scope == "inter"]
+    assert {(c.op, c.per_node) for c in inter} >= {(op, q) for op in ("all_reduce", "send_recv") for q in (1, 2)}
+    # as tests/test_netns.py across the local launcher's namespaces: both ranks of node 0 send at once
+    big = max((c for c in inter if c.op == "send_recv" and c.per_node == 1), key=lambda c: c.bytes)
+    rate = 2 * big.bytes / big.seconds
+    inside = max((c for c in p.collectives if c.scope == "intra" and c.op == "send_recv"), key=lambda c: c.bytes)
+    print(
+        f"send/recv of {big.bytes} B: across the link {rate / 1e6:.1f} MB/s, within node 0 {inside.bytes / inside.seconds / 1e6:.0f} MB/s"
+    )
+    assert 0.5 * 25e6 < rate < 1.1 * 25e6, f"send/recv across a 200mbit link at {rate / 1e6:.1f} MB/s"
+    assert inside.bytes / inside.seconds > 3 * rate
+    assert p.processes > p.cpus and p.reference_step is not None, done.stderr[-3000:]
+    print(f"reference step: {p.reference_step.measured_s:.3g} s measured, {p.reference_step.predicted_s:.3g} s priced")
+    assert "reference step: 10 real steps of the built-in trainer" in done.stderr
+    assert not list(tmp_path.glob(".sweep-profile-*")), "the job's folder is removed after it"

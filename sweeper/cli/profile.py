@@ -60,8 +60,9 @@ def profile(
         int,
         typer.Option(
             "--nodes",
-            help="measure as one job of this many nodes, adding the collectives across the link between them "
-            "(the local cluster of scripts/netns/start.sh)",
+            help="measure as one job of this many nodes, adding the collectives across the link between them, "
+            "through the sweep's launcher: one SLURM job (launcher slurm), else the local cluster of "
+            "scripts/netns/start.sh",
         ),
     ] = 1,
 ) -> None:

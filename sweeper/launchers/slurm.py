@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
 import os
 import subprocess
@@ -163,6 +164,20 @@ def _directive(option: str) -> str:
 
 def slurm_task(spec_path: str, layout: dict[str, Any], out_dir: str, nodes: int | None = None) -> dict[str, Any]:
     """Runs in every task of the job: torchrun-style variables from SLURM's, then the shared entry point."""
+    export_task_environ()
+    return run_task(spec_path, layout, out_dir, nodes)
+
+
+def slurm_call(target: str, kwargs: dict[str, Any], out_dir: str) -> None:
+    """Runs in every task of a job that is no trial (`sweep profile --nodes N`): the torchrun-style
+    variables as for a trial, then `target` ("module:function") called with `out_dir` and `kwargs`."""
+    export_task_environ()
+    module, name = target.split(":")
+    getattr(importlib.import_module(module), name)(out_dir=Path(out_dir), **kwargs)
+
+
+def export_task_environ() -> None:
+    """RANK, WORLD_SIZE, MASTER_ADDR/PORT, ... from SLURM's variables, in this task's environment."""
     from submitit.helpers import TorchDistributedEnvironment
 
     if "RANK" not in os.environ:  # a profile's setup line may have set them itself
@@ -170,7 +185,6 @@ def slurm_task(spec_path: str, layout: dict[str, Any], out_dir: str, nodes: int 
     # a node of the local cluster of network namespaces (SLURM_NETNS=1 scripts/slurm/start.sh): gloo
     # on the node's end of the shaped link, not on the loopback the host name resolves to
     os.environ.update(scheduled_node_environ(os.environ))
-    return run_task(spec_path, layout, out_dir, nodes)
 
 
 class SlurmLauncher(Launcher):
@@ -197,16 +211,30 @@ class SlurmLauncher(Launcher):
         return self.profile.cluster_name()
 
     def _executor(self, job: TrialJob) -> submitit.AutoExecutor:
+        exclude = self.failed_nodes.get(job.number) if job.attempt > 1 else None
+        return self.executor(
+            job.workdir / "slurm",
+            nodes=self._sweep_of(job).cluster.nodes,  # the layout's node count, not the smallest
+            tasks=tasks_per_node(self.sweep),
+            timeout_min=self.sweep.trial.timeout_min,  # the trial's limit is the job's
+            name=f"sweep-{self.sweep.name}-{job.number}",
+            exclude=exclude,
+        )
+
+    def executor(
+        self, folder: Path, *, nodes: int, tasks: int, timeout_min: float, name: str, exclude: str | None = None
+    ) -> submitit.AutoExecutor:
+        """An executor of jobs of `nodes` x `tasks` on the profile's partition, account, ... with the
+        sweep's GPUs per node, job files in `folder`; `exclude`: a SLURM host list to keep off."""
         import submitit
 
-        p, cluster = self.profile, self._sweep_of(job).cluster  # the layout's node count, not the smallest
-        ex = submitit.AutoExecutor(folder=job.workdir / "slurm", cluster="slurm")
-        tasks = tasks_per_node(self.sweep)
+        p, cluster = self.profile, self.sweep.cluster
+        ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
         params: dict[str, Any] = dict(
-            nodes=cluster.nodes,
+            nodes=nodes,
             tasks_per_node=tasks,
-            timeout_min=max(1, math.ceil(self.sweep.trial.timeout_min)),  # the trial's limit is the job's
-            name=f"sweep-{self.sweep.name}-{job.number}",
+            timeout_min=max(1, math.ceil(timeout_min)),
+            name=name,
             slurm_signal_delay_s=0,  # no checkpoint/requeue: a time limit is a TIMEOUT, predictably
             # OpenMP threads: the task's own cores, not every core of the node per rank
             slurm_setup=["export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}", *p.setup],
@@ -220,8 +248,8 @@ class SlurmLauncher(Launcher):
         cpus = p.cpus_per_task or cpus_per_task_for(node_cpus(p.partition), tasks)
         if cpus:
             params["cpus_per_task"] = cpus
-        if job.attempt > 1 and job.number in self.failed_nodes:
-            params["slurm_exclude"] = self.failed_nodes[job.number]
+        if exclude:
+            params["slurm_exclude"] = exclude
         if p.mem_gb:
             params["mem_gb"] = p.mem_gb
         for key in ("partition", "account", "qos", "constraint"):
@@ -242,6 +270,33 @@ class SlurmLauncher(Launcher):
         with clean_submit_environment():
             sj = executor.submit(slurm_task, str(job.spec_path), job.layout.as_dict(), str(job.workdir), job.nodes)
         return Handle(str(sj.job_id), job, sj)
+
+    def submit_call(
+        self,
+        target: str,
+        kwargs: dict[str, Any],
+        *,
+        folder: Path,
+        nodes: int,
+        tasks: int,
+        timeout_min: float,
+        name: str,
+    ) -> SlurmCall:
+        """One job of `nodes` x `tasks` on the sweep's partition (as its trials' jobs are asked for) whose
+        every task runs `target(out_dir=folder/"out", **kwargs)` with the torchrun-style variables set.
+        `folder` must be one the nodes share: the tasks write there."""
+        from submitit.core.utils import FailedJobError
+
+        own_dir(folder)
+        executor = self.executor(folder / "slurm", nodes=nodes, tasks=tasks, timeout_min=timeout_min, name=name)
+        try:
+            with clean_submit_environment():
+                sj = executor.submit(slurm_call, target, kwargs, str(folder / "out"))
+        except (FailedJobError, OSError) as e:  # sbatch refused it (a partition, a limit) or is missing
+            raise SweepError(
+                f"sbatch did not take the job of {nodes} nodes x {tasks} tasks: {_last_lines(str(e), 3)}"
+            ) from None
+        return SlurmCall(sj)
 
     def poll(self, handle: Handle) -> JobOutcome | None:
         from submitit.core.utils import FailedJobError, UncompletedJobError
@@ -318,6 +373,37 @@ class SlurmLauncher(Launcher):
         ntasks = task_count(self._sweep_of(job))  # as many as `submit` started
         sj: submitit.SlurmJob[Any] = submitit.SlurmJob(folder=folder, job_id=job_id, tasks=tuple(range(ntasks)))
         return Handle(job_id, job, sj)
+
+
+class SlurmCall:
+    """A job of `SlurmLauncher.submit_call`: its id, rank 0's output, its state and nodes; its result
+    is what its tasks wrote, never unpickled."""
+
+    def __init__(self, native: submitit.Job[Any]) -> None:
+        self.native = native
+
+    @property
+    def job_id(self) -> str:
+        return str(self.native.job_id)
+
+    @property
+    def stdout(self) -> Path:
+        return Path(self.native.paths.stdout)  # task 0's: rank 0, whose lines say how far it got
+
+    def done(self) -> bool:
+        return bool(self.native.done(force_check=True))  # submitit's own sacct polling backs off to minutes
+
+    def state(self) -> str:
+        return (self.native.state or "UNKNOWN").upper()
+
+    def nodelist(self) -> str | None:
+        return _nodelist(self.native)
+
+    def error_tail(self, lines: int = 5) -> str:
+        return tail(Path(self.native.paths.stderr), lines)
+
+    def cancel(self) -> None:
+        self.native.cancel(check=False)
 
 
 def _nodelist(sj: submitit.Job) -> str | None:

@@ -23,11 +23,14 @@ from sweeper.estimate.predict import predict
 from sweeper.layouts.layout import Layout
 from sweeper.profiles.lookup import MeasuredProfile
 from sweeper.profiles.profile import HOST_STEP_BOUNDS, Profile, ReferenceStep
-from sweeper.results.trial import OK
+from sweeper.results.trial import OK, TrialResult
 
 if TYPE_CHECKING:
     from sweeper.launchers.netns import LocalNodes
     from sweeper.spec.sweep import Sweep
+
+# runs one trial and returns its result: a SLURM job's (`sweeper.run.profiler.slurm_trial`)
+TrialRunner = Callable[["Sweep", Layout], TrialResult]
 
 REFERENCE_LAYERS = 2
 REFERENCE_MICRO_BATCHES = 2
@@ -82,8 +85,10 @@ def measure_reference(
     path: Path,
     nodes: LocalNodes | None,
     progress: Callable[[str], None],
+    runner: TrialRunner | None = None,
 ) -> tuple[ReferenceStep | None, str]:
-    """The reference step on the profile's ranks (in the namespaces of `nodes`, if any), or None and why not."""
+    """The reference step on the profile's ranks (in the namespaces of `nodes`, if any; through `runner`,
+    e.g. a SLURM job, when given), or None and why not."""
     from sweeper.launchers.ranks import launch_trial
 
     ref, layout = reference_sweep(sweep, profile, path)
@@ -96,7 +101,9 @@ def measure_reference(
     )
     progress(f"reference step: {ref.trial.steps} real steps of the built-in trainer ({what})")
     with tempfile.TemporaryDirectory(prefix="sweep-reference-") as work:
-        result = launch_trial(ref, layout, workdir=Path(work), nodes=nodes)
+        result = (
+            runner(ref, layout) if runner is not None else launch_trial(ref, layout, workdir=Path(work), nodes=nodes)
+        )
     if result.status != OK or not result.step_times_s:
         return None, f"the reference trial ended {result.status}: {(result.error or '')[:160]}"
     measured = statistics.median(result.step_times_s)
