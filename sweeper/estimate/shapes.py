@@ -55,6 +55,11 @@ class MeasurePlan:
     # the data-parallel wrappers: rounds of each timed in turn with the unwrapped model (fewer with quick)
     wrapper_rounds: int = 9
 
+    @property
+    def block_base(self) -> dict[str, str]:
+        """Each block knob at its base (first) value: the settings every block measurement starts from."""
+        return {knob: values[0] for knob, values in self.block_values.items()}
+
 
 DEFAULT_GPU = (
     Workload(ModelShape(16, 2048, 32, 8, 8192, 128256, name="llama3-1b-like"), 2048, (1, 2, 4, 8), (1, 2, 4, 8)),

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from sweeper.estimate.shapes import PROGRESS_MARK, MeasurePlan
-from sweeper.profiles.profile import SCHEMA, Profile, Versions
+from sweeper.profiles.profile import SCHEMA, BlockPoint, Profile, Versions
 from sweeper.runtime.env import (
     DistEnv,
     init_distributed,
@@ -148,7 +148,7 @@ def measure_node(
         cpus=cpus,
         threads=threads if device.type == "cpu" else 1,
         launch_s=launch_s,
-        block_base={k: v[0] for k, v in plan.block_values.items()},
+        block_base=plan.block_base,
         gemm=tuple(gemm),
         attention=tuple(attention),
         elementwise=tuple(elementwise),
@@ -160,7 +160,9 @@ def measure_node(
 PROFILE_FILE = "profile.json"
 
 
-def wrapped_blocks(plan: MeasurePlan, precision: str, device: torch.device, skipped: dict[str, str]) -> list[Any]:
+def wrapped_blocks(
+    plan: MeasurePlan, precision: str, device: torch.device, skipped: dict[str, str]
+) -> list[BlockPoint]:
     """The tiny model under each data-parallel wrapper, every rank at once (as a trial's ranks share
     the cores), each on a mesh of itself. Only on CPU ranks: on a GPU the hooks' host time runs while
     the kernels do (`sweeper.estimate.profiled` prices them on CPU ranks only)."""
@@ -170,20 +172,16 @@ def wrapped_blocks(plan: MeasurePlan, precision: str, device: torch.device, skip
     world = torch.distributed.get_world_size()
     alone = init_device_mesh(device.type, (world, 1), mesh_dim_names=("rank", "dp"))["dp"]
     timer = Timer(device, budget_s=0.15, together=True)  # every rank at once: the cores shared as in a trial
-    settings = {k: v[0] for k, v in plan.block_values.items()}
-    failed: dict[str, str] = {}
-    points = measure_wrapped(
+    return measure_wrapped(
         plan.block_shape,
-        settings,
+        plan.block_base,
         rows=plan.block_seq,
         precision=precision,
         timer=timer,
         mesh=alone,
-        failed=failed,
+        failed=skipped,
         rounds=plan.wrapper_rounds,
     )
-    skipped |= failed
-    return points
 
 
 def profile_worker(
@@ -234,10 +232,9 @@ def profile_worker(
     if world >= 2:
         blocks = []
         if plan.block_shape is not None:
-            settings = {k: v[0] for k, v in plan.block_values.items()}
             blocks = tp_blocks(
                 plan.block_shape,
-                settings,
+                plan.block_base,
                 rows=plan.block_seq,
                 precision=precision,
                 device=device,
