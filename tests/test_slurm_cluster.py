@@ -29,7 +29,12 @@ def _executor(cluster: SlurmCluster, folder: Path, **params: Any) -> submitit.Au
     assert not folder.exists()
     executor = submitit.AutoExecutor(folder=folder)
     assert executor.cluster == "slurm"  # submitit found sbatch and chose SLURM by itself
-    executor.update_parameters(nodes=1, cpus_per_task=1, slurm_partition=cluster.partition, **params)
+    # submitit's default asks SLURM for USR2 90 s before the limit, and a task that has not yet
+    # installed submitit's handler dies of it ("User defined signal 2"): on a loaded CI machine
+    # a 2-minute job got it before its Python had started. Like the launcher, send no signal.
+    executor.update_parameters(
+        nodes=1, cpus_per_task=1, slurm_partition=cluster.partition, slurm_signal_delay_s=0, **params
+    )
     return executor
 
 
@@ -91,7 +96,7 @@ def test_two_task_job_round_trip(slurm_cluster: SlurmCluster, tmp_path: Path) ->
             "pid": os.getpid(),
         }
 
-    executor = _executor(slurm_cluster, tmp_path / "submitit", tasks_per_node=2, timeout_min=2)
+    executor = _executor(slurm_cluster, tmp_path / "submitit", tasks_per_node=2, timeout_min=5)
     job = executor.submit(report)
     results = job.results()  # one per task, in task order
 
