@@ -31,6 +31,7 @@ from sweeper.profiles.profile import (
     cache_dir,
     cached_profile_path,
     describe,
+    host_costs,
     load_profile,
     save_profile,
 )
@@ -270,26 +271,50 @@ def test_the_data_parallel_wrappers_cost_what_the_profile_measured(tmp_path):
     assert added(pp=4) == 0.0  # one data-parallel rank: no wrapper
 
 
-def test_a_reference_step_adds_to_every_step_what_whole_steps_took_beyond_their_parts(tmp_path):
+def reference(blocks: int, gap_s: float) -> ReferenceStep:
+    what = f"dp=2, 2 micro-batches of 1, {blocks} of the model's 4 blocks"
+    return ReferenceStep(layout=what, passes=2 * blocks, measured_s=0.2 + gap_s, predicted_s=0.2)
+
+
+def test_host_costs_part_a_steps_waits_from_a_block_pass(tmp_path):
+    assert host_costs(()) == (0.0, 0.0)
+    assert host_costs((reference(2, 0.1),)) == pytest.approx((0.1, 0.0))  # one depth: all of it a step's
+    # 0.05 s a step and 10 ms a pass (2 and 6 passes)
+    assert host_costs((reference(1, 0.07), reference(3, 0.11))) == pytest.approx((0.05, 0.01))
+    assert host_costs((reference(1, 0.09), reference(3, 0.07))) == pytest.approx((0.08, 0.0))  # deeper waited less
+    # a line that would start below zero goes through the origin instead: (2*0.01 + 6*0.1) / (4 + 36)
+    assert host_costs((reference(1, 0.01), reference(3, 0.1))) == pytest.approx((0.0, 0.0155))
+    # a step faster than priced adds nothing
+    assert host_costs((ReferenceStep(layout="x", passes=2, measured_s=0.1, predicted_s=0.2),)) == (0.0, 0.0)
+
+
+def test_reference_steps_add_what_whole_steps_took_beyond_their_parts(tmp_path):
     plain = synthetic_profile()
-    ref = ReferenceStep(layout="dp=2, 2 micro-batches of 1, 2 of the model's 4 blocks", measured_s=0.3, predicted_s=0.2)
+    refs = (reference(1, 0.07), reference(3, 0.11))  # 0.05 s a step, 10 ms a block pass
     save_profile(plain, tmp_path / "plain.yaml")
-    save_profile(plain.model_copy(update={"reference_step": ref}), tmp_path / "ref.yaml")
+    save_profile(plain.model_copy(update={"reference_steps": refs}), tmp_path / "ref.yaml")
     _, without = tiny_sweep(tmp_path, profile=str(tmp_path / "plain.yaml"))
     _, with_ = tiny_sweep(tmp_path, profile=str(tmp_path / "ref.yaml"))
-    for knobs in ({"tp": 1, "pp": 1, "micro_batch_size": 2}, {"tp": 1, "pp": 2, "micro_batch_size": 1}):
+    # the busiest rank's block passes a step: dp 2 x 2 micro-batches of 4 blocks; pp 2: 8 micro-batches of 2
+    for knobs, passes in (
+        ({"tp": 1, "pp": 1, "micro_batch_size": 2}, 8),
+        ({"tp": 1, "pp": 2, "micro_batch_size": 1}, 16),
+    ):
         cols = Layout.from_mapping(knobs).columns(with_)
         a, b = predict(cols, without), predict(cols, with_)
-        assert b.total[0] == pytest.approx(a.total[0] + 0.1)  # once a step, whatever the layout
-        assert b.parts["framework"][0] == pytest.approx(a.parts["framework"][0] + 0.1)
-        assert all(b.parts[k][0] == pytest.approx(a.parts[k][0]) for k in a.parts if k != "framework")
-    assert "0.1 s added to every step" in "\n".join(
-        describe(load_profile(tmp_path / "ref.yaml"), tmp_path / "ref.yaml")
+        added = 0.05 + 0.01 * passes
+        assert b.parts["framework"][0] == pytest.approx(a.parts["framework"][0] + added)
+        assert all(b.parts[k][0] == pytest.approx(a.parts[k][0]) for k in a.parts if k not in ("framework", "bubble"))
+        assert b.total[0] >= a.total[0] + added - 1e-12
+    text = "\n".join(describe(load_profile(tmp_path / "ref.yaml"), tmp_path / "ref.yaml"))
+    assert "added to every step: 0.05 s, and 10 ms a block pass" in text
+    assert (
+        "reference step (dp=2, 2 micro-batches of 1, 3 of the model's 4 blocks): 0.31 s measured, 0.2 s priced" in text
     )
     # a ratio no host explains (a trial that hung, a wrong reading) is refused in one line naming the field
-    bad = plain.to_dict() | {"reference_step": ref.model_dump() | {"measured_s": 3.0}}
+    bad = plain.to_dict() | {"reference_steps": [refs[0].model_dump() | {"measured_s": 3.0}]}
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
-    with pytest.raises(ProfileError, match=r"reference_step: .*a ratio of 15; allowed: 0.25 to 4") as e:
+    with pytest.raises(ProfileError, match=r"reference_steps\.0: .*a ratio of 15; allowed: 0.25 to 4") as e:
         load_profile(tmp_path / "bad.yaml")
     assert "\n" not in str(e.value)
 

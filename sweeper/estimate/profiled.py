@@ -37,7 +37,7 @@ from sweeper.estimate.step_time import (
     predict_table,
 )
 from sweeper.profiles.lookup import Lookup, MeasuredProfile
-from sweeper.profiles.profile import Profile
+from sweeper.profiles.profile import Profile, host_costs
 from sweeper.spec.traits import TimeTraits
 
 if TYPE_CHECKING:
@@ -294,7 +294,8 @@ def price(
         overhead = np.maximum(host_block_s(lookup, cols) - np.nan_to_num(blk.total() + blk.recompute(mode)), 0.0)
         ac_overhead = np.zeros(len(tp))
     overhead = overhead + tp_overhead(lookup, m, cols, dtype=dtype)
-    framework = passes * overhead * slow + traits.microbatch_s * accum
+    per_step, per_pass = host_costs(lookup.profile.reference_steps)
+    framework = passes * (overhead * slow + per_pass) + traits.microbatch_s * accum
     if lookup.profile.gpu == "cpu":  # FSDP2's hooks and copies (on a GPU they run while the kernels do)
         framework = framework + wrapper_overhead(lookup, cols, m.layers, traits) * slow
     recompute = passes * (blk.recompute(mode) + ac_overhead) * slow
@@ -306,7 +307,7 @@ def price(
         "matmul": matmul,
         "attention": attention,
         "memory_bound": memory_bound,
-        "framework": framework + host_step_s(lookup.profile),
+        "framework": framework + per_step,  # once a step: not work a pipeline bubble idles beside
         "recompute": recompute,
         "bubble": work * bubble_share * idle_costs(lookup.profile, cl.world),
         "optimizer": optimizer,
@@ -318,13 +319,6 @@ def price(
     peak = cl.gpu.peak_flops(sweep.trial.precision)
     mfu = model_flops_per_token(m, s) * sweep.global_batch_size * s / (step * cl.world * peak)
     return StepTime(np.asarray(compute), np.asarray(comm), calibration, np.asarray(mfu), parts)
-
-
-def host_step_s(profile: Profile) -> float:
-    """What every step takes beyond its parts on the profile's ranks, as its reference step measured
-    (`Profile.reference_step`: CPU ranks that outnumber the cores), once a step: not work a pipeline
-    bubble idles beside."""
-    return profile.reference_step.host_step_s if profile.reference_step is not None else 0.0
 
 
 def idle_costs(profile: Profile, world: int) -> float:

@@ -136,11 +136,12 @@ HOST_STEP_BOUNDS = (0.25, 4.0)  # a whole step against its priced parts: beyond 
 
 class ReferenceStep(_Row):
     """Real steps of the built-in trainer on the profile's ranks (`layout`, the 10-step protocol's
-    median), beside what the rest of the profile prices them at: on ranks that share cores, a whole
-    step takes longer than its separately measured parts add up to, and `measured_s - predicted_s`
-    is how much a step (`host_step_s`)."""
+    median) at one depth (`passes`: the block passes each rank runs a step, blocks x micro-batches),
+    beside what the rest of the profile prices them at: on ranks that share cores, a whole step takes
+    longer than its separately measured parts add up to, by `gap_s`."""
 
     layout: Annotated[str, Field(max_length=200)]
+    passes: Annotated[int, Strict(), Field(ge=1, le=1_000_000)]
     measured_s: Seconds
     predicted_s: Seconds
 
@@ -156,9 +157,32 @@ class ReferenceStep(_Row):
         return self
 
     @property
-    def host_step_s(self) -> float:
-        """What every step takes beyond its parts (0 where whole steps took less than priced)."""
+    def gap_s(self) -> float:
+        """What the steps took beyond their parts (0 where they took less than priced)."""
         return max(self.measured_s - self.predicted_s, 0.0)
+
+
+def host_costs(steps: tuple[ReferenceStep, ...]) -> tuple[float, float]:
+    """(seconds a step, seconds a block pass) that whole steps take beyond their parts, from the
+    reference steps: at one depth all of it a step; at two or more, the line through their gaps
+    against their block passes (the waits grow with the collectives and hooks a pass brings), neither
+    part below zero."""
+    if not steps:
+        return 0.0, 0.0
+    passes = [float(s.passes) for s in steps]
+    gaps = [s.gap_s for s in steps]
+    if len(set(passes)) < 2:
+        return sum(gaps) / len(gaps), 0.0
+    mean_p, mean_g = sum(passes) / len(passes), sum(gaps) / len(gaps)
+    slope = sum((p - mean_p) * (g - mean_g) for p, g in zip(passes, gaps, strict=True)) / sum(
+        (p - mean_p) ** 2 for p in passes
+    )
+    if slope <= 0.0:  # deeper steps waited no longer: a cost of the step alone
+        return mean_g, 0.0
+    intercept = mean_g - slope * mean_p
+    if intercept < 0.0:  # through the origin: every second of it a pass's
+        return 0.0, sum(p * g for p, g in zip(passes, gaps, strict=True)) / sum(p * p for p in passes)
+    return intercept, slope
 
 
 class Profile(_Row):
@@ -193,7 +217,7 @@ class Profile(_Row):
     elementwise: tuple[ElementwisePoint, ...] = ()
     block: tuple[BlockPoint, ...] = ()
     collectives: tuple[CollectivePoint, ...] = ()
-    reference_step: ReferenceStep | None = None
+    reference_steps: tuple[ReferenceStep, ...] = ()
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
 
@@ -335,11 +359,11 @@ def describe(profile: Profile, path: Path) -> list[str]:
             lines.append(f"tiny model of {b.value} blocks at {b.rows} rows, wrapper {b.knob}: {b.seconds * 1e3:.3g} ms")
         else:
             lines.append(f"block at {b.rows} rows, {b.knob}={b.value}: {b.seconds * 1e3:.3g} ms (host overhead)")
-    if (ref := profile.reference_step) is not None:
-        lines.append(
-            f"reference step ({ref.layout}): {ref.measured_s:.4g} s measured, {ref.predicted_s:.4g} s priced: "
-            f"{ref.host_step_s:.3g} s added to every step"
-        )
+    for ref in profile.reference_steps:
+        lines.append(f"reference step ({ref.layout}): {ref.measured_s:.4g} s measured, {ref.predicted_s:.4g} s priced")
+    if profile.reference_steps:
+        per_step, per_pass = host_costs(profile.reference_steps)
+        lines.append(f"added to every step: {per_step:.3g} s, and {per_pass * 1e3:.3g} ms a block pass")
     if profile.nodes > 1:
         where = "namespaces of one machine" if profile.shared_host else "machines"
         lines.append(f"{profile.nodes} nodes ({where}), link: {profile.link or 'not described'}")

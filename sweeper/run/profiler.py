@@ -157,12 +157,14 @@ def run_profile(
     if sweep is not None and wants_reference(profile, sweep):
         runner = slurm_trial(slurm, folder, progress) if slurm is not None else None  # else local ranks
         try:
-            reference, why = measure_reference(profile, sweep, path=path, nodes=local, progress=progress, runner=runner)
+            references, why = measure_reference(
+                profile, sweep, path=path, nodes=local, progress=progress, runner=runner
+            )
         except SweepError as e:  # its SLURM job ended without a result: the profile stands without it
-            reference, why = None, str(e)
-        if reference is None:
+            references, why = (), str(e)
+        if not references:
             skipped["reference step"] = why
-        profile = profile.model_copy(update={"reference_step": reference})
+        profile = profile.model_copy(update={"reference_steps": references})
     try:
         save_profile(profile, path)
     except OSError as e:

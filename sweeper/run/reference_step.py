@@ -6,8 +6,9 @@ different things at once and wait on each other at every collective; where they 
 (namespaces of one machine as nodes, more ranks than cores), each wait is for a rank the scheduler runs
 elsewhere, and whole steps take longer than their parts add up to. How much is measured here, on a
 layout the sweep itself need not contain: plain data parallelism over every rank, two micro-batches of
-one sequence each, on the sweep's model cut to two blocks (the sweep's own layouts are not the
-yardstick of the model that prices them).
+one sequence each, on the sweep's model cut to one block and to three (the sweep's own layouts are not
+the yardstick of the model that prices them). Two depths part what a step waits once from what each
+block pass adds (`sweeper.profiles.profile.host_costs`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 # runs one trial and returns its result: a SLURM job's (`sweeper.run.profiler.slurm_trial`)
 TrialRunner = Callable[["Sweep", Layout], TrialResult]
 
-REFERENCE_LAYERS = 2
+REFERENCE_DEPTHS = (1, 3)  # blocks of the model cut short: two depths, a step's waits apart from a pass's
 REFERENCE_MICRO_BATCHES = 2
 REFERENCE_MIN_STEPS = 10  # the protocol's steps, for a median that one disturbed step does not move
 # every knob the reference sets; the others take the sweep's first value
@@ -60,10 +61,15 @@ def wants_reference(profile: Profile, sweep: Sweep | None) -> bool:
     )
 
 
-def reference_sweep(sweep: Sweep, profile: Profile, path: Path) -> tuple[Sweep, Layout]:
-    """The sweep of the reference step, priced by `profile` (read from `path`), and its layout."""
+def reference_depths(layers: int) -> tuple[int, ...]:
+    """The depths the reference steps run at for a model of `layers` blocks (one, where it has one)."""
+    return tuple(sorted({min(d, layers) for d in REFERENCE_DEPTHS}))
+
+
+def reference_sweep(sweep: Sweep, profile: Profile, path: Path, blocks: int) -> tuple[Sweep, Layout]:
+    """The sweep of the reference step at `blocks` blocks, priced by `profile` (read from `path`), and its layout."""
     world = sweep.cluster.world
-    model = replace(sweep.model, layers=min(REFERENCE_LAYERS, sweep.model.layers))
+    model = replace(sweep.model, layers=blocks)
     cluster = replace(sweep.cluster, profile=MeasuredProfile(profile, str(path)))
     ref = replace(
         sweep,
@@ -86,17 +92,37 @@ def measure_reference(
     nodes: LocalNodes | None,
     progress: Callable[[str], None],
     runner: TrialRunner | None = None,
+) -> tuple[tuple[ReferenceStep, ...], str]:
+    """The reference steps on the profile's ranks (in the namespaces of `nodes`, if any; through `runner`,
+    e.g. a SLURM job, when given), one per depth, or none and why not: a depth that fails fails them all,
+    since one depth alone would put a pass's waits on every step."""
+    steps = []
+    for blocks in reference_depths(sweep.model.layers):
+        step, why = _measure_depth(profile, sweep, blocks, path=path, nodes=nodes, progress=progress, runner=runner)
+        if step is None:
+            return (), why
+        steps.append(step)
+    return tuple(steps), ""
+
+
+def _measure_depth(
+    profile: Profile,
+    sweep: Sweep,
+    blocks: int,
+    *,
+    path: Path,
+    nodes: LocalNodes | None,
+    progress: Callable[[str], None],
+    runner: TrialRunner | None,
 ) -> tuple[ReferenceStep | None, str]:
-    """The reference step on the profile's ranks (in the namespaces of `nodes`, if any; through `runner`,
-    e.g. a SLURM job, when given), or None and why not."""
     from sweeper.launchers.ranks import launch_trial
 
-    ref, layout = reference_sweep(sweep, profile, path)
+    ref, layout = reference_sweep(sweep, profile, path, blocks)
     rejection = layout.rejection(ref)
     if rejection is not None:
         return None, f"the reference layout does not run here: {rejection.message}"
     what = (
-        f"dp={ref.cluster.world}, {REFERENCE_MICRO_BATCHES} micro-batches of 1, {ref.model.layers} of the model's "
+        f"dp={ref.cluster.world}, {REFERENCE_MICRO_BATCHES} micro-batches of 1, {blocks} of the model's "
         f"{sweep.model.layers} blocks"
     )
     progress(f"reference step: {ref.trial.steps} real steps of the built-in trainer ({what})")
@@ -105,10 +131,11 @@ def measure_reference(
             runner(ref, layout) if runner is not None else launch_trial(ref, layout, workdir=Path(work), nodes=nodes)
         )
     if result.status != OK or not result.step_times_s:
-        return None, f"the reference trial ended {result.status}: {(result.error or '')[:160]}"
+        return None, f"the reference trial at {blocks} blocks ended {result.status}: {(result.error or '')[:160]}"
     measured = statistics.median(result.step_times_s)
     predicted = float(predict(layout.columns(ref), ref).total[0])
     low, high = HOST_STEP_BOUNDS
     if not low <= measured / predicted <= high:
         return None, f"measured {measured:.4g} s against {predicted:.4g} s priced: outside {low}-{high}, left out"
-    return ReferenceStep(layout=what, measured_s=measured, predicted_s=predicted), ""
+    passes = blocks * REFERENCE_MICRO_BATCHES
+    return ReferenceStep(layout=what, passes=passes, measured_s=measured, predicted_s=predicted), ""
