@@ -146,6 +146,10 @@ pytest_plugins = ["tests.slurm_cluster", "tests.ray_cluster", "tests.docker_daem
 # starts the engine once (two workers would start two SLURM clusters or two dockerd on one base,
 # and each one's stop would end the other's). A test is in it by its marker, or by the fixture.
 _ENGINES = {"slurm": "slurm_cluster", "ray": "ray_head", "docker": "docker_daemon", "netns": "netns_nodes"}
+# engines whose tests share one thing on the machine and so one group: the SLURM tests on the namespaces
+# remake the session's cluster inside them, and the namespaces' own tests make and remove those same
+# namespaces (`sweep-node<k>`), so neither may run beside the other
+_SAME_GROUP = {"netns": "slurm"}
 
 # Fixtures made once per session or module that are cheap or hold nothing shared between workers
 # (the engines' fixtures are handled by their groups, above).
@@ -246,7 +250,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     parsers' harnesses), directly or through another such fixture, form one group, run by one worker,
     so that each launch still runs once; every SLURM test is in one group (`@slurm`), run one after
     another, as the one local cluster needs, and so are the Ray tests (`@ray`), the Docker tests
-    (`@docker`) and the tests of the namespaces' two-node cluster (`@netns`). Without xdist nothing is grouped."""
+    (`@docker`); the tests of the namespaces' two-node cluster run in the SLURM group (`_SAME_GROUP`).
+    Without xdist nothing is grouped."""
     folder = getattr(config, "workerinput", {}).get("sweep_groups_dir")
     if folder is None:
         return
@@ -269,7 +274,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             (m for m, f in _ENGINES.items() if item.get_closest_marker(m) is not None or f in item.fixturenames), None
         )
         if engine is not None:
-            groups[item.nodeid] = "@" + engine
+            groups[item.nodeid] = "@" + _SAME_GROUP.get(engine, engine)
         elif names:
             groups[item.nodeid] = "@" + find(names[0])
     slow = [item.nodeid for item in items if item.get_closest_marker("slow") is not None]

@@ -191,7 +191,8 @@ def _refuses_another_link(tmp_path: Path, profile: Path) -> None:
 def test_the_link_rate_changes_which_layout_is_faster(tmp_path: Path) -> None:
     """The two-node benchmark's grid tests the link: plain data parallelism over all four ranks (16 MB
     of gradients all-reduced across the link every step) beats pp=2 x dp=2 (gradients reduced inside
-    each node, only activations cross) on a 2 Gbit/s link and loses to it on a 200 Mbit/s one."""
+    each node, only activations cross) on a 10 Gbit/s link and loses to it on a 200 Mbit/s one (on this
+    2-core machine they cross between 2 and 5 Gbit/s: 2 Gbit/s is too close to tell)."""
     import importlib.util
     import statistics
 
@@ -208,7 +209,7 @@ def test_the_link_rate_changes_which_layout_is_faster(tmp_path: Path) -> None:
     dp4 = pa.layout_of(sweep, {"micro_batch_size": 2})
     pp2 = pa.layout_of(sweep, {"pp": 2, "micro_batch_size": 2})
     step: dict[tuple[str, str], float] = {}
-    for rate in ("2gbit", "200mbit"):
+    for rate in ("10gbit", "200mbit"):
         with netns.shaped_link(rate) as nodes:
             for name, layout in (("dp4", dp4), ("pp2_dp2", pp2)):
                 assert isinstance(layout, Layout)
@@ -216,5 +217,5 @@ def test_the_link_rate_changes_which_layout_is_faster(tmp_path: Path) -> None:
                 assert got.status == "ok", got.error
                 step[(rate, name)] = statistics.median(got.step_times_s)
     print(step)
-    assert step[("2gbit", "dp4")] < step[("2gbit", "pp2_dp2")]
+    assert step[("10gbit", "dp4")] < step[("10gbit", "pp2_dp2")]
     assert step[("200mbit", "dp4")] > step[("200mbit", "pp2_dp2")]

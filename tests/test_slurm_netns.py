@@ -116,7 +116,8 @@ def test_a_profile_of_two_nodes_is_one_slurm_job_across_the_shaped_link(slurm_cl
     assert done.returncode == 0, done.stderr[-3000:]
     assert "measuring on 2 processes on each of 2 nodes (one SLURM job; link TBF 200mbit)" in done.stderr
     # the measurement's job, then the reference step's (4 ranks on this machine's cores): each on both nodes
-    assert len(re.findall(r"SLURM job \d+ ran on sweep-node\[0-1\]", done.stderr)) == 2, done.stderr[-3000:]
+    # the profile's job, then one job per depth of the reference step
+    assert len(re.findall(r"SLURM job \d+ ran on sweep-node\[0-1\]", done.stderr)) == 3, done.stderr[-3000:]
     assert "collectives across 2 nodes" in done.stderr  # rank 0's own progress lines, followed from its log
     p = load_profile(out, gpu="cpu", link="tbf 200Mbit")
     assert (p.nodes, p.shared_host, p.link, p.processes) == (2, True, "TBF 200mbit", 4)
