@@ -85,3 +85,10 @@ def report_netns(*, out_dir: Path) -> None:
     if dist.get_rank() == 0:
         (out_dir / "netns.txt").write_text(" ".join(str(n) for n in names))
     dist.destroy_process_group()
+
+
+def report_cores(*, out_dir: Path) -> None:
+    """Each rank writes the cores it may run on (its affinity) to cores<RANK>.txt."""
+    import os
+
+    (out_dir / f"cores{os.environ['RANK']}.txt").write_text(" ".join(map(str, sorted(os.sched_getaffinity(0)))))
