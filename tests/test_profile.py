@@ -12,9 +12,12 @@ import pytest
 import yaml
 
 from sweeper.errors import SpecError
+from sweeper.estimate.moe import reduction_groups
 from sweeper.estimate.predict import predict
+from sweeper.estimate.profiled import BLOCK_TENSORS, END_TENSORS
 from sweeper.estimate.shapes import DEFAULT_CPU, block_gemms, elementwise_sizes
 from sweeper.layouts.layout import Layout
+from sweeper.profiles.lookup import Lookup
 from sweeper.profiles.profile import (
     DP_WRAPPER_DEPTHS,
     DP_WRAPPERS,
@@ -269,6 +272,47 @@ def test_the_data_parallel_wrappers_cost_what_the_profile_measured(tmp_path):
     hooks, syncing = 3e-3 * 2 + 4e-3, 5e-3 * 2 + 6e-3
     assert added(pp=2) == pytest.approx(4 * hooks + (syncing - hooks))  # replicate: hooks on all, copies once
     assert added(pp=4) == 0.0  # one data-parallel rank: no wrapper
+
+
+def test_zero1_sends_each_parameter_tensor_as_the_broadcast_the_profile_measured(tmp_path):
+    """The built-in trainer's ZeRO-1 (torch's ZeroRedundancyOptimizer) broadcasts every parameter tensor
+    from its owner: priced as that many broadcasts of a tensor's share where the profile measured
+    broadcasts, as one all-gather of the parameters where it did not (an older profile)."""
+    plain = synthetic_profile()
+    slow = [  # a broadcast four times as dear as the ring's collectives, with a 0.3 ms start
+        CollectivePoint(
+            op="broadcast",
+            scope="intra",
+            ranks=2,
+            bytes=b,
+            seconds=3e-4 + 4 * b / 1e9,
+            busbw_gbps=b / (3e-4 + 4 * b / 1e9) / 1e9,
+        )  # fmt: skip
+        for b in (4096, 1 << 20, 1 << 24)
+    ]
+    save_profile(plain, tmp_path / "plain.yaml")
+    save_profile(plain.model_copy(update={"collectives": plain.collectives + tuple(slow)}), tmp_path / "bcast.yaml")
+    priced = {}
+    for name in ("plain", "bcast"):
+        _, sweep = tiny_sweep(tmp_path, profile=str(tmp_path / f"{name}.yaml"))
+        sweep = replace(sweep, space=dict(sweep.space, sharding=("none", "zero1")))
+        cols = {
+            sharding: Layout.from_mapping({"tp": 1, "pp": 1, "micro_batch_size": 2, "sharding": sharding}).columns(
+                sweep
+            )
+            for sharding in ("none", "zero1")
+        }
+        dp = {k: float(predict(c, sweep).parts["dp_comm"][0]) for k, c in cols.items()}
+        priced[name] = dp["zero1"] - dp["none"]  # what ZeRO-1 sends back beyond the gradients' all-reduce
+        ((params, _, _),) = reduction_groups(cols["zero1"], sweep)
+    grads = float(params[0]) * 4.0
+    tensors = 4 * BLOCK_TENSORS + END_TENSORS  # the tiny sweep's 4 blocks, the embedding and the head
+    gather = Lookup(plain).collective_s("all_gather", "intra", np.array([2.0]), np.array([grads]))[0]
+    assert priced["plain"] == pytest.approx(gather)  # one all-gather of the parameters
+    with_bcast = Lookup(load_profile(tmp_path / "bcast.yaml"))
+    one = with_bcast.collective_s("broadcast", "intra", np.array([2.0]), np.array([grads / tensors]))[0]
+    assert priced["bcast"] == pytest.approx(tensors * one)  # a broadcast per tensor, of its share
+    assert priced["bcast"] > tensors * 3e-4 > 10 * priced["plain"]  # each with its start: dearer than one gather
 
 
 def reference(blocks: int, gap_s: float) -> ReferenceStep:

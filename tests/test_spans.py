@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sweeper.estimate.spans import collective_by_span, fit_alpha_beta, span, steps
+from sweeper.estimate.spans import collective_by_span, fit_alpha_beta, path, span, steps
 from sweeper.profiles.lookup import Lookup, traffic
 from sweeper.profiles.profile import CollectivePoint
 from tests.test_profile import synthetic_profile
@@ -19,7 +19,7 @@ def across(op: str, q: int, nbytes: int) -> CollectivePoint:
     """A gloo ring over 2q ranks across two nodes: each step alpha, the ring edge's bytes over the
     link (shared by nothing else: one edge each way crosses it)."""
     n = 2 * q
-    s = float(ALPHA * steps(op, np.array(float(n))) + traffic(op, np.array(float(n))) * nbytes / LINK)
+    s = float(ALPHA * steps(op, np.array(float(n))) + path(op, np.array(float(n))) * nbytes / LINK)
     bus = float(traffic(op, np.array(float(n)))) * nbytes / s / 1e9
     return CollectivePoint(op=op, scope="inter", ranks=n, per_node=q, algorithm="gloo ring", bytes=nbytes,
                            seconds=s, busbw_gbps=bus)  # fmt: skip
@@ -65,3 +65,15 @@ def test_nothing_measured_across_is_nan_for_the_table() -> None:
     got = collective_by_span(lookup, "all_reduce", np.array([4.0, 2.0]), np.array([1.0, 1.0]), np.full(2, 1e6), 2)
     assert np.isnan(got[0]) and not np.isnan(got[1])
     assert fit_alpha_beta(lookup, "all_reduce") is None
+
+
+def test_a_broadcast_beyond_two_nodes_is_the_fitted_binomial_tree() -> None:
+    """gloo's broadcast: ceil(log2 n) rounds, each sending the whole buffer (not a ring's share)."""
+    p = synthetic_profile()
+    points = tuple(across("broadcast", q, b) for q in (1, 2) for b in (4096, 1 << 20, 1 << 24))
+    lookup = Lookup(p.model_copy(update={"collectives": p.collectives + points, "nodes": 2}))
+    fit = fit_alpha_beta(lookup, "broadcast")
+    assert fit is not None
+    assert fit.alpha == pytest.approx(ALPHA, rel=1e-3) and fit.beta == pytest.approx(1 / LINK, rel=1e-3)
+    got = collective_by_span(lookup, "broadcast", np.array([16.0, 12.0]), np.ones(2), np.full(2, float(1 << 22)), 2)
+    assert got == pytest.approx([4 * (ALPHA + (1 << 22) / LINK)] * 2, rel=1e-3)  # 8 and 6 nodes: 4 rounds

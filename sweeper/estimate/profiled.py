@@ -46,6 +46,10 @@ if TYPE_CHECKING:
     from sweeper.spec.sweep import Sweep
 
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb: one all-reduce per 25 MiB of gradients
+# parameter tensors of the built-in trainer's block (wq, wk, wv, wo, w1, w2, w3 and two norms) and of a
+# stage's ends (the embedding, or the final norm and the head): ZeRO-1 broadcasts each one apart
+BLOCK_TENSORS = 9
+END_TENSORS = 2
 
 
 @dataclass(frozen=True)
@@ -422,21 +426,27 @@ def pp_comm(lookup: Lookup, cols: Columns, gpn: int, message: np.ndarray, table:
 def dp_raw(lookup: Lookup, cols: Columns, sweep: Sweep, accum: np.ndarray, traits: TimeTraits) -> np.ndarray:
     """The data-parallel traffic of a step, each collective by its span (NaN: not measured). Plain:
     the gradients' fp32 all-reduce in DDP's 25 MiB buckets (per micro-batch where the trainer syncs
-    each one under a pipeline); ZeRO-1: that, then the updated shards gathered back (the optimizer's
-    broadcasts); FSDP: per block, its parameters all-gathered for forward and again for backward and
-    its gradients reduce-scattered, per micro-batch (once per step under a pipeline, whose stages keep
-    them gathered)."""
+    each one under a pipeline); ZeRO-1: that, then the updated shards gathered back: one broadcast per
+    parameter tensor where the trainer sends them so (`TimeTraits.zero1_broadcasts`) and the profile
+    measured broadcasts, else one all-gather; FSDP: per block, its parameters all-gathered for forward
+    and again for backward and its gradients reduce-scattered, per micro-batch (once per step under a
+    pipeline, whose stages keep them gathered)."""
     gpn = sweep.cluster.gpus_per_node
     sharding = cols["sharding"]
     pp = cols["pp"].astype(float)
     per_mb = (sharding == "none") & (pp > 1) & traits.grad_sync_per_microbatch_pp
-    blocks = busiest_stage_layers(cols, sweep.model.layers) + 1.0  # and the embedding or the head
+    layers = busiest_stage_layers(cols, sweep.model.layers)
+    blocks = layers + 1.0  # and the embedding or the head
+    tensors = layers * BLOCK_TENSORS + END_TENSORS
     raw = np.zeros(len(pp))
     for params, ranks, stride in reduction_groups(cols, sweep):
         grads = params * 4.0
         buckets = np.maximum(np.ceil(grads / DDP_BUCKET_BYTES), 1.0)
         reduce = buckets * collective_by_span(lookup, "all_reduce", ranks, stride, grads / buckets, gpn)
         gather = collective_by_span(lookup, "all_gather", ranks, stride, grads, gpn)
+        if traits.zero1_broadcasts:
+            sent = tensors * collective_by_span(lookup, "broadcast", ranks, stride, grads / tensors, gpn)
+            gather = np.where(np.isnan(sent), gather, sent)
         per_block = grads / blocks
         fsdp = blocks * (
             2 * collective_by_span(lookup, "all_gather", ranks, stride, per_block, gpn)

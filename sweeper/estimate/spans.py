@@ -7,10 +7,11 @@
   n ranks over two nodes crosses the link twice, each crossing carrying the ring's whole per-edge
   traffic (2(n-1)/n of the buffer for an all-reduce).
 - Beyond two nodes: the alpha-beta algebra of that ring fitted on the two-node measurement,
-  t = alpha * steps + beta * traffic * bytes (steps: 2(n-1) for an all-reduce, n-1 for an
-  all-gather, reduce-scatter or all-to-all, 1 for a send). A flat ring over N nodes crosses N links,
-  each carrying the same per-edge traffic as over two: the bandwidth term stays, the latency grows
-  with the ring's steps.
+  t = alpha * steps + beta * path * bytes (steps: 2(n-1) for an all-reduce, n-1 for an
+  all-gather, reduce-scatter or all-to-all, 1 for a send; path: the ring's per-edge traffic). A flat
+  ring over N nodes crosses N links, each carrying the same per-edge traffic as over two: the
+  bandwidth term stays, the latency grows with the ring's steps. gloo's broadcast is a binomial tree
+  instead: ceil(log2 n) rounds, each sending the whole buffer (steps and path both ceil(log2 n)).
 - Nothing measured (a profile of one node, or a collective the backend lacked): NaN, and the caller
   keeps the GPU table's price and its published curve of one cluster (`sweeper.estimate.comm`).
 """
@@ -31,7 +32,15 @@ def steps(op: str, ranks: np.ndarray) -> np.ndarray:
         return 2.0 * (n - 1)
     if op == "send_recv":
         return np.ones_like(n)
+    if op == "broadcast":
+        return np.ceil(np.log2(n))
     return n - 1
+
+
+def path(op: str, ranks: np.ndarray) -> np.ndarray:
+    """Bytes on each rank's critical path per byte of the buffer: the ring's per-edge traffic, or for
+    the binomial tree of a broadcast the whole buffer once a round."""
+    return steps(op, ranks) if op == "broadcast" else traffic(op, ranks)
 
 
 @dataclass(frozen=True)
@@ -42,7 +51,7 @@ class AlphaBeta:
     beta: float
 
     def __call__(self, op: str, ranks: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
-        return self.alpha * steps(op, ranks) + self.beta * traffic(op, ranks) * nbytes
+        return self.alpha * steps(op, ranks) + self.beta * path(op, ranks) * nbytes
 
 
 def fit_alpha_beta(lookup: Lookup, op: str) -> AlphaBeta | None:
@@ -54,12 +63,12 @@ def fit_alpha_beta(lookup: Lookup, op: str) -> AlphaBeta | None:
     nbytes = np.array([float(p.bytes) for p in points])
     seconds = np.array([p.seconds for p in points])
     # each row divided by its time: every size counts alike (small ones set alpha, large ones beta)
-    design = np.stack([steps(op, ranks), traffic(op, ranks) * nbytes], axis=1) / seconds[:, None]
+    design = np.stack([steps(op, ranks), path(op, ranks) * nbytes], axis=1) / seconds[:, None]
     coef, *_ = np.linalg.lstsq(design, np.ones(len(points)), rcond=None)
     alpha, beta = (float(max(c, 0.0)) for c in coef)
     if beta == 0.0:  # the link's bytes always cost: fall back to the largest message's rate
         big = int(np.argmax(nbytes))
-        beta = seconds[big] / (traffic(op, ranks[big : big + 1])[0] * nbytes[big])
+        beta = seconds[big] / (path(op, ranks[big : big + 1])[0] * nbytes[big])
     return AlphaBeta(alpha, beta)
 
 

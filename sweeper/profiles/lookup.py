@@ -227,11 +227,11 @@ def attention_flops(batch: float, heads: float, head_dim: float, seq: float) -> 
 
 def traffic(op: str, ranks: np.ndarray) -> np.ndarray:
     """Bytes on the bus per byte of the buffer (nccl-tests' busbw factors): an all-reduce moves
-    2(n-1)/n of it, an all-gather, reduce-scatter or all-to-all (n-1)/n, a send all of it."""
+    2(n-1)/n of it, an all-gather, reduce-scatter or all-to-all (n-1)/n, a send or a broadcast all of it."""
     n = np.maximum(ranks, 1.0)
     if op == "all_reduce":
         return 2.0 * (n - 1) / n
-    if op == "send_recv":
+    if op in ("send_recv", "broadcast"):
         return np.ones_like(n)
     return (n - 1) / n
 

@@ -34,7 +34,7 @@ MAX_PROFILE_BYTES = 8 << 20  # a profile holds a few hundred rows; anything bigg
 GemmDtype = Literal["bf16", "fp8", "fp32"]
 ElementwiseOp = Literal["rmsnorm", "layernorm", "rope", "swiglu", "gelu", "add", "cross_entropy", "adamw", "fp8_cast"]
 ElementwiseMode = Literal["eager", "fused", "compiled"]
-CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"]
+CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all", "broadcast"]
 Scope = Literal["intra", "inter"]
 # what a measurement can say: an integer is an integer ("16", true or 16.0 are not), a time is
 # positive and under 1e6 s (11 days: no kernel or collective of a step takes that), a count of

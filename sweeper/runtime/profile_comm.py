@@ -21,13 +21,15 @@ from sweeper.profiles.lookup import traffic
 from sweeper.profiles.profile import BlockPoint, CollectivePoint
 from sweeper.spec.models import ModelShape
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all", "broadcast")
 
 
 def _op(name: str, buf: torch.Tensor, group: Any) -> Callable[[], None]:
     """One call of collective `name` over `group` on a buffer of `buf`'s bytes (all-gather: its 1/n
-    inputs; reduce-scatter: its 1/n outputs; send/recv: the group's first half sends to its second,
-    member i to member i + n/2, so that across two nodes every pair crosses the link)."""
+    inputs; reduce-scatter: its 1/n outputs; broadcast: from the group's first member, as ZeRO-1's
+    optimizer sends each updated parameter from the rank that owns it; send/recv: the group's first
+    half sends to its second, member i to member i + n/2, so that across two nodes every pair crosses
+    the link)."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     part = buf.chunk(world)[0].clone()
     out = torch.empty_like(buf)
@@ -44,6 +46,8 @@ def _op(name: str, buf: torch.Tensor, group: Any) -> Callable[[], None]:
             dist.reduce_scatter_tensor(part, buf, group=group)
         elif name == "all_to_all":
             dist.all_to_all_single(out, buf, group=group)
+        elif name == "broadcast":
+            dist.broadcast(buf, members[0], group=group)
         elif peer >= world or half == 0:  # send/recv: an odd group's last member sits it out
             return
         elif rank < half:
@@ -69,11 +73,14 @@ def _time(fn: Callable[[], None], device: torch.device, reps: int, group: Any) -
 
 def algorithm(device: torch.device, op: str) -> str:
     """How the backend runs `op` across ranks (what the model prices it as): gloo's collectives are
-    flat rings over the ranks in group order (all-to-all: pairwise exchanges, send/recv: one stream);
-    NCCL picks ring or tree per size itself."""
+    flat rings over the ranks in group order (all-to-all: pairwise exchanges, send/recv: one stream,
+    broadcast: a binomial tree, whose last round sends half the group's copies at once); NCCL picks
+    ring or tree per size itself."""
     if device.type == "cuda":
         return "nccl (ring or tree, its choice)"
-    return {"all_to_all": "gloo pairwise", "send_recv": "gloo pair"}.get(op, "gloo ring")
+    return {"all_to_all": "gloo pairwise", "send_recv": "gloo pair", "broadcast": "gloo binomial tree"}.get(
+        op, "gloo ring"
+    )
 
 
 def measure_collectives(

@@ -90,6 +90,10 @@ class TimeTraits:
     # unsharded data parallelism is torch's: DDP, or at tp or pp > 1 (where DDP cannot hold DTensor
     # parameters or pipeline stages) FSDP2's `replicate`, with hooks around every block on every micro-batch
     torch_dp_wrappers: bool = False
+    # ZeRO-1 sends the updated parameters back as torch's ZeroRedundancyOptimizer does: one broadcast
+    # per parameter tensor from the rank that owns it (gloo: a binomial tree), not Megatron-LM's one
+    # all-gather of the shards
+    zero1_broadcasts: bool = False
 
 
 MEGATRON_LIKE = TimeTraits()

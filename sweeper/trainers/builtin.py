@@ -85,7 +85,7 @@ class Builtin(Trainer):
     expert_tp = "one"  # sweeper.runtime.moe keeps each expert whole on one rank
     # cp gathers the group's keys and values before the attention kernel (torchtitan's default
     # context_parallel_rotate_method "allgather"; the built-in trainer's CPU path likewise)
-    time: ClassVar[TimeTraits] = TimeTraits(cp_ring=False, torch_dp_wrappers=True)
+    time: ClassVar[TimeTraits] = TimeTraits(cp_ring=False, torch_dp_wrappers=True, zero1_broadcasts=True)
 
     def attention_missing(self) -> dict[str, str]:
         """flash1 runs on the flash-attn 1.x package (sweeper.runtime.kernels), which clusters
