@@ -14,7 +14,7 @@ import yaml
 from sweeper.errors import SpecError
 from sweeper.estimate.moe import reduction_groups
 from sweeper.estimate.predict import predict
-from sweeper.estimate.profiled import BLOCK_TENSORS, END_TENSORS
+from sweeper.estimate.profiled import BLOCK_TENSORS, END_TENSORS, core_share
 from sweeper.estimate.shapes import DEFAULT_CPU, block_gemms, elementwise_sizes
 from sweeper.layouts.layout import Layout
 from sweeper.profiles.lookup import Lookup
@@ -252,7 +252,8 @@ def wrapped_points(per_block: dict[str, float], per_model: dict[str, float]) -> 
 def test_the_data_parallel_wrappers_cost_what_the_profile_measured(tmp_path):
     per_block = {"ddp": 1e-3, "replicate": 3e-3, "replicate_sync": 5e-3, "fsdp": 7e-3}
     per_model = {"ddp": 2e-3, "replicate": 4e-3, "replicate_sync": 6e-3, "fsdp": 9e-3}
-    plain = synthetic_profile().model_copy(update={"processes": 4})  # measured as the 4 ranks share the cores
+    # measured on 4 ranks of 4 cores (on fewer, a pipeline would be priced by its busiest core: `core_share`)
+    plain = synthetic_profile().model_copy(update={"processes": 4, "cpus": 4})
     wrapped = plain.model_copy(update={"block": plain.block + wrapped_points(per_block, per_model)})
     save_profile(plain, tmp_path / "plain.yaml")
     save_profile(wrapped, tmp_path / "wrapped.yaml")
@@ -372,3 +373,21 @@ def test_a_profile_across_nodes_with_a_launcher_that_cannot_run_one_is_refused(t
     line = r.stderr.strip().splitlines()[-1]
     assert "--nodes 2 with launcher torchx: a profile across nodes runs with launcher slurm" in line, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_ranks_bound_to_crowded_cores_are_priced_by_their_busiest_core(tmp_path):
+    """4 ranks of two namespaces on 2 cores, bound round-robin (rank r on core r % 2): a pipeline's
+    busiest core, not its busiest rank at the crowd's pace, sets the step."""
+    shared = synthetic_profile().model_copy(update={"processes": 4, "nodes": 2, "shared_host": True})
+    _, sweep = tiny_sweep(tmp_path, nodes=2)  # 2 nodes x 2 ranks, 4 blocks
+    cols = {pp: Layout.from_mapping({"tp": 1, "pp": pp, "micro_batch_size": 1}).columns(sweep) for pp in (1, 2, 4)}
+    block, end = np.array([2.0]), np.array([1.0])  # a block's seconds and the head's, a micro-batch
+    share = {pp: core_share(shared, c, 4, (4, 4), block_s=block, end_s=end)[0] for pp, c in cols.items()}
+    assert share[1] == 1.0  # every rank the same work
+    # pp 4: core 1 holds stages 1 and 3 (a block; a block and the head), 5 s, against 2 x 3 s priced
+    assert share[4] == pytest.approx(5 / 6)
+    # pp 2: each core holds a rank of each stage (2 blocks; 2 blocks and the head), 9 s against 2 x 5 s
+    assert share[2] == pytest.approx(9 / 10)
+    # a rank with a core of its own, or a GPU: nothing changes
+    assert core_share(shared, cols[4], 4, (4, 2), block_s=block, end_s=end)[0] == 1.0
+    assert core_share(shared.model_copy(update={"gpu": "h100"}), cols[4], 4, (4, 4), block_s=block, end_s=end)[0] == 1.0

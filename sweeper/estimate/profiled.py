@@ -36,6 +36,7 @@ from sweeper.estimate.step_time import (
     busiest_stage_layers,
     predict_table,
 )
+from sweeper.layouts.stages import pipeline_shapes, stage_layers
 from sweeper.profiles.lookup import Lookup, MeasuredProfile
 from sweeper.profiles.profile import Profile, host_costs
 from sweeper.spec.traits import TimeTraits
@@ -279,19 +280,12 @@ def price(
     passes = busiest * accum  # block passes the busiest rank runs per step
     blk = block_prices(lookup, m, rows=rows, tp=tp, sp=sp, cols=cols, dtype=dtype)
     # nodes that are namespaces of the profile's one machine share its cores: every rank counts
-    slow = oversubscription(lookup.profile, cl.world if lookup.profile.shared_host else cl.gpus_per_node)
-
+    host_ranks = cl.world if lookup.profile.shared_host else cl.gpus_per_node
     vocab = np.maximum(m.vocab // tp, 1)
     head = lookup.gemm_s(dtype, rows, vocab, m.hidden, part="fwd") + lookup.gemm_s(
         dtype, rows, vocab, m.hidden, part="bwd"
     )
     loss = lookup.elementwise_s("cross_entropy", "eager", rows * vocab)
-    t = table.parts
-    matmul = (passes * (blk.gemm_fwd + blk.gemm_bwd) + accum * head) * slow
-    attention = np.where(
-        np.isnan(blk.attn_fwd) | (cp > 1), t["attention"], passes * (blk.attn_fwd + blk.attn_bwd) * slow
-    )
-    memory_bound = (passes * (blk.elem_fwd + blk.elem_bwd) + accum * loss) * slow
     if lookup.profile.gpu == "cpu":  # the host computes too: its overhead adds to the arithmetic
         overhead, ac_overhead = host_overhead(lookup, m, cols, dtype=dtype)
     else:  # a GPU computes while the host launches: the host shows only where it takes longer
@@ -299,11 +293,20 @@ def price(
         ac_overhead = np.zeros(len(tp))
     overhead = overhead + tp_overhead(lookup, m, cols, dtype=dtype)
     per_step, per_pass = host_costs(lookup.profile.reference_steps)
-    framework = passes * (overhead * slow + per_pass) + traits.microbatch_s * accum
+    block_s = np.nan_to_num(blk.total() + blk.recompute(mode)) + overhead + ac_overhead + per_pass
+    share = core_share(lookup.profile, cols, m.layers, (cl.world, host_ranks), block_s=block_s, end_s=head + loss)
+    slow = oversubscription(lookup.profile, host_ranks) * share
+    t = table.parts
+    matmul = (passes * (blk.gemm_fwd + blk.gemm_bwd) + accum * head) * slow
+    attention = np.where(
+        np.isnan(blk.attn_fwd) | (cp > 1), t["attention"], passes * (blk.attn_fwd + blk.attn_bwd) * slow
+    )
+    memory_bound = (passes * (blk.elem_fwd + blk.elem_bwd) + accum * loss) * slow
+    framework = passes * (overhead * slow + per_pass * share) + traits.microbatch_s * accum
     if lookup.profile.gpu == "cpu":  # FSDP2's hooks and copies (on a GPU they run while the kernels do)
         framework = framework + wrapper_overhead(lookup, cols, m.layers, traits) * slow
     recompute = passes * (blk.recompute(mode) + ac_overhead) * slow
-    optimizer = optimizer_s(lookup, cols, sweep) * slow
+    optimizer = optimizer_s(lookup, cols, sweep) * oversubscription(lookup.profile, host_ranks)
     work = matmul + t["expert_matmul"] + attention + memory_bound + framework + recompute
     bubble_share = np.where(pp > 1, (pp - 1) / cols["chunks"].astype(float) / accum, 0.0)
     parts = dict(t)
@@ -342,6 +345,41 @@ def oversubscription(profile: Profile, processes: int) -> float:
         return max(1.0, n * max(1, profile.cpus // n) / profile.cpus)
 
     return load(processes) / load(profile.processes)
+
+
+def core_share(
+    profile: Profile, cols: Columns, layers: int, ranks: tuple[int, int], *, block_s: np.ndarray, end_s: np.ndarray
+) -> np.ndarray:
+    """Where one host's ranks outnumber its cores (CPU ranks, bound one core each, round-robin, by the
+    local launcher): the busiest core's work over the busiest rank's as priced. Every part was measured
+    with all ranks working at once, so a rank's price already holds its share of a crowded core; but a
+    core whose other ranks hold lighter pipeline stages gives the busiest one more of its time (pp=4
+    on 2 cores: the last stage, a block and the head, shares its core with a stage of one block).
+    `ranks`: (the world, the ranks of one host); `block_s`: a block's seconds a micro-batch; `end_s`:
+    the head's and the loss's (the last stage). 1 where each rank has a core, and for layouts whose
+    ranks all carry the same work."""
+    world, host_ranks = ranks
+    share = np.ones(len(cols["pp"]))
+    if profile.gpu != "cpu" or host_ranks <= profile.cpus:
+        return share
+    cores = profile.cpus
+    for pp_value, chunks in pipeline_shapes(cols):
+        if pp_value == 1 or pp_value > layers:
+            continue
+        rows = (cols["pp"] == pp_value) & (cols["chunks"] == chunks)
+        held = np.array(stage_layers(layers, pp_value, chunks), dtype=float)
+        work = held[:, None] * block_s[rows][None, :]  # (stage, layout)
+        work[-1] += end_s[rows]
+        # the mesh's pp dimension is outermost: each stage's ranks are world / pp adjacent ones
+        stage_of = np.arange(world) * pp_value // world
+        busiest = np.zeros(int(rows.sum()))
+        for first in range(0, world, host_ranks):  # each host, its ranks bound from core 0
+            load = np.zeros((cores, len(busiest)))
+            for local in range(host_ranks):
+                load[local % cores] += work[stage_of[first + local]]
+            busiest = np.maximum(busiest, load.max(axis=0))
+        share[rows] = busiest / (host_ranks / cores * work.max(axis=0))
+    return share
 
 
 def optimizer_s(lookup: Lookup, cols: Columns, sweep: Sweep) -> np.ndarray:
