@@ -295,7 +295,8 @@ def price(
     per_step, per_pass = host_costs(lookup.profile.reference_steps)
     block_s = np.nan_to_num(blk.total() + blk.recompute(mode)) + overhead + ac_overhead + per_pass
     share = core_share(lookup.profile, cols, m.layers, (cl.world, host_ranks), block_s=block_s, end_s=head + loss)
-    slow = oversubscription(lookup.profile, host_ranks) * share
+    crowd = oversubscription(lookup.profile, host_ranks)
+    slow = crowd * share
     t = table.parts
     matmul = (passes * (blk.gemm_fwd + blk.gemm_bwd) + accum * head) * slow
     attention = np.where(
@@ -306,7 +307,7 @@ def price(
     if lookup.profile.gpu == "cpu":  # FSDP2's hooks and copies (on a GPU they run while the kernels do)
         framework = framework + wrapper_overhead(lookup, cols, m.layers, traits) * slow
     recompute = passes * (blk.recompute(mode) + ac_overhead) * slow
-    optimizer = optimizer_s(lookup, cols, sweep) * oversubscription(lookup.profile, host_ranks)
+    optimizer = optimizer_s(lookup, cols, sweep) * crowd  # every rank steps its own at once
     work = matmul + t["expert_matmul"] + attention + memory_bound + framework + recompute
     bubble_share = np.where(pp > 1, (pp - 1) / cols["chunks"].astype(float) / accum, 0.0)
     parts = dict(t)
@@ -351,7 +352,7 @@ def core_share(
     profile: Profile, cols: Columns, layers: int, ranks: tuple[int, int], *, block_s: np.ndarray, end_s: np.ndarray
 ) -> np.ndarray:
     """Where one host's ranks outnumber its cores (CPU ranks, bound one core each, round-robin, by the
-    local launcher): the busiest core's work over the busiest rank's as priced. Every part was measured
+    local launcher: `sweeper.launchers.ranks.core_of`, rank r on core r mod cores): the busiest core's work over the busiest rank's as priced. Every part was measured
     with all ranks working at once, so a rank's price already holds its share of a crowded core; but a
     core whose other ranks hold lighter pipeline stages gives the busiest one more of its time (pp=4
     on 2 cores: the last stage, a block and the head, shares its core with a stage of one block).
