@@ -9,7 +9,7 @@ where (`launchers`) -> the sweep loop (`run`) -> the report and the command (`re
 Foundation modules, imported from anywhere and importing only each other: `errors`, `files`,
 `process`, `packages`, `knobs` (the search space's knobs and the layout columns), `statuses`.
 Each folder's `__init__` says what it owns and, on its `May import:` line, which folders it may
-import (tests/test_architecture.py holds every module to it, and forbids import cycles).
+import (tests/architecture/test_import_rules.py holds every module to it, and forbids import cycles).
 """
 
 __version__ = "0.1.0"

@@ -2,7 +2,7 @@
 
 Everything else that names the knobs (`Layout`'s fields, `SpaceSpec`, `TrialResult`, the results
 schema, every table's column labels and fixed columns, the knobs of one-line layouts, the values
-that mean "no effect") is generated from `KNOBS`, or pinned to it by `tests/test_knobs.py`.
+that mean "no effect") is generated from `KNOBS`, or pinned to it by `tests/common/test_knobs.py`.
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ class RealSweep:
 @pytest.fixture(scope="session")
 def tiny_cpu_sweep(tmp_path_factory: pytest.TempPathFactory) -> RealSweep:
     """The shipped tiny CPU sweep run for real once per session (4 trials of 4 steps, 2 processes each) for
-    the tests that read its results (test_cli_run, test_report); a trial costs seconds of CPU."""
+    the tests that read its results (cli/test_run, report/test_page); a trial costs seconds of CPU."""
     root = tmp_path_factory.mktemp("tiny_cpu")
     spec = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
     spec["results_dir"] = str(root / "results")

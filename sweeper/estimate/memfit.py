@@ -71,7 +71,7 @@ def needs_at_least(cols: Columns, rows: np.ndarray, ref: int) -> np.ndarray:
 # The estimate's measured error: benchmarks/memory_accuracy.py, 40 peaks measured by others
 # (Megatron-LM CI, torchtitan, torchao, DeepSpeed), p90 |error| 20.7 %. Taken as a log-normal
 # error, its sigma is ln(1.207) / z(0.95). Not fitted to the llm-foundry or ultrascale data,
-# which check it (benchmarks/search_bench.py --public, tests/test_uncertain.py).
+# which check it (benchmarks/search_bench.py --public, tests/search/test_acquisition.py).
 MEMORY_LOG_SIGMA = math.log(1.207) / 1.645
 MIN_FIT_CHANCE = 0.01  # a layout less likely than this to fit is pruned; above it, it is uncertain
 

@@ -4,7 +4,7 @@ Activations start from Korthikanti et al. 2022 ("Reducing Activation Recomputati
 Transformer Models", section 4: s*b*h*(34 + 5*a*s/h) bytes per GPT layer in 16-bit) and are
 re-derived tensor by tensor for the block the built-in trainer runs: RMSNorm (no biases),
 RoPE, grouped-query attention, SwiGLU, no dropout. Each term below names the tensors that
-autograd keeps; tests/trainer check the sums against what the trainer really saves.
+autograd keeps; tests/runtime check the sums against what the trainer really saves.
 
 Model states follow the trainer the user runs (`memory.recipe`, `Recipe.states` in sweeper.trainers): what each
 value of the `sharding` knob costs in that trainer. Around the tensors: transient buffers
@@ -135,7 +135,7 @@ def per_token_terms(cols: Columns, sweep: Sweep) -> dict[str, np.ndarray]:
       mlp        SwiGLU: w1 out, silu out, w3 out, w2 input: 4*e*ffn/t; GELU: fc1 out (GELU's
                  input) and GELU out (fc2's input): 2*e*ffn/t. Biases add no saved tensor (the
                  linear layers run as addmm, which keeps its two matrix inputs only).
-    Checked against what the trainer saves (saved-tensor hooks) in tests/trainer.
+    Checked against what the trainer saves (saved-tensor hooks) in tests/runtime.
     """
     m = sweep.model
     e = compute_bytes(sweep)

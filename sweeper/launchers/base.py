@@ -1,7 +1,7 @@
 """What every launcher does: submit a trial, poll it, cancel it, re-attach to it after a restart.
 
 A launcher is one class with its profile model (the `launcher:` mapping of a sweep file or a file
-under launchers/): `sweeper.launchers.registry` finds it by its `kind`, and tests/test_launchers_contract.py
+under launchers/): `sweeper.launchers.registry` finds it by its `kind`, and tests/launchers/test_contract.py
 runs the same operations against each.
 """
 

@@ -46,7 +46,7 @@ class TrialResult:
     """
 
     status: TrialStatus
-    # the layout's knobs (pinned to sweeper.knobs.KNOBS by tests/test_knobs.py) and derived sizes
+    # the layout's knobs (pinned to sweeper.knobs.KNOBS by tests/common/test_knobs.py) and derived sizes
     tp: int | None = None
     pp: int | None = None
     micro_batch_size: int | None = None

@@ -263,7 +263,7 @@ def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelShape:
 
 
 # Shapes from the published configs (params.json / config.json of each release; GPT-3 from
-# the paper's Table 2.1). Published totals they reproduce: tests/test_models.py.
+# the paper's Table 2.1). Published totals they reproduce: tests/spec/test_models.py.
 PRESETS: dict[str, ModelShape] = {
     m.name: m
     for m in [

@@ -9,7 +9,7 @@ and `sweep best` exports, and its log parser. The memory model, the layout rules
 runner and the CLI ask these objects and compare no trainer names.
 
 Adding a trainer: a module here with its class (and a recipe, when it holds memory its own way),
-one line in `TRAINERS` below, and its tests; `tests/test_trainers.py` holds every trainer to the
+one line in `TRAINERS` below, and its tests; `tests/trainers/test_contract.py` holds every trainer to the
 common contract.
 
 May import: foundation, profiles, spec, layouts, estimate.

@@ -99,7 +99,7 @@ class Builtin(Trainer):
 
     def runs_cp(self, cols: Columns) -> np.ndarray:
         """cp > 1 runs with tp (and SP), pp (1F1B, interleaved, a tied head) and dp, each checked
-        against one process (tests/trainer); not under torch.compile (the all-gather's autograd
+        against one process (tests/runtime); not under torch.compile (the all-gather's autograd
         function and the per-chunk SDPA calls under a fullgraph compile are not tested)."""
         return super().runs_cp(cols) & ~cols["compile"].astype(bool)
 
@@ -113,7 +113,7 @@ class Builtin(Trainer):
         without torch.compile (the router's data-dependent split under a fullgraph compile is
         not tested), without float8 (the grouped experts are no nn.Linear), and ep > 1 without
         FSDP (which would shard and average the ep-sharded experts over ranks holding other
-        experts). With pp, cp and dp it is checked against one process (tests/trainer)."""
+        experts). With pp, cp and dp it is checked against one process (tests/runtime)."""
         blocked = _moe_blocker(cols) != ""
         fsdp_ep = (cols["ep"] > 1) & (cols["sharding"] == "fsdp")
         return super().runs_experts(cols) & ~blocked & ~fsdp_ep & ~cols["float8"].astype(bool)

@@ -18,7 +18,7 @@ from sweeper.errors import SpecError, SweepError
 from sweeper.files import FileRefused, parse_json, parse_yaml, read_limited
 from sweeper.spec.loader import load_sweep
 from tests.conftest import base_spec
-from tests.test_hf_config import LLAMA31_8B, QWEN15_MOE_A27B
+from tests.spec.test_hf_config import LLAMA31_8B, QWEN15_MOE_A27B
 
 
 def hf_sweep(tmp_path: Path, config: dict | str | None = None):
@@ -136,7 +136,7 @@ def test_the_config_errors_are_sweep_errors():
 
 # ---- measured profiles ---------------------------------------------------------------------------
 def _profile_file(tmp_path: Path, edit=None, name: str = "p.yaml") -> Path:
-    from tests.test_profile import synthetic_profile
+    from tests.profiles.test_profile import synthetic_profile
 
     data = synthetic_profile().to_dict()
     if edit is not None:
@@ -149,7 +149,7 @@ def _profile_file(tmp_path: Path, edit=None, name: str = "p.yaml") -> Path:
 def test_a_profiles_row_order_does_not_move_its_predictions(tmp_path):
     from sweeper.estimate.predict import predict
     from sweeper.layouts.layout import Layout
-    from tests.test_profile import tiny_sweep
+    from tests.profiles.test_profile import tiny_sweep
 
     def reverse(d: dict) -> None:
         for k in ("collectives", "gemm", "elementwise", "attention"):
@@ -212,7 +212,7 @@ def test_profile_show_on_a_device_or_a_sparse_file_is_one_line(tmp_path):
 
 def test_a_cached_profile_others_may_write_is_refused(tmp_path, monkeypatch):
     from sweeper.profiles.profile import cached_profile_path, save_profile
-    from tests.test_profile import synthetic_profile, tiny_sweep
+    from tests.profiles.test_profile import synthetic_profile, tiny_sweep
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     path = cached_profile_path("cpu")
@@ -237,7 +237,7 @@ def test_a_cached_profile_others_may_write_is_refused(tmp_path, monkeypatch):
 def test_forget_deletes_only_cached_profiles(tmp_path):
     from sweeper.profiles.profile import save_profile
     from tests.conftest import cli_env, sweep_cli
-    from tests.test_profile import synthetic_profile
+    from tests.profiles.test_profile import synthetic_profile
 
     env = cli_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
     cache = tmp_path / "cache" / "sweep" / "profiles"
@@ -299,7 +299,7 @@ def _learning_sweep(tmp_path: Path) -> Path:
 
 
 # an implausible learned *number* (log_ratio 1e300) is refused and said where it is used, the rest of
-# the file kept (tests/test_learned_profile.py); a field of the wrong type refuses the whole file here
+# the file kept (tests/search/test_learned.py); a field of the wrong type refuses the whole file here
 @pytest.mark.parametrize(
     ("log", "trials", "words"),
     [

@@ -1,0 +1,1 @@
+"""What README.md and docs/ show, read as printed."""

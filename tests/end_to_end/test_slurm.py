@@ -1,0 +1,132 @@
+"""`sweep run` through the slurm launcher on the project's own single-node SLURM (root; CI runs it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from tests.conftest import SPACES, start_cli, sweep_cli
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def slurm_spec(tmp_path: Path, name: str, *, trial: dict, max_trials: int, parallel: int) -> Path:
+    spec = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
+    spec.update(
+        name=name, results_dir=str(tmp_path / "results"), launcher={"kind": "slurm", "poll_s": 1.0, "exclusive": False}
+    )
+    spec["trial"].update(trial)
+    spec["search"] = {"max_trials": max_trials, "parallel": parallel, "seed": 0}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_tiny_sweep_through_slurm_two_tasks_per_trial(slurm_cluster, tmp_path):
+    spec = slurm_spec(tmp_path, "tiny_slurm", trial={"steps": 4, "timeout_min": 5}, max_trials=2, parallel=2)
+    r = sweep_cli("run", str(spec), cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:] + slurm_cluster.logs()
+    df = pd.read_parquet(tmp_path / "results" / "tiny_slurm" / "trials")
+    assert len(df) == 2 and (df.status == "ok").all(), df[["status", "error"]].to_string()
+    assert df.job_id.str.fullmatch(r"\d+").all()
+    assert df.nodelist.isin(slurm_cluster.nodes).all()
+    assert (df.num_devices == 2).all() and df.step_times_s.map(len).eq(4).all()
+    assert (df.launcher == "slurm").all()
+
+
+def job_tasks(job_id: str) -> list[int]:
+    """The live task processes of a SLURM job (submitit's `python -m submitit.core._submit`), found by
+    the SLURM_JOB_ID in their environment (every node's slurmd runs on this host)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            if not d.name.isdigit() or (d / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            environ, cmdline = (d / "environ").read_bytes(), (d / "cmdline").read_bytes()
+        except OSError:
+            continue
+        argv = cmdline.split(b"\0")
+        ours = f"SLURM_JOB_ID={job_id}\0".encode() in environ + b"\0"
+        # the tasks themselves, not the `srun ... python -m submitit.core._submit` that started them
+        if ours and Path(argv[0].decode()).name.startswith("python") and b"submitit.core._submit" in argv:
+            found.append(int(d.name))
+    return sorted(found)
+
+
+def test_time_limit_and_scancel_become_rows(slurm_cluster, tmp_path):
+    # two trials that would run for hours: one is cancelled from outside, the other hangs (its ranks
+    # stopped, as a trial stuck in a collective is) until the 1-minute SLURM time limit ends it;
+    # the sweep ends with one row each and no hang. Stopped, the hung trial takes no CPU while the
+    # limit is waited out (SLURM sends SIGCONT before SIGTERM and SIGKILL, as to any stopped task).
+    spec = slurm_spec(tmp_path, "tiny_faults", trial={"steps": 100_000, "timeout_min": 1}, max_trials=2, parallel=2)
+    proc = start_cli("run", str(spec), cwd=tmp_path)
+    inflight = tmp_path / "results" / "tiny_faults" / "inflight"
+    deadline = time.time() + 120
+    records: list[dict] = []
+    # a record is saved before its job is submitted (job_id null), then again with the job id
+    while (
+        time.time() < deadline
+        and proc.poll() is None
+        and (len(records) < 2 or not all(r.get("job_id") for r in records))
+    ):
+        records = (
+            [json.loads(p.read_text()) for p in sorted(inflight.glob("trial-*.json"))] if inflight.is_dir() else []
+        )
+        time.sleep(0.5)
+    assert len(records) == 2, (
+        f"two trials should be in flight: {proc.poll()} {proc.stderr.read() if proc.poll() is not None else ''}"
+    )
+    victim = records[0]
+    # wait until it runs, then cancel it as an operator would
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        state = subprocess.run(
+            ["squeue", "-h", "-j", victim["job_id"], "-o", "%T"], capture_output=True, text=True
+        ).stdout
+        if "RUNNING" in state:
+            break
+        time.sleep(0.5)
+    subprocess.run(["scancel", victim["job_id"]], check=True)
+    hung = records[1]["job_id"]
+    deadline = time.time() + 120
+    while len(tasks := job_tasks(hung)) < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert len(tasks) == 2, f"job {hung}: tasks {tasks}, sweep {proc.poll()}"
+    for pid in tasks:
+        os.kill(pid, signal.SIGSTOP)
+    out, err = proc.communicate(timeout=400)
+    assert proc.returncode == 1, err[-3000:]  # both trials failed: `sweep run` says no trial succeeded
+    df = pd.read_parquet(tmp_path / "results" / "tiny_faults" / "trials").set_index("trial_number")
+    cancelled = df.loc[victim["trial_number"]]
+    assert cancelled.status == "failed" and "cancelled" in cancelled.error, cancelled.error
+    other = df.drop(index=victim["trial_number"]).iloc[0]
+    assert other.status == "timeout", other.error
+    assert not list(inflight.iterdir())
+    # nothing of the sweep still pending or running (a job that just hit its limit may linger a
+    # few seconds in SLURM's COMPLETING state, which is SLURM's epilog, not a leftover)
+    left = subprocess.run(
+        ["squeue", "-h", "-t", "PENDING,RUNNING", "-o", "%A"], capture_output=True, text=True
+    ).stdout.split()
+    assert not set(left) & {r["job_id"] for r in records}
+
+
+def test_external_workload_through_slurm(slurm_cluster, tmp_path):
+    standin = Path(__file__).parents[1] / "standins" / "megatron_pretrain.py"
+    spec = slurm_spec(tmp_path, "mega_slurm", trial={"steps": 4, "timeout_min": 5}, max_trials=2, parallel=2)
+    data = yaml.safe_load(spec.read_text())
+    data["workload"] = {"kind": "megatron", "command": f"{sys.executable} {standin} --node {{node_rank}} {{flags}}"}
+    spec.write_text(yaml.safe_dump(data))
+    r = sweep_cli("run", str(spec), cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:] + slurm_cluster.logs()
+    df = pd.read_parquet(tmp_path / "results" / "mega_slurm" / "trials")
+    assert len(df) == 2 and (df.status == "ok").all(), df[["status", "error"]].to_string()
+    assert (df.device == "megatron workload").all() and df.job_id.str.fullmatch(r"\d+").all()

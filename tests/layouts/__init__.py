@@ -1,0 +1,1 @@
+"""sweeper/layouts: the validity rules of a layout."""

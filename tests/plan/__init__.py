@@ -1,0 +1,1 @@
+"""sweeper/plan: the plan, the dry run's records and the answer per node count."""

@@ -1,0 +1,1 @@
+"""sweeper/profiles: the measured profile file and its tables."""

@@ -1,0 +1,1 @@
+"""sweeper/report: the HTML report and the records it draws."""

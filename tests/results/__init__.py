@@ -1,0 +1,1 @@
+"""sweeper/results: trial results, Parquet rows, step-to-step noise."""

@@ -1,0 +1,1 @@
+"""sweeper/search: the search over layouts and node counts, its calibration, learned profiles."""

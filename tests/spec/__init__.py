@@ -1,0 +1,1 @@
+"""sweeper/spec: the sweep file, the model and GPU catalogues, config.json."""

@@ -1,0 +1,1 @@
+"""sweeper/trainers: each trainer's rules, traits and exports, read back with the trainers' own parsers."""
