@@ -68,26 +68,26 @@ class NoopProcessLauncher(LocalLauncher):
 
 
 class TimedAsk:
-    """Wraps LayoutSearch.ask to time the sampler."""
+    """Wraps LayoutSearch.choose (what the sweep loop asks for each next layout) to time the sampler."""
 
     def __init__(self) -> None:
         self.times: list[float] = []
-        self._orig = LayoutSearch.ask
+        self._orig = LayoutSearch.choose
 
     def __enter__(self) -> TimedAsk:
         orig, times = self._orig, self.times
 
-        def ask(search: LayoutSearch, **kw: object):  # noqa: ANN202
+        def choose(search: LayoutSearch, **kw: object):  # noqa: ANN202
             t0 = time.perf_counter()
             out = orig(search, **kw)
             times.append(time.perf_counter() - t0)
             return out
 
-        LayoutSearch.ask = ask  # type: ignore[method-assign]
+        LayoutSearch.choose = choose  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        LayoutSearch.ask = self._orig  # type: ignore[method-assign]
+        LayoutSearch.choose = self._orig  # type: ignore[method-assign]
 
 
 def one(label: str, launcher: Launcher, sampler: str, parallel: int, tmp: Path) -> tuple:
@@ -103,6 +103,7 @@ def one(label: str, launcher: Launcher, sampler: str, parallel: int, tmp: Path) 
         run_loop(run, poll_s=0.01)
     wall = time.perf_counter() - t0
     assert len(run.rows) == TRIALS, len(run.rows)
+    assert timer.times, "the sweep loop never called LayoutSearch.choose: time what it calls now"
     return label, sampler, parallel, wall / TRIALS, statistics.median(timer.times), max(timer.times)
 
 

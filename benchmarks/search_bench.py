@@ -283,7 +283,7 @@ def memory_main() -> None:
             sweep = replace(
                 base,
                 memory=options.model_validate(base.memory.model_dump() | {"recipe": recipe}),
-                memory_recipe=RECIPES[recipe],
+                memory_recipe=RECIPES_BY_NAME[recipe],
             )
             plan = make_plan(sweep)
             for direction in ("over", "under"):
