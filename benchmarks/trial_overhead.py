@@ -15,7 +15,14 @@ watcher polling a real rendezvous store (sweeper.runtime.outcome.Watcher, as run
 it), and the trainer's own step loop (build_trainer + run_steps) in a one-rank process group
 without the launcher around it.
 
+`--startup` measures instead what starting a trial costs in CPU seconds (user + system, so a busy
+machine slows it less than it slows wall time): the ranks of one tiny trial (the demo sweep's model,
+2 ranks of data parallelism, 2 steps, through the local launcher's `launch_trial`), and a whole
+`sweep run --dry-run` of the demo sweep. `--before REF` runs the same measurements, in the same
+alternating rounds, on the code of git revision REF (a temporary worktree) and prints the change.
+
     python benchmarks/trial_overhead.py [--rounds 4] [--explain]
+    python benchmarks/trial_overhead.py --startup [--before REF] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -203,13 +210,110 @@ def run_trainer(sweep: Sweep) -> dict:
     return {"step_times_s": r.step_times_s, "startup_s": r.startup_s}
 
 
+def startup_probe() -> dict[str, float]:
+    """One tiny trial's ranks, in CPU seconds (run in a process of its own, on the code its
+    PYTHONPATH names): the ranks are this process's children, reaped by the launcher, so the
+    children's usage after the launch is theirs alone."""
+    import resource
+
+    import yaml
+
+    from sweeper.launchers.ranks import launch_trial
+
+    spec = yaml.safe_load((Path(__file__).resolve().parents[1] / "search_spaces" / "tiny_cpu.yaml").read_text())
+    spec["trial"].update(steps=2, warmup_steps=1)
+    sweep = parse_sweep(yaml.safe_dump(spec))
+    with tempfile.TemporaryDirectory(prefix="trial-startup-") as tmp:
+        os.environ["XDG_CACHE_HOME"] = os.path.join(tmp, "cache")
+        r = launch_trial(sweep, Layout(), workdir=Path(tmp))
+    if r.status != "ok":
+        raise SystemExit(f"the tiny trial ended {r.status}: {r.error}")
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"ranks_cpu_s": used.ru_utime + used.ru_stime, "startup_s": r.startup_s}
+
+
+def measure_startup(tree: Path) -> dict[str, float]:
+    """The probe and a dry run on the code in `tree`, each in a fresh interpreter."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    probe = subprocess.run(
+        [sys.executable, __file__, "--startup-probe"], env=env, capture_output=True, text=True, check=False
+    )
+    if probe.returncode:
+        raise SystemExit(f"the startup probe failed on {tree}: {probe.stderr.strip().splitlines()[-1:]}")
+    result = json.loads(probe.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryDirectory(prefix="dry-run-") as tmp:
+        env["XDG_CACHE_HOME"] = tmp
+        spec = tree / "search_spaces" / "tiny_cpu.yaml"
+        result["dry_run_cpu_s"] = _cpu_of([sys.executable, "-m", "sweeper.cli", "run", str(spec), "--dry-run"], env)
+    return result
+
+
+def _cpu_of(cmd: list[str], env: dict[str, str]) -> float:
+    """CPU seconds (user + system) of `cmd`, read from the kernel's record of the reaped child."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"{' '.join(cmd[2:])} exited {done.returncode}: {done.stdout.strip().splitlines()[-1:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def startup_main(rounds: int, before: str | None) -> None:
+    """The `--startup` table: HEAD's tree, and REF's where asked, in alternating rounds."""
+    root = Path(__file__).resolve().parents[1]
+    trees = {"this tree": root}
+    with tempfile.TemporaryDirectory(prefix="trial-overhead-ref-") as tmp:
+        if before:
+            old = Path(tmp) / "ref"
+            subprocess.run(["git", "-C", str(root), "worktree", "add", "-q", "--detach", str(old), before], check=True)
+            trees = {before: old, **trees}
+        try:
+            runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+            for i in range(rounds):
+                print(f"round {i + 1}/{rounds} ...", file=sys.stderr)
+                for name, tree in trees.items():
+                    runs[name].append(measure_startup(tree))
+        finally:
+            if before:
+                subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(old)], check=False)
+    print(f"tiny trial (2 ranks, dp=2, 2 steps) and `sweep run --dry-run` of the demo sweep; median of {rounds} rounds")
+    print(f"{'code':28}{'ranks CPU (s)':>15}{'start to first step (s)':>25}{'dry run CPU (s)':>17}")
+    med = {
+        name: {k: statistics.median(r[k] for r in rs) for k in ("ranks_cpu_s", "startup_s", "dry_run_cpu_s")}
+        for name, rs in runs.items()
+    }
+    for name, m in med.items():
+        print(f"{name[:28]:28}{m['ranks_cpu_s']:>15.2f}{m['startup_s']:>25.2f}{m['dry_run_cpu_s']:>17.2f}")
+    now = med["this tree"]
+    if before:
+        was = med[before]
+        print(
+            f"start-up against {before}: ranks CPU {now['ranks_cpu_s'] / was['ranks_cpu_s']:.2f}x "
+            f"({now['ranks_cpu_s'] - was['ranks_cpu_s']:+.2f} s a trial), dry run CPU "
+            f"{now['dry_run_cpu_s'] / was['dry_run_cpu_s']:.2f}x ({now['dry_run_cpu_s'] - was['dry_run_cpu_s']:+.2f} s)"
+        )
+    else:
+        print(f"start-up: ranks CPU {now['ranks_cpu_s']:.2f} s a trial, dry run CPU {now['dry_run_cpu_s']:.2f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--startup", action="store_true", help="CPU seconds of a tiny trial's ranks and of a dry run")
+    parser.add_argument("--before", metavar="REF", help="with --startup: measure git revision REF's code too")
+    parser.add_argument("--startup-probe", action="store_true", help=argparse.SUPPRESS)  # one probe's process
     parser.add_argument("--explain", action="store_true", help="also time the steps between trainer and plain loop")
     parser.add_argument("--variant", choices=list(VARIANTS), help=argparse.SUPPRESS)  # a variant's own process
     parser.add_argument("--gpu", help=argparse.SUPPRESS)  # the table entry, passed to a variant's process
     args = parser.parse_args()
+    if args.startup_probe:
+        print(json.dumps(startup_probe()))
+        return
+    if args.startup:
+        startup_main(args.rounds, args.before)
+        return
     if args.variant:
         print(json.dumps(VARIANTS[args.variant](parse_sweep(SPEC % _fields(args.gpu)))))
         return

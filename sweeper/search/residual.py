@@ -24,15 +24,17 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.optimize import least_squares
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.gaussian_process import GaussianProcessRegressor
-from sklearn.gaussian_process.kernels import ConstantKernel, DotProduct, Matern, WhiteKernel
 
 from sweeper.estimate.step_time import Calibration, StepTime
 from sweeper.knobs import KNOBS
+
+if TYPE_CHECKING:
+    # scikit-learn and scipy.optimize are imported where a fit runs: they cost `sweep run` about 2 s of
+    # CPU at start, and a sweep that never measures a trial (a dry run, `best`, `status`) never fits
+    from sklearn.gaussian_process import GaussianProcessRegressor
 
 # How far off the model may be before anything is measured (in log space: 0.2 = about 20 %, the
 # spread of the throughput model's error on public step times); a 40x quirk is far outside it,
@@ -102,6 +104,10 @@ class Residual:
         if y.size == 0:
             self.gp, self.offset, self._tuned_at = None, 0.0, 0
             return
+        from sklearn.exceptions import ConvergenceWarning
+        from sklearn.gaussian_process import GaussianProcessRegressor
+        from sklearn.gaussian_process.kernels import ConstantKernel, DotProduct, Matern, WhiteKernel
+
         self.offset = float(np.mean(y))
         d = self.x.shape[1]
         kernel = ConstantKernel(PRIOR_SIGMA**2, (MIN_SIGMA**2, 2.0**2)) * Matern(
@@ -185,6 +191,8 @@ def calibrate(
         prior_terms = [(p[1] - p[0]) / SCALE_PRIOR, (p[0] + p[1]) / (2 * LEVEL_PRIOR)]
         learned = pull * (p - centre) / CALIBRATION_SPREAD  # zero without a learned prior
         return np.concatenate([np.sign(r) * np.sqrt(2 * (np.sqrt(1 + r**2) - 1)), prior_terms, learned])
+
+    from scipy.optimize import least_squares
 
     start = np.clip(centre, lo, hi)
     fit = least_squares(loss, start, bounds=([lo, lo], [hi, hi]))
