@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from sweeper.errors import SweepError
-from sweeper.launchers.local import MAX_LOCAL_PROCESSES
 from sweeper.statuses import TrialStatus
 from sweeper.trainers import trainer_of
 
@@ -122,6 +121,9 @@ def parse_knob(name: str, raw: str) -> Any:
 
 
 def check_local(sweep: Sweep, timeout_s: float | None) -> None:
+    # imported here: the launchers import the plan, and `sweeper.cli` imports this module for every command
+    from sweeper.launchers.local import MAX_LOCAL_PROCESSES
+
     world = sweep.cluster.world
     if world > MAX_LOCAL_PROCESSES:
         raise SweepError(
