@@ -12,9 +12,10 @@ import pytest
 import yaml
 
 from sweeper.errors import SpecError
+from sweeper.estimate.host import core_share
 from sweeper.estimate.moe import reduction_groups
 from sweeper.estimate.predict import predict
-from sweeper.estimate.profiled import BLOCK_TENSORS, END_TENSORS, core_share
+from sweeper.estimate.profiled import BLOCK_TENSORS, END_TENSORS
 from sweeper.estimate.shapes import DEFAULT_CPU, block_gemms, elementwise_sizes
 from sweeper.layouts.layout import Layout
 from sweeper.profiles.lookup import Lookup
