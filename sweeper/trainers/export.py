@@ -273,7 +273,7 @@ def to_torchtitan(row: Mapping[str, Any], sweep: Sweep) -> str:
         ),
     ]
     lines += [f"# no torchtitan option: {n}" for n in notes]
-    lines += [f"# runs otherwise than measured: {n}" for n in change_notes(rec, sweep, "torchtitan")]
+    lines += [f"# {n}" for n in change_notes(rec, sweep, "torchtitan")]
     lines += [f"# {n}" for n in model_comment(sweep, "torchtitan")]
     if not rec["float8"]:
         lines.append('# float8=false (to enable: [model] converters = ["quantize.linear.float8"])')
@@ -331,7 +331,7 @@ def to_torchtitan_cli(row: Mapping[str, Any], sweep: Sweep) -> str:
         f"# names from pytorch/torchtitan {TORCHTITAN_CLI_VERSION} torchtitan/config/configs.py and trainer.py",
     ]
     lines += [f"# no torchtitan option: {n}" for n in notes + model_notes]
-    lines += [f"# runs otherwise than measured: {n}" for n in change_notes(rec, sweep, "torchtitan-cli")]
+    lines += [f"# {n}" for n in change_notes(rec, sweep, "torchtitan-cli")]
     lines += [f"# {n}" for n in model_comment(sweep, "torchtitan")]
     return "\n".join(lines + _shell_lines(args)) + "\n"
 
@@ -472,7 +472,7 @@ def to_megatron(row: Mapping[str, Any], sweep: Sweep) -> str:
     ]
     lines += [f"# environment: {n}" for n in env_notes]
     lines += [f"# no Megatron-LM flag: {n}" for n in notes]
-    lines += [f"# runs otherwise than measured: {n}" for n in change_notes(rec, sweep, "megatron")]
+    lines += [f"# {n}" for n in change_notes(rec, sweep, "megatron")]
     lines.append(f"# the model (add to your command): {' '.join(megatron_model_flags(sweep))}")
     return "\n".join(lines + _shell_lines(args)) + "\n"
 

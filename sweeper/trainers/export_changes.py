@@ -44,20 +44,45 @@ def as_written(rec: Mapping[str, Any], fmt: str) -> dict[str, Any]:
     return out
 
 
+# the trainer each export runs on (`workload.kind`)
+FORMAT_TRAINER = {
+    "torchtitan": "torchtitan",
+    "torchtitan-cli": "torchtitan",
+    "megatron": "megatron",
+    "nanotron": "nanotron",
+}
+# what `selective` recomputes in each trainer, where it is not the built-in trainer's (which saves every
+# matmul and attention output and recomputes the elementwise ops: sweeper/runtime/parallel.py SAC_SAVE_OPS)
+SELECTIVE = {
+    "torchtitan": "torchtitan's op-level selective checkpointing (SelectiveAC) also recomputes every second "
+    "matmul: more time and less activation memory than the plan counts",
+    "megatron": "Megatron-LM's --recompute-granularity selective recomputes the core attention "
+    "(--recompute-modules core_attn) and keeps the elementwise ops: the attention kernel runs twice",
+}
+
+
 def change_notes(rec: Mapping[str, Any], sweep: Sweep, fmt: str) -> list[str]:
-    """One line per knob the `fmt` export writes otherwise: the value written and what it changes
-    per GPU (optimizer state, allocated peak against the card) and in step time, by the plan's models."""
+    """Comment lines (without `# `) for each knob the `fmt` export writes otherwise: the value written
+    and what it changes per GPU (optimizer state, allocated peak against the card) and in step time, by
+    the plan's models; and where `selective` means another recomputation than the sweep's trainer's."""
+    trainer = FORMAT_TRAINER.get(fmt)
+    other = trainer is not None and trainer != sweep.workload.kind
+    # a layout measured by this trainer ran as written: then only the plan's count differs
+    head = "runs otherwise than measured" if other else "runs otherwise than the plan counted"
+    notes = []
+    if trainer in SELECTIVE and rec["activation_checkpointing"] == "selective" and other:
+        notes.append(f"{head}: activation_checkpointing=selective: {SELECTIVE[trainer]}")
     changes = as_written(rec, fmt)
     if not changes:
-        return []
+        return notes
     measured = Layout.from_mapping({k: rec[k] for k in KNOBS})
     written = Layout.from_mapping({k: rec[k] for k in KNOBS} | changes)
     before, after = _priced(measured, sweep), _priced(written, sweep)
     what = ", ".join(f"{k}={rec[k]} runs as {v}" for k, v in changes.items())
     card = after["card"]
     over = " (over the card)" if after["allocated"] > card else ""
-    return [
-        f"{what}: per GPU, optimizer state {before['optimizer']:.2f} -> {after['optimizer']:.2f} GiB, allocated "
+    return notes + [
+        f"{head}: {what}: per GPU, optimizer state {before['optimizer']:.2f} -> {after['optimizer']:.2f} GiB, allocated "
         f"{before['allocated']:.1f} -> {after['allocated']:.1f} GiB of {card:.1f} usable{over}; step time "
         f"{before['step_s']:.3g} -> {after['step_s']:.3g} s (the plan's models, uncalibrated)"
     ]

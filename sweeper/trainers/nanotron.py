@@ -308,7 +308,7 @@ def to_nanotron(row: Mapping[str, Any], sweep: Sweep) -> str:
         f"# launch, on every node, from nanotron's repository: {launch_command(rec, sweep)}",
     ]
     lines += [f"# no nanotron field: {n}" for n in notes]
-    lines += [f"# runs otherwise than measured: {n}" for n in change_notes(rec, sweep, "nanotron")]
+    lines += [f"# {n}" for n in change_notes(rec, sweep, "nanotron")]
     lines.append("# the values marked `# placeholder` are your run's, not the layout's: replace them")
     return "\n".join(lines) + "\n" + mark_placeholders(yaml.safe_dump(config, sort_keys=False))
 

@@ -82,3 +82,21 @@ def test_nanotron_writes_selective_as_no_recompute():
     assert "activation_checkpointing=selective runs as none" in line
     _, _, alloc_before, alloc_after, _, step_before, step_after = numbers(line)
     assert alloc_after > alloc_before and step_after <= step_before  # more kept, nothing recomputed
+
+
+def test_selective_says_what_the_trainer_recomputes():
+    """The built-in trainer's selective recomputes the elementwise ops only; torchtitan's also every
+    second matmul, Megatron-LM's the core attention: a layout measured on the one says so on the others."""
+    (titan,) = changes("torchtitan-cli", tp=2, activation_checkpointing="selective")
+    assert "SelectiveAC) also recomputes every second matmul" in titan
+    (megatron,) = changes("megatron", tp=2, activation_checkpointing="selective")
+    assert "recomputes the core attention" in megatron
+
+
+def test_a_trainers_own_layout_ran_as_written():
+    """A torchtitan sweep's ZeRO-1 trial ran as replicate: the export says what the plan counted otherwise."""
+    sweep = make_sweep(workload={"kind": "torchtitan", "command": "torchrun -m torchtitan.train {flags}"})
+    row = Layout(tp=2, sharding="zero1").resolve(sweep).as_fields()
+    text = EXPORTERS["torchtitan-cli"](row, sweep)
+    assert "# runs otherwise than the plan counted: sharding=zero1 runs as none" in text
+    assert "than measured" not in text
