@@ -74,6 +74,7 @@ class PlanReason(StrEnum):
     INTERLEAVED_MICROBATCHES = "interleaved_microbatches"
     KERNEL_NOT_IN_WORKLOAD = "kernel_not_in_workload"
     KNOB_NOT_IN_TRAINER = "knob_not_in_trainer"
+    COMBINATION_NOT_IN_TRAINER = "combination_not_in_trainer"
     FLOAT8_UNSUPPORTED = "float8_unsupported"
     CP_SEQ_NOT_DIVISIBLE = "cp_seq_not_divisible"
     CP_NOT_IN_WORKLOAD = "cp_not_in_workload"

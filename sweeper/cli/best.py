@@ -23,6 +23,7 @@ class Format(StrEnum):
     torchtitan_cli = "torchtitan-cli"
     megatron = "megatron"
     nanotron = "nanotron"
+    deepspeed = "deepspeed"
 
 
 def best(
@@ -33,7 +34,7 @@ def best(
         typer.Option(
             "--format",
             "-f",
-            help="table, json, yaml (the winner's layout), torchtitan (0.2.x TOML), torchtitan-cli (0.3.x overrides), megatron (flags) or nanotron (YAML config)",
+            help="table, json, yaml (the winner's layout), torchtitan (0.2.x TOML), torchtitan-cli (0.3.x overrides), megatron (flags), nanotron (YAML config) or deepspeed (ds_config.json)",
         ),
     ] = Format.table,
     results: Annotated[

@@ -354,6 +354,12 @@ RULES: tuple[Rule, ...] = (
         _knob_not_in_trainer_why,
     ),
     Rule(
+        PlanReason.COMBINATION_NOT_IN_TRAINER,
+        "knob values the workload's trainer refuses together",
+        lambda c, s: s.trainer.refuses(c, s),
+        lambda c, s, i: s.trainer.refusal(c, s, i),
+    ),
+    Rule(
         PlanReason.FLOAT8_UNSUPPORTED,
         "float8 on a GPU without fp8",
         lambda c, s: c["float8"].astype(bool) & (not s.cluster.gpu.supports_fp8),

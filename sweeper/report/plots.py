@@ -294,18 +294,27 @@ def plot_status(df: pd.DataFrame, plan: Plan, out_dir: Path) -> Plot:
     return Plot(_save(fig, out_dir, "status.png"), "Status breakdown", "linear axes; counts at the bar ends")
 
 
-BAR_COLORS = (
-    "#4c72b0",
-    "#55a868",
-    "#8172b2",
-    "#cccc66",
-    "#c44e52",
-    "#dd8452",
-    "#64b5cd",
-    "#937860",
-    "#da8bc3",
-    "#f2c6e4",
-)
+# every part of the step-time breakdown (sweeper.estimate.step_time.PARTS) its own colour, the same
+# in every plot: tab20's strong tones for the parts on the step's path, and for a hidden part the
+# light tone of its exposed part's hue (dp, cp), drawn hatched besides; tests/report/test_palette.py
+# fails when a part has none, or two parts share one or come within sight of each other
+PART_COLORS = {
+    "matmul": "#1f77b4",
+    "expert_matmul": "#98df8a",
+    "attention": "#9467bd",
+    "memory_bound": "#8c564b",
+    "framework": "#7f7f7f",
+    "recompute": "#bcbd22",
+    "bubble": "#ffd92f",
+    "optimizer": "#17becf",
+    "tp_comm": "#d62728",
+    "cp_comm": "#ff7f0e",
+    "ep_comm": "#e377c2",
+    "pp_comm": "#2ca02c",
+    "dp_comm": "#393b79",
+    "dp_hidden": "#9c9ede",
+    "cp_hidden": "#ffbb78",
+}
 
 
 def plot_breakdown(ex: Explained, knobs: list[str], out_dir: Path) -> Plot:
@@ -317,8 +326,7 @@ def plot_breakdown(ex: Explained, knobs: list[str], out_dir: Path) -> Plot:
     plt = _pyplot()
     n = len(ex.trials)
     fig, ax = plt.subplots(figsize=(10.5, 1.2 + 1.05 * n))
-    # one colour per part, in PARTS order; a part added to the model later reuses one
-    colors = {k: BAR_COLORS[i % len(BAR_COLORS)] for i, k in enumerate(PARTS)}
+    colors = PART_COLORS
     segments = bar_segments(ex)
     labels = []
     for i, (_, r) in enumerate(ex.trials.iterrows()):

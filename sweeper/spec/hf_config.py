@@ -13,7 +13,7 @@ causal attention), Qwen2-MoE's shared-expert gate (one hidden x 1 projection per
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,9 @@ class ModelFile:
     rope_theta: float | None = None
     rope_scaling: dict[str, Any] | None = None
     norm_eps: float | None = None  # rms_norm_eps (Llama, Mistral, Qwen) or layer_norm_eps
+    # bos_token_id, eos_token_id, pad_token_id as the file gives them (an eos list kept whole: Llama
+    # 3.1's instruct models end on any of three); a trainer's config that names them takes these
+    token_ids: dict[str, int | list[int]] = field(default_factory=dict)
 
 
 def _dense(c: Config) -> dict[str, Any]:
@@ -213,7 +216,18 @@ def read_config(path: Path) -> tuple[ModelFile, dict[str, Any]]:
         max_positions = _int(data, "max_position_embeddings") if data.get("max_position_embeddings") else None
     except _Refused as e:
         raise SpecError(f"{where}: {e}") from None
-    return ModelFile(path, text, arch, max_positions, *_beside_shape(data)), fields
+    return ModelFile(path, text, arch, max_positions, *_beside_shape(data), token_ids=_token_ids(data)), fields
+
+
+def _token_ids(c: Config) -> dict[str, int | list[int]]:
+    """The special tokens' ids the file gives (an id that is no integer, or a list of them, is left out)."""
+    out: dict[str, int | list[int]] = {}
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        v = c.get(name)
+        ids = [i for i in (v if isinstance(v, list) else [v]) if isinstance(i, int) and not isinstance(i, bool)]
+        if ids and len(ids) == (len(v) if isinstance(v, list) else 1):
+            out[name] = ids if isinstance(v, list) else ids[0]
+    return out
 
 
 def _beside_shape(c: Config) -> tuple[float | None, dict[str, Any] | None, float | None]:

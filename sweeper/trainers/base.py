@@ -192,6 +192,15 @@ class Trainer:
         allowed = "1" if self.expert_tp == "one" else f"1 or tp = {tp}"
         return f"the {self.kind} trainer runs etp = {allowed} only, not etp = {etp} (tp = {tp})"
 
+    def refuses(self, cols: Columns, sweep: Sweep) -> np.ndarray:
+        """The rows whose knob values, each runnable alone, the trainer refuses together (an assertion
+        of its engine: DeepSpeed's pipeline with ZeRO-2/3); none by default (rule combination_not_in_trainer)."""
+        return np.zeros(len(cols["tp"]), dtype=bool)
+
+    def refusal(self, cols: Columns, sweep: Sweep, i: int) -> str:
+        """Why `refuses` refuses row i, in a line."""
+        return ""
+
     def fewest_1f1b_microbatches(self, pp: np.ndarray) -> np.ndarray:
         """The fewest micro-batches its non-interleaved 1F1B runs with `pp` stages: one where it
         runs fewer than stages (`runs_short_1f1b`), else one per stage."""

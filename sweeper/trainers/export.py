@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from sweeper.knobs import KNOBS
 from sweeper.layouts.stages import split_layers
+from sweeper.trainers.export_changes import change_notes
 from sweeper.trainers.export_model import megatron_model_flags, model_comment, model_fields
 from sweeper.trainers.export_moe import (
     megatron_cp_moe_args,
@@ -134,15 +135,13 @@ def _torchtitan_dp(rec: Mapping[str, Any], version: str) -> tuple[int, int, list
     if version == TORCHTITAN_CLI_VERSION:
         # models/llama3/parallelize.py (0.3.0) has no DDP path: it always applies fully_shard over the
         # dp_replicate x fsdp mesh, so shard degree 1 keeps whole weights and all-reduces gradients
+        kept = (
+            "the weights the same way" if sharding == "none" else "the whole optimizer state on every rank (no ZeRO-1)"
+        )
         return (
             dp,
             1,
-            [
-                (
-                    f"sharding={sharding}: torchtitan 0.3 has no DDP; data_parallel_replicate_degree = dp "
-                    "with shard degree 1 replicates the weights the same way"
-                )
-            ],
+            [f"sharding={sharding}: torchtitan 0.3 has no DDP; replicate degree = dp, shard degree 1 keeps {kept}"],
         )
     if tp > 1 or pp > 1:
         # models/llama3/infra/parallelize.py (0.2.2): DDP only when the dp_replicate mesh is the
@@ -274,6 +273,7 @@ def to_torchtitan(row: Mapping[str, Any], sweep: Sweep) -> str:
         ),
     ]
     lines += [f"# no torchtitan option: {n}" for n in notes]
+    lines += [f"# {n}" for n in change_notes(rec, sweep, "torchtitan")]
     lines += [f"# {n}" for n in model_comment(sweep, "torchtitan")]
     if not rec["float8"]:
         lines.append('# float8=false (to enable: [model] converters = ["quantize.linear.float8"])')
@@ -331,6 +331,7 @@ def to_torchtitan_cli(row: Mapping[str, Any], sweep: Sweep) -> str:
         f"# names from pytorch/torchtitan {TORCHTITAN_CLI_VERSION} torchtitan/config/configs.py and trainer.py",
     ]
     lines += [f"# no torchtitan option: {n}" for n in notes + model_notes]
+    lines += [f"# {n}" for n in change_notes(rec, sweep, "torchtitan-cli")]
     lines += [f"# {n}" for n in model_comment(sweep, "torchtitan")]
     return "\n".join(lines + _shell_lines(args)) + "\n"
 
@@ -471,6 +472,7 @@ def to_megatron(row: Mapping[str, Any], sweep: Sweep) -> str:
     ]
     lines += [f"# environment: {n}" for n in env_notes]
     lines += [f"# no Megatron-LM flag: {n}" for n in notes]
+    lines += [f"# {n}" for n in change_notes(rec, sweep, "megatron")]
     lines.append(f"# the model (add to your command): {' '.join(megatron_model_flags(sweep))}")
     return "\n".join(lines + _shell_lines(args)) + "\n"
 

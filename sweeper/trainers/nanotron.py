@@ -27,6 +27,7 @@ from sweeper.spec.memory_options import NanotronMemory, StateBytes
 from sweeper.spec.traits import PipelineStall, TimeTraits
 from sweeper.trainers.base import EnvNeeds, ParsedLog, Recipe, TableRecipe, Trainer
 from sweeper.trainers.export import layout_record, provenance_suffix
+from sweeper.trainers.export_changes import change_notes
 from sweeper.trainers.export_model import model_fields
 
 if TYPE_CHECKING:
@@ -111,6 +112,16 @@ class NanotronRecipe(TableRecipe):
 
 # ---- the config file ------------------------------------------------------------------------
 PP_ENGINE = {"1f1b": "1f1b", "gpipe": "afab"}  # config/utils_config.py cast_str_to_pipeline_engine
+# config/models_config.py LlamaConfig's defaults: what a run gets for a value the sweep's model lacks
+LLAMA_DEFAULTS: dict[str, Any] = {"bos_token_id": 1, "eos_token_id": 2, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
+# the values of the user's run, not of the layout: the export marks each for replacing (YAML key -> what)
+RUN_PLACEHOLDERS = {
+    "train_steps": "the trial's step count; your run's steps",
+    "lr_warmup_steps": "your run's warm-up",
+    "learning_rate": "your run's learning rate",
+    "tokenizer_name_or_path": "your tokenizer",
+    "dataset": "null runs nanotron's dummy data; your dataset",
+}
 
 
 def nanotron_config(rec: Mapping[str, Any], sweep: Sweep) -> tuple[dict[str, Any], list[str]]:
@@ -122,6 +133,12 @@ def nanotron_config(rec: Mapping[str, Any], sweep: Sweep) -> tuple[dict[str, Any
             "sharding=fsdp: nanotron has no FSDP (its optimizer shards at most the optimizer state, "
             "zero_stage: 1), so this layout cannot be exported as run; export a sweep whose "
             "space.sharding is [none, zero1]"
+        )
+    if rec["pp"] > 1 and rec["pp_schedule"] not in PP_ENGINE:
+        raise SweepError(
+            f"pp_schedule={rec['pp_schedule']}: nanotron has no interleaved pipeline engine (pp_engine is 1f1b "
+            "or afab), so this layout cannot be exported as run; export a sweep whose space.pp_schedule is "
+            "[1f1b, gpipe]"
         )
     notes: list[str] = []
     sp = bool(rec["sequence_parallel"]) and rec["tp"] > 1
@@ -148,11 +165,13 @@ def nanotron_config(rec: Mapping[str, Any], sweep: Sweep) -> tuple[dict[str, Any
         for k in given
         if shape[k] is None
     ]
+    tokens, token_notes = _token_ids(sweep)
+    notes += token_notes
     parallelism = {
         "dp": rec["dp"],
         "tp": rec["tp"],
         "pp": rec["pp"],
-        "pp_engine": PP_ENGINE.get(rec["pp_schedule"], rec["pp_schedule"]),
+        "pp_engine": PP_ENGINE.get(rec["pp_schedule"], "1f1b"),  # at pp = 1 no engine runs
         # REDUCE_SCATTER is its sequence parallelism (parallelism_config.py docstring); the async
         # linear layers go with it, as in the playbook's generator (scripts/scaling_benchmarks.py)
         "tp_mode": "REDUCE_SCATTER" if sp else "ALL_REDUCE",
@@ -162,8 +181,8 @@ def nanotron_config(rec: Mapping[str, Any], sweep: Sweep) -> tuple[dict[str, Any
         "expert_parallel_size": 1,
     }
     model_config = {
-        "bos_token_id": 1,
-        "eos_token_id": 2,
+        "bos_token_id": tokens["bos_token_id"],
+        "eos_token_id": tokens["eos_token_id"],
         "hidden_act": "silu",
         "hidden_size": m.hidden,
         "initializer_range": 0.02,
@@ -173,11 +192,11 @@ def nanotron_config(rec: Mapping[str, Any], sweep: Sweep) -> tuple[dict[str, Any
         "num_attention_heads": m.heads,
         "num_hidden_layers": m.layers,
         "num_key_value_heads": m.kv_heads,
-        "pad_token_id": None,
+        "pad_token_id": tokens.get("pad_token_id"),
         "pretraining_tp": 1,
-        "rms_norm_eps": shape["norm_eps"] or 1e-5,
+        "rms_norm_eps": shape["norm_eps"] or LLAMA_DEFAULTS["rms_norm_eps"],
         "rope_scaling": shape["rope_scaling"],
-        "rope_theta": shape["rope_theta"] or 10000.0,
+        "rope_theta": shape["rope_theta"] or LLAMA_DEFAULTS["rope_theta"],
         "rope_interleaved": False,
         "tie_word_embeddings": bool(m.tied_embeddings),
         "use_cache": True,
@@ -251,9 +270,24 @@ def _dropped_knobs(rec: Mapping[str, Any]) -> list[str]:
         out.append("compile=true: nanotron has no torch.compile option")
     if rec["float8"]:
         out.append("float8=true: nanotron's Llama has no float8 option at this commit")
-    if rec.get("virtual_stages", 1) > 1:
-        out.append(f"virtual_stages={rec['virtual_stages']}: nanotron has no interleaved pipeline schedule")
     return out
+
+
+def _token_ids(sweep: Sweep) -> tuple[dict[str, Any], list[str]]:
+    """bos, eos and pad ids as the config.json gives them, else LlamaConfig's; and what was not given
+    or had to change (nanotron's eos_token_id is one integer: of a list the first is written)."""
+    given = dict(sweep.model_file.token_ids) if sweep.model_file is not None else {}
+    ids: dict[str, Any] = {k: given.get(k, LLAMA_DEFAULTS[k]) for k in ("bos_token_id", "eos_token_id")}
+    if "pad_token_id" in given and not isinstance(given["pad_token_id"], list):
+        ids["pad_token_id"] = given["pad_token_id"]
+    missing = [k for k in ("bos_token_id", "eos_token_id") if k not in given]
+    notes = [f"model {', '.join(missing)}: not given by a config.json; nanotron's LlamaConfig value written"]
+    notes = notes if missing else []
+    for key in ("bos_token_id", "eos_token_id"):
+        if isinstance(ids[key], list):
+            notes.append(f"model {key}={ids[key]}: nanotron takes one id; the first, {ids[key][0]}, written")
+            ids[key] = ids[key][0]
+    return ids, notes
 
 
 def launch_command(rec: Mapping[str, Any], sweep: Sweep) -> str:
@@ -274,7 +308,19 @@ def to_nanotron(row: Mapping[str, Any], sweep: Sweep) -> str:
         f"# launch, on every node, from nanotron's repository: {launch_command(rec, sweep)}",
     ]
     lines += [f"# no nanotron field: {n}" for n in notes]
-    return "\n".join(lines) + "\n" + yaml.safe_dump(config, sort_keys=False)
+    lines += [f"# {n}" for n in change_notes(rec, sweep, "nanotron")]
+    lines.append("# the values marked `# placeholder` are your run's, not the layout's: replace them")
+    return "\n".join(lines) + "\n" + mark_placeholders(yaml.safe_dump(config, sort_keys=False))
+
+
+def mark_placeholders(text: str) -> str:
+    """The YAML with a `# placeholder: ...` comment after each value of the user's run (RUN_PLACEHOLDERS)."""
+    out = []
+    for line in text.splitlines():
+        key = line.strip().split(":", 1)[0]
+        what = RUN_PLACEHOLDERS.get(key)
+        out.append(f"{line}  # placeholder: {what}" if what and not line.rstrip().endswith(":") else line)
+    return "\n".join(out) + "\n"
 
 
 # ---- the log --------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ for line in sys.stdin:
             ],
             "dummy_data": cfg.data_stages[0].data.dataset is None,
             "rope": [mc.rope_theta, mc.rope_scaling, mc.rms_norm_eps],
+            "tokens": [mc.bos_token_id, mc.eos_token_id, mc.pad_token_id],
         }
     except Exception as e:  # a refused config is the answer, whatever the loader raises
         out = {"ok": False, "error": f"{type(e).__name__}: {e}"}

@@ -13,6 +13,7 @@ subprocess, for the whole grid.
 from __future__ import annotations
 
 import importlib.util
+import json
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,13 @@ from typing import Any
 import pytest
 import yaml
 
+from sweeper.errors import SweepError
 from sweeper.knobs import KNOBS
 from sweeper.layouts.layout import Layout
 from sweeper.spec.loader import parse_sweep
 from sweeper.spec.sweep import Sweep
 from sweeper.trainers.export import layout_record
-from sweeper.trainers.nanotron import NANOTRON_COMMIT, to_nanotron
+from sweeper.trainers.nanotron import NANOTRON_COMMIT, RUN_PLACEHOLDERS, to_nanotron
 from tests.conftest import ROOT, base_spec, missing_reference
 from tests.trainers.test_export_parsers import run_harness
 
@@ -96,8 +98,44 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]
     bad["parallelism"]["recompute_layers"] = True
     (out / "bad.yaml").write_text(yaml.safe_dump(bad))
     cases.append({"yaml": str(out / "bad.yaml")})
+    # a model read from a config.json: its own token ids, norm epsilon and RoPE reach nanotron
+    hf = hf_sweep(out)
+    (out / "hf.yaml").write_text(to_nanotron(record(hf, Layout(tp=2, pp=2)), hf))
+    cases.append({"yaml": str(out / "hf.yaml")})
     answers = run_harness("nanotron_config.py", cases, pythonpath=str(src / f"nanotron-{NANOTRON_COMMIT}" / "src"))
-    return dict(zip([*IDS, "bad"], answers))
+    return dict(zip([*IDS, "bad", "hf"], answers))
+
+
+LLAMA31 = {  # Llama 3.1 8B Instruct's config.json, the fields the model and the export read
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "rope_scaling": {"factor": 8.0, "rope_type": "llama3"},
+    "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009],
+    "tie_word_embeddings": False,
+}
+
+
+def hf_sweep(folder: Path) -> Sweep:
+    """A nanotron sweep whose model is LLAMA31, read from a config.json in `folder`."""
+    (folder / "config.json").write_text(json.dumps(LLAMA31))
+    workload = {"kind": "nanotron", "command": "torchrun run_train.py --config-file cfg.yaml"}
+    spec = base_spec(
+        model={"hf_config": str(folder / "config.json")},
+        seq_len=4096,
+        global_batch_size=256,
+        cluster={"nodes": 8, "gpus_per_node": 8, "gpu": "h100-sxm"},
+        workload=workload,
+    )
+    return parse_sweep(yaml.safe_dump(spec))
 
 
 @pytest.mark.parametrize("name", IDS, ids=IDS)
@@ -129,6 +167,42 @@ def test_nanotron_loads_the_export(loaded, name):
 
 def test_nanotron_refuses_a_field_it_lacks(loaded):
     assert not loaded["bad"]["ok"] and "recompute_layers" in loaded["bad"]["error"]
+
+
+def test_the_config_json_reaches_nanotron(loaded):
+    """The model's own bos/eos ids (nanotron's LlamaConfig defaults are 1 and 2), norm epsilon and
+    RoPE, as nanotron's loader builds them; of Llama 3.1's three eos ids the first, said so."""
+    got = loaded["hf"]
+    assert got["ok"], got["error"]
+    assert got["tokens"] == [128000, 128001, None]
+    assert got["rope"] == [500000.0, {"factor": 8.0, "rope_type": "llama3"}, 1e-5]
+
+
+def test_the_eos_list_is_named(tmp_path):
+    sweep = hf_sweep(tmp_path)
+    text = to_nanotron(record(sweep, Layout(tp=2, pp=2)), sweep)
+    assert "eos_token_id=[128001, 128008, 128009]: nanotron takes one id; the first, 128001, written" in text
+
+
+def test_the_run_values_are_placeholders():
+    """train_steps (the trial's 10), the warm-up, learning rate, tokenizer and dataset belong to the
+    user's run: each line says so; no layout value is marked."""
+    sweep, lay = GRID[0][1:]
+    lines = to_nanotron(record(sweep, lay), sweep).splitlines()
+    marked = {ln.strip().split(":", 1)[0]: ln for ln in lines if "# placeholder:" in ln and not ln.startswith("#")}
+    assert set(marked) == set(RUN_PLACEHOLDERS)
+    assert marked["train_steps"].startswith(f"  train_steps: {sweep.trial.steps}  # placeholder:")
+    assert yaml.safe_load("\n".join(lines))["tokens"]["train_steps"] == sweep.trial.steps
+
+
+def test_an_interleaved_layout_is_refused():
+    """nanotron's engines are 1f1b and afab (cast_str_to_pipeline_engine): an interleaved layout is
+    refused in one line, never written as `pp_engine: interleaved`."""
+    sweep = sweep_of(32)
+    lay = Layout(tp=2, pp=2, pp_schedule="interleaved", virtual_stages=2)
+    with pytest.raises(SweepError) as e:
+        to_nanotron(record(sweep, lay), sweep)
+    assert "\n" not in str(e.value) and "pp_schedule=interleaved: nanotron has no interleaved" in str(e.value)
 
 
 def test_the_archive_is_the_pinned_commit():
