@@ -7,12 +7,15 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from sweeper.errors import NoSuccessError, SweepError
 from sweeper.plan.sizes import Winner
+
+if TYPE_CHECKING:
+    from sweeper.results.answer import Answer
 
 
 class Format(StrEnum):
@@ -73,78 +76,99 @@ def best(
     err = message_console()
     for w in store.warnings:
         say(err, "warning", w)
+    answer = _answer(rows, root, spec, by)  # None: no readable sweep file, ranked by MFU as before
+    ranked = answer.ranked if answer is not None else best_rows(rows, len(rows))
     from sweeper.cli.render import winner_margin
 
-    verdict = winner_margin(rows)
-    from sweeper.cli.best_sizes import size_view
-
-    view = size_view(rows, root, spec)  # None: one node count and no goal, answered as before
+    verdict = answer.margin() if answer is not None else winner_margin(rows)
+    view = None if answer is None or answer.found is None else _view(answer)
     if fmt is Format.json:
         from collections import Counter
 
-        chosen = [_jsonable(r) for r in best_rows(rows, top)]
+        chosen = [_jsonable(r) for r in ranked[:top]]
         doc = {
             "name": root.name,
             "trials": len(rows),
             "statuses": dict(Counter(r["status"] for r in rows)),
             "best": chosen[0] if chosen else None,
             "top": chosen,
-            "layout": _winner_layout(rows, root, spec),
-            # the winner against the runner-up: win, tie (within noise) or unknown, and the line that says it
+            "layout": _winner_layout(ranked, answer),
+            # the winner against the runner-up (of its node count): win, tie (within noise) or unknown, and its line
             "margin": None if verdict is None else {**asdict(verdict), "sentence": verdict.sentence()},
         }
-        if view is not None:
+        if view is not None and answer is not None:
             from sweeper.cli.best_sizes import view_json
 
             doc["per_nodes"] = view_json(view, by)
+            row = answer.row
+            doc["answer"] = {
+                "by": by.value,
+                "nodes": answer.nodes,
+                "trial": None if row is None else row["trial_number"],
+            }
         typer.echo(json.dumps(doc, indent=2))
     elif fmt in (Format.yaml, Format.torchtitan, Format.torchtitan_cli, Format.megatron, Format.nanotron):
-        typer.echo(_export_winner(rows, root, spec, fmt.value, view, by), nl=False)
+        typer.echo(_export_winner(rows, root, spec, fmt.value, answer, view), nl=False)
         if verdict is not None and verdict.within_noise():  # the export is one of two, said beside it
             say(err, "note", verdict.sentence())
     else:
         from sweeper.cli.render import print_best
 
-        if view is not None:
+        if view is not None and answer is not None:
             from sweeper.cli.best_sizes import print_view
 
-            print_view(view, by)
-        print_best(rows, top=top, title=f"{root.name}: best layouts")
+            print_view(view, answer)
+        print_best(rows, top=top, title=f"{root.name}: best layouts", answer=answer)
     if not best_rows(rows, 1):  # the same exit status whatever the format
         raise NoSuccessError(f"no successful trial under {root} ({len(rows)} trials)")
 
 
+def _answer(rows: list[dict[str, Any]], root: Path, spec: str, by: Winner) -> Answer | None:
+    """The sweep's measured answer `--by` (`sweeper.results.answer`); None without a readable sweep file."""
+    from sweeper.results.answer import measured_answer
+    from sweeper.results.rows import sweep_as_run
+
+    try:
+        sweep = sweep_as_run(root, spec)
+    except SweepError:
+        return None
+    return measured_answer(rows, sweep, by)
+
+
+def _view(answer: Answer) -> Any:
+    from sweeper.cli.best_sizes import SizeView
+
+    assert answer.found is not None and answer.marks is not None
+    return SizeView(answer.sweep, answer.found, answer.marks)
+
+
 def _export_winner(
-    rows: list[dict[str, Any]], root: Path, spec: str, fmt: str, view: Any = None, by: Winner = Winner.time
+    rows: list[dict[str, Any]], root: Path, spec: str, fmt: str, answer: Answer | None, view: Any
 ) -> str:
-    """The best ok trial in a trainer's format (over several node counts: the winner `--by`, for
-    its node count); a sweep without one is a user error."""
+    """The winning trial in a trainer's format, written for the node count it answers for; a sweep
+    without one (no ok trial, or no measured size meeting the goal's limits) is a user error."""
     from sweeper.results.rows import best_rows, sweep_as_run
     from sweeper.trainers import EXPORTERS
 
-    chosen = best_rows(rows, 1)
-    if not chosen:
+    if not best_rows(rows, 1):
         raise NoSuccessError(f"no successful trial under {root} to export ({len(rows)} trials)")
-    if view is not None:
-        from sweeper.cli.best_sizes import winner_row
+    if answer is None:
+        return EXPORTERS[fmt](best_rows(rows, 1)[0], sweep_as_run(root, spec))
+    if answer.row is None:
+        missed = [f"{a.nodes}: {'; '.join(a.misses)}" for a in view.found if a.misses] if view is not None else []
+        why = f" (limits missed: {', '.join(missed)})" if missed else ""
+        raise NoSuccessError(f"no measured node count meets the goal{why}")
+    return EXPORTERS[fmt](answer.row, answer.sweep)
 
-        row, sweep, _ = winner_row(rows, view, by)
-        return EXPORTERS[fmt](row, sweep)
-    return EXPORTERS[fmt](chosen[0], sweep_as_run(root, spec))
 
-
-def _winner_layout(rows: list[dict[str, Any]], root: Path, spec: str) -> Any:
-    """The winner's layout record for the JSON document (null without a winner or a readable sweep)."""
-    from sweeper.results.rows import best_rows, sweep_as_run
+def _winner_layout(ranked: list[Mapping[str, Any]], answer: Answer | None) -> Any:
+    """The winner's layout record for the JSON document, at its own node count (null without a
+    winner or a readable sweep)."""
     from sweeper.trainers.export import layout_record
 
-    chosen = best_rows(rows, 1)
-    if not chosen:
+    if answer is None or answer.row is None or not ranked:
         return None
-    try:
-        return layout_record(chosen[0], sweep_as_run(root, spec))
-    except SweepError:
-        return None
+    return layout_record(answer.row, answer.sweep)
 
 
 def _jsonable(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,8 @@ from sweeper.errors import SweepError
 if TYPE_CHECKING:
     import pandas as pd
 
+    from sweeper.results.answer import Answer
+
 
 def across_sizes(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per layout run ok at two node counts or more; a column of MFU per node count (the
@@ -35,8 +37,9 @@ def _kept(values: Any) -> float | None:
     return float(values.iloc[-1] / values.iloc[0]) if len(values) >= 2 and values.iloc[0] > 0 else None
 
 
-def show_across_sizes(frame: pd.DataFrame, name: str, *, as_json: bool) -> None:
-    """Print the layouts across node counts as a table (or JSON); refuse a sweep of one node count."""
+def show_across_sizes(frame: pd.DataFrame, name: str, *, as_json: bool, answer: Answer | None = None) -> None:
+    """Print the layouts across node counts as a table (or JSON), and the sweep's answer (the one
+    `sweep best` gives for its default --by); refuse a sweep of one node count."""
     import typer
 
     if "nodes" not in frame or frame.nodes.dropna().nunique() < 2:
@@ -44,7 +47,8 @@ def show_across_sizes(frame: pd.DataFrame, name: str, *, as_json: bool) -> None:
     wide = across_sizes(frame)
     if as_json:
         records = wide.astype(object).where(wide.notna(), None).to_dict(orient="records")
-        typer.echo(json.dumps({"a": name, "layouts": records}, indent=2, default=str))
+        said = None if answer is None else {"by": answer.by.value, "nodes": answer.nodes, "trial": _trial(answer)}
+        typer.echo(json.dumps({"a": name, "layouts": records, "answer": said}, indent=2, default=str))
         return
     from rich.table import Table
 
@@ -64,6 +68,14 @@ def show_across_sizes(frame: pd.DataFrame, name: str, *, as_json: bool) -> None:
     console.print(
         f"{len(wide)} layouts ran at two node counts or more; kept: MFU at the largest node count over the smallest"
     )
+    if answer is not None:
+        from rich.text import Text
+
+        console.print(Text(answer.line()), soft_wrap=True)
+
+
+def _trial(answer: Answer) -> int | None:
+    return None if answer.row is None else int(answer.row["trial_number"])
 
 
 def _num(v: Any) -> str:

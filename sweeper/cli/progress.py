@@ -68,8 +68,10 @@ class LiveProgress:
         detail = mfu or (err[0][:100] if err else "")
         colour = "green" if row["status"] == TrialStatus.OK else "red"
         knobs = tuple(k for k in SUMMARY_KNOBS if len(run.sweep.space.get(k, ())) > 1) or ALWAYS_SHOWN
+        # over several node counts the size is part of what ran: a 16-node trial's MFU is not a 32-node one's
+        size = f"nodes={row.get('nodes')} " if run.sweep.several_sizes and row.get("nodes") is not None else ""
         self.console.print(
-            f"trial {row['trial_number']:>3} [{colour}]{row['status']:<18}[/] {describe(row, knobs)}  {detail}"
+            f"trial {row['trial_number']:>3} [{colour}]{row['status']:<18}[/] {size}{describe(row, knobs)}  {detail}"
         )
         self._refresh(run)
 

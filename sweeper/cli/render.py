@@ -19,6 +19,7 @@ from sweeper.statuses import PlanStatus
 from sweeper.trainers import recipe_of
 
 if TYPE_CHECKING:
+    from sweeper.results.answer import Answer
     from sweeper.results.noise import Margin
 
 
@@ -262,8 +263,10 @@ def param_counts(m: ModelShape) -> str:
 BASE_KNOBS = ("tp", "pp", "dp", "micro_batch_size")
 
 
-def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
-    """The top layouts by MFU as a table (knobs that vary among the trials), and a count of the rest."""
+def print_best(rows: list[dict[str, Any]], *, top: int, title: str, answer: Answer | None = None) -> None:
+    """The top layouts as a table (knobs that vary among the trials), a count of the rest, and the
+    winner's lead over the runner-up. With the sweep's `answer` (`sweeper.results.answer`) its
+    ranking: over several node counts, the trials of the node count it answers for; else by MFU."""
     from collections import Counter
 
     from rich.table import Table
@@ -272,8 +275,19 @@ def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
     from sweeper.results.rows import best_rows
 
     console = make_console()
-    chosen = best_rows(rows, top)
     counts = Counter(r["status"] for r in rows)
+    verdict = winner_margin(rows)
+    chosen = best_rows(rows, top)
+    if answer is not None and answer.row is not None:
+        chosen, verdict = answer.top(top), answer.margin()
+        title += f" at {answer.nodes} node(s) (--by {answer.by.value})" if answer.several else ""
+    elif answer is not None and answer.found is not None and chosen:  # no size meets the goal's limits
+        title += (
+            " of every node count (none meets the goal's limits)"
+            if answer.several
+            else " (none meets the goal's limits)"
+        )
+        verdict = None
     if not chosen:
         console.print(
             f"{title}: no successful trial yet ({', '.join(f'{k} {v}' for k, v in counts.items()) or 'no trials'})"
@@ -315,7 +329,6 @@ def print_best(rows: list[dict[str, Any]], *, top: int, title: str) -> None:
     console.print(table)
     print_float8_note(console, [r.get("float8") for r in chosen], "MFU")
     console.print(f"{len(rows)} trials: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
-    verdict = winner_margin(rows)
     if verdict is not None:  # whole, never wrapped: a script or a test reads the line
         console.print(Text(verdict.sentence()), soft_wrap=True)
 

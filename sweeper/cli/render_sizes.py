@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sweeper.plan.sizes import Marks, SizeAnswer, verdict
+from sweeper.spec.goal import goal_line
 from sweeper.spec.schema import GoalSpec
 
 
@@ -65,5 +66,4 @@ def _marks_of(nodes: int, marks: Marks) -> str:
 def print_sizes(console: Console, found: Sequence[SizeAnswer], marks: Marks, goal: GoalSpec | None, title: str) -> None:
     console.print(size_table(found, marks, goal, title=title))
     if goal is not None:
-        price = "" if goal.gpu_hour_cost is None else f", {goal.gpu_hour_cost:g} per GPU-hour"
-        console.print(f"goal: {goal.tokens:.3g} tokens{price}")
+        console.print(goal_line(goal))

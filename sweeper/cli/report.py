@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 
 from sweeper.errors import SweepError
+from sweeper.plan.sizes import Winner
+from sweeper.results.answer import DEFAULT_BY
 
 
 def report(
@@ -15,6 +17,10 @@ def report(
     results: Annotated[
         Path | None, typer.Option("--results", help="a results folder (default: results_dir/<name> of the sweep)")
     ] = None,
+    by: Annotated[
+        Winner,
+        typer.Option("--by", help="the winner over node counts: time (the fastest run) or cost (the cheapest)"),
+    ] = DEFAULT_BY,
 ) -> None:
 
     from sweeper.cli.render import message_console, say
@@ -29,5 +35,5 @@ def report(
     err = message_console()
     for w in store.warnings:
         say(err, "warning", w)
-    path, pngs = write_report(sweep, frame, root)
+    path, pngs = write_report(sweep, frame, root, by=by)
     typer.echo(f"{path}  ({len(pngs)} plots: {', '.join(pngs)})")

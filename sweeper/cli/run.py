@@ -11,6 +11,8 @@ import typer
 from sweeper.errors import SweepError
 from sweeper.statuses import PlanStatus
 
+INTERRUPTED = 130  # the exit status of a sweep stopped by Ctrl-C, as a shell gives a command SIGINT ended
+
 
 def run(
     spec: Annotated[
@@ -174,9 +176,10 @@ def _per_nodes(plan) -> dict:  # noqa: ANN001 - Plan
 def run_live(sweep, *, fresh: bool, yes: bool, top: int, rebuild_study: bool = False) -> None:  # noqa: ANN001 - Sweep
     """The real run with a live display on stderr, then the best layouts."""
     from rich.console import Console
+    from rich.text import Text
 
     from sweeper.cli.progress import LiveProgress
-    from sweeper.cli.render import message_console, print_best, say
+    from sweeper.cli.render import make_console, message_console, print_best, say
     from sweeper.errors import NoSuccessError
     from sweeper.results.rows import best_rows
     from sweeper.run.orchestrator import run_sweep
@@ -205,6 +208,14 @@ def run_live(sweep, *, fresh: bool, yes: bool, top: int, rebuild_study: bool = F
     if run.fatal:
         raise SweepError(f"{sweep.name}: stopped after one trial, this machine cannot run the sweep: {run.fatal}")
     rows = run.rows  # this sweep's rows, earlier runs' included
-    print_best(rows, top=top, title=f"{sweep.name}: best layouts")
+    from sweeper.results.answer import measured_answer
+
+    answer = measured_answer(rows, sweep)  # the one `sweep best` gives, for its default --by
+    if answer.found is not None:  # over several node counts or with a goal: which size and trial
+        make_console().print(Text(answer.line()), soft_wrap=True)
+    print_best(rows, top=top, title=f"{sweep.name}: best layouts", answer=answer)
+    if run.stop_requested:  # Ctrl-C: what ran is shown, but a script must not take it for a finished sweep
+        say(out, "note", f"interrupted after {len(rows)} trial(s); `sweep run` again resumes the sweep")
+        raise typer.Exit(INTERRUPTED)
     if not best_rows(rows, 1):  # scripts must not take a sweep of failures for a result
         raise NoSuccessError(f"no trial succeeded ({len(rows)} finished)")

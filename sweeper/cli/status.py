@@ -9,6 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
+from sweeper.plan.sizes import Winner
+from sweeper.results.answer import DEFAULT_BY
 from sweeper.statuses import TrialStatus
 
 
@@ -18,6 +20,10 @@ def status(
     results: Annotated[
         Path | None, typer.Option("--results", help="a results folder (default: results_dir/<name> of the sweep)")
     ] = None,
+    by: Annotated[
+        Winner,
+        typer.Option("--by", help="over node counts, the answer so far: time (the fastest run) or cost (the cheapest)"),
+    ] = DEFAULT_BY,
 ) -> None:
     from rich.table import Table
 
@@ -29,6 +35,7 @@ def status(
     rows = store.rows()
     inflight = store.inflight()
     now = datetime.now(UTC)
+    several = len({r.get("nodes") for r in rows} | {rec.get("nodes") for rec in inflight} - {None}) > 1
     items: list[dict[str, Any]] = []
     for r in rows:
         elapsed = (
@@ -42,7 +49,7 @@ def status(
                 "status": r["status"],
                 "job_id": r.get("job_id"),
                 "elapsed_s": elapsed,
-                "layout": describe(r),
+                "layout": _sized(r.get("nodes"), describe(r), several),
                 "mfu": r.get("mfu"),
                 "attempt": r.get("attempt"),
             }
@@ -55,7 +62,7 @@ def status(
                 "status": "running",
                 "job_id": rec.get("job_id"),
                 "elapsed_s": (now - started).total_seconds() if started else None,
-                "layout": describe(rec["layout"]),
+                "layout": _sized(rec.get("nodes", rec["layout"].get("nodes")), describe(rec["layout"]), several),
                 "mfu": None,
                 "attempt": rec.get("attempt"),
             }
@@ -92,3 +99,26 @@ def status(
     from sweeper.cli.render import print_float8_note
 
     print_float8_note(console, [r.get("float8") for r in rows if r.get("mfu") is not None], "MFU")
+    _print_answer(console, rows, root, spec, by)
+
+
+def _sized(nodes: Any, layout: str, several: bool) -> str:
+    """A trial's layout, its node count first where the sweep ran at several."""
+    return f"nodes={nodes} {layout}" if several and nodes is not None else layout
+
+
+def _print_answer(console: Any, rows: list[dict[str, Any]], root: Path, spec: str, by: Winner) -> None:
+    """Over several node counts or with a goal: the answer so far, the one `sweep best --by` gives."""
+    from rich.text import Text
+
+    from sweeper.errors import SweepError
+    from sweeper.results.answer import measured_answer
+    from sweeper.results.rows import sweep_as_run
+
+    try:
+        sweep = sweep_as_run(root, spec)
+    except SweepError:  # no readable sweep file: the table above is all there is
+        return
+    answer = measured_answer(rows, sweep, by)
+    if answer.found is not None:
+        console.print(Text(f"so far {answer.line()}"), soft_wrap=True)

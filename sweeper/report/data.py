@@ -23,6 +23,8 @@ from sweeper.statuses import PlanReason, PlanStatus, TrialStatus
 if TYPE_CHECKING:
     import pandas as pd
 
+    from sweeper.results.answer import Answer
+
 
 @dataclass(frozen=True)
 class Plot:
@@ -90,17 +92,33 @@ RUN_NAMES = {
 }
 
 
-def summary_lines(sweep: Sweep, plan: Plan, df: pd.DataFrame) -> list[str]:
-    """The page's opening text: winner and layout, margin over the runner-up, coverage, pruned and why."""
+def summary_lines(sweep: Sweep, plan: Plan, df: pd.DataFrame, answer: Answer | None = None) -> list[str]:
+    """The page's opening text: winner and layout, margin over the runner-up, coverage, pruned and why.
+    The winner is the sweep's `answer` (`sweeper.results.answer`; by MFU without one), and over
+    several node counts the runner-up is of its node count."""
     ok = successful(df).sort_values(["mfu", "trial_number"], ascending=[False, True])
+    ranked = [ok.iloc[i] for i in range(len(ok))]
+    head = "Winner"
+    if answer is not None and answer.found is not None:
+        place = {int(r["trial_number"]): i for i, r in enumerate(answer.ranked)}
+        ranked = sorted(
+            (r for r in ranked if int(r["trial_number"]) in place), key=lambda r: place[int(r["trial_number"])]
+        )
+        size = f" at {answer.nodes} node(s)" if answer.several and answer.nodes is not None else ""
+        head = f"Winner --by {answer.by.value}{size}"
     lines = []
-    if len(ok):
-        w = ok.iloc[0]
-        lines.append(f"Winner: trial {w['trial_number']} at {100 * w['mfu']:.2f}% MFU — {layout_text(w)}")
-        if len(ok) > 1:
-            lines.append(margin_line(w, ok.iloc[1]))
+    if ranked:
+        w = ranked[0]
+        lines.append(f"{head}: trial {w['trial_number']} at {100 * w['mfu']:.2f}% MFU — {layout_text(w)}")
+        if len(ranked) > 1:
+            lines.append(margin_line(w, ranked[1]))
         else:
-            lines.append("No runner-up: only one trial succeeded.")
+            lines.append(
+                "No runner-up: only one trial succeeded"
+                + (" at that node count." if answer and answer.several else ".")
+            )
+    elif len(ok):
+        lines.append(answer.line() if answer is not None else "No successful trial yet.")
     else:
         lines.append("No successful trial yet.")
     counts = plan.counts()
@@ -270,7 +288,7 @@ class MfuPoints:
 
 def mfu_points(df: pd.DataFrame, plan: Plan, sweep: Sweep) -> MfuPoints:
     """Measured MFU of every successful trial beside the throughput model's, matched to plan rows by knobs."""
-    from sweeper.estimate.predict import predict
+    from sweeper.report.sizes_data import predict_at_sizes
 
     ok = successful(df)
     idx = match_plan_rows(plan, ok) if len(ok) else None
@@ -281,7 +299,7 @@ def mfu_points(df: pd.DataFrame, plan: Plan, sweep: Sweep) -> MfuPoints:
             if len(ok)
             else "skipped: no successful trial"
         )
-    predicted = predict(plan.cols, sweep).mfu[idx]
+    predicted = predict_at_sizes(plan.cols, sweep).mfu[idx]  # each trial at the node count it ran at
     measured = ok["mfu"].to_numpy(float)
     low, high = interval_ends(ok)
     return MfuPoints(

@@ -28,28 +28,40 @@ class Explained:
     predicted_s: np.ndarray  # the sum of the exposed parts
 
 
-def explain_top(df: pd.DataFrame, plan: Plan, sweep: Sweep, top: int = TOP_EXPLAINED) -> Explained | None:
-    """Breakdown of the top ok trials with measured step times; None when they cannot be matched to the plan."""
+def explain_top(
+    df: pd.DataFrame, plan: Plan, sweep: Sweep, top: int = TOP_EXPLAINED, ranked: list[int] | None = None
+) -> Explained | None:
+    """Breakdown of the top ok trials with measured step times, each priced at the node count it ran
+    at; None when they cannot be matched to the plan. `ranked`: the trial numbers of the sweep's
+    answer, best first (over several node counts, the trials of the size it answers for); else by MFU."""
     from sweeper.estimate.flops import model_flops_per_token
-    from sweeper.estimate.predict import breakdown, predict
     from sweeper.estimate.step_time import HIDDEN_PARTS, PARTS, calibrate
+    from sweeper.report.sizes_data import breakdown_at_sizes, predict_at_sizes
 
     ok = df[(df["status"] == TrialStatus.OK) & df["mfu"].notna() & (df["mfu"] > 0)].copy()
     ok = ok.sort_values(["mfu", "trial_number"], ascending=[False, True])
     # a row with MFU but no step times (a replayed table): its step time follows from MFU's definition
     step_flops = model_flops_per_token(sweep.model, sweep.seq_len) * sweep.global_batch_size * sweep.seq_len
+    world = ok["nodes"] * sweep.cluster.gpus_per_node if "nodes" in ok else sweep.cluster.world
     ok["step_time_mean_s"] = ok["step_time_mean_s"].fillna(
-        step_flops / (ok["mfu"] * sweep.cluster.world * sweep.cluster.gpu.peak_flops(sweep.trial.precision))
+        step_flops / (ok["mfu"] * world * sweep.cluster.gpu.peak_flops(sweep.trial.precision))
     )
     idx = match_plan_rows(plan, ok) if len(ok) else None
     if idx is None:
         return None
-    model = predict(plan.cols, sweep)
+    model = predict_at_sizes(plan.cols, sweep)
     # the scales fitted to every measured step time, so bars and measurements share one scale
     calibration = calibrate(model, [int(i) for i in idx], ok["step_time_mean_s"].tolist())
+    if ranked is not None:  # the answer's trials, in its order
+        place = {t: i for i, t in enumerate(ranked)}
+        keep = ok["trial_number"].map(place).notna().to_numpy()
+        order = np.argsort(ok["trial_number"][keep].map(place).to_numpy(), kind="stable")
+        ok, idx = ok[keep].iloc[order], idx[keep][order]
+        if ok.empty:
+            return None
     rows = idx[:top]
     cols = {k: v[rows] for k, v in plan.cols.items()}
-    parts = breakdown(cols, sweep, calibration)
+    parts = breakdown_at_sizes(cols, sweep, calibration)
     predicted = sum(parts[k] for k in PARTS if k not in HIDDEN_PARTS)
     return Explained(ok.head(top).reset_index(drop=True), parts, np.asarray(predicted))
 

@@ -36,15 +36,25 @@ from sweeper.statuses import TrialStatus
 if TYPE_CHECKING:
     import pandas as pd
 
+    from sweeper.plan.sizes import Winner
+    from sweeper.results.answer import Answer
 
-def write_report(sweep: Sweep, df: pd.DataFrame, out_dir: Path, *, plan: Plan | None = None) -> tuple[Path, list[str]]:
-    """Write the PNGs and report.html into out_dir; returns the HTML's path and the PNG file names."""
+
+def write_report(
+    sweep: Sweep, df: pd.DataFrame, out_dir: Path, *, plan: Plan | None = None, by: Winner | None = None
+) -> tuple[Path, list[str]]:
+    """Write the PNGs and report.html into out_dir; returns the HTML's path and the PNG file names.
+    The winner is the sweep's answer `--by` (`sweeper.results.answer`), as `sweep best` names it."""
     from sweeper.plan.plan import make_plan
+    from sweeper.results.answer import measured_answer
 
     plan = plan or make_plan(sweep)
     out_dir.mkdir(parents=True, exist_ok=True)
     knobs = varying_knobs(df)
-    ex = explain_top(df, plan, sweep)
+    rows = df.to_dict("records")
+    answer = measured_answer(rows, sweep, by)
+    ranked = [int(r["trial_number"]) for r in answer.ranked] if answer.row is not None else None
+    ex = explain_top(df, plan, sweep, ranked=ranked)
     why: list[Plot | str] = []
     if ex is not None:
         order = order_sentence(ex)
@@ -69,7 +79,8 @@ def write_report(sweep: Sweep, df: pd.DataFrame, out_dir: Path, *, plan: Plan | 
 
         plots.insert(0, plot_sizes(size_points(plan, df.to_dict("records")), out_dir))
     shown = [p for p in plots if p is not None]
-    page = render_html(sweep, summary_lines(sweep, plan, df), shown, df, out_dir, why=why, plan=plan, knobs=knobs)
+    lines = summary_lines(sweep, plan, df, answer)
+    page = render_html(sweep, lines, shown, df, out_dir, why=why, plan=plan, knobs=knobs, answer=answer, rows=rows)
     path = out_dir / "report.html"
     atomic_write_text(path, page, private=False)  # for the user to open and share, as the PNGs beside it
     files = [p.file for p in [*shown, *(w for w in why if isinstance(w, Plot))] if p.file]
@@ -86,9 +97,11 @@ def render_html(
     why: list[Plot | str] | None = None,
     plan: Plan | None = None,
     knobs: list[str] | None = None,
+    answer: Answer | None = None,
+    rows: list[dict[str, Any]] | None = None,
 ) -> str:
-    """The page: summary, why the winner wins, top layouts, stopped-early trials, failures, then each plot
-    (or its note when skipped)."""
+    """The page: summary, the answer per node count (over several, or with a goal), why the winner
+    wins, top layouts, stopped-early trials, failures, then each plot (or its note when skipped)."""
     esc = html.escape
     knobs = varying_knobs(df) if knobs is None else knobs
     parts = [
@@ -98,6 +111,10 @@ def render_html(
     ]
     parts += [f"<li>{esc(line)}</li>" for line in summary]
     parts.append("</ul>")
+    if answer is not None:
+        from sweeper.report.sizes_page import sizes_panel
+
+        parts.append(sizes_panel(answer, rows if rows is not None else df.to_dict("records")))
     if why:
         parts.append("<h2>Why the winner wins</h2>")
         first = next((i for i, w in enumerate(why) if isinstance(w, Plot)), len(why))
@@ -108,7 +125,7 @@ def render_html(
                 parts += _plot_html(w, out_dir)
         if sentences:
             parts.append("<ul class=why>" + "".join(f"<li>{esc(t)}</li>" for t in sentences) + "</ul>")
-    parts += [_top_table(df, knobs, plan), _stopped_table(df, knobs), _failures_table(df, knobs)]
+    parts += [_top_table(df, knobs, plan, answer=answer), _stopped_table(df, knobs), _failures_table(df, knobs)]
     heat = [p for p in plots if p.file.startswith("heatmap_")]
     if heat:  # the paper's tp x pp views side by side, one caption for all
         parts.append("<h2>MFU by tp × pp, per attention kernel and checkpointing mode</h2><div class=heat>")
@@ -138,9 +155,10 @@ def _describe(sweep: Sweep) -> str:
     size = _size(m.num_params) + " parameters"
     if m.is_moe:  # MFU counts the parameters a token passes through (sweeper.estimate.flops)
         size += f" ({_size(m.active_params)} active per token: MFU counts these)"
+    nodes = f"{{{', '.join(map(str, sweep.node_counts))}}}" if sweep.several_sizes else str(cl.nodes)
     return (
         f"{m.name}: {size}, seq {sweep.seq_len}, global batch "
-        f"{sweep.global_batch_size}, {cl.nodes}×{cl.gpus_per_node} {cl.gpu.name}, precision {sweep.trial.precision}"
+        f"{sweep.global_batch_size}, {nodes}×{cl.gpus_per_node} {cl.gpu.name}, precision {sweep.trial.precision}"
     )
 
 
@@ -148,9 +166,19 @@ def _size(n: int) -> str:
     return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
 
 
-def _top_table(df: pd.DataFrame, knobs: list[str], plan: Plan | None, top: int = 10) -> str:
-    """The best trials: the knobs that vary, step time, tokens/s, TFLOP/s per GPU, measured and predicted memory."""
-    ok = successful(df).sort_values(["mfu", "trial_number"], ascending=[False, True]).head(top)
+def _top_table(
+    df: pd.DataFrame, knobs: list[str], plan: Plan | None, top: int = 10, answer: Answer | None = None
+) -> str:
+    """The best trials: the knobs that vary, step time, tokens/s, TFLOP/s per GPU, measured and predicted
+    memory. Over several node counts, the trials of the node count the answer is for, in its order."""
+    ok = successful(df).sort_values(["mfu", "trial_number"], ascending=[False, True])
+    where = ""
+    if answer is not None and answer.several and answer.row is not None:
+        place = {int(r["trial_number"]): i for i, r in enumerate(answer.ranked)}
+        ok = ok[ok["trial_number"].isin(place)]
+        ok = ok.iloc[ok["trial_number"].map(place).to_numpy().argsort(kind="stable")]
+        where = f" at {answer.nodes} node(s) (--by {answer.by.value})"
+    ok = ok.head(top)
     if ok.empty:
         return ""
     tensors = None
@@ -196,7 +224,7 @@ def _top_table(df: pd.DataFrame, knobs: list[str], plan: Plan | None, top: int =
         + "</p>"
     )
     return (
-        "<h2>Top layouts</h2><table class=top><tr>"
+        f"<h2>Top layouts{html.escape(where)}</h2><table class=top><tr>"
         + "".join(f"<th>{html.escape(h)}</th>" for h in head)
         + "</tr>"
         + "".join(body)
@@ -276,6 +304,8 @@ img {{ max-width: 100%; border: 1px solid #eee; }}
 .heat {{ display: flex; flex-wrap: wrap; gap: 8px; }}
 .heat img {{ max-width: calc(50% - 8px); }}
 .failures code {{ font-size: 0.95em; color: #7a1010; }}
+tr.answer td {{ font-weight: bold; background: #eef5ff; }}
+.answer-line {{ font-weight: bold; }}
 td.status-oom, td.status-failed, td.status-timeout, td.status-kernel_unavailable {{ font-weight: bold; }}
 </style></head>
 <body>

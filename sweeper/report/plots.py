@@ -371,11 +371,20 @@ def plot_breakdown(ex: Explained, knobs: list[str], out_dir: Path) -> Plot:
 
 
 def plot_sizes(points: SizePoints, out_dir: Path) -> Plot:
-    """Days against cost per node count (measured filled, predicted hollow with its band), and
-    each size's scaling efficiency against the smallest."""
+    """Days against cost per node count (measured filled, predicted hollow with its band), the goal's
+    max_days and max_cost as lines, and each size's scaling efficiency against the smallest."""
     title = "Node counts: days against cost, and scaling efficiency"
     if not points.points:
         return Plot("", title, "no node count has a runnable layout")
+    fig = draw_sizes(points)
+    caption = "filled/blue: the best measured trial of the size; hollow/orange: the best predicted layout"
+    limits = [f"{name} {v:g}" for name, v in (("max_days", points.max_days), ("max_cost", points.max_cost)) if v]
+    caption += f"; dashed red: the goal's {' and '.join(limits)}" if limits else ""
+    return Plot(_save(fig, out_dir, "nodes_cost.png"), title, caption)
+
+
+def draw_sizes(points: SizePoints) -> Figure:
+    """The figure of `plot_sizes`, every label inside its axes (the axes widened to hold them)."""
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11.0, 4.5))
     for p in points.points:
@@ -386,6 +395,14 @@ def plot_sizes(points: SizePoints, out_dir: Path) -> Plot:
                 [p.cost], [p.days], xerr=[[p.cost * p.band]], yerr=[[p.days * p.band]], color="tab:orange", alpha=0.5
             )
         left.annotate(f"{p.nodes} nodes", (p.cost, p.days), fontsize=8, xytext=(4, 4), textcoords="offset points")
+    if points.max_days is not None:
+        left.axhline(
+            points.max_days, color="tab:red", linestyle="--", linewidth=1, label=f"max_days {points.max_days:g}"
+        )
+    if points.max_cost is not None:
+        left.axvline(
+            points.max_cost, color="tab:red", linestyle="-.", linewidth=1, label=f"max_cost {points.max_cost:g}"
+        )
     left.scatter([], [], color="tab:blue", label="measured")
     left.scatter([], [], facecolors="none", edgecolors="tab:orange", label="predicted (± band)")
     left.set_xlabel(points.cost_label)
@@ -399,5 +416,25 @@ def plot_sizes(points: SizePoints, out_dir: Path) -> Plot:
     right.set_xlabel("nodes")
     right.set_ylabel(f"scaling efficiency % (tokens/s per GPU against {nodes[0]} nodes)")
     right.grid(alpha=0.3, axis="y")
-    caption = "filled/blue: the best measured trial of the size; hollow/orange: the best predicted layout"
-    return Plot(_save(fig, out_dir, "nodes_cost.png"), title, caption)
+    fig.tight_layout()
+    _hold_labels(fig, left)
+    return fig
+
+
+def _hold_labels(fig: Figure, ax: Any) -> None:
+    """Widen `ax`'s limits until every annotation (a node count's label) lies inside it: a label past
+    the edge is cut at the axes or runs into the next panel."""
+    fig.canvas.draw()
+    for _ in range(8):
+        box = ax.get_window_extent()
+        out = [t.get_window_extent() for t in ax.texts]
+        over_x = max((b.x1 - box.x1 for b in out), default=0.0)
+        over_y = max((b.y1 - box.y1 for b in out), default=0.0)
+        if over_x <= 0 and over_y <= 0:
+            return
+        (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+        if over_x > 0:
+            ax.set_xlim(x0, x1 + (x1 - x0) * (over_x + 4) / box.width)
+        if over_y > 0:
+            ax.set_ylim(y0, y1 + (y1 - y0) * (over_y + 4) / box.height)
+        fig.canvas.draw()

@@ -49,7 +49,7 @@ OWN_DIRS = {
 # what `sweep report` writes beside the results (sweeper.report)
 REPORT_FILE = re.compile(
     r"^(report\.html|(heatmap_.+|mfu_vs_mbs|memory_pred_vs_measured|mfu_pred_vs_measured|progress"
-    r"|status|step_breakdown)\.png)$"
+    r"|status|step_breakdown|nodes_cost)\.png)$"
 )
 CORRUPT_STUDY = re.compile(r"^optuna\.db\.corrupt-\d+$")  # set aside by --rebuild-study
 PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600

@@ -42,3 +42,12 @@ class GoalSpec(BaseModel):
         if self.max_cost is not None and self.gpu_hour_cost is None:
             raise ValueError("goal.max_cost needs goal.gpu_hour_cost (the price of one GPU-hour)")
         return self
+
+
+def goal_line(goal: GoalSpec) -> str:
+    """`goal: 1e+12 tokens, 2 per GPU-hour, max_days 30, max_cost 2.5e+05`: every field the goal sets."""
+    parts = [f"{goal.tokens:.3g} tokens"]
+    parts += [] if goal.gpu_hour_cost is None else [f"{goal.gpu_hour_cost:g} per GPU-hour"]
+    parts += [] if goal.max_days is None else [f"max_days {goal.max_days:g}"]
+    parts += [] if goal.max_cost is None else [f"max_cost {goal.max_cost:g}"]
+    return "goal: " + ", ".join(parts)

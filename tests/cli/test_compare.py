@@ -86,6 +86,8 @@ def test_compare_shows_etp_only_where_it_departs_from_tp(tmp_path):
         "MFU A",
         "MFU B",
         "B / A",
+        "B / A 95%",
+        "verdict",
         "status A",
         "status B",
     ]

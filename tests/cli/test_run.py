@@ -77,7 +77,9 @@ def test_interrupted_sweep_resumes_without_rerunning(tmp_path, sig):
     wait_for_rows(tmp_path, 1)
     time.sleep(1.0)  # the next trial is in flight
     proc.send_signal(sig)
-    proc.communicate(timeout=120)
+    out, _ = proc.communicate(timeout=120)
+    # Ctrl-C: the trials that ran are shown, and the exit status says the sweep did not finish
+    assert proc.returncode == (130 if sig == signal.SIGINT else -signal.SIGKILL), out[-2000:]
     r = sweep_cli("run", str(spec), cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     df = frame(tmp_path)
