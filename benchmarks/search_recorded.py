@@ -23,8 +23,9 @@ Held out: pairs whose cell's CRC32 is 0 mod 3 (`search_public.held_out`) were no
 learned profile's weighing was chosen; they are reported apart.
 
 Quick (`search_transfer.py --recorded --quick`): seed 0 only, the one cell with the fewest sources as
-the later sweep (unless --cells names others), and a history of only the sweeps those cells learn
-from (the others' lessons would not be read): the same sweeps, profiles and lines, on one pair.
+the later sweep (unless --cells names others), and a history of only those cells' own sweeps and the
+sweeps they learn from (the others' lessons would not be read): the same sweeps, profiles and lines,
+on one pair.
 """
 
 from __future__ import annotations
