@@ -7,7 +7,10 @@ it), and compares: the set of layouts that finished, rows lost, duplicate rows, 
 launches (a trial started twice: its folder's log shows two starts, or two trial processes of
 the sweep ran at once), partial files visible to readers, and the extra wall time.
 
-    python benchmarks/kill_resume.py [--cycles 5] [--seed 0] [--steps 3] [--trials 6]
+    python benchmarks/kill_resume.py [--cycles 5] [--seed 0] [--steps 3] [--trials 6] [--quick]
+
+--quick: one kill of each kind on a sweep of one trial of two steps (--cycles 1 --trials 1 --steps 2;
+each flag given still overrides): the same real `sweep run` processes, kills and checks.
 """
 
 from __future__ import annotations
@@ -167,11 +170,15 @@ def check(results: Path, reference: pd.DataFrame) -> Check:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cycles", type=int, default=5, help="kill/restart cycles")
+    ap.add_argument("--cycles", type=int, default=None, help="kill/restart cycles (default 5)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
-    ap.add_argument("--steps", type=int, default=3, help="training steps per trial")
-    ap.add_argument("--trials", type=int, default=6, help="trials in the sweep")
+    ap.add_argument("--steps", type=int, default=None, help="training steps per trial (default 3)")
+    ap.add_argument("--trials", type=int, default=None, help="trials in the sweep (default 6)")
+    ap.add_argument("--quick", action="store_true", help="one cycle, one trial of two steps")
     args = ap.parse_args()
+    for name, full, quick in (("cycles", 5, 1), ("steps", 3, 2), ("trials", 6, 1)):  # steps > warmup_steps (1)
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     with tempfile.TemporaryDirectory(prefix="sweep-kill-resume-") as tmp:
         os.environ["XDG_CACHE_HOME"] = os.path.join(tmp, "cache")  # never the user's cache: learned profiles
         folder = Path(tmp)

@@ -10,7 +10,8 @@ layout with its node count, and a budget of PER_SIZE trials per node count, run 
 the truth (the best measured tokens/s of each size over the whole table: the fastest run, and the
 fewest GPU-hours per token). Trials are counted against running every measured layout at every size.
 
-usage: python benchmarks/nodes_cost.py [--models 1B,8B] [--per-size N]; prints a table and a last line.
+usage: python benchmarks/nodes_cost.py [--models 1B,8B] [--per-size N] [--quick]; prints a table and a last line.
+--quick: the 1B model only, 2 trials per node count (--models 1B --per-size 2; either flag still overrides).
 """
 
 from __future__ import annotations
@@ -138,14 +139,17 @@ def one_model(model: str, tmp: Path, per_size: int) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="1B,3B,8B,80B")
-    ap.add_argument("--per-size", type=int, default=PER_SIZE)
+    ap.add_argument("--models", default=None, help="default 1B,3B,8B,80B (--quick: 1B)")
+    ap.add_argument("--per-size", type=int, default=None, help=f"default {PER_SIZE} (--quick: 2)")
+    ap.add_argument("--quick", action="store_true", help="the 1B model, 2 trials per node count")
     args = ap.parse_args()
+    models = args.models or ("1B" if args.quick else "1B,3B,8B,80B")
+    per_size = args.per_size or (2 if args.quick else PER_SIZE)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["XDG_CACHE_HOME"] = os.path.join(tmp, "cache")  # never the user's cache: learned profiles
-        for m in args.models.split(","):
-            rows.append(one_model(f"nanotron-llama-{m}", Path(tmp), args.per_size))
+        for m in models.split(","):
+            rows.append(one_model(f"nanotron-llama-{m}", Path(tmp), per_size))
     t = pd.DataFrame(rows)
     with pd.option_context("display.width", 200):
         print(t.to_string(index=False))

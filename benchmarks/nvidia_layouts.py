@@ -19,11 +19,15 @@ where the FSDP column is set. The precision is no memory term (float8 keeps the 
 see benchmarks/memory_accuracy.py), so MXFP8 and NVFP4 rows are planned as float8 and counted in
 their own column. Token-dropping runs ("(tokendrop)") are planned as dropless (an upper bound).
 
-Usage: python benchmarks/nvidia_layouts.py [-v]   (-v: one line per expressible row)
+Usage: python benchmarks/nvidia_layouts.py [-v] [--quick]   (-v: one line per expressible row)
+
+--quick plans every QUICK_EVERY-th ok row of the table only (the same rows at every run), through the
+same calls, tables and counts: the counts are of those rows.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections import Counter
@@ -55,6 +59,7 @@ NOT_A_SHAPE = {
     "GPT3-": "GPT-3 5B/20B: NeMo's shapes are not stated in the table (no preset)",
 }
 CHECKPOINTING = ("none", "selective", "ffn", "full")
+QUICK_EVERY = 10  # --quick: every 10th ok row
 
 
 def model_of(r: Any) -> str | dict[str, Any] | None:
@@ -137,9 +142,11 @@ def call(r: Any) -> tuple[str, str, float, str]:
     return min(tried, key=lambda t: (t[0] != "uncertain", t[2]))
 
 
-def main(verbose: bool = False) -> int:
+def main(verbose: bool = False, quick: bool = False) -> int:
     d = pd.read_csv(os.path.join(DATA, "nvidia-perf", "runs.csv"))
     d = d[d.status == "ok"]
+    if quick:
+        d = d.iloc[::QUICK_EVERY]
     reasons: Counter[str] = Counter()
     rows: list[dict[str, Any]] = []
     for i, r in d.iterrows():
@@ -195,4 +202,8 @@ def main(verbose: bool = False) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main("-v" in sys.argv[1:]))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-v", action="store_true", help="one line per expressible row")
+    ap.add_argument("--quick", action="store_true", help=f"every {QUICK_EVERY}th ok row only")
+    args = ap.parse_args()
+    sys.exit(main(args.v, args.quick))

@@ -4,10 +4,16 @@ Two launchers: in-process (answers at once: what Optuna, the results files and t
 and the local launcher running a no-op process per trial (adds process start and polling).
 The trial result is a synthetic MFU (a fixed function of the layout), marked as such: the
 point is the cost around trials, not the trials.
+
+    python benchmarks/orchestrator_overhead.py [--quick]
+
+--quick runs 8 trials per row instead of 50 (the same four rows and last line; the medians are
+noisier and TPE's first trials, which sample at random, weigh more).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -90,10 +96,10 @@ class TimedAsk:
         LayoutSearch.choose = self._orig  # type: ignore[method-assign]
 
 
-def one(label: str, launcher: Launcher, sampler: str, parallel: int, tmp: Path) -> tuple:
+def one(label: str, launcher: Launcher, sampler: str, parallel: int, tmp: Path, trials: int = TRIALS) -> tuple:
     spec = yaml.safe_load(Path("search_spaces/llama13b_2k.yaml").read_text())
     spec.update(name=f"bench_{label}", results_dir=str(tmp / label), launcher="local")
-    spec["search"] = {"max_trials": TRIALS, "parallel": parallel, "sampler": sampler, "seed": 0}
+    spec["search"] = {"max_trials": trials, "parallel": parallel, "sampler": sampler, "seed": 0}
     path = tmp / f"{label}.yaml"
     path.write_text(yaml.safe_dump(spec))
     sweep = load_sweep(path)
@@ -102,20 +108,23 @@ def one(label: str, launcher: Launcher, sampler: str, parallel: int, tmp: Path) 
         run = prepare(sweep, launcher)
         run_loop(run, poll_s=0.01)
     wall = time.perf_counter() - t0
-    assert len(run.rows) == TRIALS, len(run.rows)
+    assert len(run.rows) == trials, len(run.rows)
     assert timer.times, "the sweep loop never called LayoutSearch.choose: time what it calls now"
-    return label, sampler, parallel, wall / TRIALS, statistics.median(timer.times), max(timer.times)
+    return label, sampler, parallel, wall / trials, statistics.median(timer.times), max(timer.times)
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="8 trials per row instead of 50")
+    n = 8 if ap.parse_args().quick else TRIALS
     with tempfile.TemporaryDirectory() as d:
         os.environ["XDG_CACHE_HOME"] = os.path.join(d, "cache")  # never the user's cache: learned profiles
         tmp = Path(d)
         rows = [
-            one("instant-grid", InstantLauncher(), "grid", 1, tmp),
-            one("instant-tpe", InstantLauncher(), "tpe", 1, tmp),
-            one("instant-tpe-par4", InstantLauncher(), "tpe", 4, tmp),
-            one("process-tpe", NoopProcessLauncher(), "tpe", 4, tmp),
+            one("instant-grid", InstantLauncher(), "grid", 1, tmp, n),
+            one("instant-tpe", InstantLauncher(), "tpe", 1, tmp, n),
+            one("instant-tpe-par4", InstantLauncher(), "tpe", 4, tmp, n),
+            one("process-tpe", NoopProcessLauncher(), "tpe", 4, tmp, n),
         ]
     print(f"{'launcher':18s} {'sampler':7s} {'parallel':>8s} {'s/trial':>8s} {'ask median s':>13s} {'ask max s':>10s}")
     for label, sampler, par, per, med, mx in rows:

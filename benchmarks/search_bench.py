@@ -13,6 +13,13 @@ grid in plan order. Per table and strategy: trials until the best layout ran, tr
 one within 1 % of the best MFU ran, GPU-hours spent until then (a trial costs GPUs x
 (start-up + steps x step time); an OOM costs the start-up), and whether the plan pruned the
 true best layout.
+
+    python benchmarks/search_bench.py [--quick] [--memory-only | --public]
+
+--quick: the first table only (llama13b_2k), one seed (0) per strategy and at most QUICK_CAP trials
+a run (a strategy that has not found the best by then counts QUICK_CAP); the memory table on that
+table, two recipes (builtin, megatron) and one seed; with --public, search_public.py's --quick. The
+same searches, tables and last lines, on fewer cases (`N/M` counts say how many).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from sweeper.trainers import RECIPES as RECIPES_BY_NAME
 
 SEEDS = (0, 1, 2)
 CAP = 150  # trials at most per run
+QUICK_CAP = 30  # --quick: trials at most per run
 STARTUP_S = 120.0  # job start, model build, first compile/warm-up: what an OOM costs
 ATTENTION = {
     "flash2": 1.0,
@@ -87,7 +95,9 @@ def simulate(plan: Plan, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return np.where(valid, mfu, np.nan), oom & valid, (true_bytes - mem.overhead) / 1024**3
 
 
-def run_strategy(plan: Plan, truth: tuple[np.ndarray, np.ndarray, np.ndarray], strategy: str, seed: int) -> dict:
+def run_strategy(
+    plan: Plan, truth: tuple[np.ndarray, np.ndarray, np.ndarray], strategy: str, seed: int, cap: int = CAP
+) -> dict:
     mfu, oom, peak_gib = truth
     sw = plan.sweep
     cand = plan.candidate_mask
@@ -96,7 +106,7 @@ def run_strategy(plan: Plan, truth: tuple[np.ndarray, np.ndarray, np.ndarray], s
     best = mfu[best_row]
     search = build_search(plan, sampler="auto" if strategy == "default" else strategy, seed=seed)
     gpu_h, found, within, gpu_h_best = 0.0, None, None, None
-    for trial in range(1, CAP + 1):
+    for trial in range(1, cap + 1):
         p = search.ask()
         if p is None:
             break
@@ -152,42 +162,43 @@ space:
     return out
 
 
-def fmt(xs: list) -> str:
+def fmt(xs: list, cap: int = CAP) -> str:
     vals = [x for x in xs if x is not None]
     if len(vals) < len(xs):
-        return f">{CAP}" if not vals else f"{statistics.mean(vals):.1f}*"
+        return f">{cap}" if not vals else f"{statistics.mean(vals):.1f}*"
     return f"{statistics.mean(vals):.1f}"
 
 
-def main() -> None:
+def main(quick: bool = False) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t0 = time.time()
+    cap = QUICK_CAP if quick else CAP
     lines, ratios_grid, ratios_random, within5 = [], [], [], []
     print(
         f"{'table':16s} {'cands':>5s} {'strategy':8s} {'to best':>8s} {'to 1%':>6s} {'GPU-h':>8s} {'best pruned':>11s}"
     )
-    for name, sweep in tables():
+    for name, sweep in tables()[:1] if quick else tables():
         plan = make_plan(sweep)
         n_cand = int(plan.candidate_mask.sum())
         per: dict[str, list[dict]] = {}
         for strategy in ("default", "tpe", "random", "grid"):
-            seeds = SEEDS if strategy != "grid" else (0,)
-            per[strategy] = [run_strategy(plan, simulate(plan, s), strategy, s) for s in seeds]
+            seeds = SEEDS if strategy != "grid" and not quick else (0,)
+            per[strategy] = [run_strategy(plan, simulate(plan, s), strategy, s, cap) for s in seeds]
         mfu, oom, _ = simulate(plan, 0)
         fits = (plan.status != "invalid") & ~oom
         pruned_best = plan.status[int(np.nanargmax(np.where(fits, mfu, np.nan)))] == "pruned"
         for strategy, runs in per.items():
             found = [r["found"] for r in runs]
             print(
-                f"{name:16s} {n_cand:5d} {strategy:8s} {fmt(found):>8s} {fmt([r['within'] for r in runs]):>6s} "
+                f"{name:16s} {n_cand:5d} {strategy:8s} {fmt(found, cap):>8s} {fmt([r['within'] for r in runs], cap):>6s} "
                 f"{statistics.mean(r['gpu_h'] for r in runs):8.1f} {'yes' if pruned_best else 'no':>11s}"
             )
-        d = statistics.mean(r["found"] or CAP for r in per["default"])
+        d = statistics.mean(r["found"] or cap for r in per["default"])
         g = per["grid"][0]["found"] or n_cand
-        rnd = statistics.mean(r["found"] or CAP for r in per["random"])
+        rnd = statistics.mean(r["found"] or cap for r in per["random"])
         ratios_grid.append(d / n_cand)
         ratios_random.append(d / rnd)
-        within5.append(all((r["within"] or CAP) <= 5 for r in per["default"]))
+        within5.append(all((r["within"] or cap) <= 5 for r in per["default"]))
         lines.append((name, d, g, rnd, n_cand))
     print()
     for name, d, g, rnd, n in lines:
@@ -216,6 +227,7 @@ def main() -> None:
 
 RECIPES = ("builtin", "megatron", "torchtitan", "deepspeed")
 MEM_SEEDS = (0, 1, 2)
+MEM_TABLES = ("llama13b_2k", "llama13b_8k")
 
 
 def true_memory(plan: Plan, direction: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -269,15 +281,18 @@ def run_memory_case(plan: Plan, seed: int, direction: str) -> dict:
     return {"found": found, "pruned_best": plan.status[best_row] == "pruned", "ooms": ooms}
 
 
-def memory_main() -> None:
+def memory_main(quick: bool = False) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    tables, recipes, seeds = (
+        (("llama13b_2k",), RECIPES[:2], MEM_SEEDS[:1]) if quick else (MEM_TABLES, RECIPES, MEM_SEEDS)
+    )
     print(
         f"\n{'table':12s} {'recipe':11s} {'memory':6s} {'best pruned':>11s} {'best run':>9s} {'trials to best':>15s} {'OOMs':>5s}"
     )
     hits = total = pruned_hits = pruned_total = 0
-    for table in ("llama13b_2k", "llama13b_8k"):
+    for table in tables:
         base = load_sweep(f"search_spaces/{table}.yaml")
-        for recipe in RECIPES:
+        for recipe in recipes:
             # each recipe takes its own memory options: re-validate the common ones under it
             options = RECIPES_BY_NAME[recipe].options
             sweep = replace(
@@ -287,7 +302,7 @@ def memory_main() -> None:
             )
             plan = make_plan(sweep)
             for direction in ("over", "under"):
-                runs = [run_memory_case(plan, s, direction) for s in MEM_SEEDS]
+                runs = [run_memory_case(plan, s, direction) for s in seeds]
                 found = [r["found"] for r in runs if r["found"] is not None]
                 hits, total = hits + len(found), total + len(runs)
                 pruned_total += sum(r["pruned_best"] for r in runs)
@@ -299,19 +314,26 @@ def memory_main() -> None:
                 )
     print(
         f"memory off the estimate: the true best ran in {hits}/{total} simulated sweeps "
-        f"({len(RECIPES)} recipes x over/under x {len(MEM_SEEDS)} seeds x 2 tables); where the plan had pruned "
+        f"({len(recipes)} recipes x over/under x {len(seeds)} seeds x {len(tables)} tables); where the plan had pruned "
         f"the true best, it still ran in {pruned_hits}/{pruned_total}"
     )
 
 
 if __name__ == "__main__":
+    import argparse
     import sys
 
-    if "--public" in sys.argv:  # published sweeps replayed through the sweep loop (benchmarks/search_public.py)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="one table and one seed (with --public: a few cells)")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--memory-only", action="store_true", help="the memory-off-the-estimate table only")
+    which.add_argument("--public", action="store_true", help="published sweeps replayed (search_public.py)")
+    args = ap.parse_args()
+    if args.public:  # published sweeps replayed through the sweep loop (benchmarks/search_public.py)
         sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
         from search_public import main as public_main
 
-        raise SystemExit(public_main())
-    if "--memory-only" not in sys.argv:
-        main()
-    memory_main()
+        raise SystemExit(public_main(quick=args.quick))
+    if not args.memory_only:
+        main(args.quick)
+    memory_main(args.quick)

@@ -16,6 +16,12 @@
   one knob (the predicted best's pipeline degree) runs QUIRK times slower.
 - llm-foundry (../shared/data/llm-foundry): every published MPT layout (all ran) as a one-layout
   sweep; how many the plan prunes (the goal: none; uncertain at worst).
+
+    python benchmarks/search_public.py [--quick]   (or search_bench.py --public [--quick])
+
+--quick: two ultrascale cells (the smallest grid of the tuned part and of the held-out part), the
+quirk replay stopped after QUICK_QUIRK_TRIALS trials, every QUICK_EVERY-th llm-foundry layout; the
+same replays through the sweep loop, the same table and lines, over fewer cases.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ STARTUP_S = 120.0
 RANDOM_SEEDS = range(5)
 QUIRK = 4.0
 CLOSE = 0.01
+QUICK_QUIRK_TRIALS = 8  # --quick: the quirk replay's budget (its best ran after 4 when this was written)
+QUICK_EVERY = 10  # --quick: every 10th llm-foundry layout
 
 
 def held_out(name: str) -> bool:
@@ -220,8 +228,9 @@ def run_cell(tmp: Path, name: str, g: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def quirk(tmp: Path) -> tuple[int | None, str]:
-    """Trials until the true best ran in a replay whose one knob value runs QUIRK times slower than predicted."""
+def quirk(tmp: Path, budget: int | None = None) -> tuple[int | None, str]:
+    """Trials until the true best ran in a replay whose one knob value runs QUIRK times slower than predicted
+    (None: not within `budget` trials; no budget: every candidate may run)."""
     spec: dict[str, Any] = {
         "name": "quirk",
         "model": "llama-13b",
@@ -245,7 +254,7 @@ def quirk(tmp: Path) -> tuple[int | None, str]:
     table = pd.concat([table, oom.assign(status="oom")], ignore_index=True)
     spec |= {
         "launcher": {"kind": "replay", "table": str(tmp / "quirk.csv")},
-        "search": {"max_trials": len(rows), "parallel": 1, "seed": 0},
+        "search": {"max_trials": budget or len(rows), "parallel": 1, "seed": 0},
     }
     ran = replay(tmp, "quirk", spec, table)
     hit = (
@@ -258,9 +267,10 @@ def quirk(tmp: Path) -> tuple[int | None, str]:
     return (int(idx[0]) + 1 if idx.size else None), f"pp={slow_pp} runs {QUIRK:g}x slower than predicted"
 
 
-def foundry(recipe: str) -> Counter:
-    """Plan status of every published MPT layout, each as a one-layout sweep (as benchmarks of throughput build it)."""
-    d = pd.read_csv(DATA / "llm-foundry" / "runs.csv")
+def foundry(recipe: str, every: int = 1) -> Counter:
+    """Plan status of every `every`-th published MPT layout, each as a one-layout sweep (as benchmarks of
+    throughput build it)."""
+    d = pd.read_csv(DATA / "llm-foundry" / "runs.csv").iloc[::every]
     c: Counter = Counter()
     for i, r in d.iterrows():
         space = {
@@ -284,17 +294,24 @@ def foundry(recipe: str) -> Counter:
     return c
 
 
-def main() -> int:
+def quick_cells(cells: list[tuple[str, pd.DataFrame]]) -> list[tuple[str, pd.DataFrame]]:
+    """The cell with the smallest grid of each part (tuned, held out), in the cells' order."""
+    keep = {min((c for c in cells if held_out(c[0]) == part), key=lambda c: len(c[1]))[0] for part in (False, True)}
+    return [c for c in cells if c[0] in keep]
+
+
+def main(quick: bool = False) -> int:
     t0 = time.time()
     with tempfile.TemporaryDirectory() as d:
         os.environ["XDG_CACHE_HOME"] = os.path.join(d, "cache")  # never the user's cache: learned profiles
         tmp = Path(d)
         out = []
-        for name, g in ultrascale_cells():
+        cells = ultrascale_cells()
+        for name, g in quick_cells(cells) if quick else cells:
             out.append(run_cell(tmp, name, g))
             print(f"  {name}: best after {out[-1]['trials']} trials ({time.time() - t0:.0f} s)", flush=True)
         res = pd.DataFrame(out)
-        q, quirk_what = quirk(tmp)
+        q, quirk_what = quirk(tmp, QUICK_QUIRK_TRIALS if quick else None)
     with pd.option_context("display.width", 200, "display.max_rows", 100):
         print(res.round(2).to_string(index=False))
     lines = []
@@ -312,7 +329,7 @@ def main() -> int:
         )
     print(zero_pair_spread())
     for recipe in ("megatron", "torchtitan"):
-        c = foundry(recipe)
+        c = foundry(recipe, QUICK_EVERY if quick else 1)
         print(
             f"llm-foundry ({recipe} recipe): {sum(c.values())} published layouts (all ran): "
             f"{c['candidate']} candidate, {c['uncertain']} uncertain, {c['pruned']} pruned"
@@ -330,5 +347,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    import argparse
+
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
-    raise SystemExit(main())
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="two cells, a short quirk replay, a tenth of llm-foundry")
+    raise SystemExit(main(ap.parse_args().quick))

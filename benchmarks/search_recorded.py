@@ -21,6 +21,11 @@ random (`auto`), so its count is the same at every seed: it runs once per cell.
 
 Held out: pairs whose cell's CRC32 is 0 mod 3 (`search_public.held_out`) were not looked at while the
 learned profile's weighing was chosen; they are reported apart.
+
+Quick (`search_transfer.py --recorded --quick`): seed 0 only, the one cell with the fewest sources as
+the later sweep (unless --cells names others), and a history of only those cells' own sweeps and the
+sweeps they learn from (the others' lessons would not be read): the same sweeps, profiles and lines,
+on one pair.
 """
 
 from __future__ import annotations
@@ -201,17 +206,27 @@ def summary(res: pd.DataFrame) -> str:
     )
 
 
-def main(seeds: Sequence[int] = SEEDS, only: str | None = None) -> int:
+def fewest_sources(all_cells: Sequence[Cell]) -> Cell:
+    """The cell whose sweep learns from the fewest others (then the smallest grid): the quickest pair."""
+    return min(all_cells, key=lambda c: (len(sources(c, all_cells)), len(c.table)))
+
+
+def main(seeds: Sequence[int] = SEEDS, only: str | None = None, quick: bool = False) -> int:
     t0 = time.time()
     all_cells = cells()
+    if quick and only is None:
+        only = fewest_sources(all_cells).name
     targets = [c for c in all_cells if only is None or c.name in only.split(",")]
+    # quick: the history holds only the sweeps the targets learn from (and each target's own)
+    taught = {s.name for c in targets for s in sources(c, all_cells)} | {c.name for c in targets}
+    past = [c for c in all_cells if c.name in taught] if quick else all_cells
     rows = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         base = {c.name: alone(c, tmp) for c in targets}
         print(f"  {len(targets)} cells alone ({time.time() - t0:.0f} s)", flush=True)
         for seed in seeds:
-            lessons = history(all_cells, seed, tmp)
+            lessons = history(past, seed, tmp)
             print(f"  seed {seed}: history of {len(lessons)} sweeps ({time.time() - t0:.0f} s)", flush=True)
             for c in targets:
                 got = pair(c, all_cells, lessons, seed, tmp)

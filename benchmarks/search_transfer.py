@@ -16,7 +16,11 @@ and trainer the model does not know are), times the quirk.
 With --recorded: the same question on recorded sweeps, the Ultra-Scale Playbook's cells replayed in
 sequence on one cluster (benchmarks/search_recorded.py); its last line is `recorded transfer: ...`.
 
-usage: python benchmarks/search_transfer.py [--recorded [--seeds 0,1,2] [--cells us_1B_8n,...]]
+usage: python benchmarks/search_transfer.py [--quick] [--recorded [--seeds 0,1,2] [--cells us_1B_8n,...]]
+
+--quick: one model pair (llama-7b on 4 nodes, then llama-13b on 8), one quirk (pp) under both truths
+and a first sweep of QUICK_FIRST_BUDGET trials: the same replays through the sweep loop and the same
+lines; with --recorded, seed 0 and one cell (search_recorded.py says which).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ PAIRS = (
 )
 QUIRKS = (("none", 1.0), ("pp", 4.0), ("micro_batch_size", 3.0), ("tp", 2.5), ("sharding", 2.0))
 FIRST_BUDGET = 12
+QUICK_FIRST_BUDGET = 4  # --quick: the first sweep's budget
 
 
 def spec(name: str, model: tuple[str, int], results: Path) -> dict[str, Any]:
@@ -110,7 +115,9 @@ def ran(run: SweepRun) -> list[int | None]:
     return [run.plan.row_of(Layout.from_mapping({k: r[k] for k in KNOBS})) for r in rows]
 
 
-def pair_row(kind: str, knob: str, slower: float, first: tuple[str, int], second: tuple[str, int]) -> dict[str, Any]:
+def pair_row(
+    kind: str, knob: str, slower: float, first: tuple[str, int], second: tuple[str, int], first_budget: int
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         probe = make_plan(parse_sweep(yaml.safe_dump(spec("probe", second, tmp))))
@@ -120,7 +127,7 @@ def pair_row(kind: str, knob: str, slower: float, first: tuple[str, int], second
         os.environ["XDG_CACHE_HOME"] = str(tmp / "empty")  # never the user's cache
         alone = replay(tmp, spec("alone", second, tmp / "r0"), kind, quirk, budget=None)
         os.environ["XDG_CACHE_HOME"] = str(tmp / "cache")
-        replay(tmp, spec("first", first, tmp / "r1"), kind, quirk, budget=FIRST_BUDGET)
+        replay(tmp, spec("first", first, tmp / "r1"), kind, quirk, budget=first_budget)
         helped = replay(tmp, spec("second", second, tmp / "r2"), kind, quirk, budget=None)
     what = "no quirk" if knob == "none" else f"{knob}={value} {slower:g}x slower"
     return {
@@ -132,14 +139,15 @@ def pair_row(kind: str, knob: str, slower: float, first: tuple[str, int], second
     }
 
 
-def main() -> int:
+def main(quick: bool = False) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t0 = time.time()
     out = []
+    quirks, pairs = (QUIRKS[1:2], PAIRS[2:]) if quick else (QUIRKS, PAIRS)
     for kind in ("model", "simulated"):
-        for knob, slower in QUIRKS:
-            for first, second in PAIRS:
-                out.append(pair_row(kind, knob, slower, first, second))
+        for knob, slower in quirks:
+            for first, second in pairs:
+                out.append(pair_row(kind, knob, slower, first, second, QUICK_FIRST_BUDGET if quick else FIRST_BUDGET))
                 print(f"  {out[-1]} ({time.time() - t0:.0f} s)", flush=True)
     res = pd.DataFrame(out)
     with pd.option_context("display.width", 200, "display.max_rows", 100):
@@ -161,12 +169,14 @@ if __name__ == "__main__":
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
     ap = argparse.ArgumentParser()
     ap.add_argument("--recorded", action="store_true", help="the Ultra-Scale Playbook's recorded sweeps in sequence")
-    ap.add_argument("--seeds", default="0,1,2", help="with --recorded: the histories' seeds")
+    ap.add_argument("--seeds", default=None, help="with --recorded: the histories' seeds (default 0,1,2; --quick 0)")
+    ap.add_argument("--quick", action="store_true", help="one pair, one quirk (with --recorded: one seed, one cell)")
     ap.add_argument("--cells", default=None, help="with --recorded: only these cells as the later sweep")
     args = ap.parse_args()
     if args.recorded:
         import search_recorded
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        raise SystemExit(search_recorded.main([int(s) for s in args.seeds.split(",")], args.cells))
-    raise SystemExit(main())
+        seeds = args.seeds or ("0" if args.quick else "0,1,2")
+        raise SystemExit(search_recorded.main([int(s) for s in seeds.split(",")], args.cells, args.quick))
+    raise SystemExit(main(args.quick))

@@ -21,8 +21,11 @@ machine slows it less than it slows wall time): the ranks of one tiny trial (the
 `sweep run --dry-run` of the demo sweep. `--before REF` runs the same measurements, in the same
 alternating rounds, on the code of git revision REF (a temporary worktree) and prints the change.
 
-    python benchmarks/trial_overhead.py [--rounds 4] [--explain]
-    python benchmarks/trial_overhead.py --startup [--before REF] [--rounds 3]
+    python benchmarks/trial_overhead.py [--rounds 4] [--explain] [--quick]
+    python benchmarks/trial_overhead.py --startup [--before REF] [--rounds 3] [--quick]
+
+`--quick`: one round (unless --rounds says otherwise) and, without --startup, QUICK_STEPS steps a run
+instead of STEPS (the first still dropped): the same processes and table, noisier medians.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from sweeper.spec.loader import parse_sweep
 from sweeper.spec.sweep import Sweep
 
 STEPS = 10
+QUICK_STEPS = 3  # --quick: two measured steps a run
 SPEC = """
 name: trial_overhead
 model: {layers: 4, hidden: 256, heads: 8, kv_heads: 4, ffn: 688, vocab: 4096}
@@ -192,9 +196,9 @@ LABELS = {
 }
 
 
-def run_variant(name: str, gpu: str) -> dict:
+def run_variant(name: str, gpu: str, steps: int) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1))}
-    cmd = [sys.executable, __file__, "--variant", name, "--gpu", gpu]
+    cmd = [sys.executable, __file__, "--variant", name, "--gpu", gpu, "--steps", str(steps)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -300,7 +304,9 @@ def startup_main(rounds: int, before: str | None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 4, --quick 1)")
+    parser.add_argument("--quick", action="store_true", help=f"one round, {QUICK_STEPS} steps a run")
+    parser.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)  # passed to a variant's process
     parser.add_argument("--startup", action="store_true", help="CPU seconds of a tiny trial's ranks and of a dry run")
     parser.add_argument("--before", metavar="REF", help="with --startup: measure git revision REF's code too")
     parser.add_argument("--startup-probe", action="store_true", help=argparse.SUPPRESS)  # one probe's process
@@ -308,41 +314,45 @@ def main() -> None:
     parser.add_argument("--variant", choices=list(VARIANTS), help=argparse.SUPPRESS)  # a variant's own process
     parser.add_argument("--gpu", help=argparse.SUPPRESS)  # the table entry, passed to a variant's process
     args = parser.parse_args()
+    rounds = args.rounds or (1 if args.quick else 4)
+    steps = args.steps or (QUICK_STEPS if args.quick else STEPS)
     if args.startup_probe:
         print(json.dumps(startup_probe()))
         return
     if args.startup:
-        startup_main(args.rounds, args.before)
+        startup_main(rounds, args.before)
         return
     if args.variant:
-        print(json.dumps(VARIANTS[args.variant](parse_sweep(SPEC % _fields(args.gpu)))))
+        print(json.dumps(VARIANTS[args.variant](parse_sweep(SPEC % _fields(args.gpu, steps)))))
         return
     detected = detected_device()
     gpu = table_gpu(detected)
-    sweep = parse_sweep(SPEC % _fields(gpu))
+    sweep = parse_sweep(SPEC % _fields(gpu, steps))
     names = ["trainer", *(["trainer loop", "plain+watcher"] if args.explain else []), "plain"]
     runs: dict[str, list[dict]] = {name: [] for name in names}
-    for i in range(args.rounds):
-        print(f"round {i + 1}/{args.rounds} ...", file=sys.stderr)
+    for i in range(rounds):
+        print(f"round {i + 1}/{rounds} ...", file=sys.stderr)
         for name in names:
             if name == "trainer":
                 runs[name].append(run_trainer(sweep))
             else:
-                runs[name].append(run_variant(name, gpu))
+                runs[name].append(run_variant(name, gpu, steps))
     means = {k: [statistics.fmean(r["step_times_s"][1:]) for r in v] for k, v in runs.items()}
     medians = {k: statistics.median(t for r in v for t in r["step_times_s"][1:]) for k, v in runs.items()}
     m = sweep.model
     print(
         f"model: {m.layers} layers, hidden {m.hidden}, {m.heads} heads ({m.kv_heads} kv), seq {sweep.seq_len}, "
         f"batch {sweep.global_batch_size}, {sweep.trial.precision} on {detected} (GPU table: {gpu}); "
-        f"{STEPS} steps, first dropped, {args.rounds} alternating rounds"
+        f"{steps} steps, first dropped, {rounds} alternating rounds"
     )
     print(f"{'':28}{'median step (s)':>16}{'vs plain (ms)':>15}{'mean step per round (s)':>40}{'tokens/s':>12}")
     tokens = sweep.global_batch_size * sweep.seq_len
     for name in names:
-        rounds = " ".join(f"{x:.4f}" for x in means[name])
+        per_round = " ".join(f"{x:.4f}" for x in means[name])
         extra_ms = (medians[name] - medians["plain"]) * 1e3
-        print(f"{LABELS[name]:28}{medians[name]:>16.4f}{extra_ms:>+15.2f}{rounds:>40}{tokens / medians[name]:>12,.0f}")
+        print(
+            f"{LABELS[name]:28}{medians[name]:>16.4f}{extra_ms:>+15.2f}{per_round:>40}{tokens / medians[name]:>12,.0f}"
+        )
     ratio = medians["trainer"] / medians["plain"]
     startup = statistics.median(r["startup_s"] for r in runs["trainer"])
     plain_startup = statistics.median(r["startup_s"] for r in runs["plain"])
@@ -350,8 +360,8 @@ def main() -> None:
     print(f"process start to first step: trainer {startup:.2f} s (plain loop {plain_startup:.2f} s)")
 
 
-def _fields(gpu: str) -> dict[str, object]:
-    return {"gpu": gpu, "steps": STEPS, "precision": "fp32" if gpu == "cpu" else "bf16"}
+def _fields(gpu: str, steps: int = STEPS) -> dict[str, object]:
+    return {"gpu": gpu, "steps": steps, "precision": "fp32" if gpu == "cpu" else "bf16"}
 
 
 if __name__ == "__main__":
