@@ -8,7 +8,9 @@ layout with its node count, and a budget of PER_SIZE trials per node count, run 
 `run_loop` (what `sweep run` runs) with the replay launcher. The answer is `sweep best`'s
 (`sweeper.plan.sizes.answers` and `winner`): the node count named `--by cost` and `--by time`, against
 the truth (the best measured tokens/s of each size over the whole table: the fastest run, and the
-fewest GPU-hours per token). Trials are counted against running every measured layout at every size.
+fewest GPU-hours per token). Trials, and the GPU-hours they take (`sweeper.search.budget.spent_gpu_hours`: each trial's GPUs x
+its steps at its measured step time; a replay has no start-up), are counted against running every
+measured layout at every size.
 
 usage: python benchmarks/nodes_cost.py [--models 1B,8B] [--per-size N] [--quick]; prints a table and a last line.
 --quick: the 1B model only, 2 trials per node count (--models 1B --per-size 2; either flag still overrides).
@@ -31,6 +33,7 @@ from search_public import ultrascale_space  # one space per ultrascale cell (ben
 from sweeper.launchers.replay import ReplayLauncher
 from sweeper.plan.sizes import Winner, answers, winner
 from sweeper.run.orchestrator import prepare, run_loop
+from sweeper.search.budget import spent_gpu_hours
 from sweeper.spec.loader import load_sweep
 
 CSV = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "ultrascale" / "runs.csv"
@@ -122,6 +125,9 @@ def one_model(model: str, tmp: Path, per_size: int) -> dict[str, Any]:
     by_time, by_cost = winner(found, Winner.time), winner(found, Winner.cost)
     fastest, cheapest = truth(g)
     ran = pd.DataFrame(run.rows)
+    steps, gpn = sweep.trial, sweep.cluster.gpus_per_node
+    every = [{"nodes": n, "step_time_mean_s": t} for n, t in zip(g.nodes, g.gbs * g.seq / (g.tps * g.gpus))]
+    every = [r if ok else {"nodes": r["nodes"]} for r, ok in zip(every, g.ok)]
     return {
         "model": model.split("-")[-1],
         "sizes": len(sweep.node_counts),
@@ -131,6 +137,8 @@ def one_model(model: str, tmp: Path, per_size: int) -> dict[str, Any]:
         "--by cost": by_cost.nodes if by_cost else None,
         "trials": len(run.rows),
         "every size": len(g),
+        "GPU-h": round(spent_gpu_hours(run.rows, gpn, steps, run.search.startup_s), 1),
+        "GPU-h every": round(spent_gpu_hours(every, gpn, steps, run.search.startup_s), 1),
         "sizes run": int(ran.nodes.nunique()),
         "left out": len(run.search.left_out),
         "s": round(time.perf_counter() - start, 1),
@@ -156,10 +164,12 @@ def main() -> int:
     right_time = int((t["--by time"] == t["true fastest"]).sum())
     right_cost = int((t["--by cost"] == t["true cheapest"]).sum())
     share = t.trials.sum() / t["every size"].sum()
+    hours = t["GPU-h"].sum() / t["GPU-h every"].sum()
     print(
         f"nodes_cost: --by time names the truly fastest node count in {right_time}/{len(t)} models, --by cost the "
         f"truly cheapest in {right_cost}/{len(t)}; {t.trials.sum()} trials against {t['every size'].sum()} "
-        f"for every layout at every size ({100 * share:.0f}%)"
+        f"for every layout at every size ({100 * share:.0f}%), {t['GPU-h'].sum():,.0f} GPU-hours against "
+        f"{t['GPU-h every'].sum():,.0f} ({100 * hours:.0f}%)"
     )
     return 0 if right_time == right_cost == len(t) else 1
 

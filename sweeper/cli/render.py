@@ -129,7 +129,13 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     print_counts(console, plan_counts(plan), sweep.memory.probe_margin)
     from sweeper.launchers.startup import trial_startup
 
-    print_estimate(console, cost_estimate(plan, trial_startup(sweep)))
+    startup = trial_startup(sweep)
+    print_estimate(console, cost_estimate(plan, startup))
+    if sweep.search.max_gpu_hours is not None:  # the budget in GPU-hours: how it is expected to split
+        from sweeper.search.budget import expected_split, split_line
+
+        line = split_line(expected_split(plan, startup.seconds), sweep.search.max_gpu_hours)
+        console.print(f"budget: {escape(line)}", soft_wrap=True)
     if sweep.several_sizes or sweep.goal is not None:
         print_plan_sizes(plan, console)
 

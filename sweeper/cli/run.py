@@ -154,9 +154,22 @@ def plan_summary(plan) -> dict:  # noqa: ANN001
         "counts": {s.status: s.count for s in counts.statuses if s.count},  # they add up to layouts
         "reasons": plan.reason_counts(),
         "statuses": [asdict(s) for s in counts.statuses],
-        "estimate": {**asdict(cost), "assumes": cost.assumes},
+        "estimate": {**asdict(cost), "assumes": cost.assumes} | _budget_split(plan),
         "candidates": json.loads(cands.drop(columns=["status", "reason"]).to_json(orient="records")),
     } | _per_nodes(plan)
+
+
+def _budget_split(plan) -> dict:  # noqa: ANN001 - Plan
+    """With search.max_gpu_hours: its expected split over the node counts (`search.budget.expected_split`)."""
+    from dataclasses import asdict
+
+    from sweeper.launchers.startup import trial_startup
+    from sweeper.search.budget import expected_split
+
+    if plan.sweep.search.max_gpu_hours is None:
+        return {}
+    shares = expected_split(plan, trial_startup(plan.sweep).seconds)
+    return {"max_gpu_hours": plan.sweep.search.max_gpu_hours, "budget_split": [asdict(s) for s in shares]}
 
 
 def _per_nodes(plan) -> dict:  # noqa: ANN001 - Plan

@@ -253,7 +253,7 @@ def out_of_play(
     cost_hi = {n: n * gpus_per_node / lower_tps[n] for n in sizes}
     out: dict[int, str] = {}
     for n in sizes:
-        best = _at_best(upper_tps[n], n * gpus_per_node, goal)
+        best = at_best(upper_tps[n], n * gpus_per_node, goal)
         if best:
             out[n] = f"misses {'; '.join(best)} even at the top of its band"
     live = [n for n in sizes if n not in out]
@@ -276,7 +276,8 @@ def out_of_play(
     return out
 
 
-def _at_best(tps: float, gpus: int, goal: GoalSpec | None) -> list[str]:
+def at_best(tps: float, gpus: int, goal: GoalSpec | None) -> list[str]:
+    """The goal's limits a run of `tps` tokens/s on `gpus` GPUs misses (none without a goal)."""
     return [] if goal is None else run_cost(tps, gpus, goal).misses(goal)
 
 

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from sweeper.errors import SweepError
 from sweeper.launchers.base import JobOutcome, Launcher, TrialJob, failure
+from sweeper.launchers.startup import trial_startup
 from sweeper.layouts.layout import Layout
 from sweeper.plan.plan import Plan, leave_out, make_plan
 from sweeper.plan.summary import no_candidates_message
@@ -24,6 +25,7 @@ from sweeper.results.identity import sweep_identity
 from sweeper.results.rows import InFlight, now_utc, row_from
 from sweeper.results.study_guard import default_storage, set_aside, sqlite_path, storage_errors
 from sweeper.results.trial import TrialResult, as_failed, impossible, stops_sweep
+from sweeper.run.closing import closing_notes
 from sweeper.run.rows_told import learn_rows, measured, rebuild_from_rows, row_attrs
 from sweeper.run.slow_trials import crashed, judge, saved_gpu_hours
 from sweeper.run.state import Running, SweepRun
@@ -73,6 +75,7 @@ def prepare(
     with storage_errors(storage):
         own_file = storage == default_storage(store.root)
         search = build_search(plan, storage=storage, own_file=own_file, prior=memory.prior)
+        search.startup_s = trial_startup(sweep).seconds  # what a trial costs besides its steps, in GPU-hours
         study = search.study
         run = SweepRun(
             sweep,
@@ -311,7 +314,7 @@ def step(run: SweepRun, progress: Progress | None = None) -> bool:
         and not run.search.should_stop()
     ):
         number = run.store.next_trial_number()
-        chosen = run.search.choose()
+        chosen = run.search.choose(gpu_hours_left=run.gpu_hours_left())
         if chosen is None:
             break
         _submit(run, number, run.plan.layout(chosen), optuna_trial=None, row=chosen)
@@ -456,6 +459,7 @@ def run_sweep(
             signal.signal(signal.SIGINT, previous)
     for n, why in run.search.left_out.items():  # a sweep over several node counts: sizes it stopped spending on
         run.notes.append(f"{n} node(s): no more trials spent there: {why}")
+    run.notes += closing_notes(run)
     return run
 
 

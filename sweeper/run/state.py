@@ -9,10 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from sweeper.launchers.base import Handle, Launcher
 from sweeper.plan.plan import Plan
 from sweeper.results.rows import InFlight, ResultsStore
 from sweeper.run.unwritten import not_written
+from sweeper.search.budget import spent_gpu_hours
 from sweeper.search.remember import Memory
 from sweeper.search.search import LayoutSearch
 from sweeper.spec.sweep import Sweep
@@ -49,6 +52,22 @@ class SweepRun:
     @property
     def budget(self) -> int:
         return self.sweep.search.max_trials
+
+    @property
+    def gpu_hours_spent(self) -> float:
+        """GPU-hours the finished trials took (`sweeper.search.budget.spent_gpu_hours`), this run's and earlier runs'."""
+        told = [r for r in self.rows if not not_written(r)]
+        return spent_gpu_hours(told, self.sweep.cluster.gpus_per_node, self.sweep.trial, self.search.startup_s)
+
+    def gpu_hours_left(self) -> float | None:
+        """What `search.max_gpu_hours` leaves for new trials: the budget less what the finished trials
+        took and what the running ones are expected to take (None without a budget)."""
+        budget = self.sweep.search.max_gpu_hours
+        if budget is None:
+            return None
+        rows = np.asarray([r.record.row for r in self.running.values()], dtype=np.int64)
+        running = float(self.search.trial_gpu_hours(rows).sum()) if rows.size else 0.0
+        return budget - self.gpu_hours_spent - running
 
     @property
     def launched(self) -> int:

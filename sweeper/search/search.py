@@ -27,12 +27,14 @@ from sweeper.estimate.step_time import Calibration, StepTime
 from sweeper.knobs import KNOBS
 from sweeper.layouts.layout import Layout
 from sweeper.plan.plan import Plan
+from sweeper.plan.summary import TRIAL_STARTUP_S
 from sweeper.search.acquisition import best_chance
+from sweeper.search.budget import trial_gpu_hours
 from sweeper.search.learn import Learning
+from sweeper.search.over_sizes import Belief, elsewhere_step_s, next_over_sizes
 from sweeper.search.prior import EffectPrior, Prior
-from sweeper.search.residual import Residual, calibrate, features, ok_chance
+from sweeper.search.residual import Residual, features, ok_chance
 from sweeper.search.schedule import Schedule, make_sampler
-from sweeper.search.sizes import at_next_size, reach, size_bounds, sizes_out_of_play
 from sweeper.search.span import size_features
 from sweeper.search.stopping import mfu_seconds
 from sweeper.search.study import mirror_trial, tell_study, trial_attrs
@@ -84,6 +86,9 @@ class LayoutSearch:
         self.space: dict[str, tuple[Any, ...]] = dict(self.sweep.space) | sizes
         self.params = [*self.searched, *sizes]
         self.left_out: dict[int, str] = {}  # node count -> why the search no longer spends trials there
+        self.settled = False  # over several node counts: every size in play settled within noise
+        self.over_budget = False  # no untried layout's trial fits in what the GPU-hour budget leaves
+        self.startup_s = TRIAL_STARTUP_S  # a trial's start-up, for its GPU-hours (the run sets its launcher's)
         self.policy = Schedule.of(sampler, n_candidates=len(self.rows), max_trials=max_trials, seed_trials=seed_trials)
         self.stop_margin = stop_margin
         self._rng = np.random.default_rng(seed)
@@ -161,40 +166,55 @@ class LayoutSearch:
             return None
         return Proposal(self.enqueue(row, trial_number=trial_number), row, self.plan.layout(row))
 
-    def _at_next_size(self, rows: np.ndarray) -> np.ndarray:
-        """`rows` of the size the next trial is spent on (`sweeper.search.sizes`); `left_out`: the sizes
+    def _at_sizes(self, rows: np.ndarray) -> np.ndarray:
+        """Over several node counts, what the rule leaves of `rows` (`over_sizes.next_over_sizes`):
+        one row, the open sizes' rows (seed trials left), or none (`settled`); `left_out`: the sizes
         that cannot win, and why."""
         if not self.sweep.several_sizes:
             return rows
-        ok = {int(r): t for r, t in self.learning.measured.items() if self.outcome.get(int(r)) == TrialStatus.OK}
         untried = np.asarray(self.untried(), dtype=np.int64)
         expected_s, sigma = self.expected_step_s(untried), np.zeros(untried.size)
         if untried.size:
             sigma = self.residual.predict(self._pos[untried])[1]
-        bounds = size_bounds(
-            self.sweep, self.plan.nodes, ok, untried, expected_s, sigma, self.elsewhere_step_s(untried)
-        )
-        self.left_out = sizes_out_of_play(self.sweep, bounds)
-        started = [*self.done, *self.running]
-        reaches = reach(bounds)
-        return at_next_size(self.sweep, self.plan.nodes, rows, started, self.left_out, reaches)
+        ok = {int(r): t for r, t in self.learning.measured.items() if self.outcome.get(int(r)) == TrialStatus.OK}
+        hours = self.trial_gpu_hours(untried, expected_s)
+        belief = Belief(untried, expected_s, sigma, self.elsewhere_step_s(untried), self._ok_chance(untried), hours, ok)
+        started = len(self.done) + len(self.running)
+        choice = next_over_sizes(self.plan, rows, belief, by_prior=self.policy.by_prior(started=started))
+        self.left_out, self.settled = choice.left_out, choice.settled
+        return choice.rows
 
-    def choose(self, *, max_rejections: int = 200) -> int | None:
-        """The plan row to run next, marked running (its study trial is made by `enqueue`), or None."""
+    def trial_gpu_hours(self, rows: np.ndarray, step_s: np.ndarray | None = None) -> np.ndarray:
+        """GPU-hours each layout's trial is expected to take (`sweeper.search.budget.trial_gpu_hours`):
+        its GPUs x (start-up + steps at `step_s`, by default the step time the search expects)."""
+        step_s = self.expected_step_s(rows) if step_s is None else step_s
+        gpus = self.plan.nodes[rows] * self.sweep.cluster.gpus_per_node
+        return trial_gpu_hours(gpus, step_s, self.sweep.trial, self.startup_s)
+
+    def choose(self, *, max_rejections: int = 200, gpu_hours_left: float | None = None) -> int | None:
+        """The plan row to run next, marked running (its study trial is made by `enqueue`), or None.
+        `gpu_hours_left`: what the sweep's GPU-hour budget leaves; only a layout whose trial is
+        expected to take no more (`trial_gpu_hours`) is started (none: `over_budget`)."""
         untried = self.untried()
+        if gpu_hours_left is not None and untried:
+            fits = self.trial_gpu_hours(np.asarray(untried, dtype=np.int64)) <= gpu_hours_left
+            self.over_budget = not fits.any()
+            untried = [r for r, ok in zip(untried, fits) if ok]
         if not untried:
             return None
         if self.policy.in_plan_order:
             row = untried[0]
         elif self.policy.exploit(started=(started := len(self.done) + len(self.running))):
-            rows = self._at_next_size(np.asarray(untried, dtype=np.int64))
+            rows = self._at_sizes(np.asarray(untried, dtype=np.int64))
+            if not rows.size:  # every size in play settled within noise: nothing left worth a trial
+                return None
             if self.policy.by_prior(started=started):
                 prior = self.learning.pred_mfu[rows] * np.exp(-self._learned_mean(rows))
                 row = int(rows[np.argmax(prior * self.fit_chance(rows))])
             else:
                 row = int(rows[np.argmax(self.scores(rows))])
         else:
-            row = self._ask_sampler(max_rejections)
+            row = self._ask_sampler(max_rejections, set(untried))
         self.running.add(row)
         return row
 
@@ -281,20 +301,8 @@ class LayoutSearch:
 
     def elsewhere_step_s(self, rows: np.ndarray) -> np.ndarray:
         """Step time of each layout as the model predicts it scaled by what the trials at the OTHER sizes
-        measured (`residual.calibrate` without the layout's own size's trials): a size's predicted best
-        is what the rest of the sweep expects of it, not what its own first misses pulled the scales to
-        (those misses are what the size is kept in play to check; `sweeper.search.sizes`)."""
-        out = np.zeros(len(rows))
-        measured, p = self.learning.measured, self.learning.prior
-        for n in np.unique(self.plan.nodes[rows]):
-            at = self.plan.nodes[rows] == n
-            keep = [r for r in measured if self.plan.nodes[r] != n]
-            c = calibrate(
-                self.model, keep, [measured[r] for r in keep], prior=p.calibration, prior_weight=p.calibration_weight
-            )
-            m = self.model
-            out[at] = np.maximum(c.compute_scale * m.compute[rows[at]] + c.comm_scale * m.comm[rows[at]], 1e-12)
-        return out
+        measured (`sweeper.search.over_sizes.elsewhere_step_s`)."""
+        return elsewhere_step_s(self.plan, self.model, self.learning.measured, self.learning.prior, rows)
 
     def _refit(self) -> None:
         """Fit the residual to every measured step time (when something new was measured)."""
@@ -310,9 +318,10 @@ class LayoutSearch:
         self.residual.fit(self._pos[rows], log_ratio)
         self._fitted = len(measured)
 
-    def _ask_sampler(self, max_rejections: int) -> int:
+    def _ask_sampler(self, max_rejections: int, allowed: set[int]) -> int:
         """A proposal of the named sampler, from its scratch study: rejected or repeated layouts are told
-        there (MFU 0, or their known result) and never reach the sweep's study."""
+        there (MFU 0, or their known result) and never reach the sweep's study; an untried layout
+        outside `allowed` (over the GPU-hour budget) is told as failed there, not as measured."""
         assert self._scratch is not None
         for _ in range(max_rejections):
             trial = self._scratch.ask()
@@ -323,13 +332,13 @@ class LayoutSearch:
                 self._scratch.tell(trial, FAILED_OBJECTIVE)
             elif row in self.done:
                 self._scratch.tell(trial, self.done[row])
-            elif row in self.running:
+            elif row in self.running or row not in allowed:
                 self._scratch.tell(trial, state=TrialState.FAIL)
             else:
                 self._scratch_of[row] = trial.number
                 return row
-        # the sampler keeps proposing what is known: take an untried candidate at random
-        return int(self._rng.choice(self.untried()))
+        # the sampler keeps proposing what is known: take an allowed untried candidate at random
+        return int(self._rng.choice(sorted(allowed)))
 
     def enqueue(self, row: int, *, trial_number: int | None = None, known: int | None = None) -> int:
         """The sweep's study gets one RUNNING trial with the layout's parameters and attributes, made in
@@ -394,6 +403,7 @@ class LayoutSearch:
         value = mfu if (measured and mfu is not None) else FAILED_OBJECTIVE
         self.running.discard(row)
         self.excluded.pop(row, None)
+        self.settled = self.over_budget = False  # judged again at the next choice, with this trial told
         self.done[row] = value
         self.outcome[row] = status
         if self._scratch is not None:
@@ -450,6 +460,8 @@ class LayoutSearch:
 
     def should_stop(self) -> bool:
         """With a stop margin: no untried layout can beat the best by more than it (calibrated model)."""
+        if self.settled or self.over_budget:  # nothing worth a trial, or nothing the budget affords
+            return True
         ok = [v for r, v in self.done.items() if v > 0 and self.outcome.get(r) == TrialStatus.OK]
         if self.stop_margin is None or len(self.learning.measured) < 3 or not ok:
             return False

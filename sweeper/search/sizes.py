@@ -1,39 +1,43 @@
 """How the search spends its trials across the node counts of a sweep over several.
 
-Each size's best is bounded by what the search believes: at least its best measured tokens/s (or,
-before any trial there, its best untried layout's expected speed at the bottom of its band), at most
-the better of that and its best untried layout at the top of its band. The band of an untried
-layout is the residual's posterior spread there (`BAND_SIGMAS` standard deviations of log step time:
-the model's prior error where nothing near was measured, less near what was), never wider above
-than the prior's: the residual's fitted amplitude grows with quirks (layouts several times SLOWER
-than the model says), which say nothing of a layout being faster than it says, and a band that
-wide at every size with hundreds of untried layouts kept the sizes already measured near their
-best in play and took the trials a size far from its prediction needed. A size whose trials so
-far are well below its predicted best (the model scaled by the OTHER sizes' trials:
-`LayoutSearch.elsewhere_step_s`; its own misses are what is in doubt) stays in play until the
-layouts the model ranks high there have run or been judged by their neighbours.
+The search serves the answers `sweep best` gives (`served`): `--by time` always, `--by cost` too
+when the goal prices the run or caps its cost. What an answer holds now (`bars`) is what `sweep
+best` would name: of the sizes whose best measured run meets every limit, the best tokens/s (time)
+or tokens/s per GPU (cost). Each untried layout's trial has a chance to change a served answer
+(`change_chance`): that its true tokens/s beats what the answer holds by more than `MARGIN` (the
+noise of a measured step) and meets the limits, from its expected step time and the residual's
+posterior spread, at least `MIN_SIGMA` (never trusted closer to a layout nothing measured) and at
+most `PRIOR_SIGMA` upwards (quirks widen the fitted spread, slower, never faster). The next trial
+is the layout whose trial is worth most (`trial_value`): that chance times its chance to run, per
+GPU-hour its trial is expected to take (`sweeper.search.budget`), so a small size's cheap trials
+come first and a large size gets the trials that can still change the answer. The residual is
+shared across sizes through the layout's knobs (`sweeper.search.span`): what a layout measured at
+one size moves its twins at the others. A size no trial has confirmed (`unconfirmed`: none ran
+there, or its best is well below what the other sizes' trials predict of it) keeps at least the
+chance the model scaled by the other sizes' trials gives at the prior's spread
+(`LayoutSearch.elsewhere_step_s`): it is not dropped on an extrapolation.
 
-A size that cannot win (`sweeper.plan.sizes.out_of_play`: not the fastest, not the cheapest, not the
-cheapest within the deadline, or missing a limit, even at the top of its band) gets no more trials,
-and the search keeps its reason (`LayoutSearch.left_out`). Of the sizes in play, a size without a
-trial comes first (the smaller first); then the next trial goes where the band is widest: the size
-whose top of its band reaches furthest above the best found so far, by time (tokens/s of the whole
-run) or by cost (tokens/s per GPU), whichever it reaches further. The best found so far is the
-winner's bar: a size whose band reaches far above it is the one a trial is most likely to change
-the answer at, and the leader itself is refined while its own band reaches above its best.
+A size gets no more trials when it cannot win (`sweeper.plan.sizes.out_of_play` on the bands of
+`size_bounds`: not the fastest, not the cheapest, not the cheapest within the deadline, or missing
+a limit, even at the top of its band; the search keeps its reason, `LayoutSearch.left_out`) or
+once it is settled within noise (`size_chance`: the chance that any of its untried layouts changes
+a served answer, as if independent, below `SETTLED`). When every size in play is settled, the
+search stops (`LayoutSearch.settled`).
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from scipy.special import erfc
 
-from sweeper.plan.sizes import out_of_play
-from sweeper.search.residual import PRIOR_SIGMA
+from sweeper.estimate.cost import SECONDS_PER_DAY
+from sweeper.plan.sizes import Winner, at_best, out_of_play
+from sweeper.search.acquisition import FAILED_COST
+from sweeper.search.residual import MIN_SIGMA, PRIOR_SIGMA
 
 if TYPE_CHECKING:
     from sweeper.spec.sweep import Sweep
@@ -42,6 +46,13 @@ if TYPE_CHECKING:
 # nearby (residual.PRIOR_SIGMA 0.2) a band of x0.67-1.49, about the throughput model's spread on
 # public step times (plan.sizes.PRIOR_BAND, 0.3); one-sided, 2.3 % of layouts fall beyond it.
 BAND_SIGMAS = 2.0
+# A trial changes an answer when its layout beats what the answer holds by more than the noise of a
+# measured step: the replays' and trainers' step-to-step spread is a few % (residual.NOISE, 3 %),
+# and a layout 2 % faster than the answer is a tie within that noise, not a new answer.
+MARGIN = 0.03
+# A size is settled when no untried layout there has even this chance to change a served answer:
+# one trial in twenty; below it, the size's trials are better spent where the answer is in doubt.
+SETTLED = 0.05
 
 
 @dataclass(frozen=True)
@@ -98,45 +109,96 @@ def sizes_out_of_play(sweep: Sweep, bounds: SizeBounds) -> dict[int, str]:
     return out_of_play(bounds.upper, bounds.lower, sweep.cluster.gpus_per_node, sweep.goal)
 
 
-def reach(bounds: SizeBounds) -> dict[int, float]:
-    """How far (log) the top of each size's band reaches above the bar it must clear to win: by time
-    (its whole run's tokens/s against the fastest size's best found) or by cost (tokens/s per GPU
-    against the cheapest's), the further of the two. The size that holds a mark is not measured for
-    it: its own trials cannot take the mark from it, a challenger's can. Infinite before anything ran."""
-    found = {n: s for n, s in bounds.seen.items() if s > 0}
-    if not found:
-        return dict.fromkeys(bounds.upper, math.inf)
-    fastest = max(found, key=lambda m: found[m])
-    cheapest = max(found, key=lambda m: found[m] / m)
+def served(sweep: Sweep) -> tuple[Winner, ...]:
+    """The answers the search spends its trials on: `--by time` (`sweep best`'s default) always, and
+    `--by cost` too when the goal prices the run (`gpu_hour_cost`) or caps its cost (`max_cost`)."""
+    goal = sweep.goal
+    priced = goal is not None and (goal.gpu_hour_cost is not None or goal.max_cost is not None)
+    return (Winner.time, Winner.cost) if priced else (Winner.time,)
+
+
+def bars(sweep: Sweep, seen: dict[int, float]) -> dict[Winner, float]:
+    """What each served answer holds now, as `sweep best` names it (`sweeper.plan.sizes.winner`): of
+    the sizes whose best measured run (`seen`, tokens/s) meets every limit, the best tokens/s (time)
+    or tokens/s per GPU (cost); 0 while no size's does (any trial that runs and meets them changes it)."""
+    gpn = sweep.cluster.gpus_per_node
+    able = {n: s for n, s in seen.items() if s > 0 and not at_best(s, n * gpn, sweep.goal)}
     out = {}
-    for n, top in bounds.upper.items():
-        by_time = math.log(top / found[fastest]) if top > 0 and n != fastest else -math.inf
-        by_cost = math.log(top / n / (found[cheapest] / cheapest)) if top > 0 and n != cheapest else -math.inf
-        out[n] = max(by_time, by_cost)
+    for by in served(sweep):
+        per = (lambda n: 1.0) if by is Winner.time else (lambda n: 1.0 / (n * gpn))
+        out[by] = max((s * per(n) for n, s in able.items()), default=0.0)
     return out
 
 
-def at_next_size(
-    sweep: Sweep,
-    nodes: np.ndarray,
-    rows: np.ndarray,
-    started: list[int],
-    left_out: dict[int, str],
-    reaches: dict[int, float] | None = None,
+def limit_speed(sweep: Sweep, gpus: np.ndarray) -> np.ndarray:
+    """The least tokens/s that meets the goal's limits on `gpus` GPUs (0 without limits): max_days
+    needs tokens / (max_days x 86400), max_cost gpus x tokens x price / (3600 x max_cost)."""
+    goal, out = sweep.goal, np.zeros(len(gpus))
+    if goal is None:
+        return out
+    if goal.max_days is not None:
+        out = np.maximum(out, goal.tokens / (goal.max_days * SECONDS_PER_DAY))
+    if goal.max_cost is not None and goal.gpu_hour_cost is not None:
+        out = np.maximum(out, gpus * goal.tokens * goal.gpu_hour_cost / (3600 * goal.max_cost))
+    return out
+
+
+def change_chance(
+    sweep: Sweep, nodes: np.ndarray, speed: np.ndarray, sigma: np.ndarray, held: dict[Winner, float]
 ) -> np.ndarray:
-    """The untried `rows` of the node count the next trial is spent on: of the sizes still in play
-    (not in `left_out`), one without a trial yet (`started`: plan rows done or running; the smaller
-    first), else the one whose band reaches furthest above the best found (`reaches`; without them,
-    the one with the fewest trials). A sweep of one size: all of them."""
+    """Per untried layout (its node count, expected tokens/s `speed` and posterior spread `sigma` of
+    its log step time): the chance its trial changes a served answer, that its true tokens/s beats
+    what the answer holds (`held`, from `bars`) by more than `MARGIN` (by time its tokens/s, by cost
+    its tokens/s per GPU) and meets the goal's limits. Upwards the spread is at most the prior's
+    (`PRIOR_SIGMA`): quirks widen the fitted spread, slower, never faster."""
+    gpus = nodes * sweep.cluster.gpus_per_node
+    need = np.full(len(speed), np.inf)
+    for by, value in held.items():
+        need = np.minimum(need, value * (1 + MARGIN) * (gpus if by is Winner.cost else 1.0))
+    need = np.maximum(need, limit_speed(sweep, gpus))
+    up = np.clip(sigma, MIN_SIGMA, PRIOR_SIGMA)
+    with np.errstate(divide="ignore"):
+        z = (np.log(need) - np.log(np.maximum(speed, 1e-300))) / up
+    return 0.5 * erfc(z / math.sqrt(2))
+
+
+def unconfirmed(sweep: Sweep, nodes: np.ndarray, model_step_s: np.ndarray, seen: dict[int, float]) -> list[int]:
+    """The node counts no trial has confirmed: none ran ok there, or its best so far (`seen`, tokens/s)
+    is below the bottom of the prior band around its best untried layout as the model scaled by the
+    other sizes' trials predicts it (`model_step_s` of the untried layouts at `nodes`), as in `size_bounds`."""
+    work = sweep.global_batch_size * sweep.seq_len
+    band = math.exp(BAND_SIGMAS * PRIOR_SIGMA)
+    out = []
+    for n in np.unique(nodes):
+        predicted = work / float(model_step_s[nodes == n].min())
+        if seen.get(int(n), 0.0) < predicted / band:
+            out.append(int(n))
+    return out
+
+
+def size_chance(nodes: np.ndarray, chance: np.ndarray) -> dict[int, float]:
+    """Per node count: the chance that any of its untried layouts (their node count and
+    `change_chance`) changes a served answer, as if they were independent (1 - the product of each
+    one's chance not to). Below `SETTLED`, the size's part of the answer is settled within noise."""
+    return {int(n): float(1.0 - np.prod(1.0 - chance[nodes == n])) for n in np.unique(nodes)}
+
+
+def in_play(
+    sweep: Sweep, nodes: np.ndarray, rows: np.ndarray, left_out: dict[int, str], chance: dict[int, float]
+) -> np.ndarray:
+    """The untried `rows` the next trial may be spent on: those of the sizes that can still win (not in
+    `left_out`) and are not settled (`size_chance` at least `SETTLED`); none when every such size is
+    settled (the answer is settled within noise). A sweep of one size, or every size left out: all."""
     if not sweep.several_sizes:
         return rows
-    count = Counter(int(nodes[r]) for r in started)
     live = [n for n in sweep.node_counts if n not in left_out and bool((nodes[rows] == n).any())]
-    if not live:  # every size left out or spent: the rest, as one size's would be
+    if not live:  # every size left out: the rest, as one size's would be
         return rows
-    fresh = [n for n in live if count[n] == 0]
-    if fresh or reaches is None:
-        n = min(fresh or live, key=lambda s: (count[s], s))
-    else:
-        n = max(live, key=lambda s: (reaches.get(s, -math.inf), -count[s], -s))
-    return rows[nodes[rows] == n]
+    return rows[np.isin(nodes[rows], [n for n in live if chance.get(n, 0.0) >= SETTLED])]
+
+
+def trial_value(chance: np.ndarray, ok: np.ndarray, gpu_hours: np.ndarray) -> np.ndarray:
+    """What each untried layout's trial is worth: the chance it runs (`ok`) and changes a served
+    answer (`chance`), per GPU-hour it is expected to take; a trial that fails (out of memory)
+    ends at its first step, `acquisition.FAILED_COST` of one that runs."""
+    return chance * ok / ((ok + (1 - ok) * FAILED_COST) * np.maximum(gpu_hours, 1e-12))

@@ -258,8 +258,15 @@ class TrialSettings(_Strict):
         return self
 
 
+MAX_GPU_HOURS = 1e9
+
+
 class SearchSettings(_Strict):
     max_trials: int = Field(default=40, ge=1, le=1_000_000)
+    max_gpu_hours: float | None = Field(
+        default=None,
+        description="never start a trial that would take the sweep's GPU-hours past this (default: no limit)",
+    )
     parallel: int = Field(default=1, ge=1, le=10_000)
     sampler: Literal["auto", "grid", "random", "tpe", "gp"] = "auto"
     seed: int = Field(default=0, ge=0)
@@ -275,6 +282,20 @@ class SearchSettings(_Strict):
         description="start from what earlier sweeps on this cluster, GPU and trainer taught, and add what this one "
         "teaches (default: no; on recorded sweeps it did not shorten the search: docs/profiles.md)",
     )
+
+    @field_validator("max_gpu_hours", mode="before")
+    @classmethod
+    def _gpu_hours(cls, v: Any) -> Any:
+        """One line for any bad value: a number of GPU-hours above 0 (a bool, text, NaN or infinity is none)."""
+        if v is None:
+            return v
+        number = isinstance(v, (int, float)) and not isinstance(v, bool)
+        if not number or not 0 < v <= MAX_GPU_HOURS:  # NaN fails both comparisons
+            raise ValueError(
+                f"search.max_gpu_hours: {v!r} not allowed; allowed: a number of GPU-hours above 0, "
+                f"at most {MAX_GPU_HOURS:g}"
+            )
+        return float(v)
 
 
 if TYPE_CHECKING:

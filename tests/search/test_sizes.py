@@ -228,17 +228,6 @@ def test_compare_lines_up_a_layout_across_node_counts(tmp_path):
     assert "32 nodes" in table and "80%" in table
 
 
-def test_the_next_trial_goes_to_the_challenger_whose_band_reaches_furthest_not_to_a_marks_holder():
-    from sweeper.search.sizes import SizeBounds, reach
-
-    # 8 nodes holds both marks (1.0e6 tokens/s, 15.6k per GPU); 16 can beat it by time only at the
-    # top of its band (1.5e6 against 1.0e6); 32 cannot (0.9e6); 8's own band counts for nothing
-    b = SizeBounds(upper={8: 2.0e6, 16: 1.5e6, 32: 0.9e6}, lower={}, seen={8: 1.0e6, 16: 0.8e6, 32: 0.5e6})
-    r = reach(b)
-    assert r[8] == float("-inf") and r[16] == pytest.approx(np.log(1.5)) and r[32] < 0
-    assert max(r, key=r.get) == 16
-
-
 def test_a_size_whose_best_is_well_below_its_predicted_best_stays_in_play(tmp_path):
     from sweeper.search.sizes import size_bounds
 

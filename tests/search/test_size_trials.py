@@ -1,0 +1,124 @@
+"""Where a sweep over several node counts spends its trials (`sweeper.search.sizes`): each trial on the
+layout whose trial most likely changes a served answer (`--by time`, and `--by cost` with a priced
+goal) per GPU-hour, the leader refined like any challenger, a size dropped once settled within noise."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import yaml
+
+from sweeper.plan.plan import make_plan
+from sweeper.plan.sizes import Winner
+from sweeper.search.sizes import (
+    MARGIN,
+    SETTLED,
+    bars,
+    change_chance,
+    in_play,
+    served,
+    size_chance,
+    trial_value,
+)
+from sweeper.spec.loader import parse_sweep
+from tests.conftest import base_spec
+
+SPACE = {"tp": [1, 2, 4], "pp": [1, 2], "micro_batch_size": [1, 2], "attention": ["flash2"]}
+
+
+def _sweep(tmp_path, **extra):
+    spec = base_spec(
+        name="trials",
+        results_dir=str(tmp_path / "results"),
+        space=SPACE,
+        cluster={"nodes": [8, 16], "gpus_per_node": 8, "gpu": "a100-80gb"},
+    )
+    return parse_sweep(yaml.safe_dump(spec | extra))
+
+
+def test_a_priced_goal_serves_both_answers_and_the_bar_is_what_sweep_best_names(tmp_path):
+    plain = _sweep(tmp_path)
+    priced = _sweep(tmp_path, goal={"tokens": 1.0e12, "gpu_hour_cost": 2.0})
+    assert served(plain) == (Winner.time,) and served(priced) == (Winner.time, Winner.cost)
+    # 16 nodes (128 GPUs) is the fastest, 8 nodes (64 GPUs) the cheapest per GPU
+    held = bars(priced, {8: 64_000.0, 16: 100_000.0})
+    assert held[Winner.time] == 100_000.0 and held[Winner.cost] == pytest.approx(1000.0)
+    # with max_days, a size whose best misses it holds no answer: 1e12 tokens at 64k tokens/s take 181 days
+    timed = _sweep(tmp_path, goal={"tokens": 1.0e12, "gpu_hour_cost": 2.0, "max_days": 100})
+    assert bars(timed, {8: 64_000.0, 16: 200_000.0})[Winner.cost] == pytest.approx(200_000 / 128)
+
+
+def test_the_chance_to_change_an_answer_is_by_more_than_noise_and_per_gpu_for_cost(tmp_path):
+    sweep = _sweep(tmp_path, goal={"tokens": 1.0e12, "gpu_hour_cost": 2.0})
+    held = {Winner.time: 100_000.0, Winner.cost: 1000.0}
+    sigma = np.full(3, 0.18)
+    # at 16 nodes (time): expected at the bar, 20 % above it, 20 % below it
+    got = change_chance(sweep, np.full(3, 16), np.array([100_000.0, 120_000.0, 80_000.0]), sigma, held)
+    z = math.log(1 + MARGIN) / 0.18  # even a layout expected at the bar must beat it by the margin
+    assert got[0] == pytest.approx(0.5 * math.erfc(z / math.sqrt(2)))
+    assert got[1] > 0.8 and got[2] < 0.15
+    # at 8 nodes (cost): 64 GPUs need 64k tokens/s x 1.03 to beat 1000 tokens/s per GPU; by time they cannot
+    at8 = change_chance(sweep, np.array([8]), np.array([64_000.0 * (1 + MARGIN)]), np.array([0.18]), held)
+    assert at8[0] == pytest.approx(0.5)
+    # nothing measured yet: any layout that runs changes the answer
+    first = change_chance(sweep, np.array([8, 16]), np.array([1.0, 1.0]), np.full(2, 0.18), bars(sweep, {}))
+    assert first.tolist() == [1.0, 1.0]
+
+
+def test_a_layout_that_would_miss_a_limit_cannot_change_the_answer(tmp_path):
+    # max_days 100 for 1e12 tokens needs 115.7k tokens/s: a layout expected at 60k has no chance
+    sweep = _sweep(tmp_path, goal={"tokens": 1.0e12, "max_days": 100})
+    held = bars(sweep, {})  # nothing measured: only the limit stands in the way
+    got = change_chance(sweep, np.array([8, 16]), np.array([60_000.0, 200_000.0]), np.full(2, 0.1), held)
+    assert got[0] < 1e-4 and got[1] > 0.99
+
+
+def test_the_upward_spread_is_never_wider_than_the_models_prior_nor_narrower_than_its_floor(tmp_path):
+    sweep = _sweep(tmp_path)
+    held = {Winner.time: 100_000.0}
+    at = [change_chance(sweep, np.array([8]), np.array([80_000.0]), np.array([s]), held)[0] for s in (0.9, 0.2, 0.01)]
+    assert at[0] == pytest.approx(at[1])  # a quirk-widened residual says nothing of being faster
+    floor = change_chance(sweep, np.array([8]), np.array([80_000.0]), np.array([0.15]), held)[0]
+    assert at[2] == pytest.approx(floor) and floor > 0.01  # an untried layout is never known closer
+
+
+def test_a_trial_is_worth_its_chance_per_gpu_hour_and_its_chance_to_run():
+    chance, ok = np.array([0.4, 0.4, 0.4]), np.array([1.0, 1.0, 0.5])
+    value = trial_value(chance, ok, np.array([1.0, 8.0, 1.0]))
+    assert value[1] == pytest.approx(value[0] / 8)  # 8x the GPU-hours: worth an eighth
+    assert value[2] == pytest.approx(0.4 * 0.5 / (0.5 + 0.5 * 0.3))  # an OOM ends at its first step
+
+
+def test_a_settled_size_gets_no_more_trials_and_all_settled_stops(tmp_path):
+    sweep = _sweep(tmp_path)
+    nodes = np.array([8, 8, 16, 16])
+    rows = np.arange(4)
+    chance = size_chance(nodes, np.array([0.02, 0.02, 0.3, 0.01]))
+    assert chance[8] == pytest.approx(1 - 0.98**2) and chance[8] < SETTLED <= chance[16]
+    assert in_play(sweep, nodes, rows, {}, chance).tolist() == [2, 3]
+    assert in_play(sweep, nodes, rows, {16: "cannot win"}, chance).size == 0
+    settled = size_chance(nodes, np.array([0.01, 0.01, 0.01, 0.01]))
+    assert in_play(sweep, nodes, rows, {}, settled).size == 0
+
+
+def test_a_search_whose_answer_is_settled_stops_and_one_in_doubt_goes_on(tmp_path):
+    from sweeper.search.build import build_search
+
+    space = SPACE | {"tp": [2, 4], "activation_checkpointing": ["none", "full"]}
+    sweep = _sweep(tmp_path, space=space, goal={"tokens": 1.0e12, "gpu_hour_cost": 2.0})
+    plan = make_plan(sweep)
+    search = build_search(plan, max_trials=40, seed=0)
+    model = plan.throughput.total
+    rows = [int(r) for r in np.flatnonzero(plan.candidate_mask)]
+    at8 = sorted((r for r in rows if plan.nodes[r] == 8), key=lambda r: -model[r])
+    last = at8[:2]  # the two slowest at 8 nodes: full checkpointing, over 50 % slower than its best
+    for r in [r for r in rows if r not in last and r != at8[-1]]:
+        search.observe(r, status="ok", mfu=None, step_time_s=float(model[r]))
+    # 8 nodes' fastest layout is untried: it may change the answer by cost, so the search goes on
+    assert search.choose() == at8[-1] and not search.settled
+    search.observe(at8[-1], status="ok", mfu=None, step_time_s=float(model[at8[-1]]))
+    # what is left cannot beat either answer by more than noise: settled, nothing more is started
+    assert search.choose() is None and search.settled and search.should_stop()
+    assert sorted(search.untried()) == sorted(last)
