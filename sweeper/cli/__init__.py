@@ -76,9 +76,9 @@ def main() -> None:
     try:
         app()
     except SweepError as e:
-        from rich.markup import escape
+        from sweeper.text import for_markup
 
         try:
-            abort(escape(str(e)), code=e.exit_code)
+            abort(for_markup(str(e)), code=e.exit_code)
         except typer.Exit as ex:
             sys.exit(ex.exit_code)

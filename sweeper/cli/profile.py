@@ -12,6 +12,7 @@ import typer
 from typer.core import TyperGroup
 
 from sweeper.errors import SweepError
+from sweeper.text import for_terminal
 
 
 class _FileOrCommand(TyperGroup):
@@ -159,7 +160,7 @@ def forget(
             try:
                 targets.append(cached_file(p, str(p)))
             except SweepError as e:
-                typer.echo(f"kept {p}: {e}", err=True)
+                typer.echo(for_terminal(f"kept {p}: {e}"), err=True)
     for target in targets:
         target.unlink()
         typer.echo(f"deleted {target}")
@@ -171,7 +172,8 @@ def cached_file(path: Path, named: str) -> Path:
     """The cached measured profile `path` names, checked before it is deleted: a regular file (not a
     link, not a folder) directly in the cache folder, named <gpu>.profile.yaml, that reads as a
     measured profile. Anything else is refused in one line, and nothing is deleted."""
-    from sweeper.profiles.profile import ProfileError, cache_dir, load_profile
+    from sweeper.files import FileRefused
+    from sweeper.profiles.profile import MEASURED, ProfileError, cache_dir, deletable, load_profile
 
     folder = cache_dir()
     where = f"{named}: nothing deleted"
@@ -179,6 +181,10 @@ def cached_file(path: Path, named: str) -> Path:
         raise SweepError(f"{where}: {path} is not a regular file; `forget` deletes cached profile files only")
     if path.resolve().parent != folder.resolve() or not path.name.endswith(".profile.yaml"):
         raise SweepError(f"{where}: {path} is not a cached profile (<gpu>.profile.yaml in {folder})")
+    try:  # a regular file of the user's, in the real cache folder: no link on the way
+        deletable(folder / path.name, folder, MEASURED)
+    except FileRefused as e:
+        raise SweepError(f"{where}: {e}") from None
     try:
         load_profile(path)
     except ProfileError as e:
@@ -201,7 +207,9 @@ def _forget_learned(key: str | None) -> None:
     """`forget --learned [KEY]`: the learned profile KEY names, or every learned profile."""
     from sweeper.search.learned import forget
 
-    removed = forget(None if key is None else _learned_key(key))
+    removed, kept = forget(None if key is None else _learned_key(key))
+    for line in kept:
+        typer.echo(for_terminal(line), err=True)
     for path in removed:
         typer.echo(f"deleted {path}")
     if not removed:

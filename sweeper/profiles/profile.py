@@ -263,6 +263,46 @@ def check_cached(path: Path) -> None:
             check_owned(p, fix=fix)
 
 
+def deletable(path: Path, folder: Path, kind: str) -> Path:
+    """`path` checked before `forget` deletes it: a regular file (not a link) of the user's, directly
+    in `folder` of the cache, reached through no link from `<cache>/sweep` down (a linked folder is
+    someone's elsewhere), whose `kind:` is `kind` (a file the tool wrote). Else one FileRefused line."""
+    import stat
+
+    top = cache_dir().parent
+    folder = Path(os.path.abspath(folder))
+    for f in [folder, *folder.parents]:
+        if f != top and top not in f.parents:
+            break
+        try:
+            st = f.lstat()
+        except OSError as e:
+            raise FileRefused(f"{f}: {e.strerror or e}; nothing deleted") from None
+        if not stat.S_ISDIR(st.st_mode):
+            what = "a link" if stat.S_ISLNK(st.st_mode) else "not a folder"
+            raise FileRefused(f"{f}: {what}, not the cache's own folder; `forget` deletes nothing through it")
+        if st.st_uid != os.geteuid():
+            raise FileRefused(f"{f}: owned by user {st.st_uid}, not you; `forget` deletes nothing in it")
+    path = Path(os.path.abspath(path))
+    try:
+        st = path.lstat()
+    except OSError as e:
+        raise FileRefused(f"{path}: {e.strerror or e}; nothing deleted") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise FileRefused(f"{path}: not a regular file (a link or a folder); `forget` deletes cached profiles only")
+    if path.parent != folder:
+        raise FileRefused(f"{path}: not in the cache folder {folder}; `forget` deletes cached profiles only")
+    if st.st_uid != os.geteuid():
+        raise FileRefused(f"{path}: owned by user {st.st_uid}, not you; nothing deleted")
+    try:
+        found = read_header(path).get("kind", MEASURED)
+    except ProfileError as e:
+        raise FileRefused(f"not a {kind} profile ({e}); nothing deleted") from None
+    if found != kind:
+        raise FileRefused(f"{path}: a {found} profile, not a {kind} one; nothing deleted")
+    return path
+
+
 def cached_profile_path(gpu: str, env: Mapping[str, str] | None = None) -> Path:
     """Where `sweep profile` keeps the measured profile of a GPU table key, and where the model finds it."""
     return cache_dir(env) / f"{gpu}.profile.yaml"

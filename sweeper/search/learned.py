@@ -446,17 +446,23 @@ def _locked(path: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def forget(key: LearnedKey | None = None) -> list[Path]:
-    """Remove the learned profile of `key` (every learned profile when None); the files removed."""
+def forget(key: LearnedKey | None = None) -> tuple[list[Path], list[str]]:
+    """Remove the learned profile of `key` (every learned profile when None): the files removed, and
+    a line for each file kept (not a regular learned profile of the user's in the real cache folder)."""
+    from sweeper.profiles.profile import deletable
+
     folder = learned_dir()
     paths = [key.path] if key is not None else sorted(folder.glob("*.yaml")) if folder.is_dir() else []
-    removed = []
+    removed, kept = [], []
     for p in paths:
-        # a link is removed as a link (unlink never follows it): its target, wherever it is, stays
-        if p.is_symlink() or p.is_file():
-            p.unlink()
+        if not (p.exists() or p.is_symlink()):
+            continue
+        try:
+            deletable(p, folder, LEARNED).unlink()
             removed.append(p)
-    return removed
+        except FileRefused as e:
+            kept.append(f"kept {p}: {e}")
+    return removed, kept
 
 
 def ratio_text(log_ratio: float) -> str:

@@ -25,6 +25,7 @@ from sweeper.errors import SweepError
 from sweeper.estimate.memory import compute_bytes
 from sweeper.spec.memory_options import NanotronMemory, StateBytes
 from sweeper.spec.traits import PipelineStall, TimeTraits
+from sweeper.text import for_comment
 from sweeper.trainers.base import EnvNeeds, ParsedLog, Recipe, TableRecipe, Trainer
 from sweeper.trainers.export import layout_record, provenance_suffix
 from sweeper.trainers.export_model import model_fields
@@ -274,7 +275,7 @@ def to_nanotron(row: Mapping[str, Any], sweep: Sweep) -> str:
         f"# launch, on every node, from nanotron's repository: {launch_command(rec, sweep)}",
     ]
     lines += [f"# no nanotron field: {n}" for n in notes]
-    return "\n".join(lines) + "\n" + yaml.safe_dump(config, sort_keys=False)
+    return "\n".join(for_comment(x) for x in lines) + "\n" + yaml.safe_dump(config, sort_keys=False)
 
 
 # ---- the log --------------------------------------------------------------------------------

@@ -134,21 +134,21 @@ def test_show_prints_every_number_with_its_sweep():
 def test_forget_removes_one_key_or_all():
     other = LearnedKey("gpu-partition", "h100-sxm", "megatron")
     a, b = save(KEY, lessons("a", "aaaa")), save(other, lessons("b", "bbbb"))
-    assert forget(KEY) == [a] and not a.exists() and b.exists()
-    assert forget(KEY) == []
+    assert forget(KEY) == ([a], []) and not a.exists() and b.exists()
+    assert forget(KEY) == ([], [])
     save(KEY, lessons("a", "aaaa"))
-    assert forget(None) == sorted([a, b]) and not list(learned_dir().glob("*.yaml"))
+    assert forget(None) == (sorted([a, b]), []) and not list(learned_dir().glob("*.yaml"))
 
 
-def test_forget_removes_a_link_in_the_learned_folder_never_its_target(tmp_path):
+def test_forget_keeps_a_link_in_the_learned_folder_and_its_target(tmp_path):
     target = save(KEY, lessons("a", "aaaa")).rename(tmp_path / "elsewhere.yaml")
     link = KEY.path
-    link.symlink_to(target)  # a learned profile linked in: forgetting it must stop its use
-    assert forget(KEY) == [link] and not link.is_symlink() and target.is_file()
-    folder = tmp_path / "folder.yaml"
-    folder.mkdir()
-    KEY.path.symlink_to(folder)
-    assert forget(None) == [KEY.path] and folder.is_dir()
+    link.symlink_to(target)  # not a file the tool wrote: named, kept, for the user to remove
+    removed, kept = forget(KEY)
+    assert removed == [] and link.is_symlink() and target.is_file()
+    assert kept == [
+        f"kept {link}: {link}: not a regular file (a link or a folder); `forget` deletes cached profiles only"
+    ]
 
 
 def test_forget_learned_names_a_profile_by_its_file_its_name_or_a_sweep_file(tmp_path):
