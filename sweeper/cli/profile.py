@@ -12,7 +12,7 @@ import typer
 from typer.core import TyperGroup
 
 from sweeper.errors import SweepError
-from sweeper.text import for_terminal
+from sweeper.text import for_markup, for_terminal
 
 
 class _FileOrCommand(TyperGroup):
@@ -90,8 +90,9 @@ def profile(
 
     done = run_profile(sweep, out=out, quick=quick, progress=progress, nodes=nodes)
     for what, why in done.skipped.items():
-        err.print(f"[yellow]left out:[/] {what}: {why}")
-    typer.echo(f"profile of {done.profile.device} written to {done.path} in {time.monotonic() - start:.0f} s")
+        err.print(f"[yellow]left out:[/] {for_markup(f'{what}: {why}')}")
+    took = time.monotonic() - start
+    typer.echo(for_terminal(f"profile of {done.profile.device} written to {done.path} in {took:.0f} s"))
 
 
 @profile_app.command("show")
@@ -103,7 +104,7 @@ def show(
     """Print what a profile holds and where each number came from (without a file: the cached profiles)."""
     if path is not None:
         for line in describe_file(path):
-            typer.echo(line)
+            typer.echo(for_terminal(line))
         return
     from sweeper.profiles.profile import cache_dir
     from sweeper.search.learned import learned_dir
@@ -112,7 +113,7 @@ def show(
     if not found:
         typer.echo(f"no cached profile under {cache_dir()}")
     for p in found:
-        typer.echo(describe_file(p)[0])  # its first line names the file
+        typer.echo(for_terminal(describe_file(p)[0]))  # its first line names the file
 
 
 @profile_app.command("forget")
@@ -163,7 +164,7 @@ def forget(
                 typer.echo(for_terminal(f"kept {p}: {e}"), err=True)
     for target in targets:
         target.unlink()
-        typer.echo(f"deleted {target}")
+        typer.echo(for_terminal(f"deleted {target}"))
     if not targets:
         typer.echo(f"no cached profile in {cache_dir()}")
 
@@ -211,7 +212,7 @@ def _forget_learned(key: str | None) -> None:
     for line in kept:
         typer.echo(for_terminal(line), err=True)
     for path in removed:
-        typer.echo(f"deleted {path}")
+        typer.echo(for_terminal(f"deleted {path}"))
     if not removed:
         typer.echo("no learned profile to delete")
 

@@ -185,6 +185,29 @@ def host_costs(steps: tuple[ReferenceStep, ...]) -> tuple[float, float]:
     return intercept, slope
 
 
+def _merged(rows: tuple[Any, ...], key: Any, times: tuple[str, ...]) -> list[Any]:
+    """`rows` sorted by `key`, those of one key merged: each of `times` the geometric mean of the
+    rows' (None where none gives one), the rest the first's in a fixed order (the whole row's text)."""
+    import math
+
+    groups: dict[Any, list[Any]] = {}
+    for r in sorted(rows, key=lambda r: (key(r), repr(r))):
+        groups.setdefault(key(r), []).append(r)
+    out = []
+    for same in groups.values():
+        if len(same) == 1:
+            out.append(same[0])
+            continue
+        merged = {}
+        for f in times:
+            given = [float(getattr(r, f)) for r in same if getattr(r, f) is not None]
+            # the geometric mean: 0 where one is 0 (an optimizer step with nothing to do backward)
+            mean = 0.0 if any(v <= 0 for v in given) else math.exp(sum(math.log(v) for v in given) / len(given))
+            merged[f] = mean if given else None
+        out.append(same[0].model_copy(update=merged))
+    return out
+
+
 class Profile(_Row):
     """A measured profile of one node (see the module's docstring)."""
 
@@ -223,14 +246,24 @@ class Profile(_Row):
 
     @model_validator(mode="after")
     def _sorted(self) -> Profile:
-        """Every table in one order, whatever the file's: a reader that interpolates over a table
-        (np.interp over unsorted sizes) must not answer by the rows' order."""
+        """Every table in one order, whatever the file's, and rows that repeat one shape merged into
+        one: each of its times (and a collective's bandwidth) the geometric mean of theirs, as the
+        curves average repeated sizes. A reader that interpolates over a table (np.interp over
+        unsorted or repeated sizes) or indexes it by shape must not answer by the rows' order."""
         tables: dict[str, list[Any]] = {
-            "gemm": sorted(self.gemm, key=lambda g: (g.dtype, g.m * g.n * g.k, g.m, g.n, g.k)),
-            "attention": sorted(self.attention, key=lambda a: (a.kernel, a.seq, a.batch, a.heads, a.kv_heads)),
-            "elementwise": sorted(self.elementwise, key=lambda e: (e.op, e.mode, e.elements)),
-            "block": sorted(self.block, key=lambda b: (b.knob, b.value, b.rows)),
-            "collectives": sorted(self.collectives, key=lambda c: (c.op, c.scope, c.ranks, c.per_node or 0, c.bytes)),
+            "gemm": _merged(self.gemm, lambda g: (g.dtype, g.m * g.n * g.k, g.m, g.n, g.k), ("fwd_s", "bwd_s")),
+            "attention": _merged(
+                self.attention,
+                lambda a: (a.kernel, a.seq, a.batch, a.heads, a.kv_heads, a.head_dim),
+                ("fwd_s", "bwd_s"),
+            ),
+            "elementwise": _merged(self.elementwise, lambda e: (e.op, e.mode, e.elements), ("fwd_s", "bwd_s")),
+            "block": _merged(self.block, lambda b: (b.knob, b.value, b.rows), ("seconds",)),
+            "collectives": _merged(
+                self.collectives,
+                lambda c: (c.op, c.scope, c.ranks, c.per_node or 0, c.bytes),
+                ("seconds", "busbw_gbps"),
+            ),
         }
         for name, rows in tables.items():
             object.__setattr__(self, name, tuple(rows))

@@ -391,3 +391,35 @@ def test_ranks_bound_to_crowded_cores_are_priced_by_their_busiest_core(tmp_path)
     # a rank with a core of its own, or a GPU: nothing changes
     assert core_share(shared, cols[4], 4, (4, 2), block_s=block, end_s=end)[0] == 1.0
     assert core_share(shared.model_copy(update={"gpu": "h100"}), cols[4], 4, (4, 4), block_s=block, end_s=end)[0] == 1.0
+
+
+def test_rows_that_repeat_a_shape_predict_the_same_in_any_order(tmp_path):
+    """Issue 48: a profile whose rows repeat one shape answered by file order (6.7 % against 24.7 %
+    predicted MFU); repeated rows are merged, each time the geometric mean of theirs."""
+    base = synthetic_profile()
+
+    def slowed(rows: tuple) -> tuple:
+        return tuple(
+            r.model_copy(
+                update={f: getattr(r, f) * 10 for f in type(r).model_fields if f.endswith("_s") or f == "seconds"}
+            )
+            for r in rows
+        )
+
+    tables = ("gemm", "attention", "elementwise", "block", "collectives")
+    first = {t: getattr(base, t) + slowed(getattr(base, t)) for t in tables}
+    second = {t: slowed(getattr(base, t)) + getattr(base, t) for t in tables}
+    preds = []
+    for name, rows in (("a", first), ("b", second)):
+        save_profile(
+            Profile.model_validate(
+                base.to_dict() | {k: [r.model_dump(mode="json", by_alias=True) for r in v] for k, v in rows.items()}
+            ),
+            tmp_path / f"{name}.yaml",
+        )
+        _, sweep = tiny_sweep(tmp_path, profile=str(tmp_path / f"{name}.yaml"))
+        cols = Layout.from_mapping({"tp": 2, "pp": 1, "micro_batch_size": 1}).columns(sweep)
+        preds.append(predict(cols, sweep))
+    assert preds[0].mfu[0] == pytest.approx(preds[1].mfu[0], rel=1e-12)
+    merged = Profile.model_validate(base.to_dict() | {"block": [r.model_dump(mode="json") for r in first["block"]]})
+    assert [b.seconds for b in merged.block] == [pytest.approx(5e-3 * 10**0.5)]  # one row, the geometric mean
