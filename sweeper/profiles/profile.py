@@ -185,9 +185,15 @@ def host_costs(steps: tuple[ReferenceStep, ...]) -> tuple[float, float]:
     return intercept, slope
 
 
-def _merged(rows: tuple[Any, ...], key: Any, times: tuple[str, ...]) -> list[Any]:
+# rows of one shape measured twice agree within noise (an H200's repeated casts: 1 %); beyond this
+# factor they contradict each other, and which one prices the shape would be a guess
+REPEAT_AGREEMENT = 2.0
+
+
+def _merged(rows: tuple[Any, ...], key: Any, times: tuple[str, ...], table: str) -> list[Any]:
     """`rows` sorted by `key`, those of one key merged: each of `times` the geometric mean of the
-    rows' (None where none gives one), the rest the first's in a fixed order (the whole row's text)."""
+    rows' (None where none gives one), the rest the first's in a fixed order (the whole row's text).
+    Rows of one key whose times differ by more than REPEAT_AGREEMENT are refused (ValueError)."""
     import math
 
     groups: dict[Any, list[Any]] = {}
@@ -201,6 +207,11 @@ def _merged(rows: tuple[Any, ...], key: Any, times: tuple[str, ...]) -> list[Any
         merged = {}
         for f in times:
             given = [float(getattr(r, f)) for r in same if getattr(r, f) is not None]
+            if given and max(given) > REPEAT_AGREEMENT * min(given):
+                raise ValueError(
+                    f"{table}: {len(same)} rows of one shape {key(same[0])} disagree: {f} from {min(given):.3g} "
+                    f"to {max(given):.3g}, over {REPEAT_AGREEMENT:g}x apart; keep one row per shape"
+                )
             # the geometric mean: 0 where one is 0 (an optimizer step with nothing to do backward)
             mean = 0.0 if any(v <= 0 for v in given) else math.exp(sum(math.log(v) for v in given) / len(given))
             merged[f] = mean if given else None
@@ -248,21 +259,26 @@ class Profile(_Row):
     def _sorted(self) -> Profile:
         """Every table in one order, whatever the file's, and rows that repeat one shape merged into
         one: each of its times (and a collective's bandwidth) the geometric mean of theirs, as the
-        curves average repeated sizes. A reader that interpolates over a table (np.interp over
-        unsorted or repeated sizes) or indexes it by shape must not answer by the rows' order."""
+        curves average repeated sizes; refused where they disagree beyond REPEAT_AGREEMENT. A reader
+        that interpolates over a table (np.interp over unsorted or repeated sizes) or indexes it by
+        shape must not answer by the rows' order."""
         tables: dict[str, list[Any]] = {
-            "gemm": _merged(self.gemm, lambda g: (g.dtype, g.m * g.n * g.k, g.m, g.n, g.k), ("fwd_s", "bwd_s")),
+            "gemm": _merged(self.gemm, lambda g: (g.dtype, g.m * g.n * g.k, g.m, g.n, g.k), ("fwd_s", "bwd_s"), "gemm"),
             "attention": _merged(
                 self.attention,
                 lambda a: (a.kernel, a.seq, a.batch, a.heads, a.kv_heads, a.head_dim),
                 ("fwd_s", "bwd_s"),
+                "attention",
             ),
-            "elementwise": _merged(self.elementwise, lambda e: (e.op, e.mode, e.elements), ("fwd_s", "bwd_s")),
-            "block": _merged(self.block, lambda b: (b.knob, b.value, b.rows), ("seconds",)),
+            "elementwise": _merged(
+                self.elementwise, lambda e: (e.op, e.mode, e.elements), ("fwd_s", "bwd_s"), "elementwise"
+            ),
+            "block": _merged(self.block, lambda b: (b.knob, b.value, b.rows), ("seconds",), "block"),
             "collectives": _merged(
                 self.collectives,
                 lambda c: (c.op, c.scope, c.ranks, c.per_node or 0, c.bytes),
                 ("seconds", "busbw_gbps"),
+                "collectives",
             ),
         }
         for name, rows in tables.items():
