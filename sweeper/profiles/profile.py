@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, ValidationInfo, model_validator
 
 from sweeper.errors import SweepError
 from sweeper.files import FileRefused, atomic_write_text, check_owned, parse_yaml, read_limited
@@ -190,10 +190,11 @@ def host_costs(steps: tuple[ReferenceStep, ...]) -> tuple[float, float]:
 REPEAT_AGREEMENT = 2.0
 
 
-def _merged(rows: tuple[Any, ...], key: Any, times: tuple[str, ...], table: str) -> list[Any]:
+def _merged(rows: tuple[Any, ...], key: Any, times: tuple[str, ...], table: str | None) -> list[Any]:
     """`rows` sorted by `key`, those of one key merged: each of `times` the geometric mean of the
     rows' (None where none gives one), the rest the first's in a fixed order (the whole row's text).
-    Rows of one key whose times differ by more than REPEAT_AGREEMENT are refused (ValueError)."""
+    With `table` named (a file's), rows of one key whose times differ by more than REPEAT_AGREEMENT
+    are refused (ValueError); a measurement's (two shapes of one size) are merged whatever they differ."""
     import math
 
     groups: dict[Any, list[Any]] = {}
@@ -207,7 +208,7 @@ def _merged(rows: tuple[Any, ...], key: Any, times: tuple[str, ...], table: str)
         merged = {}
         for f in times:
             given = [float(getattr(r, f)) for r in same if getattr(r, f) is not None]
-            if given and max(given) > REPEAT_AGREEMENT * min(given):
+            if table is not None and given and max(given) > REPEAT_AGREEMENT * min(given):
                 raise ValueError(
                     f"{table}: {len(same)} rows of one shape {key(same[0])} disagree: {f} from {min(given):.3g} "
                     f"to {max(given):.3g}, over {REPEAT_AGREEMENT:g}x apart; keep one row per shape"
@@ -256,29 +257,41 @@ class Profile(_Row):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
 
     @model_validator(mode="after")
-    def _sorted(self) -> Profile:
+    def _sorted(self, info: ValidationInfo) -> Profile:
         """Every table in one order, whatever the file's, and rows that repeat one shape merged into
         one: each of its times (and a collective's bandwidth) the geometric mean of theirs, as the
-        curves average repeated sizes; refused where they disagree beyond REPEAT_AGREEMENT. A reader
+        curves average repeated sizes. In a file (`load_profile`), rows of one shape that disagree
+        beyond REPEAT_AGREEMENT are refused: `sweep profile` writes each shape once. A reader
         that interpolates over a table (np.interp over unsorted or repeated sizes) or indexes it by
         shape must not answer by the rows' order."""
+        strict = bool(info.context and info.context.get("from_file"))
         tables: dict[str, list[Any]] = {
-            "gemm": _merged(self.gemm, lambda g: (g.dtype, g.m * g.n * g.k, g.m, g.n, g.k), ("fwd_s", "bwd_s"), "gemm"),
+            "gemm": _merged(
+                self.gemm,
+                lambda g: (g.dtype, g.m * g.n * g.k, g.m, g.n, g.k),
+                ("fwd_s", "bwd_s"),
+                "gemm" if strict else None,
+            ),
             "attention": _merged(
                 self.attention,
                 lambda a: (a.kernel, a.seq, a.batch, a.heads, a.kv_heads, a.head_dim),
                 ("fwd_s", "bwd_s"),
-                "attention",
+                "attention" if strict else None,
             ),
             "elementwise": _merged(
-                self.elementwise, lambda e: (e.op, e.mode, e.elements), ("fwd_s", "bwd_s"), "elementwise"
+                self.elementwise,
+                lambda e: (e.op, e.mode, e.elements),
+                ("fwd_s", "bwd_s"),
+                "elementwise" if strict else None,
             ),
-            "block": _merged(self.block, lambda b: (b.knob, b.value, b.rows), ("seconds",), "block"),
+            "block": _merged(
+                self.block, lambda b: (b.knob, b.value, b.rows), ("seconds",), "block" if strict else None
+            ),
             "collectives": _merged(
                 self.collectives,
                 lambda c: (c.op, c.scope, c.ranks, c.per_node or 0, c.bytes),
                 ("seconds", "busbw_gbps"),
-                "collectives",
+                "collectives" if strict else None,
             ),
         }
         for name, rows in tables.items():
@@ -392,7 +405,7 @@ def load_profile(path: Path, *, gpu: str | None = None, link: str | None = None)
     if raw.get("kind", MEASURED) != MEASURED:
         raise ProfileError(f"{path}: kind: {raw['kind']} is not a measured profile; allowed here: {MEASURED}")
     try:
-        profile = Profile.model_validate(raw)
+        profile = Profile.model_validate(raw, context={"from_file": True})
     except ValidationError as e:
         raise ProfileError(f"{path}: {_first_error(e)}") from None
     if gpu is not None and profile.gpu != gpu:

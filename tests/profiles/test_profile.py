@@ -424,6 +424,10 @@ def test_rows_that_repeat_a_shape_predict_the_same_in_any_order(tmp_path):
 
 
 def test_rows_of_one_shape_that_contradict_each_other_are_refused_in_one_line(tmp_path):
+    # a measurement's own repeats (two shapes of one size, a noisy CPU: 10x) merge as it is made...
+    measured = Profile.model_validate(_repeated(synthetic_profile(), 10.0, slowed_first=False))
+    assert [b.seconds for b in measured.block] == [pytest.approx(5e-3 * 10**0.5)]
+    # ...and a file, which `sweep profile` writes with each shape once, holding them is a contradiction
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(_repeated(synthetic_profile(), 10.0, slowed_first=False), sort_keys=False))
     with pytest.raises(ProfileError) as info:
