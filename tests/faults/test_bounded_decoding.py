@@ -4,6 +4,7 @@ and one whose dictionary repeats a long string: each refused in one line before 
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -113,3 +114,19 @@ def test_a_replay_table_that_expands_is_refused_before_it_is_decoded(tmp_path: P
     line = one_line_error(r)
     assert f"launcher.table: {tmp_path / 't.parquet'}: " in line and words in line, line
     assert f"at most {64 << 20} are decoded here" in line, line
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing a folder to another user needs root")
+def test_another_users_results_folder_is_one_line(tmp_path: Path):
+    """As root nothing is denied, so the PermissionError a colleague's folder (mode 700) gives any
+    other user is made here as the OS makes it; `main` turns it into this one line, exit 2."""
+    from sweeper.cli import denied
+
+    folder = tmp_path / "results" / "theirs"
+    folder.mkdir(parents=True)
+    os.chown(folder, 4242, 4242)
+    line = denied(PermissionError(13, "Permission denied", str(folder / "trials")))
+    assert line.startswith(f"{folder / 'trials'}: Permission denied;")
+    os.chown(folder.parent, 4242, 4242)
+    line = denied(PermissionError(13, "Permission denied", str(folder)))
+    assert line.startswith(f"{folder}: Permission denied (owned by user 4242, not you: 0); ") and "\n" not in line
