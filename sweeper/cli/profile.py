@@ -206,7 +206,7 @@ def describe_file(path: Path) -> list[str]:
 
 def _forget_learned(key: str | None) -> None:
     """`forget --learned [KEY]`: the learned profile KEY names, or every learned profile."""
-    from sweeper.search.learned import forget
+    from sweeper.search.learned_show import forget
 
     removed, kept = forget(None if key is None else _learned_key(key))
     for line in kept:
