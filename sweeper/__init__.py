@@ -7,7 +7,8 @@ folder (`results`) -> which layout runs next (`search`) -> what runs inside a tr
 where (`launchers`) -> the sweep loop (`run`) -> the report and the command (`report`, `cli`).
 
 Foundation modules, imported from anywhere and importing only each other: `errors`, `files`,
-`process`, `packages`, `knobs` (the search space's knobs and the layout columns), `statuses`.
+`process`, `packages`, `knobs` (the search space's knobs and the layout columns), `statuses`, `text`
+(text from elsewhere as data: one escaping function per medium).
 Each folder's `__init__` says what it owns and, on its `May import:` line, which folders it may
 import (tests/architecture/test_import_rules.py holds every module to it, and forbids import cycles).
 """

@@ -174,6 +174,9 @@ def check_owned(path: Path, *, fix: str, mode_fix: str | None = None, st: os.sta
     st = st if st is not None else path.lstat()
     if st.st_uid != os.geteuid():
         raise FileRefused(f"{path}: owned by user {st.st_uid}, not you ({os.geteuid()}); {fix}")
+    if stat.S_ISLNK(st.st_mode):
+        # a link's own mode is always 777 and `chmod` would change its target: name the link itself
+        raise FileRefused(f"{path}: a link (to {os.readlink(path)}), not a file or folder of its own; {fix}")
     if st.st_mode & 0o022:
         mode = stat.S_IMODE(st.st_mode)
         raise FileRefused(

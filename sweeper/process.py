@@ -15,6 +15,14 @@ from pathlib import Path
 from typing import Any
 
 
+def usable_cpus() -> int:
+    """The cores this process may run on: its CPU affinity (`taskset`, a cgroup's cpuset, SLURM's
+    binding), not the machine's count. A profile records it, and a rank's threads are sized by it."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -76,9 +76,32 @@ def main() -> None:
     try:
         app()
     except SweepError as e:
-        from rich.markup import escape
+        from sweeper.text import for_markup
 
         try:
-            abort(escape(str(e)), code=e.exit_code)
+            abort(for_markup(str(e)), code=e.exit_code)
         except typer.Exit as ex:
             sys.exit(ex.exit_code)
+    except PermissionError as e:  # another user's results folder or file: one line, never a traceback
+        from sweeper.text import for_markup
+
+        try:
+            abort(for_markup(denied(e)), code=2)
+        except typer.Exit as ex:
+            sys.exit(ex.exit_code)
+
+
+def denied(e: PermissionError) -> str:
+    """What a PermissionError says as one line: the path, its owner where it can be seen, what to do."""
+    import os
+
+    path = e.filename or "a file"
+    try:
+        owner = os.stat(path).st_uid if e.filename else None
+    except OSError:
+        owner = None
+    whose = f" (owned by user {owner}, not you: {os.geteuid()})" if owner is not None and owner != os.geteuid() else ""
+    return (
+        f"{path}: {e.strerror or 'permission denied'}{whose}; a results folder or file of another user's "
+        "is theirs to share (ask them for a copy), or give the sweep a results_dir of your own"
+    )

@@ -10,6 +10,7 @@ import typer
 
 from sweeper.errors import NoSuccessError, SweepError
 from sweeper.plan.sizes import Winner, winner
+from sweeper.text import for_terminal
 
 
 def predicted_rows(spec: str, top: int, *, by: Winner = Winner.time) -> tuple[Any, list[dict[str, Any]], Any]:
@@ -130,4 +131,4 @@ def _print_view(view: Any, by: Winner, rows: list[dict[str, Any]]) -> None:
         what = "fastest" if by is Winner.time else "cheapest"
         limits = " meeting the goal's limits" if view.sweep.goal is not None else ""
         line = f"--by {by.value}: {rows[0].get('nodes', view.sweep.cluster.nodes)} node(s), the {what} predicted run{limits}"
-        console.print(Text(line), soft_wrap=True)
+        console.print(Text(for_terminal(line)), soft_wrap=True)

@@ -12,6 +12,7 @@ import typer
 from typer.core import TyperGroup
 
 from sweeper.errors import SweepError
+from sweeper.text import for_markup, for_terminal
 
 
 class _FileOrCommand(TyperGroup):
@@ -89,8 +90,9 @@ def profile(
 
     done = run_profile(sweep, out=out, quick=quick, progress=progress, nodes=nodes)
     for what, why in done.skipped.items():
-        err.print(f"[yellow]left out:[/] {what}: {why}")
-    typer.echo(f"profile of {done.profile.device} written to {done.path} in {time.monotonic() - start:.0f} s")
+        err.print(f"[yellow]left out:[/] {for_markup(f'{what}: {why}')}")
+    took = time.monotonic() - start
+    typer.echo(for_terminal(f"profile of {done.profile.device} written to {done.path} in {took:.0f} s"))
 
 
 @profile_app.command("show")
@@ -102,7 +104,7 @@ def show(
     """Print what a profile holds and where each number came from (without a file: the cached profiles)."""
     if path is not None:
         for line in describe_file(path):
-            typer.echo(line)
+            typer.echo(for_terminal(line))
         return
     from sweeper.profiles.profile import cache_dir
     from sweeper.search.learned import learned_dir
@@ -111,7 +113,7 @@ def show(
     if not found:
         typer.echo(f"no cached profile under {cache_dir()}")
     for p in found:
-        typer.echo(describe_file(p)[0])  # its first line names the file
+        typer.echo(for_terminal(describe_file(p)[0]))  # its first line names the file
 
 
 @profile_app.command("forget")
@@ -159,10 +161,10 @@ def forget(
             try:
                 targets.append(cached_file(p, str(p)))
             except SweepError as e:
-                typer.echo(f"kept {p}: {e}", err=True)
+                typer.echo(for_terminal(f"kept {p}: {e}"), err=True)
     for target in targets:
         target.unlink()
-        typer.echo(f"deleted {target}")
+        typer.echo(for_terminal(f"deleted {target}"))
     if not targets:
         typer.echo(f"no cached profile in {cache_dir()}")
 
@@ -171,7 +173,8 @@ def cached_file(path: Path, named: str) -> Path:
     """The cached measured profile `path` names, checked before it is deleted: a regular file (not a
     link, not a folder) directly in the cache folder, named <gpu>.profile.yaml, that reads as a
     measured profile. Anything else is refused in one line, and nothing is deleted."""
-    from sweeper.profiles.profile import ProfileError, cache_dir, load_profile
+    from sweeper.files import FileRefused
+    from sweeper.profiles.profile import MEASURED, ProfileError, cache_dir, deletable, load_profile
 
     folder = cache_dir()
     where = f"{named}: nothing deleted"
@@ -179,6 +182,10 @@ def cached_file(path: Path, named: str) -> Path:
         raise SweepError(f"{where}: {path} is not a regular file; `forget` deletes cached profile files only")
     if path.resolve().parent != folder.resolve() or not path.name.endswith(".profile.yaml"):
         raise SweepError(f"{where}: {path} is not a cached profile (<gpu>.profile.yaml in {folder})")
+    try:  # a regular file of the user's, in the real cache folder: no link on the way
+        deletable(folder / path.name, folder, MEASURED)
+    except FileRefused as e:
+        raise SweepError(f"{where}: {e}") from None
     try:
         load_profile(path)
     except ProfileError as e:
@@ -199,11 +206,13 @@ def describe_file(path: Path) -> list[str]:
 
 def _forget_learned(key: str | None) -> None:
     """`forget --learned [KEY]`: the learned profile KEY names, or every learned profile."""
-    from sweeper.search.learned import forget
+    from sweeper.search.learned_show import forget
 
-    removed = forget(None if key is None else _learned_key(key))
+    removed, kept = forget(None if key is None else _learned_key(key))
+    for line in kept:
+        typer.echo(for_terminal(line), err=True)
     for path in removed:
-        typer.echo(f"deleted {path}")
+        typer.echo(for_terminal(f"deleted {path}"))
     if not removed:
         typer.echo("no learned profile to delete")
 

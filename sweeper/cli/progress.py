@@ -15,6 +15,7 @@ from sweeper.knobs import ALWAYS_SHOWN, SUMMARY_KNOBS, label, set_knobs
 from sweeper.layouts.layout import Layout
 from sweeper.run.state import SweepRun
 from sweeper.statuses import TrialStatus
+from sweeper.text import for_markup
 
 
 def describe(row: dict[str, Any] | Layout, knobs: tuple[str, ...] = SUMMARY_KNOBS) -> str:
@@ -51,7 +52,7 @@ class LiveProgress:
         n_cand = int(run.plan.candidate_mask.sum())
         total = min(run.budget, n_cand)
         self.console.print(
-            f"[bold]{run.sweep.name}[/]: {n_cand} candidate layouts, budget {run.budget} trials, "
+            f"[bold]{for_markup(run.sweep.name)}[/]: {n_cand} candidate layouts, budget {run.budget} trials, "
             f"{run.sweep.search.parallel} at a time, launcher {run.launcher.kind}; "
             f"{len(run.rows)} already finished, {len(run.running)} re-attached"
         )
@@ -71,7 +72,8 @@ class LiveProgress:
         # over several node counts the size is part of what ran: a 16-node trial's MFU is not a 32-node one's
         size = f"nodes={row.get('nodes')} " if run.sweep.several_sizes and row.get("nodes") is not None else ""
         self.console.print(
-            f"trial {row['trial_number']:>3} [{colour}]{row['status']:<18}[/] {size}{describe(row, knobs)}  {detail}"
+            f"trial {row['trial_number']:>3} [{colour}]{for_markup(str(row['status']).ljust(18))}[/] "
+            f"{for_markup(size)}{for_markup(describe(row, knobs))}  {for_markup(detail)}"
         )
         self._refresh(run)
 
@@ -95,11 +97,13 @@ class LiveProgress:
         grid = Table.grid(padding=(0, 2))
         ok = [r for r in run.rows if r["status"] == TrialStatus.OK and r.get("mfu") is not None]
         best = max(ok, key=lambda r: r["mfu"]) if ok else None
-        grid.add_row("in flight", ", ".join(f"#{n} ({i.handle.job_id})" for n, i in run.running.items()) or "-")
-        grid.add_row("best so far", f"MFU {100 * best['mfu']:.2f}%  {describe(best)}" if best else "-")
+        grid.add_row(
+            "in flight", for_markup(", ".join(f"#{n} ({i.handle.job_id})" for n, i in run.running.items()) or "-")
+        )
+        grid.add_row("best so far", for_markup(f"MFU {100 * best['mfu']:.2f}%  {describe(best)}") if best else "-")
         # a trial stopped early ran fine and was clearly slower: not a failure (as the report says)
         fails = Counter(r["status"] for r in run.rows if r["status"] not in (TrialStatus.OK, TrialStatus.STOPPED_EARLY))
-        grid.add_row("failures", ", ".join(f"{k} {v}" for k, v in fails.most_common()) or "none")
+        grid.add_row("failures", for_markup(", ".join(f"{k} {v}" for k, v in fails.most_common()) or "none"))
         stopped = sum(r["status"] == TrialStatus.STOPPED_EARLY for r in run.rows)
         if stopped:
             grid.add_row("stopped early", f"{stopped} (clearly slower than the best so far; not failures)")

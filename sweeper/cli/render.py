@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -16,6 +15,7 @@ from sweeper.plan.summary import CostEstimate, PlanCounts, cost_estimate, plan_c
 from sweeper.spec.models import ModelShape
 from sweeper.spec.sweep import Sweep
 from sweeper.statuses import PlanStatus
+from sweeper.text import for_markup, for_terminal
 from sweeper.trainers import recipe_of
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def say(console: Console, kind: str, text: str, *, style: str = "yellow") -> Non
     if not console.soft_wrap:
         lines = textwrap.wrap(whole, console.width, break_long_words=False, break_on_hyphens=False) or lines
     for i, line in enumerate(lines):
-        out = Text(line)
+        out = Text(for_terminal(line))
         if i == 0:
             out.stylize(style, 0, len(kind) + 1)
         console.print(out, soft_wrap=True)
@@ -135,7 +135,7 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
         from sweeper.search.budget import expected_split, split_line
 
         line = split_line(expected_split(plan, startup.seconds), sweep.search.max_gpu_hours)
-        console.print(f"budget: {escape(line)}", soft_wrap=True)
+        console.print(f"budget: {for_markup(line)}", soft_wrap=True)
     if sweep.several_sizes or sweep.goal is not None:
         print_plan_sizes(plan, console)
 
@@ -144,7 +144,7 @@ def print_model_file(console: Console, sweep: Sweep) -> None:
     """The shape a config.json gives (`model: {hf_config: ...}`), and a sequence longer than it was trained on."""
     file = sweep.model_file
     assert file is not None
-    console.print(escape(f"model: {file.architecture} from {file.path}: {shape_line(sweep.model)}"), soft_wrap=True)
+    console.print(for_markup(f"model: {file.architecture} from {file.path}: {shape_line(sweep.model)}"), soft_wrap=True)
     if file.max_positions is not None and sweep.seq_len > file.max_positions:
         say(
             message_console(stderr=False),
@@ -180,14 +180,14 @@ def print_counts(console: Console, counts: PlanCounts, probe_margin: float) -> N
     width = len(str(counts.layouts))
     console.print(f"layouts in the cross product: [bold]{counts.layouts}[/]")
     for s in counts.statuses:
-        text = escape(s.text) + (":" if s.reasons else "")
+        text = for_markup(s.text) + (":" if s.reasons else "")
         if s.status == PlanStatus.PRUNED:
             near = f"{counts.near_card} of them within {100 * probe_margin:.0f}% of the card"
             text += f" ({near}: a probe trial if clearly fastest)"
         line = f"  {s.status:<10} {s.count:>{width}}  {text}"
         console.print(f"[bold]{line}[/]" if s.status == PlanStatus.CANDIDATE else line, soft_wrap=True)
         for r in s.reasons:
-            console.print(f"  {'':<10} {'':>{width}}  {r.count:>{width}}  {escape(r.text)}", soft_wrap=True)
+            console.print(f"  {'':<10} {'':>{width}}  {r.count:>{width}}  {for_markup(r.text)}", soft_wrap=True)
 
 
 def print_estimate(console: Console, cost: CostEstimate) -> None:
@@ -220,7 +220,11 @@ def _duration(hours: float) -> str:
 def pricing_line(sweep) -> str:  # noqa: ANN001 - Sweep
     """Which figures price the step: the measured profile (path, date, device) or the GPU table."""
     measured = sweep.cluster.profile
-    return measured.source if measured is not None else f"no profile: GPU table figures ({sweep.cluster.gpu.name})"
+    return (
+        for_terminal(measured.source)
+        if measured is not None
+        else f"no profile: GPU table figures ({sweep.cluster.gpu.name})"
+    )
 
 
 def _gpus_each(cost: CostEstimate) -> str:
@@ -349,7 +353,7 @@ def winner_margin(rows: list[dict[str, Any]]) -> Margin | None:
 
 
 def _cell(v: Any) -> str:
-    return ("on" if v else "-") if isinstance(v, bool) else str(v)
+    return ("on" if v else "-") if isinstance(v, bool) else for_markup(v)
 
 
 def _num(v: Any, digits: int) -> str:

@@ -16,10 +16,10 @@ def selftest(
     ] = None,
 ) -> None:
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
     from sweeper.run.selftest import Verdict, run_selftest
+    from sweeper.text import for_markup
 
     console = Console(highlight=False, soft_wrap=True)
     with console.status("self-test: probing kernels, running small layouts..."):
@@ -29,12 +29,12 @@ def selftest(
     for col in ("group", "check", "result", "detail"):
         table.add_column(col, overflow="fold")
     for c in report.checks:
-        table.add_row(c.group, escape(c.name), f"[{colour[c.verdict]}]{c.verdict.value}[/]", escape(c.detail))
+        table.add_row(c.group, for_markup(c.name), f"[{colour[c.verdict]}]{c.verdict.value}[/]", for_markup(c.detail))
     console.print(table)
     broken = report.broken
     if broken:
         console.print(
-            f"[bold red]broken:[/] {escape(', '.join(c.name for c in broken))}: a sweep on this node would fail"
+            f"[bold red]broken:[/] {for_markup(', '.join(c.name for c in broken))}: a sweep on this node would fail"
         )
     else:
         console.print("[green]ready:[/] nothing a sweep relies on is broken")

@@ -12,6 +12,7 @@ import typer
 from sweeper.plan.sizes import Winner
 from sweeper.results.answer import DEFAULT_BY
 from sweeper.statuses import TrialStatus
+from sweeper.text import for_markup
 
 
 def status(
@@ -89,11 +90,11 @@ def status(
         colour = {TrialStatus.OK: "green", "running": "cyan"}.get(it["status"], "red")
         table.add_row(
             str(it["trial_number"]),
-            f"[{colour}]{it['status']}[/]",
-            str(it["job_id"] or "-"),
+            f"[{colour}]{for_markup(it['status'])}[/]",
+            for_markup(it["job_id"] or "-"),
             f"{it['elapsed_s']:.0f} s" if it["elapsed_s"] is not None else "-",
             f"{100 * it['mfu']:.2f}%" if it["mfu"] is not None else "-",
-            it["layout"],
+            for_markup(it["layout"]),
         )
     console.print(table)
     from sweeper.cli.render import print_float8_note

@@ -12,6 +12,7 @@ import typer
 
 from sweeper.errors import SweepError
 from sweeper.statuses import TrialStatus
+from sweeper.text import for_markup
 from sweeper.trainers import trainer_of
 
 if TYPE_CHECKING:
@@ -175,7 +176,6 @@ def print_result(result: TrialResult, *, moe: bool = True) -> None:
     """The result as a two-column table on stdout (`moe=False`: a dense model, without ep and etp,
     which only a mixture of experts has)."""
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
     from sweeper.knobs import layout_line
@@ -188,12 +188,12 @@ def print_result(result: TrialResult, *, moe: bool = True) -> None:
     table.add_column("what", style="bold")
     table.add_column("value")
     rows = [
-        ("status", r.status + (f": {escape(r.error)}" if r.error else "")),
+        ("status", r.status + (f": {for_markup(r.error)}" if r.error else "")),
         (
             "layout",
             dense_line(vars(r)) if not moe else layout_line(vars(r)),
         ),
-        ("device", f"{r.num_devices} x {r.device}"),
+        ("device", for_markup(f"{r.num_devices} x {r.device}")),
         (
             "step time",
             # the 95 % interval of the mean, as every other command shows it, over the steps measured

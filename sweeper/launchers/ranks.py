@@ -22,7 +22,7 @@ from typing import Any
 from sweeper.files import open_own, own_dir
 from sweeper.launchers.netns import LocalNodes, local_nodes
 from sweeper.layouts.layout import Layout
-from sweeper.process import die_with_parent, free_port, kill_group, read_result
+from sweeper.process import die_with_parent, free_port, kill_group, read_result, usable_cpus
 from sweeper.results.trial import FAILED, OOM, TIMEOUT, TrialResult, without_run
 from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE, OomSigns, OomWatch, oom_evidence
 from sweeper.spec.sweep import Sweep
@@ -134,7 +134,8 @@ def launch(
     }
     # the namespaces of local nodes share this machine's cores: every rank of every node counts
     here = nprocs * (nodes.nodes if nodes else 1)
-    base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // here)))
+    # threads sized by the cores the ranks are bound to (the affinity), as the profile counts them
+    base.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // here)))
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     watch = OomWatch()  # before the first rank: the kernel log is read from here on
     try:

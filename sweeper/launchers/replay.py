@@ -52,7 +52,9 @@ class ReplayProfile(LauncherProfile):
     table: str = Field(min_length=1, description="path of the table; relative to the sweep file's folder")
 
 
-MAX_TABLE_BYTES = 256 << 20  # a table of earlier results holds thousands of rows, not gigabytes
+# a table of earlier results holds thousands of rows, not gigabytes: at most this is read, and at
+# most this decoded (`sweeper.parquet_bound`: a few kilobytes of Parquet can decode to gigabytes)
+MAX_TABLE_BYTES = 64 << 20
 
 
 def load_table(path: Path) -> list[dict[str, Any]]:
@@ -68,12 +70,12 @@ def load_table(path: Path) -> list[dict[str, Any]]:
             data = [read_limited(p, max_bytes=MAX_TABLE_BYTES) for p in parts]
             if sum(map(len, data)) > MAX_TABLE_BYTES:
                 raise FileRefused(f"{path}: its files hold over {MAX_TABLE_BYTES} bytes; at most that is read")
-            frame = pd.concat([pd.read_parquet(io.BytesIO(d)) for d in data], ignore_index=True) if data else None
+            frame = _parquet_frame(data, parts) if data else None
             if frame is None:
                 raise FileRefused(f"{path}: a folder with no Parquet file")
         else:
             raw = io.BytesIO(read_limited(path, max_bytes=MAX_TABLE_BYTES))
-            frame = pd.read_csv(raw) if path.suffix.lower() == ".csv" else pd.read_parquet(raw)
+            frame = pd.read_csv(raw) if path.suffix.lower() == ".csv" else _parquet_frame([raw.getvalue()], [path])
     except FileRefused as e:
         raise SpecError(f"launcher.table: {e}") from None
     except (OSError, ValueError) as e:
@@ -83,6 +85,20 @@ def load_table(path: Path) -> list[dict[str, Any]]:
     if not set(KNOBS) & set(frame.columns):
         raise SpecError(f"launcher.table: {path} has no knob columns ({', '.join(KNOBS)})")
     return frame.to_dict("records")
+
+
+def _parquet_frame(data: list[bytes], paths: list[Path]) -> Any:
+    """The Parquet files' rows as one frame, their decoding bounded together by MAX_TABLE_BYTES."""
+    import pandas as pd
+
+    from sweeper.results.parquet_bound import read_parquet_bounded
+
+    frames, left = [], MAX_TABLE_BYTES
+    for d, p in zip(data, paths, strict=True):
+        table = read_parquet_bounded(d, p, max_decoded=left)
+        left -= table.nbytes
+        frames.append(table.to_pandas())
+    return pd.concat(frames, ignore_index=True)
 
 
 class ReplayLauncher(Launcher):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, ValidationInfo, model_validator
 
 from sweeper.errors import SweepError
 from sweeper.files import FileRefused, atomic_write_text, check_owned, parse_yaml, read_limited
@@ -185,6 +185,41 @@ def host_costs(steps: tuple[ReferenceStep, ...]) -> tuple[float, float]:
     return intercept, slope
 
 
+# rows of one shape measured twice agree within noise (an H200's repeated casts: 1 %); beyond this
+# factor they contradict each other, and which one prices the shape would be a guess
+REPEAT_AGREEMENT = 2.0
+
+
+def _merged(rows: tuple[Any, ...], key: Any, times: tuple[str, ...], table: str | None) -> list[Any]:
+    """`rows` sorted by `key`, those of one key merged: each of `times` the geometric mean of the
+    rows' (None where none gives one), the rest the first's in a fixed order (the whole row's text).
+    With `table` named (a file's), rows of one key whose times differ by more than REPEAT_AGREEMENT
+    are refused (ValueError); a measurement's (two shapes of one size) are merged whatever they differ."""
+    import math
+
+    groups: dict[Any, list[Any]] = {}
+    for r in sorted(rows, key=lambda r: (key(r), repr(r))):
+        groups.setdefault(key(r), []).append(r)
+    out = []
+    for same in groups.values():
+        if len(same) == 1:
+            out.append(same[0])
+            continue
+        merged = {}
+        for f in times:
+            given = [float(getattr(r, f)) for r in same if getattr(r, f) is not None]
+            if table is not None and given and max(given) > REPEAT_AGREEMENT * min(given):
+                raise ValueError(
+                    f"{table}: {len(same)} rows of one shape {key(same[0])} disagree: {f} from {min(given):.3g} "
+                    f"to {max(given):.3g}, over {REPEAT_AGREEMENT:g}x apart; keep one row per shape"
+                )
+            # the geometric mean: 0 where one is 0 (an optimizer step with nothing to do backward)
+            mean = 0.0 if any(v <= 0 for v in given) else math.exp(sum(math.log(v) for v in given) / len(given))
+            merged[f] = mean if given else None
+        out.append(same[0].model_copy(update=merged))
+    return out
+
+
 class Profile(_Row):
     """A measured profile of one node (see the module's docstring)."""
 
@@ -222,15 +257,42 @@ class Profile(_Row):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
 
     @model_validator(mode="after")
-    def _sorted(self) -> Profile:
-        """Every table in one order, whatever the file's: a reader that interpolates over a table
-        (np.interp over unsorted sizes) must not answer by the rows' order."""
+    def _sorted(self, info: ValidationInfo) -> Profile:
+        """Every table in one order, whatever the file's, and rows that repeat one shape merged into
+        one: each of its times (and a collective's bandwidth) the geometric mean of theirs, as the
+        curves average repeated sizes. In a file (`load_profile`), rows of one shape that disagree
+        beyond REPEAT_AGREEMENT are refused: `sweep profile` writes each shape once. A reader
+        that interpolates over a table (np.interp over unsorted or repeated sizes) or indexes it by
+        shape must not answer by the rows' order."""
+        strict = bool(info.context and info.context.get("from_file"))
         tables: dict[str, list[Any]] = {
-            "gemm": sorted(self.gemm, key=lambda g: (g.dtype, g.m * g.n * g.k, g.m, g.n, g.k)),
-            "attention": sorted(self.attention, key=lambda a: (a.kernel, a.seq, a.batch, a.heads, a.kv_heads)),
-            "elementwise": sorted(self.elementwise, key=lambda e: (e.op, e.mode, e.elements)),
-            "block": sorted(self.block, key=lambda b: (b.knob, b.value, b.rows)),
-            "collectives": sorted(self.collectives, key=lambda c: (c.op, c.scope, c.ranks, c.per_node or 0, c.bytes)),
+            "gemm": _merged(
+                self.gemm,
+                lambda g: (g.dtype, g.m * g.n * g.k, g.m, g.n, g.k),
+                ("fwd_s", "bwd_s"),
+                "gemm" if strict else None,
+            ),
+            "attention": _merged(
+                self.attention,
+                lambda a: (a.kernel, a.seq, a.batch, a.heads, a.kv_heads, a.head_dim),
+                ("fwd_s", "bwd_s"),
+                "attention" if strict else None,
+            ),
+            "elementwise": _merged(
+                self.elementwise,
+                lambda e: (e.op, e.mode, e.elements),
+                ("fwd_s", "bwd_s"),
+                "elementwise" if strict else None,
+            ),
+            "block": _merged(
+                self.block, lambda b: (b.knob, b.value, b.rows), ("seconds",), "block" if strict else None
+            ),
+            "collectives": _merged(
+                self.collectives,
+                lambda c: (c.op, c.scope, c.ranks, c.per_node or 0, c.bytes),
+                ("seconds", "busbw_gbps"),
+                "collectives" if strict else None,
+            ),
         }
         for name, rows in tables.items():
             object.__setattr__(self, name, tuple(rows))
@@ -261,6 +323,46 @@ def check_cached(path: Path) -> None:
                 else f"use a cache folder of your own (XDG_CACHE_HOME) or have {p} removed"
             )
             check_owned(p, fix=fix)
+
+
+def deletable(path: Path, folder: Path, kind: str) -> Path:
+    """`path` checked before `forget` deletes it: a regular file (not a link) of the user's, directly
+    in `folder` of the cache, reached through no link from `<cache>/sweep` down (a linked folder is
+    someone's elsewhere), whose `kind:` is `kind` (a file the tool wrote). Else one FileRefused line."""
+    import stat
+
+    top = cache_dir().parent
+    folder = Path(os.path.abspath(folder))
+    for f in [folder, *folder.parents]:
+        if f != top and top not in f.parents:
+            break
+        try:
+            st = f.lstat()
+        except OSError as e:
+            raise FileRefused(f"{f}: {e.strerror or e}; nothing deleted") from None
+        if not stat.S_ISDIR(st.st_mode):
+            what = "a link" if stat.S_ISLNK(st.st_mode) else "not a folder"
+            raise FileRefused(f"{f}: {what}, not the cache's own folder; `forget` deletes nothing through it")
+        if st.st_uid != os.geteuid():
+            raise FileRefused(f"{f}: owned by user {st.st_uid}, not you; `forget` deletes nothing in it")
+    path = Path(os.path.abspath(path))
+    try:
+        st = path.lstat()
+    except OSError as e:
+        raise FileRefused(f"{path}: {e.strerror or e}; nothing deleted") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise FileRefused(f"{path}: not a regular file (a link or a folder); `forget` deletes cached profiles only")
+    if path.parent != folder:
+        raise FileRefused(f"{path}: not in the cache folder {folder}; `forget` deletes cached profiles only")
+    if st.st_uid != os.geteuid():
+        raise FileRefused(f"{path}: owned by user {st.st_uid}, not you; nothing deleted")
+    try:
+        found = read_header(path).get("kind", MEASURED)
+    except ProfileError as e:
+        raise FileRefused(f"not a {kind} profile ({e}); nothing deleted") from None
+    if found != kind:
+        raise FileRefused(f"{path}: a {found} profile, not a {kind} one; nothing deleted")
+    return path
 
 
 def cached_profile_path(gpu: str, env: Mapping[str, str] | None = None) -> Path:
@@ -303,7 +405,7 @@ def load_profile(path: Path, *, gpu: str | None = None, link: str | None = None)
     if raw.get("kind", MEASURED) != MEASURED:
         raise ProfileError(f"{path}: kind: {raw['kind']} is not a measured profile; allowed here: {MEASURED}")
     try:
-        profile = Profile.model_validate(raw)
+        profile = Profile.model_validate(raw, context={"from_file": True})
     except ValidationError as e:
         raise ProfileError(f"{path}: {_first_error(e)}") from None
     if gpu is not None and profile.gpu != gpu:

@@ -30,7 +30,7 @@ FROZEN_MODEL = FROZEN_NAME  # the copy of a config.json model beside it
 def open_results(sweep: Sweep, identity: str) -> tuple[ResultsStore, Path]:
     """The sweep's results store, made private and checked to hold this sweep's rows only, and the
     path of its frozen sweep file."""
-    store = ResultsStore(sweep.results_path, identity=identity)
+    store = ResultsStore(sweep.results_path, identity=identity, space=sweep.space)
     frozen_existed = (store.root / FROZEN_SPEC).exists()
     make_private(store.root)
     store.ensure()

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import sweeper
-from sweeper.errors import SweepError
+from sweeper.errors import SweepError, one_line
 from sweeper.files import FileRefused, atomic_write, atomic_write_text, parse_json, read_limited
 from sweeper.results.folder import INFLIGHT_FILE, PRIVATE_DIR, check_readable_folder, trial_number_of
 from sweeper.results.trial import TrialResult, as_failed, impossible
@@ -133,6 +133,9 @@ class ResultsStore:
     # when set, a row of another node count is skipped, by name: `nodes` edited in a row file to a
     # size the sweep never ran would be ranked (and exported) as one it measured
     node_counts: tuple[int, ...] | None = None
+    # when set (the sweep's space), a row whose layout is outside it is skipped, by name: `tp` edited
+    # to 1000000 would otherwise be ranked best and exported
+    space: Mapping[str, tuple[Any, ...]] | None = None
 
     def _warn(self, message: str) -> None:
         if message not in self.warnings:  # rows() may be read more than once per run
@@ -226,6 +229,9 @@ class ResultsStore:
                 counts = ", ".join(map(str, self.node_counts))
                 self._warn(f"skipped {path}: nodes {nodes} is not a node count of the sweep ({counts})")
                 continue
+            if self.space is not None and (outside := outside_space(row, self.space)) is not None:
+                self._warn(f"skipped {path}: {outside}")
+                continue
             if (why := impossible(row)) is not None:  # written before such rows were refused: never learned from
                 self._warn(f"read {path} as failed: impossible numbers: {why}")
                 row = as_failed(row, why)
@@ -286,16 +292,28 @@ class ResultsStore:
         return max(self.numbers(), default=-1) + 1
 
 
+def outside_space(row: Mapping[str, Any], space: Mapping[str, tuple[Any, ...]]) -> str | None:
+    """Why a row's layout is not one of the sweep's (a knob's value outside its space); None when it is."""
+    from sweeper.knobs import KNOBS
+
+    for knob, values in space.items():
+        v = row.get(knob)
+        follows = KNOBS[knob].follows if knob in KNOBS else ""
+        # a knob that follows another (etp follows tp) holds that knob's value where left at its default
+        allowed = (*values, row.get(follows)) if follows and KNOBS[knob].default in values else values
+        if v is not None and not any(v == x and type(v) is type(x) for x in allowed):
+            shown = ", ".join(map(str, values))
+            return f"{knob} {one_line(repr(v), 40)} is not in the sweep's space ({knob}: {shown})"
+    return None
+
+
 def read_row_file(path: Path) -> pa.Table:
     """One row file, bounded before it is decoded: a regular file of at most MAX_ROW_BYTES (a FIFO or
-    device is refused without blocking), whose row groups say they hold at most MAX_ROW_BYTES once
-    decompressed (a small file can expand to gigabytes). `row_problem` then judges its content."""
-    data = pa.py_buffer(read_limited(path, max_bytes=MAX_ROW_BYTES))
-    meta = pq.read_metadata(pa.BufferReader(data))
-    unpacked = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-    if unpacked > MAX_ROW_BYTES:
-        raise FileRefused(f"{path}: {unpacked} bytes once decompressed; a row is at most {MAX_ROW_BYTES}")
-    return pq.read_table(pa.BufferReader(data))
+    device is refused without blocking), decoded under MAX_ROW_BYTES by what its pages and strings
+    hold, not by what its footer says (`sweeper.parquet_bound`). `row_problem` then judges its content."""
+    from sweeper.results.parquet_bound import read_parquet_bounded
+
+    return read_parquet_bounded(read_limited(path, max_bytes=MAX_ROW_BYTES), path, max_decoded=MAX_ROW_BYTES)
 
 
 def row_problem(table: pa.Table) -> str | None:
@@ -402,7 +420,12 @@ def open_results(spec: str, results: Path | None, *, option: str = "--results") 
         sweep = load_sweep(root / "sweep.yaml", profiles=False)
     # rows of another sweep (a copied file) or of a node count it never ran are skipped with a warning, never ranked
     identity = sweep_identity(sweep) if sweep is not None else None
-    return root, ResultsStore(root, identity=identity, node_counts=sweep.node_counts if sweep is not None else None)
+    return root, ResultsStore(
+        root,
+        identity=identity,
+        node_counts=sweep.node_counts if sweep is not None else None,
+        space=sweep.space if sweep is not None else None,
+    )
 
 
 def sweep_as_run(root: Path, spec: str) -> Sweep:

@@ -142,6 +142,11 @@ def impossible(values: Mapping[str, Any]) -> str | None:
     mfu = values.get("mfu")
     if mfu is not None and not (isinstance(mfu, int | float) and 0 < mfu <= 1):
         return f"mfu is {mfu}; an MFU is a fraction of the peak, in (0, 1]"
+    low, high = values.get("mfu_low"), values.get("mfu_high")
+    if mfu is not None and isinstance(low, int | float) and not low <= mfu * (1 + 1e-9):
+        return f"mfu is {mfu}, below its own interval's low end {low}"
+    if mfu is not None and isinstance(high, int | float) and not mfu <= high * (1 + 1e-9):
+        return f"mfu is {mfu}, above its own interval's high end {high}"
     return None
 
 

@@ -42,18 +42,19 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sweeper.errors import SpecError
 from sweeper.estimate.memfit import SCALE_BOUNDS as MEMORY_SCALE_BOUNDS
 from sweeper.estimate.memfit import MemoryFit
 from sweeper.estimate.step_time import Calibration
 from sweeper.files import FileRefused, atomic_write_text, parse_yaml, read_limited
-from sweeper.profiles.profile import LEARNED, MAX_PROFILE_BYTES, cache_dir, check_cached
+from sweeper.profiles.profile import LEARNED, cache_dir, check_cached
 from sweeper.search.prior import EFFECT_BOUND, EffectKey, LearnedEffect, Prior
 from sweeper.spec.hardware import GIB
 from sweeper.spec.sweep import Sweep
@@ -61,6 +62,10 @@ from sweeper.spec.sweep import Sweep
 SCHEMA = 1
 KIND = LEARNED
 MAX_SWEEPS = 8  # the most recent sweeps kept per key: a cluster's software changes; old lessons go
+# eight sweeps' lessons are tens of kilobytes; the strict YAML reader takes about 5 s a MiB, so this
+# keeps a dry run that reads one within a few seconds (8 MiB, the measured profiles' limit, took 39 s)
+MAX_LEARNED_BYTES = 256 << 10
+CLOCK_SKEW = timedelta(days=1)  # a sweep's date is when it ran: beyond this in the future, not a date
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 # What a measurement can say (beyond, a number is refused as implausible): the throughput scales as
 # `residual.calibrate` bounds them, the memory refit's activation scale as `memfit.refit` does, a
@@ -280,6 +285,12 @@ class _SweepFile(_Strict):
     nodes: int = Field(ge=1)
     date: str = Field(max_length=100)
     host: str | None = Field(default=None, max_length=300)
+
+    @field_validator("date")
+    @classmethod
+    def _a_date(cls, v: str) -> str:
+        return checked_date(v)
+
     results: str | None = Field(default=None, max_length=4096)
     trials: int = Field(ge=0)
     measured: int = Field(ge=0)
@@ -295,6 +306,22 @@ class _ProfileFile(_Strict):
     gpu: str = Field(min_length=1)
     trainer: str = Field(min_length=1)
     sweeps: list[_SweepFile] = Field(default_factory=list, max_length=100)
+
+
+def checked_date(text: str) -> str:
+    """An ISO 8601 time with its zone, not beyond CLOCK_SKEW in the future, as UTC ISO 8601 (which
+    sorts as time does); anything else a ValueError: a date that is text (`zzz`) or years ahead
+    (`9999-12-30`) would sort after every real sweep and keep its entry for ever."""
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an ISO 8601 time (2025-06-01T12:00:00+00:00)") from None
+    if when.tzinfo is None:
+        raise ValueError(f"{text!r} has no time zone (2025-06-01T12:00:00+00:00)")
+    now = datetime.now(UTC)
+    if when > now + CLOCK_SKEW:
+        raise ValueError(f"{text!r} is in the future (now {now:%Y-%m-%d %H:%M} UTC); a sweep's date is when it ran")
+    return when.astimezone(UTC).isoformat()
 
 
 def _lessons(f: _SweepFile) -> Lessons:
@@ -383,10 +410,10 @@ def _record(s: Lessons) -> dict[str, Any]:
 
 def read(path: Path) -> LearnedProfile:
     """A learned profile file, through the one reader (`sweeper.files`: a regular file of at most
-    MAX_PROFILE_BYTES, numbers bounded, no key twice); a malformed one is refused in one line naming
+    MAX_LEARNED_BYTES, numbers bounded, no key twice); a malformed one is refused in one line naming
     the file and the field."""
     try:
-        data = parse_yaml(read_limited(path, max_bytes=MAX_PROFILE_BYTES), path)
+        data = parse_yaml(read_limited(path, max_bytes=MAX_LEARNED_BYTES), path)
     except FileRefused as e:
         raise SpecError(f"{e} (a learned profile; `sweep profile forget --learned {path}` drops it)") from None
     if not isinstance(data, dict):
@@ -429,7 +456,9 @@ def save(key: LearnedKey, lessons: Lessons) -> Path:
     with _locked(folder / ".lock"):
         old = load(key)
         others = [s for s in (old.sweeps if old else ()) if s.sweep_id != lessons.sweep_id]
-        sweeps = sorted([*others, lessons], key=lambda s: s.date)[-MAX_SWEEPS:]
+        # this sweep's own lessons always stay: no entry, whatever its date, keeps them out
+        others = sorted(others, key=lambda s: checked_date(s.date))[-(MAX_SWEEPS - 1) :]
+        sweeps = sorted([*others, lessons], key=lambda s: checked_date(s.date))
         data = {"schema": SCHEMA, "kind": KIND, "cluster": key.cluster, "gpu": key.gpu, "trainer": key.trainer}
         data["sweeps"] = [_record(s) for s in sweeps]
         atomic_write_text(key.path, yaml.safe_dump(data, sort_keys=False))
@@ -444,19 +473,6 @@ def _locked(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing releases the lock
-
-
-def forget(key: LearnedKey | None = None) -> list[Path]:
-    """Remove the learned profile of `key` (every learned profile when None); the files removed."""
-    folder = learned_dir()
-    paths = [key.path] if key is not None else sorted(folder.glob("*.yaml")) if folder.is_dir() else []
-    removed = []
-    for p in paths:
-        # a link is removed as a link (unlink never follows it): its target, wherever it is, stays
-        if p.is_symlink() or p.is_file():
-            p.unlink()
-            removed.append(p)
-    return removed
 
 
 def ratio_text(log_ratio: float) -> str:

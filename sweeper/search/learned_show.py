@@ -10,9 +10,21 @@ import math
 from pathlib import Path
 
 from sweeper.estimate.step_time import Calibration
+from sweeper.files import FileRefused
 from sweeper.knobs import KNOBS
 from sweeper.plan.plan import Plan
-from sweeper.search.learned import SCHEMA, LearnedKey, MemoryLesson, load, nodes_of, ratio_text, read, value_text
+from sweeper.search.learned import (
+    LEARNED,
+    SCHEMA,
+    LearnedKey,
+    MemoryLesson,
+    learned_dir,
+    load,
+    nodes_of,
+    ratio_text,
+    read,
+    value_text,
+)
 from sweeper.search.prior import EFFECT_WEIGHT, EffectKey, LearnedEffect, Prior, python_value
 from sweeper.spec.sweep import Sweep
 
@@ -136,3 +148,22 @@ def _layout_text(plan: Plan, row: int) -> str:
     knobs = [k for k in KNOBS if len(plan.sweep.space[k]) > 1]
     text = " ".join(f"{k}={value_text(python_value(plan.cols[k][row]))}" for k in knobs)
     return f"{text} at {plan.nodes_of(row)} nodes" if plan.sweep.several_sizes else text
+
+
+def forget(key: LearnedKey | None = None) -> tuple[list[Path], list[str]]:
+    """Remove the learned profile of `key` (every learned profile when None): the files removed, and
+    a line for each file kept (not a regular learned profile of the user's in the real cache folder)."""
+    from sweeper.profiles.profile import deletable
+
+    folder = learned_dir()
+    paths = [key.path] if key is not None else sorted(folder.glob("*.yaml")) if folder.is_dir() else []
+    removed, kept = [], []
+    for p in paths:
+        if not (p.exists() or p.is_symlink()):
+            continue
+        try:
+            deletable(p, folder, LEARNED).unlink()
+            removed.append(p)
+        except FileRefused as e:
+            kept.append(f"kept {p}: {e}")
+    return removed, kept

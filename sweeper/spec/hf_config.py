@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweeper.errors import SpecError
+from sweeper.errors import SpecError, one_line
 from sweeper.files import FileRefused, parse_json, read_limited
 
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few kB; anything bigger is not one
@@ -214,9 +214,10 @@ def read_config(path: Path) -> tuple[ModelFile, dict[str, Any]]:
     try:
         arch, fields = shape_fields(data)
         max_positions = _int(data, "max_position_embeddings") if data.get("max_position_embeddings") else None
+        beside = _beside_shape(data)
     except _Refused as e:
         raise SpecError(f"{where}: {e}") from None
-    return ModelFile(path, text, arch, max_positions, *_beside_shape(data), token_ids=_token_ids(data)), fields
+    return ModelFile(path, text, arch, max_positions, *beside, token_ids=_token_ids(data)), fields
 
 
 def _token_ids(c: Config) -> dict[str, int | list[int]]:
@@ -234,8 +235,33 @@ def _beside_shape(c: Config) -> tuple[float | None, dict[str, Any] | None, float
     """rope_theta, rope_scaling and the norm's epsilon as the file gives them (None: not given)."""
     theta, eps = c.get("rope_theta"), c.get("rms_norm_eps", c.get("layer_norm_eps"))
     scaling = c.get("rope_scaling")
+    if isinstance(scaling, dict):
+        _check_scaling(scaling)
     return (
         float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else None,
         dict(scaling) if isinstance(scaling, dict) else None,
         float(eps) if isinstance(eps, (int, float)) and not isinstance(eps, bool) else None,
     )
+
+
+# rope_scaling's fields that transformers' rope initialisations read as numbers (llama3, linear,
+# dynamic, yarn, longrope): an export writes them as a trainer's numeric option, so a string is refused
+_SCALING_NUMBERS = (
+    "factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "original_max_position_embeddings",
+    "beta_fast",
+    "beta_slow",
+    "attention_factor",
+    "mscale",
+    "mscale_all_dim",
+)
+
+
+def _check_scaling(scaling: Config) -> None:
+    """rope_scaling's numeric fields are numbers (its other strings are written escaped, as data)."""
+    for key in _SCALING_NUMBERS:
+        v = scaling.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise _Refused(f"rope_scaling.{key} must be a number, got {type(v).__name__} {one_line(repr(v), 60)}")

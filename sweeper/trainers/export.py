@@ -19,12 +19,12 @@ trainer release it targets; the tests parse every one with that release's own pa
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from sweeper.knobs import KNOBS
 from sweeper.layouts.stages import split_layers
+from sweeper.text import for_comment, shell_word, toml_string
 from sweeper.trainers.export_changes import change_notes
 from sweeper.trainers.export_model import megatron_model_flags, model_comment, model_fields
 from sweeper.trainers.export_moe import (
@@ -113,7 +113,7 @@ def to_yaml(row: Mapping[str, Any], sweep: Sweep) -> str:
     import yaml
 
     rec = layout_record(row, sweep)
-    note = f"# sweep {sweep.name}: {provenance(rec)}\n" if rec.get("predicted") else ""
+    note = for_comment(f"# sweep {sweep.name}: {provenance(rec)}") + "\n" if rec.get("predicted") else ""
     return note + yaml.safe_dump(rec, sort_keys=False)
 
 
@@ -277,6 +277,7 @@ def to_torchtitan(row: Mapping[str, Any], sweep: Sweep) -> str:
     lines += [f"# {n}" for n in model_comment(sweep, "torchtitan")]
     if not rec["float8"]:
         lines.append('# float8=false (to enable: [model] converters = ["quantize.linear.float8"])')
+    lines = [for_comment(x) for x in lines]  # text from elsewhere (a sweep's, a file's) ends no comment
     for name, values in sections.items():
         lines += ["", f"[{name}]"] + [f"{k} = {_toml(v)}" for k, v in values.items()]
     return "\n".join(lines) + "\n"
@@ -333,7 +334,7 @@ def to_torchtitan_cli(row: Mapping[str, Any], sweep: Sweep) -> str:
     lines += [f"# no torchtitan option: {n}" for n in notes + model_notes]
     lines += [f"# {n}" for n in change_notes(rec, sweep, "torchtitan-cli")]
     lines += [f"# {n}" for n in model_comment(sweep, "torchtitan")]
-    return "\n".join(lines + _shell_lines(args)) + "\n"
+    return "\n".join([for_comment(x) for x in lines] + _shell_lines(args)) + "\n"
 
 
 def _tyro_bool(name: str, value: bool) -> str:
@@ -348,7 +349,7 @@ def _toml(v: Any) -> str:
     if isinstance(v, (int, float)):
         return repr(v)
     if isinstance(v, str):
-        return json.dumps(v)  # a JSON string is a valid TOML basic string
+        return toml_string(v)
     if isinstance(v, list):
         return "[" + ", ".join(_toml(x) for x in v) + "]"
     raise TypeError(f"no TOML form for {v!r}")
@@ -474,13 +475,13 @@ def to_megatron(row: Mapping[str, Any], sweep: Sweep) -> str:
     lines += [f"# no Megatron-LM flag: {n}" for n in notes]
     lines += [f"# {n}" for n in change_notes(rec, sweep, "megatron")]
     lines.append(f"# the model (add to your command): {' '.join(megatron_model_flags(sweep))}")
-    return "\n".join(lines + _shell_lines(args)) + "\n"
+    return "\n".join([for_comment(x) for x in lines] + _shell_lines(args)) + "\n"
 
 
 def _shell_lines(args: list[str]) -> list[str]:
     """Arguments as shell lines, one flag and its values a line, joined by continuations."""
     flags = _pair_flags(args)
-    return [" ".join(shlex.quote(a) for a in f) + (" \\" if i < len(flags) - 1 else "") for i, f in enumerate(flags)]
+    return [" ".join(shell_word(a) for a in f) + (" \\" if i < len(flags) - 1 else "") for i, f in enumerate(flags)]
 
 
 def _pair_flags(args: list[str]) -> list[list[str]]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from sweeper.text import for_comment
+
 if TYPE_CHECKING:
     from sweeper.spec.sweep import Sweep
 
@@ -55,7 +57,8 @@ def model_comment(sweep: Sweep, trainer: str, *, set_here: tuple[str, ...] = ())
     if unknown:
         why = "" if sweep.model_file is not None else " (no config.json)"
         out.append(f"model {', '.join(unknown)}: not given by the sweep's model{why}: {trainer}'s default applies")
-    return out if named else out[1:]
+    # a config.json's strings are data: no newline in them may end the comment line
+    return [for_comment(line) for line in (out if named else out[1:])]
 
 
 def megatron_model_flags(sweep: Sweep) -> list[str]:
@@ -86,8 +89,9 @@ def megatron_model_flags(sweep: Sweep) -> list[str]:
     if f["rope_theta"] is not None:
         flags.append(f"--rotary-base {f['rope_theta']:g}")
     scaling = f["rope_scaling"] or {}
-    if scaling.get("rope_type", scaling.get("type")) == "llama3":
-        flags.append(f"--use-rope-scaling --rope-scaling-factor {scaling.get('factor', 8.0):g}")
+    factor = scaling.get("factor", 8.0)
+    if scaling.get("rope_type", scaling.get("type")) == "llama3" and isinstance(factor, (int, float)):
+        flags.append(f"--use-rope-scaling --rope-scaling-factor {factor:g}")
     if f["max_positions"]:
         flags.append(f"--max-position-embeddings {max(f['max_positions'], sweep.seq_len)}")
     if not f["tied_embeddings"]:

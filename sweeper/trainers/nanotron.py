@@ -25,6 +25,7 @@ from sweeper.errors import SweepError
 from sweeper.estimate.memory import compute_bytes
 from sweeper.spec.memory_options import NanotronMemory, StateBytes
 from sweeper.spec.traits import PipelineStall, TimeTraits
+from sweeper.text import for_comment
 from sweeper.trainers.base import EnvNeeds, ParsedLog, Recipe, TableRecipe, Trainer
 from sweeper.trainers.export import layout_record, provenance_suffix
 from sweeper.trainers.export_changes import change_notes
@@ -310,7 +311,7 @@ def to_nanotron(row: Mapping[str, Any], sweep: Sweep) -> str:
     lines += [f"# no nanotron field: {n}" for n in notes]
     lines += [f"# {n}" for n in change_notes(rec, sweep, "nanotron")]
     lines.append("# the values marked `# placeholder` are your run's, not the layout's: replace them")
-    return "\n".join(lines) + "\n" + mark_placeholders(yaml.safe_dump(config, sort_keys=False))
+    return "\n".join(for_comment(x) for x in lines) + "\n" + mark_placeholders(yaml.safe_dump(config, sort_keys=False))
 
 
 def mark_placeholders(text: str) -> str:

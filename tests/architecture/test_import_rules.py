@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "sweeper"
-FOUNDATION = ("errors", "files", "process", "packages", "knobs", "statuses")
+FOUNDATION = ("errors", "files", "process", "packages", "knobs", "statuses", "text")
 # the pure core of the design: layouts, memory, FLOPs, the throughput model, the search
 PURE = ("spec", "profiles", "layouts", "estimate", "trainers", "plan", "search")
 HEAVY = ("torch", "optuna", "submitit")

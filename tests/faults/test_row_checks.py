@@ -209,5 +209,8 @@ def test_a_fifo_or_a_decompression_bomb_in_trials_is_skipped_with_one_line(ran_e
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
     warnings = [ln for ln in r.stderr.splitlines() if "warning:" in ln]
     assert sum(f"{fifo}: a FIFO; only a regular file is read here" in ln for ln in warnings) == 1, r.stderr
-    assert sum(f"{bomb}: " in ln and "bytes once decompressed; a row is at most" in ln for ln in warnings) == 1
+    assert (
+        sum(f"{bomb}: " in ln and "bytes once decompressed; at most 16777216 are decoded here" in ln for ln in warnings)
+        == 1
+    )
     assert "ex: 4 finished, 0 running" in r.stdout, r.stdout

@@ -184,14 +184,17 @@ def test_match_plan_rows_and_gpu_hours(results):
     assert match_plan_rows(plan, foreign) is None
 
 
-def test_unmatched_results_skip_the_prediction_plot(results, tmp_path):
+def test_results_outside_a_changed_space_are_skipped_with_a_warning(results, tmp_path):
     other = yaml.safe_load(results.read_text())
     other["space"]["tp"] = [1, 2]  # the file changed since the run, and no sweep.yaml beside the results
     results.write_text(yaml.safe_dump(other))
     r = run_report(results)
     assert r.returncode == 0, r.stderr
+    flat = " ".join(r.stderr.split())
+    for n, tp in ((1, 4), (2, 4), (4, 8)):  # never ranked or plotted as layouts of this sweep (issue 48)
+        assert f"trial-{n:05d}.parquet: tp {tp} is not in the sweep's space (tp: 1, 2)" in flat, flat
     page = (tmp_path / "results" / "r" / "report.html").read_text()
-    assert "skipped: results could not be matched" in page
+    assert "could not be matched" not in page and "Winner: trial 0" in page
 
 
 def test_report_without_results_is_one_line_error(tmp_path):

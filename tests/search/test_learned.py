@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import os
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -18,16 +20,17 @@ from sweeper.estimate.step_time import Calibration
 from sweeper.profiles.profile import cache_dir
 from sweeper.results.identity import sweep_identity
 from sweeper.search.learned import (
+    MAX_LEARNED_BYTES,
+    MAX_SWEEPS,
     LearnedKey,
     Lessons,
     MemoryLesson,
-    forget,
     learned_dir,
     load,
     read,
     save,
 )
-from sweeper.search.learned_show import describe
+from sweeper.search.learned_show import describe, forget
 from sweeper.search.prior import LearnedEffect
 from sweeper.spec.loader import load_sweep
 from tests.conftest import base_spec, make_sweep, sweep_cli
@@ -134,21 +137,21 @@ def test_show_prints_every_number_with_its_sweep():
 def test_forget_removes_one_key_or_all():
     other = LearnedKey("gpu-partition", "h100-sxm", "megatron")
     a, b = save(KEY, lessons("a", "aaaa")), save(other, lessons("b", "bbbb"))
-    assert forget(KEY) == [a] and not a.exists() and b.exists()
-    assert forget(KEY) == []
+    assert forget(KEY) == ([a], []) and not a.exists() and b.exists()
+    assert forget(KEY) == ([], [])
     save(KEY, lessons("a", "aaaa"))
-    assert forget(None) == sorted([a, b]) and not list(learned_dir().glob("*.yaml"))
+    assert forget(None) == (sorted([a, b]), []) and not list(learned_dir().glob("*.yaml"))
 
 
-def test_forget_removes_a_link_in_the_learned_folder_never_its_target(tmp_path):
+def test_forget_keeps_a_link_in_the_learned_folder_and_its_target(tmp_path):
     target = save(KEY, lessons("a", "aaaa")).rename(tmp_path / "elsewhere.yaml")
     link = KEY.path
-    link.symlink_to(target)  # a learned profile linked in: forgetting it must stop its use
-    assert forget(KEY) == [link] and not link.is_symlink() and target.is_file()
-    folder = tmp_path / "folder.yaml"
-    folder.mkdir()
-    KEY.path.symlink_to(folder)
-    assert forget(None) == [KEY.path] and folder.is_dir()
+    link.symlink_to(target)  # not a file the tool wrote: named, kept, for the user to remove
+    removed, kept = forget(KEY)
+    assert removed == [] and link.is_symlink() and target.is_file()
+    assert kept == [
+        f"kept {link}: {link}: not a regular file (a link or a folder); `forget` deletes cached profiles only"
+    ]
 
 
 def test_forget_learned_names_a_profile_by_its_file_its_name_or_a_sweep_file(tmp_path):
@@ -334,3 +337,41 @@ def test_the_dry_run_names_the_learned_effects_that_move_the_first_choice(tmp_pa
     assert lines[1] == f"  it makes {knob}={value} 1.40x slower than the model says, from 1 sweep(s)"
     out = sweep_cli("run", str(spec), "--dry-run", cwd=tmp_path).stdout
     assert f"it makes {knob}={value} 1.40x slower than the model says, from 1 sweep(s)" in out
+
+
+@pytest.mark.parametrize(
+    ("date", "words"),
+    [
+        ("9999-12-30T00:00:00+00:00", "is in the future"),
+        ("zzz", "is not an ISO 8601 time"),
+        ("2025-06-01T12:00:00", "has no time zone"),
+    ],
+)
+def test_a_learned_date_that_could_pin_its_entry_is_refused_in_one_line(date, words):
+    """Issue 48: a date was a free string sorted as text: `9999-12-30` or `zzz` kept its entry for ever."""
+    path = save(KEY, lessons("a", "aaaa"))
+    data = yaml.safe_load(path.read_text())
+    data["sweeps"][0]["date"] = date
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(SpecError) as info:
+        read(path)
+    assert f"{path}: sweeps.0.date: {date!r} {words}" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_sweeps_own_lessons_are_kept_whatever_the_others_dates():
+    soon = (datetime.now(UTC) + timedelta(hours=12)).isoformat()  # within the clock's skew
+    for i in range(MAX_SWEEPS):
+        save(KEY, lessons(f"s{i}", f"id{i}", date=soon))
+    now = datetime.now(UTC).isoformat()
+    save(KEY, lessons("mine", "mine", date=now))
+    kept = [s.sweep_id for s in read(KEY.path).sweeps]
+    assert len(kept) == MAX_SWEEPS and "mine" in kept, kept
+
+
+def test_a_learned_file_over_its_limit_is_refused_before_it_is_parsed():
+    path = save(KEY, lessons("a", "aaaa"))
+    path.write_text(path.read_text() + "#" * MAX_LEARNED_BYTES)
+    start = time.monotonic()
+    with pytest.raises(SpecError, match=f"at most {MAX_LEARNED_BYTES}"):
+        read(path)
+    assert time.monotonic() - start < 1.0

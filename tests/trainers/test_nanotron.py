@@ -225,7 +225,8 @@ def test_sweep_best_writes_the_winner_as_nanotron_config(tmp_path):
                 "seq_len": 2048,
                 "global_batch_size": 2048,
                 "cluster": {"nodes": 8, "gpus_per_node": 8, "gpu": "h100-sxm"},
-                "space": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4]},
+                # the rows' sequence parallelism among the space's: a row outside it is skipped (issue 48)
+                "space": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "sequence_parallel": [False, True]},
                 "workload": {"kind": "nanotron", "command": "torchrun run_train.py --config-file cfg.yaml"},
                 "results_dir": str(tmp_path / "results"),
             }
