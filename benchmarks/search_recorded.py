@@ -35,6 +35,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +162,9 @@ def history(all_cells: Sequence[Cell], seed: int, tmp: Path) -> dict[str, Lesson
         profile = load(r.memory.key)
         found = [s for s in (profile.sweeps if profile else ()) if s.sweep_id == r.memory.sweep_id]
         if found:
-            out[cell.name] = replace(found[0], date=f"2026-01-01T00:00:00+00:00#{i:03d}")
+            # dated by its place in the history, a minute apart (a learned profile's dates are ISO 8601 times)
+            placed = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(minutes=i)
+            out[cell.name] = replace(found[0], date=placed.isoformat())
     return out
 
 
