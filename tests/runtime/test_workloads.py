@@ -19,7 +19,7 @@ from sweeper.trainers.megatron import parse_megatron
 from sweeper.trainers.torchtitan import parse_torchtitan
 from tests.conftest import SPACES, sweep_cli
 
-STANDINS = Path(__file__).parent / "standins"
+STANDINS = Path(__file__).parents[1] / "standins"
 
 MEGATRON_LINES = """\
  [2025-04-13 23:41:12] iteration        1/      10 | consumed samples:           16 | elapsed time per iteration (ms): 3147.6 | throughput per GPU (TFLOP/s/GPU): 99.1 | learning rate: 3.000000E-04 | global batch size:    16 | lm loss: 1.043000E+01 | loss scale: 1.0 | grad norm: 3.100 | number of skipped iterations:   0 | number of nan iterations:   0 |
