@@ -45,6 +45,21 @@ def alive(pid: int) -> bool:
         return True
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether any process of group `pgid` still runs (zombies do not count). A SIGKILL to a
+    group is delivered, not done: its members end one by one, a forked rank maybe after its parent."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone while we looked
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
+
+
 def kill_group(pid: int) -> bool:
     """SIGKILL the process group led by `pid` (a process started with `start_new_session=True`):
     the process and everything it started. False when it was already gone."""

@@ -14,7 +14,7 @@ from sweeper.errors import SpecError, SweepError
 from sweeper.files import open_own, own_dir
 from sweeper.launchers.base import KILL_GRACE_S, Handle, JobOutcome, Launcher, LauncherProfile, TrialJob, failure, tail
 from sweeper.launchers.netns import LocalNodes, local_nodes, refuse_another_link
-from sweeper.process import alive, kill_group, read_result
+from sweeper.process import alive, group_alive, kill_group, read_result
 from sweeper.results.trial import TrialResult
 from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE
 from sweeper.spec.sweep import Sweep
@@ -221,9 +221,10 @@ class LocalLauncher(Launcher):
                 ended.append(f"local-{pid} ({workdir.name})")
         # SIGKILL is delivered, not done: a loaded machine can take a while to end a process (its
         # memory to free, a disk read to finish). Return once they are gone, so that no trial
-        # started next (in the same folder, maybe) ever runs beside one of them.
+        # started next (in the same folder, maybe) ever runs beside one of them, nor their ranks:
+        # the whole group, since a rank forked by the trial can outlive its parent by a moment.
         deadline = time.monotonic() + STRAY_EXIT_WAIT_S
-        while any(alive(pid) for pid in killed) and time.monotonic() < deadline:
+        while any(group_alive(pid) for pid in killed) and time.monotonic() < deadline:
             time.sleep(0.05)
         return ended
 
