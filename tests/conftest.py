@@ -199,8 +199,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    """Tell each xdist worker where to write its tests' groups."""
-    node.workerinput["sweep_groups_dir"] = str(node.config.stash[_GROUPS_DIR])
+    """Tell each xdist worker where to write its tests' groups (under `--dist loadgroup` only: `-n 2`
+    alone schedules tests one by one and has no groups to read)."""
+    if _GROUPS_DIR in node.config.stash:
+        node.workerinput["sweep_groups_dir"] = str(node.config.stash[_GROUPS_DIR])
 
 
 @pytest.hookimpl(optionalhook=True)
