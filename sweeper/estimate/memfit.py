@@ -15,6 +15,10 @@ what a trial measures corrects it in both directions:
 - `fit_chance`: the chance a layout fits under the estimate's measured error; the plan makes a
   layout over the card `uncertain` (tried, weighed by that chance) rather than pruned while it is
   at least `MIN_FIT_CHANCE`.
+- `fit_chance_given`: the same chance once layouts of the sweep ran or ran out of memory, with no
+  peak measured (a replay, a CPU run, a trainer that logs none): most of the estimate's error is
+  shared by the layouts of one sweep (`MEMORY_SHARED_SHARE`), so a layout estimated over the card
+  that ran says the estimate is high for its neighbours too, and an OOM that it is low.
 """
 
 from __future__ import annotations
@@ -73,6 +77,42 @@ def needs_at_least(cols: Columns, rows: np.ndarray, ref: int) -> np.ndarray:
 # which check it (benchmarks/search_bench.py --public, tests/search/test_acquisition.py).
 MEMORY_LOG_SIGMA = math.log(1.207) / 1.645
 MIN_FIT_CHANCE = 0.01  # a layout less likely than this to fit is pruned; above it, it is uncertain
+# How much of that error one sweep's layouts share (one trainer, model, card and allocator): of the
+# variance of log(estimate / measured) over the same peaks, the part between settings (source, model,
+# card); within one, the errors spread 0.034 (sd), across all 0.095: 87 % shared
+# (benchmarks/memory_accuracy.py prints it). Taken as 0.85.
+MEMORY_SHARED_SHARE = 0.85
+_GRID = np.linspace(-5.0, 5.0, 401)  # the shared error, in units of its own sigma
+
+
+def fit_chance_given(
+    total: np.ndarray,
+    capacity: float,
+    ran: np.ndarray,
+    oom: np.ndarray,
+    sigma: float = MEMORY_LOG_SIGMA,
+    shared: float = MEMORY_SHARED_SHARE,
+) -> np.ndarray:
+    """The chance each layout estimated at `total` bytes fits `capacity`, once layouts estimated at
+    `ran` (bytes) ran and layouts estimated at `oom` ran out of memory. The log error of an estimate is
+    a shared part s ~ N(0, shared sigma^2) plus the layout's own, N(0, (1 - shared) sigma^2); what ran and
+    what did not are censored observations of s (each fits when s + its own error <= log(capacity /
+    estimate)), weighed on a grid of s. With nothing observed this is `fit_chance`."""
+    s_sd, own_sd = sigma * math.sqrt(shared), sigma * math.sqrt(1.0 - shared)
+    s = _GRID * s_sd
+    log_post = -0.5 * _GRID**2
+    for estimates, fitted in ((ran, True), (oom, False)):
+        for e in np.asarray(estimates, dtype=float):
+            p = normal_cdf((math.log(capacity / max(e, 1.0)) - s) / own_sd)
+            log_post += np.log(np.clip(p if fitted else 1.0 - p, 1e-300, 1.0))
+    post = np.exp(log_post - log_post.max())
+    post /= post.sum()
+    head = np.log(capacity / np.maximum(np.asarray(total, dtype=float), 1.0))
+    # the chance is smooth in the headroom: priced on at most _GRID.size points, then interpolated,
+    # so a plan of a million layouts in doubt costs what one of a few hundred does
+    at = head if head.size <= _GRID.size else np.linspace(head.min(), head.max(), _GRID.size)
+    chance = normal_cdf((at[:, None] - s[None, :]) / own_sd) @ post
+    return np.asarray(chance if at is head else np.interp(head, at, chance), dtype=float)
 
 
 def fit_chance(total: np.ndarray, capacity: float, sigma: float = MEMORY_LOG_SIGMA) -> np.ndarray:

@@ -22,7 +22,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState
 
-from sweeper.estimate.memfit import fit_chance, refitted_total
+from sweeper.estimate.memfit import fit_chance_given, refitted_total
 from sweeper.estimate.step_time import Calibration, StepTime
 from sweeper.knobs import KNOBS
 from sweeper.layouts.layout import Layout
@@ -231,14 +231,23 @@ class LayoutSearch:
         chance = self.plan.fit_chance[rows].copy()
         mem, fit = self.plan.memory, self.learning.memory_fit
         refitted = fit.points > 0 or self.learning.prior.memory is not None
-        doubt = np.isin(rows, list(self.learning.readmitted))
-        if refitted:
-            doubt |= self.plan.status[rows] == PlanStatus.UNCERTAIN
-        if doubt.any():  # a probe (or anything, before any refit): the plan's estimate's band
+        doubt = np.isin(rows, list(self.learning.readmitted)) | (self.plan.status[rows] == PlanStatus.UNCERTAIN)
+        if (
+            doubt.any()
+        ):  # the estimate's band (refitted, if anything refitted it), narrowed by what ran and what ran out
             total = refitted_total(mem, fit) if refitted else mem.total
-            chance[doubt] = fit_chance(total[rows[doubt]], mem.capacity_bytes)
+            ran, oom = self._memory_told()
+            chance[doubt] = fit_chance_given(total[rows[doubt]], mem.capacity_bytes, total[ran], total[oom])
         chance[np.isin(rows, list(self.learning.proven))] = 1.0
         return chance
+
+    def _memory_told(self) -> tuple[np.ndarray, np.ndarray]:
+        """The plan rows that ran (or were stopped running) and those that ran out of memory."""
+        rows = np.fromiter(self.outcome, dtype=np.int64, count=len(self.outcome))
+        status = [TrialStatus(s) for s in self.outcome.values()]
+        ran = np.asarray([s.succeeded() or s.was_stopped() for s in status], dtype=bool)
+        oom = np.asarray([s.is_oom() for s in status], dtype=bool)
+        return rows[ran] if rows.size else rows, rows[oom] if rows.size else rows
 
     def scores(self, rows: np.ndarray) -> np.ndarray:
         """Log of the chance each layout runs and is the best (`sweeper.search.acquisition`), from its expected

@@ -76,7 +76,8 @@ def size_bounds(
     """The band of each size's best: `measured` (ok plan rows -> step seconds) and the `untried` rows
     with their expected step time (`expected_step_s`), its posterior spread (`log_sigma`, log space)
     and the model's step time scaled by the other sizes' trials (`model_step_s`, without the residual).
-    The top of an untried layout's band uses at most the prior's spread (`PRIOR_SIGMA`). A size with
+    An untried layout's band is at least `MIN_SIGMA` wide and its top uses at most the prior's spread
+    (`PRIOR_SIGMA`). A size with
     nothing measured and nothing left to run is absent.
 
     While a size's best so far is well below its predicted best (below the bottom of the prior band
@@ -92,9 +93,12 @@ def size_bounds(
         if not found and not at.any():
             continue
         speed = work / expected_step_s[at] if at.any() else np.zeros(0)
-        up = np.minimum(log_sigma[at], PRIOR_SIGMA)  # quirks widen the fitted spread: slower, never faster
-        top = float(np.max(speed * np.exp(BAND_SIGMAS * up), initial=0.0))
-        bottom = float(np.max(speed * np.exp(-BAND_SIGMAS * log_sigma[at]), initial=0.0))
+        # never narrower than MIN_SIGMA (a fitted process can claim a few % at a layout nothing measured,
+        # and one trial's miss would then close its whole size, as in change_chance); quirks widen the
+        # fitted spread: slower, never faster
+        spread = np.maximum(log_sigma[at], MIN_SIGMA)
+        top = float(np.max(speed * np.exp(BAND_SIGMAS * np.minimum(spread, PRIOR_SIGMA)), initial=0.0))
+        bottom = float(np.max(speed * np.exp(-BAND_SIGMAS * spread), initial=0.0))
         predicted = work / float(model_step_s[at].min()) if at.any() else 0.0
         seen[n] = max(found, default=0.0)
         if seen[n] < predicted / prior_band:

@@ -181,3 +181,59 @@ def test_dry_run_counts_layouts_near_the_card():
     near = plan.near_card()
     cap = plan.memory.capacity_bytes
     assert near.sum() == int(((plan.status == "pruned") & (plan.memory.total <= cap * 1.05)).sum())
+
+
+def test_what_ran_and_what_ran_out_of_memory_move_every_layouts_chance_to_fit():
+    from math import erf, log, sqrt
+
+    from sweeper.estimate.memfit import MEMORY_LOG_SIGMA, fit_chance, fit_chance_given
+
+    card = 80 * GIB
+    est = np.array([60.0, 75.0, 86.0, 94.0]) * GIB
+    none = np.zeros(0)
+    # nothing told: the estimate's own band
+    assert fit_chance_given(est, card, none, none) == pytest.approx(fit_chance(est, card), abs=1e-6)
+    # errors wholly the layouts' own: another layout's fate says nothing
+    assert fit_chance_given(est, card, est[2:3], none, shared=0.0) == pytest.approx(fit_chance(est, card), abs=1e-6)
+
+    # errors (nearly) wholly shared: a layout estimated at 86 GiB ran, so the estimate is at least
+    # ln(86/80) too high everywhere; at 94 GiB: P(s <= ln(80/94)) / P(s <= ln(80/86)), by hand
+    def phi(z: float) -> float:
+        return 0.5 * (1 + erf(z / sqrt(2)))
+
+    got = fit_chance_given(est, card, est[2:3], none, shared=0.9999)
+    by_hand = phi(log(80 / 94) / MEMORY_LOG_SIGMA) / phi(log(80 / 86) / MEMORY_LOG_SIGMA)
+    assert got[3] == pytest.approx(by_hand, abs=0.01) and got[3] > 2 * fit_chance(est, card)[3]
+    assert got[1] > 0.999  # needs less than what ran
+
+    # the measured share (0.85): what ran raises the chance of a layout estimated higher, less than wholly
+    # shared errors would; an OOM at 75 GiB lowers the chance of one estimated at 86 GiB
+    shared = fit_chance_given(est, card, est[2:3], none)
+    assert fit_chance(est, card)[3] < shared[3] < got[3]
+    oom = fit_chance_given(est, card, none, est[1:2])
+    assert oom[2] < 0.5 * fit_chance(est, card)[2] and oom[0] < fit_chance(est, card)[0]
+
+
+def test_a_layout_over_the_card_that_ran_without_a_peak_raises_the_others_chance_to_fit():
+    # 8B at 8192 tokens on 80 GiB cards: layouts without checkpointing sit around the card (uncertain);
+    # a replay or a CPU trial reports no peak, so only that they ran or ran out of memory is learned
+    plan = make_plan(
+        make_sweep(
+            model="llama3.1-8b",
+            seq_len=8192,
+            global_batch_size=512,
+            cluster={"nodes": 4, "gpus_per_node": 8, "gpu": "h100"},
+            space={"tp": [1, 2, 4], "pp": [1, 2], "micro_batch_size": [1, 2], "sharding": ["zero1", "fsdp"]},
+        )
+    )
+    uncertain = np.flatnonzero(plan.status == "uncertain")
+    assert uncertain.size >= 3
+    ran = int(uncertain[np.argmax(plan.memory.total[uncertain])])  # the most memory of them all
+    for status, rises in (("ok", True), ("oom", False)):
+        search = build_search(plan, sampler="auto", max_trials=10, seed=0)
+        before = search.fit_chance(uncertain)
+        number = search.enqueue(ran)
+        search.tell(number, ran, status=status, mfu=0.4 if status == "ok" else None, step_time_s=10.0)
+        after = search.fit_chance(uncertain)
+        others = uncertain != ran
+        assert (after[others] > before[others]).all() if rises else (after[others] < before[others]).all()
