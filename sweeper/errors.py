@@ -19,6 +19,13 @@ class NoSuccessError(SweepError):
     exit_code = 1
 
 
+class Interrupted(SweepError):
+    """Ctrl-C: a sweep stopped before its end exits 130, as a shell reports a command SIGINT ended, so a
+    script never takes it for a finished one."""
+
+    exit_code = 130
+
+
 def one_line(text: object, limit: int = 300) -> str:
     """`text` on one line (whitespace collapsed), at most about `limit` characters: whole sentences
     while they fit, so that a message is never cut mid-sentence; a first sentence longer than that

@@ -8,10 +8,8 @@ from typing import Annotated
 
 import typer
 
-from sweeper.errors import SweepError
+from sweeper.errors import Interrupted, SweepError
 from sweeper.statuses import PlanStatus
-
-INTERRUPTED = 130  # the exit status of a sweep stopped by Ctrl-C, as a shell gives a command SIGINT ended
 
 
 def run(
@@ -208,6 +206,11 @@ def run_live(sweep, *, fresh: bool, yes: bool, top: int, rebuild_study: bool = F
             confirm=lambda question: yes or typer.confirm(question, err=True),
             on_interrupt=lambda: err.print("[yellow]interrupted: no new trials; press Ctrl-C again to quit at once[/]"),
         )
+    # Ctrl-C while planning, at --fresh's question (typer's confirm turns it into Abort), or the second
+    # one: one line and 130, not "Aborted." and 1, which a script would take for a refused sweep
+    except (KeyboardInterrupt, typer.Abort):
+        err.print()  # off the question's line (or the terminal's ^C)
+        raise Interrupted("interrupted: quit at once; `sweep run` again resumes the sweep") from None
     finally:
         progress.stop()
     out = message_console()  # never cut inside a path, whatever the width
@@ -229,6 +232,6 @@ def run_live(sweep, *, fresh: bool, yes: bool, top: int, rebuild_study: bool = F
     print_best(rows, top=top, title=f"{sweep.name}: best layouts", answer=answer)
     if run.stop_requested:  # Ctrl-C: what ran is shown, but a script must not take it for a finished sweep
         say(out, "note", f"interrupted after {len(rows)} trial(s); `sweep run` again resumes the sweep")
-        raise typer.Exit(INTERRUPTED)
+        raise typer.Exit(Interrupted.exit_code)
     if not best_rows(rows, 1):  # scripts must not take a sweep of failures for a result
         raise NoSuccessError(f"no trial succeeded ({len(rows)} finished)")
