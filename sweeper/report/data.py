@@ -177,8 +177,9 @@ def margin_line(w: Any, r: Any) -> str:
     )
 
 
-def cell_kinds(df: pd.DataFrame, plan: Plan, attn: str, ckpt: str) -> pd.DataFrame:
-    """Each (tp, pp) cell of one attention kernel x checkpointing mode: best MFU, or why there is none.
+def cell_kinds(df: pd.DataFrame, plan: Plan, attn: str, ckpt: str, nodes: int | None = None) -> pd.DataFrame:
+    """Each (tp, pp) cell of one attention kernel x checkpointing mode: best MFU, or why there is none;
+    `nodes`: of the trials and layouts at that node count only (a sweep over several).
 
     `kind` is "ok" (best MFU over the other knobs), a failure status when every trial there failed
     ("oom", "failed", ...), "not run" (a candidate the search did not try), "pruned" (valid but
@@ -190,6 +191,8 @@ def cell_kinds(df: pd.DataFrame, plan: Plan, attn: str, ckpt: str) -> pd.DataFra
     pps = sorted({int(v) for v in plan.cols["pp"]})
     here = df[(df["attention"] == attn) & (df["activation_checkpointing"] == ckpt)]
     in_combo = (plan.cols["attention"] == attn) & (plan.cols["activation_checkpointing"] == ckpt)
+    if nodes is not None:
+        here, in_combo = here[here["nodes"] == nodes], in_combo & (plan.nodes == nodes)
     cells = []
     for tp in tps:
         for pp in pps:

@@ -67,7 +67,7 @@ def write_report(
             )
         ]
     plots = [
-        *plot_heatmaps(df, plan, out_dir),
+        *plot_heatmaps(df, plan, out_dir, answer.nodes if sweep.several_sizes else None),
         plot_mfu_vs_mbs(df, out_dir),
         plot_memory(df, plan, sweep, out_dir),
         plot_mfu_pred(df, plan, sweep, out_dir),

@@ -80,17 +80,21 @@ def text_color(rgb: Any) -> str:
     return "black" if 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2] > 0.179 else "white"
 
 
-def plot_heatmaps(df: pd.DataFrame, plan: Plan, out_dir: Path) -> list[Plot]:
+def plot_heatmaps(df: pd.DataFrame, plan: Plan, out_dir: Path, nodes: int | None = None) -> list[Plot]:
     """The paper's tp x pp view: best MFU per cell, one heatmap per attention kernel x checkpointing mode
-    that has trials; cells without a measurement say why (not run, pruned, invalid, OOM, failed)."""
+    that has trials; cells without a measurement say why (not run, pruned, invalid, OOM, failed).
+    `nodes`: a sweep over several node counts shows the answer's size alone (a cell's best over all
+    sizes would set a 4-node trial beside a 32-node one, and name neither)."""
     plt = _pyplot()
     from matplotlib.colors import to_rgb
     from matplotlib.patches import Rectangle
 
     plots = []
     lo, hi = colour_scale(df)  # one colour scale for every heatmap, so colours compare across them
-    for (attn, ckpt), _ in df.groupby(["attention", "activation_checkpointing"], sort=True):
-        cells = cell_kinds(df, plan, str(attn), str(ckpt))
+    at = "" if nodes is None else f", at {nodes} node(s)"
+    shown = df if nodes is None else df[df["nodes"] == nodes]
+    for (attn, ckpt), _ in shown.groupby(["attention", "activation_checkpointing"], sort=True):
+        cells = cell_kinds(df, plan, str(attn), str(ckpt), nodes)
         tps, pps = sorted(cells["tp"].unique()), sorted(cells["pp"].unique())
         grid = cells.pivot(index="tp", columns="pp", values="mfu").loc[tps, pps].to_numpy(float) * 100
         kinds = cells.pivot(index="tp", columns="pp", values="kind").loc[tps, pps].to_numpy()
@@ -131,12 +135,12 @@ def plot_heatmaps(df: pd.DataFrame, plan: Plan, out_dir: Path) -> list[Plot]:
         ax.set_xlabel("pp")
         ax.set_ylabel("tp")
         fig.colorbar(im, ax=ax, label="best MFU %")
-        ax.set_title(f"attention={attn}, checkpointing={ckpt}", fontsize=10)
+        ax.set_title(f"attention={attn}, checkpointing={ckpt}{at}", fontsize=10)
         name = _save(fig, out_dir, f"heatmap_{attn}_{ckpt}.png")
         plots.append(
             Plot(
                 name,
-                f"MFU by tp × pp — attention {attn}, checkpointing {ckpt}",
+                f"MFU by tp × pp — attention {attn}, checkpointing {ckpt}{at}",
                 "best MFU (%) over the other knobs in each cell, one colour scale for all; a cell without one says why: "
                 "not run (a candidate the search left), pruned (predicted over memory), invalid "
                 "(hatched: no valid layout), or the status every trial there ended with",

@@ -65,6 +65,27 @@ def test_the_report_names_every_size_and_the_winner_by(reported, by):
     assert runner is not None and size[int(runner.group(1))] == nodes  # the runner-up of the same size
 
 
+def test_the_tp_pp_heatmaps_show_the_answers_size_alone(reported):
+    from sweeper.report.data import cell_kinds
+
+    tmp, path = reported
+    best = json.loads(sweep_cli("best", str(path), "--by", "cost", "-f", "json", cwd=tmp).stdout)
+    nodes = best["layout"]["nodes"]
+    page = _page(tmp, path, "--by", "cost")
+    captions = re.findall(r"MFU by tp × pp — attention [^,\s]+, checkpointing [^,\s<]+(, at \d+ node\(s\))?", page)
+    assert captions and set(captions) == {f", at {nodes} node(s)"}
+    frame = ResultsStore(tmp / "results" / "sizes").frame()
+    ok = frame[(frame.status == "ok") & (frame.nodes == nodes)]
+    attn, ckpt = ok.attention.iloc[0], ok.activation_checkpointing.iloc[0]
+    plan = make_plan(load_sweep(path))
+    cells = cell_kinds(frame, plan, attn, ckpt, nodes)
+    here = ok[(ok.attention == attn) & (ok.activation_checkpointing == ckpt)]
+    want = here.groupby(["tp", "pp"]).mfu.max()  # the best at the answer's size, not over every size
+    got = cells[cells.kind == "ok"].set_index(["tp", "pp"]).mfu
+    assert got.sort_index().to_dict() == pytest.approx(want.sort_index().to_dict())
+    assert (frame.groupby(["tp", "pp"]).mfu.max().loc[want.index] > want).any()  # another size ran faster there
+
+
 def test_the_panel_shows_each_sizes_best_interval_days_and_cost(reported):
     tmp, path = reported
     page = _page(tmp, path)
