@@ -29,6 +29,7 @@ import numpy as np
 import yaml
 
 from sweeper.errors import SpecError
+from sweeper.estimate.memfit import MEMORY_SHARED_SHARE
 from sweeper.estimate.memory import estimate
 from sweeper.layouts.layout import Layout
 from sweeper.spec.hardware import GIB, lookup_gpu
@@ -259,6 +260,26 @@ def inconsistent(by_source: dict[str, list[dict[str, Any]]], spread: float = 0.1
                 print(f"  {g}: {RUN_DIFFERENCES[g]}")
 
 
+def shared_share(by_source: dict[str, list[dict[str, Any]]]) -> None:
+    """How much of the estimate's error the layouts of one setting share (one source's model on one
+    card, as one sweep's layouts are): of the variance of log(estimate / measured), the part between
+    settings; `sweeper.estimate.memfit.MEMORY_SHARED_SHARE` is taken from it."""
+    groups: dict[tuple[str, str, str], list[float]] = {}
+    for source, rs in by_source.items():
+        for r in rs:
+            if "error" in r:
+                key = (source, r["sweep"].model.name or "", r["sweep"].cluster.gpu.name)
+                groups.setdefault(key, []).append(float(np.log1p(r["error"])))
+    every = np.concatenate([np.asarray(v) for v in groups.values()])
+    within = sum(float(((np.asarray(v) - np.mean(v)) ** 2).sum()) for v in groups.values())
+    within /= max(every.size - len(groups), 1)
+    print(
+        f"shared error: {len(groups)} settings (source, model, card); log error sd {every.std():.3f} over all, "
+        f"{np.sqrt(within):.3f} within one: {100 * (1 - within / every.var()):.0f} % of its variance shared "
+        f"(memfit.MEMORY_SHARED_SHARE {MEMORY_SHARED_SHARE})"
+    )
+
+
 def main(path: Path = DATA) -> int:
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
@@ -297,6 +318,7 @@ def main(path: Path = DATA) -> int:
         p = f"{100 * p90(errs):.1f}%" if errs else "-"
         print(f"{source:<22} {len(rs):>5} {len(errs):>8} {med:>12} {p:>9} {f'{sum(verdicts)}/{len(verdicts)}':>15}")
     inconsistent(by_source)
+    shared_share(by_source)
     skipped = sum("skipped" in r for rs in by_source.values() for r in rs)
     print(
         f"\nall sources: {len(all_err)} measured peaks, median |error| {100 * statistics.median(all_err):.1f}% "

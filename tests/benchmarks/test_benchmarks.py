@@ -69,6 +69,11 @@ def test_memory_accuracy(tmp_path: Path) -> None:
     )
     assert int(peaks) > 0 and 0 <= float(med) <= float(p90)
     assert 0 < int(right) <= int(verdicts) and int(skipped) >= 0
+    # the share the search's memory learning takes as measured is the one measured here
+    from sweeper.estimate.memfit import MEMORY_SHARED_SHARE
+
+    (share,) = line(out, rf"shared error: {INT} settings .* within one: {INT} % of its variance shared")[1:]
+    assert abs(int(share) / 100 - MEMORY_SHARED_SHARE) <= 0.05
 
 
 def test_plan_bench_quick(tmp_path: Path) -> None:
