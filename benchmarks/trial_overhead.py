@@ -88,8 +88,8 @@ def plain_loop(sweep: Sweep, *, watcher: bool = False) -> dict[str, float | list
     """
     import torch
 
+    from sweeper.process import process_start_unix
     from sweeper.runtime import kernels
-    from sweeper.runtime.env import process_start_unix
     from sweeper.runtime.model import Transformer, init_weights, loss_fn
     from sweeper.runtime.train import ADAMW, synthetic_batch
 
@@ -149,13 +149,13 @@ def trainer_loop(sweep: Sweep) -> dict[str, float | list[float]]:
     launcher, outcome watcher or result files around it (runs in its own process)."""
     import torch
 
+    from sweeper.process import process_start_unix
     from sweeper.runtime.env import (
         DistEnv,
         build_mesh,
         init_distributed,
         pick_device,
         prepare_process_environment,
-        process_start_unix,
         set_matmul_precision,
     )
     from sweeper.runtime.runner import run_steps

@@ -23,6 +23,25 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
+STARTED_VAR = "SWEEP_RANK_STARTED_UNIX"
+
+
+def process_start_unix() -> float | None:
+    """When this rank started (seconds since the epoch), from /proc; None where there is no /proc.
+    A rank forked by the launch's zygote (`sweeper.runtime.zygote`) started when the zygote did: its
+    imports were made there, and a trial's start-up counts them."""
+    if os.environ.get(STARTED_VAR):
+        return float(os.environ[STARTED_VAR])
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return boot + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -92,3 +92,27 @@ def report_cores(*, out_dir: Path) -> None:
     import os
 
     (out_dir / f"cores{os.environ['RANK']}.txt").write_text(" ".join(map(str, sorted(os.sched_getaffinity(0)))))
+
+
+def report_start(*, out_dir: Path) -> None:
+    """Each rank writes, to start<RANK>.json, its rank variables, its parent's command line, what its
+    stdout goes to, whether this module was imported before the rank ran, and its session."""
+    import json
+    import os
+    import sys
+
+    parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    (out_dir / f"start{os.environ['RANK']}.json").write_text(
+        json.dumps(
+            {
+                "rank": os.environ["RANK"],
+                "local_rank": os.environ["LOCAL_RANK"],
+                "parent": parent,
+                "stdout": os.readlink("/proc/self/fd/1"),
+                "main": sys.argv[0],
+                "own_session": os.getsid(0) == os.getpid(),
+                "started": os.environ.get("SWEEP_RANK_STARTED_UNIX"),
+            }
+        )
+    )
+    print(f"rank {os.environ['RANK']} says hello")

@@ -1,14 +1,17 @@
 """Start the rank processes of one trial on this machine, with torchrun-style variables and a wall-clock limit.
 
-No torch here: the parent (the CLI, the local launcher) only spawns `python -m sweeper.runtime.worker`,
-waits, and reads the result rank 0 wrote. Each rank runs in its own session, so a timeout kills
+No torch here: the parent (the CLI, the local launcher) only starts the ranks, forked by a zygote that
+imported torch once (`sweeper.runtime.zygote`), or each as `python -m sweeper.runtime.worker` inside a
+network namespace, waits, and reads the result rank 0 wrote. Each rank runs in its own session, so a timeout kills
 it with everything it started (compile workers included).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import select
 import signal
 import subprocess
 import sys
@@ -17,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sweeper.files import open_own, own_dir
 from sweeper.launchers.netns import LocalNodes, local_nodes
@@ -138,26 +141,19 @@ def launch(
     base.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // here)))
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     watch = OomWatch()  # before the first rank: the kernel log is read from here on
+    zygote: Zygote | None = None
     try:
         start = time.monotonic()
-        procs = []
+        envs = []
         for rank in range(nprocs * (nodes.nodes if nodes else 1)):
             node, local = homes[rank] if homes else (rv.node_rank, rank)
             env = base | {"RANK": str(node * nprocs + local), "LOCAL_RANK": str(local), "GROUP_RANK": str(node)}
-            env |= nodes.environ(node) if nodes else {}
-            argv = [sys.executable, "-m", "sweeper.runtime.worker", str(workdir)]
-            with open_own(workdir / "logs" / f"rank{rank}.log") as log:
-                procs.append(
-                    subprocess.Popen(
-                        nodes.command(node, argv) if nodes else argv,
-                        env=env,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL,
-                        start_new_session=True,
-                        preexec_fn=partial(_start_rank, os.getpid(), core_of(rank, here, cores)),
-                    )
-                )
+            envs.append(env | (nodes.environ(node) if nodes else {}))
+        if nodes is None and forks_ranks(base):
+            zygote = Zygote(workdir, base, envs, [core_of(r, here, cores) for r in range(here)])
+            procs: list[Rank] = list(zygote.ranks)
+        else:  # each node's ranks in its namespace (`ip netns exec`): a process each, started as the zygote's children would be
+            procs = [_exec_rank(workdir, rank, env, nodes, core_of(rank, here, cores)) for rank, env in enumerate(envs)]
         pids = [p.pid for p in procs]
         timed_out, killed = _wait(
             procs, deadline=start + timeout_s, result=workdir / "out" / "result.json", look=lambda: watch.look(pids)
@@ -165,7 +161,141 @@ def launch(
         signs = watch.finish(pids)
     finally:
         watch.close()
+        if zygote is not None:
+            zygote.close()
     return Launched(workdir, [p.returncode for p in procs], timed_out, killed, time.monotonic() - start, pids, signs)
+
+
+def forks_ranks(env: dict[str, str]) -> bool:
+    """Whether the ranks are forked from a zygote that imported torch once (`sweeper.runtime.zygote`),
+    not each started as `python -m sweeper.runtime.worker`; SWEEP_FORK_RANKS=0 in the environment
+    starts each one afresh (a site whose Python build or preloaded library cannot fork after torch)."""
+    return env.get("SWEEP_FORK_RANKS", "1") != "0"
+
+
+class Rank(Protocol):
+    """One rank's process as `_wait` and `_kill` see it: `subprocess.Popen`'s part they use."""
+
+    pid: int
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self) -> int: ...
+
+
+def _exec_rank(workdir: Path, rank: int, env: dict[str, str], nodes: LocalNodes | None, core: int | None) -> Rank:
+    argv = [sys.executable, "-m", "sweeper.runtime.worker", str(workdir)]
+    node = int(env["GROUP_RANK"])
+    with open_own(workdir / "logs" / f"rank{rank}.log") as log:
+        return subprocess.Popen(
+            nodes.command(node, argv) if nodes else argv,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=partial(_start_rank, os.getpid(), core),
+        )
+
+
+class Zygote:
+    """The fork server of one launch (`sweeper.runtime.zygote`): started with the launch's common
+    environment, it forks every rank (each with its own environment, log and core) and says how each ended."""
+
+    def __init__(self, workdir: Path, env: dict[str, str], envs: list[dict[str, str]], cores: list[int | None]):
+        logs = [workdir / "logs" / f"rank{r}.log" for r in range(len(envs))]
+        for path in logs:  # made ours (a link planted there is replaced), then written by the rank
+            open_own(path).close()
+        with open_own(workdir / "logs" / "zygote.log") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sweeper.runtime.zygote", str(workdir)],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                start_new_session=True,
+                preexec_fn=partial(die_with_parent, os.getpid()),
+            )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        ranks = [{"env": e, "log": str(p), "core": c} for e, p, c in zip(envs, logs, cores)]
+        self.proc.stdin.write(json.dumps({"ranks": ranks}))
+        self.proc.stdin.close()
+        self.codes: dict[int, int] = {}
+        self.ranks = [ForkedRank(self, r, pid) for r, pid in enumerate(self._pids(len(envs)))]
+
+    def close(self) -> None:
+        """Reap the zygote (it ends once its ranks have; its usage, theirs included, is then this
+        process's children's), killed if it lingers."""
+        try:
+            self.proc.wait(timeout=EXIT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            kill_group(self.proc.pid)
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def _pids(self, n: int) -> list[int]:
+        """The ranks' pids as the zygote forks them; -1 for each it never forked (it died first)."""
+        pids = [-1] * n
+        for _ in range(n):
+            line = self._line(block=True)
+            if line is None:
+                break
+            pids[int(line[1])] = int(line[2])
+        for r, pid in enumerate(pids):
+            if pid < 0:
+                self.codes[r] = 1  # never started: a failed rank (the zygote's log says why)
+        return pids
+
+    def _line(self, *, block: bool) -> list[str] | None:
+        """The zygote's next line, split (None: nothing yet, or it has ended); `exit` lines are taken in."""
+        assert self.proc.stdout is not None
+        while True:
+            if not block and not select.select([self.proc.stdout], [], [], 0)[0]:
+                return None
+            text = self.proc.stdout.readline()
+            if not text:  # it ended: every rank it had not reported ended with it (killed with their parent)
+                self.proc.wait()
+                return None
+            words = text.split()
+            if words[0] == "exit":
+                self.codes[int(words[1])] = int(words[2])
+                if block:
+                    continue
+            return words
+
+    def code(self, rank: int, *, block: bool) -> int | None:
+        while rank not in self.codes:
+            before = len(self.codes)
+            if self._line(block=block) is None and len(self.codes) == before:
+                if self.proc.poll() is None:
+                    return None  # running
+                # the zygote is gone (killed): its ranks died with it
+                self.codes.setdefault(rank, -signal.SIGKILL)
+        return self.codes[rank]
+
+
+class ForkedRank:
+    """A rank the zygote forked: its pid, and its end as the zygote reports it."""
+
+    def __init__(self, zygote: Zygote, rank: int, pid: int):
+        self.zygote, self.rank, self.pid = zygote, rank, pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.zygote.codes.get(self.rank)
+
+    def poll(self) -> int | None:
+        return self.zygote.code(self.rank, block=False)
+
+    def wait(self) -> int:
+        code = self.zygote.code(self.rank, block=True)
+        assert code is not None
+        return code
 
 
 def core_of(rank: int, ranks: int, cores: list[int]) -> int | None:
@@ -186,9 +316,7 @@ def _start_rank(parent: int, core: int | None) -> None:
     die_with_parent(parent)
 
 
-def _wait(
-    procs: list[subprocess.Popen[bytes]], *, deadline: float, result: Path, look: Callable[[], None]
-) -> tuple[bool, set[int]]:
+def _wait(procs: list[Rank], *, deadline: float, result: Path, look: Callable[[], None]) -> tuple[bool, set[int]]:
     """Wait for every process; end early once rank 0 reported or a rank died and the rest lingered.
     `look` is called at every round (the OOM watch's look at the cgroup's members).
 
@@ -210,7 +338,7 @@ def _wait(
     return False, set()
 
 
-def _kill(procs: list[subprocess.Popen[bytes]]) -> set[int]:
+def _kill(procs: list[Rank]) -> set[int]:
     """SIGKILL each live rank's whole session, reap them all; returns the ranks killed."""
     killed = set()
     for rank, p in enumerate(procs):

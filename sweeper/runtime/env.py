@@ -218,18 +218,6 @@ def expert_mesh(mesh: DeviceMesh, ep: int) -> DeviceMesh | None:
     return DeviceMesh(mesh.device_type, ranks, mesh_dim_names=("pp", "edp", "ep"))
 
 
-def process_start_unix() -> float | None:
-    """When this process started (seconds since the epoch), from /proc; None where there is no /proc."""
-    try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-        return boot + start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-
-
 class PeakMemory:
     """Peak memory of this process from `start()` on. CUDA: allocator peaks; CPU: resident-set growth.
 

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from sweeper.files import atomic_write_text
 from sweeper.layouts.layout import Layout
+from sweeper.process import process_start_unix
 from sweeper.results.trial import FAILED, NO_ACCELERATOR, STEPS_FILE, TrialResult, summarize, without_run
 from sweeper.runtime.env import (
     DistEnv,
@@ -33,7 +34,6 @@ from sweeper.runtime.env import (
     init_distributed,
     pick_device,
     prepare_process_environment,
-    process_start_unix,
     runtime_versions,
     set_matmul_precision,
     synchronize,

@@ -99,17 +99,25 @@ def processes_with(marker: str) -> list[int]:
 
 
 def rank_pids(trial_dir: Path) -> list[int]:
-    """The rank processes (`python -m sweeper.runtime.worker DIR`) of a local trial, by rank."""
+    """The rank processes of a local trial, by rank: started as `python -m sweeper.runtime.worker DIR`,
+    or forked by the launch's zygote (`python -m sweeper.runtime.zygote DIR`: its children are the ranks)."""
     ranks = trial_dir / "ranks"
     pids = []
     for pid in processes_with(str(ranks)):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            parent = Path(f"/proc/{_ppid(pid)}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"sweeper.runtime.worker" in cmd:
+        if b"sweeper.runtime.worker" in cmd or (
+            b"sweeper.runtime.zygote" in cmd and b"sweeper.runtime.zygote" in parent
+        ):
             pids.append(pid)
     return sorted(pids)
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def alive(pid: int) -> bool:

@@ -40,6 +40,8 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
 
     join(args.get("cgroup"))
     if args.get("old_line"):
+        # rank 0 must be the next process forked: each rank started afresh, not a zygote first
+        os.environ["SWEEP_FORK_RANKS"] = "0"
         pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
         for _ in range(40):  # another process on the machine may fork first and take the pid
             want = (int(Path("/proc/sys/kernel/ns_last_pid").read_text()) + 400) % (pid_max - 1000) + 500

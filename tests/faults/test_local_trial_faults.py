@@ -50,11 +50,12 @@ def test_oom_on_one_rank_is_oom_not_retried_and_the_sweep_goes_on(tmp_path):
 
 
 def test_a_stopped_rank_ends_as_timeout_and_no_rank_survives(tmp_path):
-    # 3 steps take ~1 s; the 20 s limit is hit only because rank 1 is stopped
+    # 30 steps take ~8 s; the 20 s limit is hit only because rank 1 is stopped (forked by the zygote,
+    # the ranks start with torch imported: 3 steps were over before the stop)
     spec = spec_file(
         tmp_path,
         "hang",
-        trial={"timeout_min": 20 / 60},
+        trial={"timeout_min": 20 / 60, "steps": 30},
         search={"max_trials": 1},
         space={"tp": [1], "pp": [2], "micro_batch_size": [1], "attention": ["flash2"]},
     )
@@ -63,7 +64,7 @@ def test_a_stopped_rank_ends_as_timeout_and_no_rank_survives(tmp_path):
     try:
         trial_dir = root / "jobs" / "trial-00000-a1"
         pids = wait_for(lambda: (p := rank_pids(trial_dir)) and len(p) == 2 and p, timeout=60, what="two ranks")
-        time.sleep(1.0)
+        time.sleep(0.5)
         kill(pids[1], signal.SIGSTOP)
         out, err = proc.communicate(timeout=120)
     finally:

@@ -53,3 +53,27 @@ def test_ranks_that_outnumber_the_cores_are_bound_one_core_each_round_robin(tmp_
         else:
             assert got == [" ".join(map(str, cores))]  # a rank with cores of its own: left to the scheduler
     assert core_of(5, 6, [0, 1]) == 1 and core_of(0, 2, [0, 1]) is None and core_of(0, 3, []) is None
+
+
+def test_ranks_are_forked_by_a_zygote_each_with_its_own_environment_log_and_session(tmp_path: Path) -> None:
+    import json
+
+    from sweeper.launchers.ranks import forks_ranks
+
+    task = {"kind": "call", "target": "tests.ranks_targets:report_start", "kwargs": {}}
+    seen = {}
+    for fork in ("1", "0"):
+        folder = tmp_path / fork
+        env = {"PYTHONPATH": str(ROOT), "SWEEP_FORK_RANKS": fork}
+        done = launch(task, nprocs=2, timeout_s=120, workdir=folder, extra_env=env)
+        assert done.returncodes == [0, 0] and not done.timed_out, done.log_tail(0)
+        seen[fork] = [json.loads((folder / "out" / f"start{r}.json").read_text()) for r in (0, 1)]
+        for r, got in enumerate(seen[fork]):
+            assert (got["rank"], got["local_rank"]) == (str(r), str(r)) and got["own_session"]
+            assert got["stdout"] == str(folder / "logs" / f"rank{r}.log")
+            assert f"rank {r} says hello" in done.log(r).read_text()
+    assert forks_ranks({}) and not forks_ranks({"SWEEP_FORK_RANKS": "0"})
+    # forked: children of the zygote, which started before them (their start-up counts its imports)
+    assert all("sweeper.runtime.zygote" in s["parent"] and s["started"] for s in seen["1"])
+    assert all("sweeper.runtime.zygote" not in s["parent"] and s["started"] is None for s in seen["0"])
+    assert all(s["main"].endswith("worker.py") for s in seen["0"] + seen["1"])
