@@ -243,11 +243,9 @@ class LayoutSearch:
 
     def _memory_told(self) -> tuple[np.ndarray, np.ndarray]:
         """The plan rows that ran (or were stopped running) and those that ran out of memory."""
-        rows = np.fromiter(self.outcome, dtype=np.int64, count=len(self.outcome))
-        status = [TrialStatus(s) for s in self.outcome.values()]
-        ran = np.asarray([s.succeeded() or s.was_stopped() for s in status], dtype=bool)
-        oom = np.asarray([s.is_oom() for s in status], dtype=bool)
-        return rows[ran] if rows.size else rows, rows[oom] if rows.size else rows
+        told = [(r, TrialStatus(s)) for r, s in self.outcome.items()]
+        ran = [r for r, s in told if s.succeeded() or s.was_stopped()]
+        return np.asarray(ran, dtype=np.int64), np.asarray([r for r, s in told if s.is_oom()], dtype=np.int64)
 
     def scores(self, rows: np.ndarray) -> np.ndarray:
         """Log of the chance each layout runs and is the best (`sweeper.search.acquisition`), from its expected

@@ -132,10 +132,13 @@ def test_profile_across_two_nodes_measures_the_link(tmp_path: Path) -> None:
     inter = [c for c in p.collectives if c.scope == "inter"]
     assert {(c.op, c.per_node) for c in inter} >= {(op, q) for op in ("all_reduce", "send_recv") for q in (1, 2)}
     assert {c.algorithm for c in inter if c.op == "all_reduce"} == {"gloo ring"}
-    # both ranks of node 0 send at once (two pairs at q=1, one group's first half at q=2): they share the link
+    # both ranks of node 0 send at once (two pairs at q=1, one group's first half at q=2): they share the
+    # link, so together they move at most its rate, and one alone (the other late, on a busy machine) too
     big = max((c for c in inter if c.op == "send_recv" and c.per_node == 1), key=lambda c: c.bytes)
     rate = 2 * big.bytes / big.seconds
-    assert 0.5 * 25e6 < rate < 1.1 * 25e6, f"send/recv across a 200mbit link at {rate / 1e6:.1f} MB/s"
+    assert rate > 0.5 * 25e6 and big.bytes / big.seconds < 1.1 * 25e6, (
+        f"send/recv across a 200mbit link at {rate / 1e6:.1f} MB/s for two senders"
+    )
     inside = max((c for c in p.collectives if c.scope == "intra" and c.op == "send_recv"), key=lambda c: c.bytes)
     assert inside.bytes / inside.seconds > 3 * rate
     _refuses_another_link(tmp_path, out)
