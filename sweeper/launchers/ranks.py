@@ -224,6 +224,7 @@ class Zygote:
         ranks = [{"env": e, "log": str(p), "core": c} for e, p, c in zip(envs, logs, cores)]
         self.proc.stdin.write(json.dumps({"ranks": ranks}))
         self.proc.stdin.close()
+        self.pids: dict[int, int] = {}
         self.codes: dict[int, int] = {}
         self.ranks = [ForkedRank(self, r, pid) for r, pid in enumerate(self._pids(len(envs)))]
 
@@ -240,43 +241,33 @@ class Zygote:
 
     def _pids(self, n: int) -> list[int]:
         """The ranks' pids as the zygote forks them; -1 for each it never forked (it died first)."""
-        pids = [-1] * n
-        for _ in range(n):
-            line = self._line(block=True)
-            if line is None:
-                break
-            pids[int(line[1])] = int(line[2])
-        for r, pid in enumerate(pids):
-            if pid < 0:
+        while len(self.pids) < n and self._take(block=True):
+            pass
+        for r in range(n):
+            if r not in self.pids:
                 self.codes[r] = 1  # never started: a failed rank (the zygote's log says why)
-        return pids
+        return [self.pids.get(r, -1) for r in range(n)]
 
-    def _line(self, *, block: bool) -> list[str] | None:
-        """The zygote's next line, split (None: nothing yet, or it has ended); `exit` lines are taken in."""
+    def _take(self, *, block: bool) -> bool:
+        """Take in the zygote's next line (`pid R PID` or `exit R CODE`), waiting for one with `block`;
+        False when there is none yet (not blocking) or the zygote has ended."""
         assert self.proc.stdout is not None
-        while True:
-            if not block and not select.select([self.proc.stdout], [], [], 0)[0]:
-                return None
-            text = self.proc.stdout.readline()
-            if not text:  # it ended: every rank it had not reported ended with it (killed with their parent)
-                self.proc.wait()
-                return None
-            words = text.split()
-            if words[0] == "exit":
-                self.codes[int(words[1])] = int(words[2])
-                if block:
-                    continue
-            return words
+        if not block and not select.select([self.proc.stdout], [], [], 0)[0]:
+            return False
+        text = self.proc.stdout.readline()
+        if not text:  # it ended: every rank it had not reported ended with it (killed with their parent)
+            self.proc.wait()
+            return False
+        kind, rank, value = text.split()
+        (self.pids if kind == "pid" else self.codes)[int(rank)] = int(value)
+        return True
 
     def code(self, rank: int, *, block: bool) -> int | None:
-        while rank not in self.codes:
-            before = len(self.codes)
-            if self._line(block=block) is None and len(self.codes) == before:
-                if self.proc.poll() is None:
-                    return None  # running
-                # the zygote is gone (killed): its ranks died with it
-                self.codes.setdefault(rank, -signal.SIGKILL)
-        return self.codes[rank]
+        while rank not in self.codes and self._take(block=block):
+            pass
+        if rank not in self.codes and self.proc.poll() is not None:  # the zygote is gone: its ranks died with it
+            self.codes[rank] = -signal.SIGKILL
+        return self.codes.get(rank)
 
 
 class ForkedRank:
