@@ -236,16 +236,17 @@ class LayoutSearch:
             doubt.any()
         ):  # the estimate's band (refitted, if anything refitted it), narrowed by what ran and what ran out
             total = refitted_total(mem, fit) if refitted else mem.total
-            ran, oom = self._memory_told()
-            chance[doubt] = fit_chance_given(total[rows[doubt]], mem.capacity_bytes, total[ran], total[oom])
+            seen, ran, oom = self._told()
+            chance[doubt] = fit_chance_given(total[rows[doubt]], mem.capacity_bytes, total[seen[ran]], total[seen[oom]])
         chance[np.isin(rows, list(self.learning.proven))] = 1.0
         return chance
 
-    def _memory_told(self) -> tuple[np.ndarray, np.ndarray]:
-        """The plan rows that ran (or were stopped running) and those that ran out of memory."""
-        told = [(r, TrialStatus(s)) for r, s in self.outcome.items()]
-        ran = [r for r, s in told if s.succeeded() or s.was_stopped()]
-        return np.asarray(ran, dtype=np.int64), np.asarray([r for r, s in told if s.is_oom()], dtype=np.int64)
+    def _told(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The finished plan rows, and which of them ran (or were stopped running) and which ran out of memory."""
+        seen = np.asarray(list(self.outcome), dtype=np.int64)
+        status = [TrialStatus(s) for s in self.outcome.values()]
+        ran = np.asarray([s.succeeded() or s.was_stopped() for s in status], dtype=bool)
+        return seen, ran, np.asarray([s.is_oom() for s in status], dtype=bool)
 
     def scores(self, rows: np.ndarray) -> np.ndarray:
         """Log of the chance each layout runs and is the best (`sweeper.search.acquisition`), from its expected
@@ -279,10 +280,8 @@ class LayoutSearch:
         low there); a layout proven to fit (`Learning.proven`) is moved only by crashes and runs. A
         layout in doubt is never moved above its chance to fit by neighbours that ran: they may need
         less memory (one that needs more and ran proves it fits)."""
-        seen = np.asarray(list(self.outcome), dtype=np.int64)
-        status = [TrialStatus(s) for s in self.outcome.values()]
-        ran = np.asarray([s.succeeded() or s.was_stopped() for s in status], dtype=float)
-        oom = np.asarray([s.is_oom() for s in status], dtype=bool)
+        seen, ran_mask, oom = self._told()
+        ran = ran_mask.astype(float)
         oom_of_candidate = oom & (self.plan.status[seen] == PlanStatus.CANDIDATE)
         prior = self.fit_chance(rows)
         proven = np.isin(rows, list(self.learning.proven))
