@@ -74,7 +74,8 @@ def layout_record(row: Mapping[str, Any], sweep: Sweep) -> dict[str, Any]:
         "dp": _plain(row.get("dp")),
         "grad_accum": _plain(row.get("grad_accum")),
         "num_devices": _plain(row.get("num_devices")),
-        "nodes": sweep.cluster.nodes,  # the node count the layout was chosen for
+        "nodes": sweep.cluster.nodes,  # the node count the layout was chosen for, of this many GPUs each
+        "gpus_per_node": sweep.cluster.gpus_per_node,
         "seq_len": sweep.seq_len,
         "global_batch_size": sweep.global_batch_size,
         "layers": sweep.model.layers,
@@ -99,8 +100,7 @@ def provenance(rec: Mapping[str, Any]) -> str:
 
 def provenance_suffix(rec: Mapping[str, Any]) -> str:
     """`, trial 12, MFU 45.00%, chosen for 8 node(s)` (or the prediction) to follow the sweep's name in a header."""
-    source = provenance(rec)
-    # the node count the layout was chosen for: the same layout at another size has another dp
+    source = provenance(rec)  # and the node count it was chosen for: at another size it has another dp
     chosen = f", chosen for {rec['nodes']} node(s)" if rec.get("nodes") is not None else ""
     return (f", {source}" if source else "") + chosen
 

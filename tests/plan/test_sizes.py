@@ -95,6 +95,7 @@ def test_plan_honours_by_and_the_goal_like_the_dry_run(sizes_file, tmp_path):
     for by, n in (("time", 32), ("cost", 16)):
         lay = docs[by]["layout"]
         assert lay["num_devices"] == n * 8 and docs[by]["best"]["nodes"] == n
+        assert (lay["nodes"], lay["gpus_per_node"]) == (n, 8)  # the layout's own GPUs, said whole
         assert {k: lay[k] for k in ("tp", "pp", "micro_batch_size")} == {
             k: sizes[n]["layout"][k] for k in ("tp", "pp", "micro_batch_size")
         }
