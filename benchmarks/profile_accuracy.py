@@ -18,15 +18,22 @@ micro-batch 1-8, checkpointing none/selective/full, the attention kernels (flash
 sdpa_efficient), rmsnorm fused, compile and float8 (where the card and torchao have it), 10-step
 trials, stopping before `--budget-s` (default 330 s with the profile) would be overrun.
 
-Two nodes (--nodes 2, root): the two-node cluster of network namespaces on this machine
+Across nodes (--nodes 2, root): the two-node cluster of network namespaces on this machine
 (scripts/netns/start.sh) with its link shaped to --link-rate and --link-delay; `sweep profile --nodes
 2` measures across it, then real trials of 2 nodes x 2 ranks over a small LLaMA whose gradients are
 big beside its compute (4 layers, hidden 256, vocab 2048, 64-token sequences: 16 MB of fp32
 gradients, so the link matters) put tp inside a node and dp, pp, zero1 and fsdp inside and across
 the link (16 layouts). Printed besides: the measured best layout's rank in the profiled prediction.
 
+Four nodes (--nodes 4 --profile-nodes 2, root): four namespaces in a star (node 0 forwards between
+the others, so their traffic crosses two links), the profile measured on two of them (2 x 2 ranks,
+as a user measures it with `sweep profile --nodes 2`), then real trials of 4 nodes x 1 rank, where
+every collective and stage-to-stage send crosses a link: dp, pp 2 and 4, zero1, fsdp and
+checkpointing (14 layouts).
+
 Usage: python benchmarks/profile_accuracy.py [--device cpu|cuda] [--out DIR] [--budget-s S] [--quick]
        python benchmarks/profile_accuracy.py --nodes 2 --link-rate 1gbit [--link-delay 0us] [--out DIR]
+       python benchmarks/profile_accuracy.py --nodes 4 --profile-nodes 2 --link-rate 1gbit [--out DIR]
 """
 
 from __future__ import annotations
@@ -102,18 +109,38 @@ NET_GRID: list[tuple[int, dict[str, Any]]] = [
     (4, {"pp": 4, "micro_batch_size": 1}),
     (4, {"pp": 4, "micro_batch_size": 2}),
 ]
+# four nodes of one rank each (--nodes 4): every collective and every stage-to-stage send crosses a
+# link, and between two nodes other than the hub it crosses two (the star: node 0 forwards); the
+# profile is measured on two nodes of two ranks, as a user measures it (`sweep profile --nodes 2`)
+FOUR_GRID: list[tuple[int, dict[str, Any]]] = [
+    (4, {"micro_batch_size": 1}),
+    (4, {"micro_batch_size": 2}),
+    (4, {"micro_batch_size": 1, "sharding": "zero1"}),
+    (4, {"micro_batch_size": 2, "sharding": "fsdp"}),
+    (4, {"micro_batch_size": 1, "activation_checkpointing": "full"}),
+    (4, {"pp": 2, "micro_batch_size": 1}),
+    (4, {"pp": 2, "micro_batch_size": 2}),
+    (4, {"pp": 2, "micro_batch_size": 1, "sharding": "zero1"}),
+    (4, {"pp": 2, "micro_batch_size": 1, "sharding": "fsdp"}),
+    (4, {"pp": 2, "micro_batch_size": 2, "activation_checkpointing": "full"}),
+    (4, {"pp": 4, "micro_batch_size": 1}),
+    (4, {"pp": 4, "micro_batch_size": 2}),
+    (4, {"micro_batch_size": 1, "sharding": "fsdp"}),
+    (4, {"pp": 2, "micro_batch_size": 2, "sharding": "zero1"}),
+]
 
 
-def net_sweep_text(name: str) -> str:
-    """The two-node benchmark's sweep: 2 nodes x 2 CPU ranks (the namespaces of this machine)."""
+def net_sweep_text(name: str, nodes: int = 2) -> str:
+    """The benchmark's sweep across nodes (the namespaces of this machine): 2 nodes x 2 CPU ranks, or
+    4 nodes x 1 (the same four ranks, every one on its own node)."""
     return f"""
 name: {name}
 model: {NET_MODEL}
 seq_len: 64
 global_batch_size: 8
-cluster: {{nodes: 2, gpus_per_node: 2, gpu: cpu}}
+cluster: {{nodes: {nodes}, gpus_per_node: {4 // nodes}, gpu: cpu}}
 space:
-  tp: [1, 2]
+  tp: {"[1, 2]" if nodes < 4 else "[1]"}
   pp: [1, 2, 4]
   micro_batch_size: [1, 2]
   activation_checkpointing: [none, full]
@@ -253,14 +280,25 @@ def best_rank(rows: list[Row]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--nodes", type=int, choices=(1, 2), default=1, help="2: across the local two-node cluster")
-    ap.add_argument("--link-rate", default="1gbit", help="with --nodes 2: the link's rate (tc: 300mbit, 1gbit)")
-    ap.add_argument("--link-delay", default="0us", help="with --nodes 2: the link's one-way delay (0us, 200us)")
+    ap.add_argument(
+        "--nodes", type=int, choices=(1, 2, 4), default=1, help="2 or 4: across a local cluster of that many nodes"
+    )
+    ap.add_argument(
+        "--profile-nodes",
+        type=int,
+        choices=(2, 4),
+        default=None,
+        help="with --nodes 4: the nodes the profile is measured on (default: --nodes; 2 as a user measures it)",
+    )
+    ap.add_argument("--link-rate", default="1gbit", help="with --nodes 2 or 4: the links' rate (tc: 300mbit, 1gbit)")
+    ap.add_argument("--link-delay", default="0us", help="with --nodes 2 or 4: the links' one-way delay (0us, 200us)")
     ap.add_argument("--out", type=Path, default=None, help="folder for the profile, the sweep files and the CSV")
     ap.add_argument("--budget-s", type=float, default=None, help="stop starting trials past this many seconds")
     ap.add_argument("--quick", action="store_true", help="a shorter grid and a quick profile")
     args = ap.parse_args()
-    if args.nodes == 2:
+    if args.profile_nodes is not None and args.profile_nodes > args.nodes:
+        ap.error(f"--profile-nodes {args.profile_nodes}: at most --nodes ({args.nodes})")
+    if args.nodes > 1:
         return main_nodes(args)
     start = time.monotonic()
     cuda = args.device == "cuda"
@@ -358,14 +396,15 @@ def print_rows(rows: list[Row], out: Path) -> None:
 
 
 def main_nodes(args: argparse.Namespace) -> int:
-    """--nodes 2: profile across the shaped link, then the two-node grid's trials across it."""
+    """--nodes 2 or 4: the profile measured across the shaped links of --profile-nodes nodes (2 x 2
+    ranks), then the grid's trials across all of them (2 x 2 ranks, or 4 x 1)."""
     import os
 
     from sweeper.errors import SweepError
     from sweeper.launchers import netns
 
     if os.geteuid() != 0:
-        print("--nodes 2: needs root (network namespaces and tc)", file=sys.stderr)
+        print(f"--nodes {args.nodes}: needs root (network namespaces and tc)", file=sys.stderr)
         return 2
     try:
         netns.check_link(args.link_rate, args.link_delay)
@@ -375,20 +414,23 @@ def main_nodes(args: argparse.Namespace) -> int:
     start = time.monotonic()
     out = args.out or Path(tempfile.mkdtemp(prefix="profile-accuracy-nodes-"))
     out.mkdir(parents=True, exist_ok=True)
-    grid = NET_GRID
+    grid = FOUR_GRID if args.nodes == 4 else NET_GRID
+    profile_nodes = args.profile_nodes or args.nodes
 
     def progress(what: str) -> None:
         print(f"[{time.monotonic() - start:6.1f} s] {what}", file=sys.stderr, flush=True)
 
-    with netns.shaped_link(args.link_rate, args.link_delay) as nodes:
+    with netns.shaped_link(args.link_rate, args.link_delay, nodes=args.nodes) as nodes:
         link = netns.link_description(nodes)
-        progress(f"two nodes ({', '.join(nodes.namespaces)}), link {link}")
-        table = load(net_sweep_text("profile_accuracy_nodes"), out / "sweep.yaml", profiles=False)
-        measured = run_profile(table, out=out / "profile.yaml", quick=args.quick, progress=progress, nodes=2)
+        progress(f"{args.nodes} nodes ({', '.join(nodes.namespaces)}), link {link}")
+        # the profile's sweep is two (or four) nodes of two ranks: a user profiles their own node shape
+        shape = load(net_sweep_text("profile_accuracy_nodes"), out / "sweep_profile.yaml", profiles=False)
+        measured = run_profile(shape, out=out / "profile.yaml", quick=args.quick, progress=progress, nodes=profile_nodes)
         for what, why in measured.skipped.items():
             progress(f"profile left out {what}: {why}")
-        progress(f"profile written to {measured.path}")
-        text = net_sweep_text("profile_accuracy_nodes")
+        progress(f"profile measured on {profile_nodes} nodes, written to {measured.path}")
+        text = net_sweep_text("profile_accuracy_nodes", args.nodes)
+        table = load(text, out / "sweep.yaml", profiles=False)
         profiled = load(text.replace("gpu: ", f"profile: {measured.path}, gpu: "), out / "sweep_p.yaml", profiles=True)
         rows = [Row(w, knobs, held_out(w, knobs)) for w, knobs in grid]
         for i, row in enumerate(rows):
@@ -404,8 +446,8 @@ def main_nodes(args: argparse.Namespace) -> int:
             )
     print_rows(rows, out)
     print(
-        f"\nlink {link} (asked: {args.link_rate}, delay {args.link_delay}); profile: {measured.path}; "
-        f"{time.monotonic() - start:.0f} s"
+        f"\n{args.nodes} nodes x {4 // args.nodes} ranks, link {link} (asked: {args.link_rate}, delay {args.link_delay}); "
+        f"profile measured on {profile_nodes} nodes x 2 ranks: {measured.path}; {time.monotonic() - start:.0f} s"
     )
     print(summary(rows, "all layouts, against each trial's fastest step", against="fastest_s"))
     print(summary([r for r in rows if not r.held_out], "fit part"))
