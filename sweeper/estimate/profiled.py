@@ -193,7 +193,7 @@ def pp_comm(lookup: Lookup, cols: Columns, gpn: int, message: np.ndarray, table:
     )
     senders = np.minimum(stage_span, gpn)
     across = (
-        lookup.inter_s("send_recv", senders, 2 * senders, message)
+        lookup.inter_s("send_recv", senders, 2 * senders, message, node_ranks=gpn)
         if lookup.has_collective("send_recv", "inter")
         else np.full(n, np.nan)
     )

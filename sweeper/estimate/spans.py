@@ -2,7 +2,10 @@
 
 - Within one node: the node's own table (`scope: intra`), as measured at that message size.
 - Across two nodes: the collective as measured across the link (`scope: inter`) with as many of each
-  node's ranks taking part (they share the node's link), at that message size. The backend's own
+  node's ranks taking part (they share the node's link), at that message size. The profile ran every
+  rank of its nodes in such groups at once; on nodes of another size the link is shared by another
+  number of groups, and its time scales with them (`Lookup.inter_s`: four nodes of one rank priced
+  from a profile of two nodes of two ranks have the link to one group, not two). The backend's own
   algorithm is what was timed: gloo runs a flat ring over the group's ranks in order, so a ring of
   n ranks over two nodes crosses the link twice, each crossing carrying the ring's whole per-edge
   traffic (2(n-1)/n of the buffer for an all-reduce).
@@ -95,7 +98,7 @@ def collective_by_span(
         out[inside] = lookup.collective_s(op, "intra", ranks[inside], nbytes[inside])
     two = (nodes == 2) & (ranks >= 2)
     if two.any() and lookup.has_collective(op, "inter"):
-        out[two] = lookup.inter_s(op, per_node[two], ranks[two], nbytes[two])
+        out[two] = lookup.inter_s(op, per_node[two], ranks[two], nbytes[two], node_ranks=gpus_per_node)
     more = (nodes > 2) & (ranks >= 2)
     fit = fit_alpha_beta(lookup, op) if more.any() else None
     if fit is not None:

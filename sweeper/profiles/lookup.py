@@ -182,20 +182,32 @@ class Lookup:
         the smallest message measured (its latency). 0 where ranks < 2."""
         return self._priced(self.comm[(op, scope)], op, ranks, nbytes)
 
-    def inter_s(self, op: str, per_node: ArrayLike, ranks: ArrayLike, nbytes: ArrayLike) -> np.ndarray:
+    def inter_s(
+        self, op: str, per_node: ArrayLike, ranks: ArrayLike, nbytes: ArrayLike, *, node_ranks: ArrayLike | None = None
+    ) -> np.ndarray:
         """Seconds of `op` across two nodes with `per_node` of each node's ranks taking part: the
-        points measured with that many (the nearest measured) sharing the link, as `collective_s`."""
+        points measured with that many (the nearest measured) sharing the link, as `collective_s`.
+
+        A point of q ranks per node was measured with every rank of the profile's nodes in a group, so
+        with (the profile's ranks per node / q) groups sharing each link at once. On nodes of
+        `node_ranks` ranks (the sweep's GPUs per node; default: the profile's), node_ranks / per_node
+        groups share it: the link's time scales by that ratio (a node of one rank has the link to
+        itself where the profile's two groups split it), never below the smallest message's time."""
         per_node = np.asarray(per_node, dtype=float)
         ranks, nbytes = np.broadcast_arrays(np.asarray(ranks, dtype=float), np.asarray(nbytes, dtype=float))
         points = self.comm[(op, "inter")]
         counts = sorted({p.per_node or p.ranks // 2 for p in points})
         out = np.zeros(np.broadcast(per_node, ranks).shape)
         nearest = np.array(counts, dtype=float)[np.argmin([np.abs(per_node - c) for c in counts], axis=0)]
+        measured_on = self.profile.processes / max(self.profile.nodes, 1)
+        sharing = np.broadcast_to(np.asarray(measured_on if node_ranks is None else node_ranks, dtype=float), out.shape)
         for q in counts:
             rows = nearest == q
             if rows.any():
                 group = [p for p in points if (p.per_node or p.ranks // 2) == q]
-                out[rows] = self._priced(group, op, ranks[rows], nbytes[rows])
+                scale = (sharing[rows] / np.maximum(per_node[rows], 1.0)) / max(measured_on / q, 1.0)
+                priced = self._priced(group, op, ranks[rows], nbytes[rows])
+                out[rows] = np.maximum(priced * scale, min(p.seconds for p in group))
         return out
 
     def _priced(self, points: list[CollectivePoint], op: str, ranks: ArrayLike, nbytes: ArrayLike) -> np.ndarray:

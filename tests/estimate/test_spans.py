@@ -28,7 +28,9 @@ def across(op: str, q: int, nbytes: int) -> CollectivePoint:
 def lookup_with(inter: bool = True) -> Lookup:
     p = synthetic_profile()
     points = [across(op, q, b) for op in ("all_reduce", "send_recv") for q in (1, 2) for b in (4096, 1 << 20, 1 << 24)]
-    return Lookup(p.model_copy(update={"collectives": p.collectives + (tuple(points) if inter else ()), "nodes": 2}))
+    # two nodes of two ranks: the points of q = 1 had two groups sharing each link, those of q = 2 one
+    extra = tuple(points) if inter else ()
+    return Lookup(p.model_copy(update={"collectives": p.collectives + extra, "nodes": 2, "processes": 4}))
 
 
 def test_span_counts_nodes_and_members_per_node() -> None:
@@ -48,6 +50,26 @@ def test_each_span_reads_its_own_measurement() -> None:
     assert got[1] == pytest.approx(want_4, rel=1e-6)
     assert got[2] == pytest.approx(want_2, rel=1e-6)
     assert got[1] > 5 * inside  # the link, not the node's table
+
+
+def test_nodes_of_fewer_ranks_than_the_profiles_share_the_link_among_fewer_groups() -> None:
+    # the profile's q = 1 points: two groups (one per rank of a 2-rank node) crossed each link at once;
+    # on nodes of one rank the group has the link to itself (four nodes of one GPU each, or one
+    # group of a kind per node): the link's time halves, never below the smallest message's
+    lookup = lookup_with()
+    big, small = np.array([float(1 << 24)]), np.array([4096.0])
+    shared = collective_by_span(lookup, "all_reduce", np.array([2.0]), np.array([2.0]), big, 2)  # strided, as dp over tp
+    assert shared[0] == pytest.approx(ALPHA * 2 + (1 << 24) / LINK, rel=1e-6)
+    alone = collective_by_span(lookup, "all_reduce", np.array([2.0]), np.array([1.0]), big, 1)
+    assert alone[0] == pytest.approx(shared[0] / 2, rel=1e-6)
+    floor = ALPHA * 2 + 4096 / LINK  # the smallest message measured
+    assert collective_by_span(lookup, "all_reduce", np.array([2.0]), np.array([1.0]), small, 1)[0] == pytest.approx(
+        floor, rel=1e-6
+    )
+    # nodes of the profile's own shape: as measured (q = 2 is one group per link on either)
+    assert collective_by_span(lookup, "all_reduce", np.array([4.0]), np.array([1.0]), big, 2)[0] == pytest.approx(
+        ALPHA * 6 + 1.5 * (1 << 24) / LINK, rel=1e-6
+    )
 
 
 def test_beyond_two_nodes_the_fitted_ring() -> None:
