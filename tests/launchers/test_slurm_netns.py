@@ -1,8 +1,9 @@
 """The local SLURM on the cluster of network namespaces (`SLURM_NETNS=1 scripts/slurm/start.sh` after
 scripts/netns/start.sh; root, CI runs it): srun puts node k's tasks in namespace k, and a trial of two
 nodes submitted through sweep's SLURM launcher all-reduces its gradients across the shaped link, where
-a trial of one node leaves the link alone; `sweep profile --nodes 2` of a SLURM sweep is one SLURM job
-of the two nodes, and measures the link."""
+a trial of one node leaves the link alone; on four namespaces a trial of four nodes is one job on all
+of them, and `sweep profile --nodes 2` of a SLURM sweep is one SLURM job of two of them, and measures
+the link."""
 
 from __future__ import annotations
 
@@ -101,23 +102,31 @@ launcher: {kind: slurm, poll_s: 0.5, exclusive: false, cpus_per_task: 1}
 # profile measured them with (its cores shared among its ranks: 1 each here)
 
 
-def test_a_profile_of_two_nodes_is_one_slurm_job_across_the_shaped_link(slurm_cluster, tmp_path: Path) -> None:
-    """`sweep profile --nodes 2` of a sweep whose launcher is SLURM: one job of 2 nodes x 2 tasks on the
-    SLURM nodes that are the namespaces; its collectives across nodes run at the link's rate, the
-    profile names the link the sweep does (no tc to read on a real cluster), and its reference step is
-    a second job on the same nodes."""
+def test_four_nodes_a_trial_across_all_and_a_profile_of_two(slurm_cluster, tmp_path: Path) -> None:
+    """On four SLURM nodes that are four namespaces (a star: node 0 forwards between the others): a
+    trial of four nodes of one rank is one job on all four, its gradients all-reduced across the links;
+    and `sweep profile --nodes 2` of a sweep whose launcher is SLURM is one job of 2 nodes x 2 tasks on
+    two of them; its collectives across nodes run at the link's rate, the profile names the link the
+    sweep does (no tc to read on a real cluster), and its reference step is a job per depth on the same
+    nodes."""
     from sweeper.profiles.profile import load_profile
 
     spec, out = tmp_path / "prof.yaml", tmp_path / "p.yaml"
     spec.write_text(PROFILE_SWEEP)
-    with netns.shaped_link("200mbit"), on_namespaces(slurm_cluster):
+    with netns.shaped_link("200mbit", nodes=4), on_namespaces(slurm_cluster) as cluster:
+        assert cluster.nodes == tuple(f"sweep-node{k}" for k in range(4)), cluster
+        four, tx, rx = run_trial(tmp_path, "four", nodes=4, ranks=1)
         done = sweep_cli("profile", str(spec), "--nodes", "2", "--quick", "--out", str(out), cwd=tmp_path, timeout=600)
+    assert four.status == "ok" and four.nodelist == "sweep-node[0-3]" and four.dp == 4, four.error
+    grads = 4 * load_sweep(tmp_path / "four.yaml", profiles=False).model.num_params
+    # node 1 is in gloo's ring of four: it sends 2 (n-1)/n G = 1.5 G a step, and forwards nothing (node 0 does)
+    assert tx >= 1.5 * STEPS * grads and rx >= 1.5 * STEPS * grads, (tx, rx, grads)
     print(done.stderr)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "measuring on 2 processes on each of 2 nodes (one SLURM job; link TBF 200mbit)" in done.stderr
-    # the measurement's job, then the reference step's (4 ranks on this machine's cores): each on both nodes
-    # the profile's job, then one job per depth of the reference step
-    assert len(re.findall(r"SLURM job \d+ ran on sweep-node\[0-1\]", done.stderr)) == 3, done.stderr[-3000:]
+    # the profile's job, then one job per depth of the reference step: each on the same two of the four nodes
+    ran = re.findall(r"SLURM job \d+ ran on (sweep-node\[\d[-,]\d\])", done.stderr)
+    assert len(ran) == 3 and len(set(ran)) == 1, done.stderr[-3000:]
     assert "collectives across 2 nodes" in done.stderr  # rank 0's own progress lines, followed from its log
     p = load_profile(out, gpu="cpu", link="tbf 200Mbit")
     assert (p.nodes, p.shared_host, p.link, p.processes) == (2, True, "TBF 200mbit", 4)
