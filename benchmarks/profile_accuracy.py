@@ -425,7 +425,9 @@ def main_nodes(args: argparse.Namespace) -> int:
         progress(f"{args.nodes} nodes ({', '.join(nodes.namespaces)}), link {link}")
         # the profile's sweep is two (or four) nodes of two ranks: a user profiles their own node shape
         shape = load(net_sweep_text("profile_accuracy_nodes"), out / "sweep_profile.yaml", profiles=False)
-        measured = run_profile(shape, out=out / "profile.yaml", quick=args.quick, progress=progress, nodes=profile_nodes)
+        measured = run_profile(
+            shape, out=out / "profile.yaml", quick=args.quick, progress=progress, nodes=profile_nodes
+        )
         for what, why in measured.skipped.items():
             progress(f"profile left out {what}: {why}")
         progress(f"profile measured on {profile_nodes} nodes, written to {measured.path}")

@@ -58,7 +58,8 @@ def test_nodes_of_fewer_ranks_than_the_profiles_share_the_link_among_fewer_group
     # group of a kind per node): the link's time halves, never below the smallest message's
     lookup = lookup_with()
     big, small = np.array([float(1 << 24)]), np.array([4096.0])
-    shared = collective_by_span(lookup, "all_reduce", np.array([2.0]), np.array([2.0]), big, 2)  # strided, as dp over tp
+    # strided, as data parallelism over tensor parallelism: one rank of each node, two such groups a link
+    shared = collective_by_span(lookup, "all_reduce", np.array([2.0]), np.array([2.0]), big, 2)
     assert shared[0] == pytest.approx(ALPHA * 2 + (1 << 24) / LINK, rel=1e-6)
     alone = collective_by_span(lookup, "all_reduce", np.array([2.0]), np.array([1.0]), big, 1)
     assert alone[0] == pytest.approx(shared[0] / 2, rel=1e-6)
