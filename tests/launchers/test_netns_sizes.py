@@ -72,3 +72,49 @@ def test_a_sweep_over_two_node_counts_gives_one_answer_everywhere(tmp_path: Path
         if doc["margin"] is not None:  # the runner-up is of the answer's node count
             runner = int(doc["margin"]["runner_up"])
             assert int(ok.set_index("trial_number").loc[runner, "nodes"]) == n
+
+
+FOUR = {
+    "name": "four_sizes",
+    "model": {"layers": 4, "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 704, "vocab": 2048},
+    "seq_len": 64,
+    "global_batch_size": 8,
+    "cluster": {"nodes": [2, 4], "gpus_per_node": 1, "gpu": "cpu"},
+    "goal": {"tokens": 1.0e9, "gpu_hour_cost": 1.0},
+    "space": {"tp": [1], "pp": [1, 2], "micro_batch_size": [1, 2], "attention": ["flash2"], "sharding": ["none"]},
+    "trial": {"steps": 6, "warmup_steps": 1, "timeout_min": 5, "precision": "fp32"},
+    "search": {"max_trials": 5, "parallel": 1, "seed": 0},
+    "launcher": "local",
+}
+
+
+def test_a_profiled_sweep_over_two_and_four_nodes_names_before_its_trials_what_they_measure(tmp_path: Path) -> None:
+    """Four namespaces (a star) of one rank each, the profile measured on two of them as a user would
+    (`sweep profile --nodes 2`): the dry run names the fastest and the cheapest node count, and the real
+    trials at both sizes name the same ones (issue 46, item 3). On this machine four nodes share the
+    same two cores as two, so two nodes win both: the four-node trials must not look faster."""
+    spec, profile = tmp_path / "four_sizes.yaml", tmp_path / "profile.yaml"
+    spec.write_text(yaml.safe_dump(FOUR | {"results_dir": str(tmp_path / "results")}))
+    with netns.shaped_link("1gbit", nodes=4) as nodes:
+        env = cli_env(SWEEP_NETNS=",".join(nodes.namespaces))
+        done = sweep_cli("profile", str(spec), "--nodes", "2", "--quick", "--out", str(profile), cwd=tmp_path, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        profiled = yaml.safe_load(spec.read_text())
+        profiled["cluster"]["profile"] = str(profile)
+        spec.write_text(yaml.safe_dump(profiled))
+        dry = sweep_cli("run", str(spec), "--dry-run", "--json", cwd=tmp_path, env=env)
+        assert dry.returncode == 0, dry.stderr[-3000:]
+        run = sweep_cli("run", str(spec), cwd=tmp_path, env=env, timeout=900)
+        assert run.returncode == 0, run.stderr[-3000:]
+    per = json.loads(dry.stdout)["per_nodes"]
+    said = {"time": per["winner_nodes"], "cost": per["winner_nodes_by_cost"]}
+    rows = pd.read_parquet(tmp_path / "results" / "four_sizes" / "trials")
+    ok = rows[rows.status == "ok"]
+    assert sorted(ok.nodes.unique()) == [2, 4], rows[["trial_number", "nodes", "status", "error"]]
+    measured = {
+        "time": int(ok.loc[ok.step_time_mean_s.idxmin(), "nodes"]),
+        "cost": int(ok.loc[(ok.nodes * ok.step_time_mean_s).idxmin(), "nodes"]),
+    }
+    for by in ("time", "cost"):
+        doc = json.loads(sweep_cli("best", str(spec), "--by", by, "-f", "json", cwd=tmp_path).stdout)
+        assert doc["answer"]["nodes"] == measured[by] == said[by], (by, doc["answer"], measured, said)
