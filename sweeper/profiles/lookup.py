@@ -183,7 +183,7 @@ class Lookup:
         return self._priced(self.comm[(op, scope)], op, ranks, nbytes)
 
     def inter_s(
-        self, op: str, per_node: ArrayLike, ranks: ArrayLike, nbytes: ArrayLike, *, node_ranks: ArrayLike | None = None
+        self, op: str, per_node: ArrayLike, ranks: ArrayLike, nbytes: ArrayLike, *, node_ranks: float | None = None
     ) -> np.ndarray:
         """Seconds of `op` across two nodes with `per_node` of each node's ranks taking part: the
         points measured with that many (the nearest measured) sharing the link, as `collective_s`.
@@ -200,12 +200,12 @@ class Lookup:
         out = np.zeros(np.broadcast(per_node, ranks).shape)
         nearest = np.array(counts, dtype=float)[np.argmin([np.abs(per_node - c) for c in counts], axis=0)]
         measured_on = self.profile.processes / max(self.profile.nodes, 1)
-        sharing = np.broadcast_to(np.asarray(measured_on if node_ranks is None else node_ranks, dtype=float), out.shape)
+        sharing = measured_on if node_ranks is None else float(node_ranks)
         for q in counts:
             rows = nearest == q
             if rows.any():
                 group = [p for p in points if (p.per_node or p.ranks // 2) == q]
-                scale = (sharing[rows] / np.maximum(per_node[rows], 1.0)) / max(measured_on / q, 1.0)
+                scale = (sharing / np.maximum(per_node[rows], 1.0)) / max(measured_on / q, 1.0)
                 priced = self._priced(group, op, ranks[rows], nbytes[rows])
                 out[rows] = np.maximum(priced * scale, min(p.seconds for p in group))
         return out
