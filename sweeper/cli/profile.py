@@ -195,7 +195,8 @@ def cached_file(path: Path, named: str) -> Path:
 
 def describe_file(path: Path) -> list[str]:
     """The lines `show` prints, by the file's `kind:` (a learned profile is `sweeper.search.learned`'s)."""
-    from sweeper.profiles.profile import LEARNED, describe, load_profile, read_header
+    from sweeper.profiles.profile import LEARNED, load_profile, read_header
+    from sweeper.profiles.profile_show import describe
     from sweeper.search.learned_show import describe as describe_learned
 
     header: dict[str, Any] = read_header(path)

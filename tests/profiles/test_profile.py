@@ -34,11 +34,11 @@ from sweeper.profiles.profile import (
     Versions,
     cache_dir,
     cached_profile_path,
-    describe,
     host_costs,
     load_profile,
     save_profile,
 )
+from sweeper.profiles.profile_show import describe
 from sweeper.results.identity import sweep_identity
 from sweeper.spec.loader import parse_sweep
 from tests.conftest import SPACES, cli_env, sweep_cli
