@@ -23,6 +23,20 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
+NODE_CPUS_VAR = "SWEEP_NODE_CPUS"
+
+
+def node_cpus() -> int:
+    """The cores a node's ranks share: what their launcher could use (`NODE_CPUS_VAR`: it binds each
+    rank to one of them where they outnumber them, so a bound rank's own affinity is one core), else
+    a SLURM job's cores on this node (its tasks' share of them), else this process's `usable_cpus`."""
+    for var in (NODE_CPUS_VAR, "SLURM_CPUS_ON_NODE"):
+        given = os.environ.get(var, "")
+        if given.isdigit() and int(given) > 0:
+            return int(given)
+    return usable_cpus()
+
+
 STARTED_VAR = "SWEEP_RANK_STARTED_UNIX"
 
 

@@ -88,10 +88,14 @@ def report_netns(*, out_dir: Path) -> None:
 
 
 def report_cores(*, out_dir: Path) -> None:
-    """Each rank writes the cores it may run on (its affinity) to cores<RANK>.txt."""
+    """Each rank writes the cores it may run on (its affinity) to cores<RANK>.txt, and the cores its
+    node's ranks share (`sweeper.process.node_cpus`, what a profile records) to node_cpus<RANK>.txt."""
     import os
 
+    from sweeper.process import node_cpus
+
     (out_dir / f"cores{os.environ['RANK']}.txt").write_text(" ".join(map(str, sorted(os.sched_getaffinity(0)))))
+    (out_dir / f"node_cpus{os.environ['RANK']}.txt").write_text(str(node_cpus()))
 
 
 def report_start(*, out_dir: Path) -> None:

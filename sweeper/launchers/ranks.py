@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from sweeper.files import open_own, own_dir
 from sweeper.launchers.netns import LocalNodes, local_nodes
 from sweeper.layouts.layout import Layout
-from sweeper.process import die_with_parent, free_port, kill_group, read_result, usable_cpus
+from sweeper.process import NODE_CPUS_VAR, die_with_parent, free_port, kill_group, read_result, usable_cpus
 from sweeper.results.trial import FAILED, OOM, TIMEOUT, TrialResult, without_run
 from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE, OomSigns, OomWatch, oom_evidence
 from sweeper.spec.sweep import Sweep
@@ -139,6 +139,7 @@ def launch(
     here = nprocs * (nodes.nodes if nodes else 1)
     # threads sized by the cores the ranks are bound to (the affinity), as the profile counts them
     base.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // here)))
+    base[NODE_CPUS_VAR] = str(usable_cpus())  # what a bound rank cannot see: the cores it shares (a profile's cpus)
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     watch = OomWatch()  # before the first rank: the kernel log is read from here on
     zygote: Zygote | None = None

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from sweeper.estimate.shapes import PROGRESS_MARK, MeasurePlan
-from sweeper.process import usable_cpus
+from sweeper.process import node_cpus
 from sweeper.profiles.profile import SCHEMA, BlockPoint, Profile, Versions
 from sweeper.runtime.env import (
     DistEnv,
@@ -47,7 +47,7 @@ from sweeper.spec.hardware import GPUS, gpu_matches
 def gpu_key(device: torch.device) -> tuple[str, str]:
     """(the GPU table's key, the device's own name); a card the table lacks keeps its own name, lowered."""
     if device.type != "cuda":
-        return "cpu", f"CPU ({platform.processor() or platform.machine()}, {usable_cpus()} cores)"
+        return "cpu", f"CPU ({platform.processor() or platform.machine()}, {node_cpus()} cores)"
     name = torch.cuda.get_device_name(device)
     key = next((g.name for g in GPUS.values() if g.name != "cpu" and gpu_matches(g, name)), None)
     return key or name.lower().replace(" ", "-"), name
@@ -84,7 +84,7 @@ def measure_node(
     budget_s: float = 0.02,
 ) -> tuple[Profile, dict[str, str]]:
     """Every measurement of the plan but the collectives; returns the profile and what was left out, with why."""
-    cpus = usable_cpus()  # the cores the ranks may use (taskset -c 0: one), as the launcher binds them
+    cpus = node_cpus()  # the cores the node's ranks may use (taskset -c 0: one), not this bound rank's one
     threads = max(1, cpus // processes)
     if device.type == "cpu":
         torch.set_num_threads(threads)  # what a trial rank gets (sweeper.launchers.ranks)

@@ -48,6 +48,9 @@ def test_ranks_that_outnumber_the_cores_are_bound_one_core_each_round_robin(tmp_
         done = launch(task, nprocs=nprocs, timeout_s=120, workdir=folder, extra_env={"PYTHONPATH": str(ROOT)})
         assert done.returncodes == [0] * nprocs, done.log_tail(0)
         got = [(folder / "out" / f"cores{r}.txt").read_text() for r in range(nprocs)]
+        # a bound rank's own affinity is one core; the cores its node shares are the launcher's (issue 48:
+        # a profile of 4 ranks on 2 cores recorded cpus 1)
+        assert {(folder / "out" / f"node_cpus{r}.txt").read_text() for r in range(nprocs)} == {str(len(cores))}
         if bound:
             assert got == [str(cores[r % len(cores)]) for r in range(nprocs)]
         else:
