@@ -106,7 +106,7 @@ def show(
         for line in describe_file(path):
             typer.echo(for_terminal(line))
         return
-    from sweeper.profiles.profile import cache_dir
+    from sweeper.profiles.cache import cache_dir
     from sweeper.search.learned import learned_dir
 
     found = sorted(cache_dir().glob("*.profile.yaml")) + sorted(learned_dir().glob("*.yaml"))
@@ -134,7 +134,7 @@ def forget(
 ) -> None:
     """Delete cached profiles: one file, a GPU's measured profile (--gpu), every measured profile, or
     learned ones (--learned)."""
-    from sweeper.profiles.profile import cache_dir, cached_profile_path
+    from sweeper.profiles.cache import cache_dir, cached_profile_path
 
     if path is not None and gpu is not None:
         raise SweepError("give a profile file or --gpu, not both")
@@ -174,7 +174,8 @@ def cached_file(path: Path, named: str) -> Path:
     link, not a folder) directly in the cache folder, named <gpu>.profile.yaml, that reads as a
     measured profile. Anything else is refused in one line, and nothing is deleted."""
     from sweeper.files import FileRefused
-    from sweeper.profiles.profile import MEASURED, ProfileError, cache_dir, deletable, load_profile
+    from sweeper.profiles.cache import cache_dir, deletable
+    from sweeper.profiles.profile import MEASURED, ProfileError, load_profile
 
     folder = cache_dir()
     where = f"{named}: nothing deleted"

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sweeper.profiles.lookup import Lookup, traffic
+from sweeper.profiles.lookup import Lookup
+from sweeper.profiles.profile import traffic
 
 
 def steps(op: str, ranks: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ from functools import cached_property
 import numpy as np
 from numpy.typing import ArrayLike
 
-from sweeper.profiles.profile import CollectivePoint, Profile
+from sweeper.profiles.profile import CollectivePoint, Profile, traffic
 
 
 @dataclass(frozen=True)
@@ -235,17 +235,6 @@ class Lookup:
 def attention_flops(batch: float, heads: float, head_dim: float, seq: float) -> float:
     """Forward FLOPs of attention's two matmuls (QK^T and PV), all s x s scores counted."""
     return 4.0 * batch * heads * seq * seq * head_dim
-
-
-def traffic(op: str, ranks: np.ndarray) -> np.ndarray:
-    """Bytes on the bus per byte of the buffer (nccl-tests' busbw factors): an all-reduce moves
-    2(n-1)/n of it, an all-gather, reduce-scatter or all-to-all (n-1)/n, a send or a broadcast all of it."""
-    n = np.maximum(ranks, 1.0)
-    if op == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if op in ("send_recv", "broadcast"):
-        return np.ones_like(n)
-    return (n - 1) / n
 
 
 @dataclass(frozen=True)

@@ -9,21 +9,20 @@ size. `sweeper.estimate.profiled` prices a layout from these tables (interpolate
 
 The top level's `schema:` and `kind:` say how to read the rest: `kind: measured` is this file;
 `kind: learned` (what a finished sweep taught) is `sweeper.search.learned`'s. Both live in one
-cache folder per user (`cache_dir`).
+cache folder per user (`sweeper.profiles.cache`).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, ValidationInfo, model_validator
 
 from sweeper.errors import SweepError
-from sweeper.files import FileRefused, atomic_write_text, check_owned, parse_yaml, read_limited
+from sweeper.files import FileRefused, atomic_write_text, parse_yaml, read_limited
 
 SCHEMA = 1
 MEASURED = "measured"
@@ -116,10 +115,29 @@ class BlockPoint(_Row):
     seconds: Seconds
 
 
+def traffic(op: str, ranks: np.ndarray) -> np.ndarray:
+    """Bytes on the bus per byte of the buffer (nccl-tests' busbw factors): an all-reduce moves
+    2(n-1)/n of it, an all-gather, reduce-scatter or all-to-all (n-1)/n, a send or a broadcast all of it."""
+    n = np.maximum(ranks, 1.0)
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("send_recv", "broadcast"):
+        return np.ones_like(n)
+    return (n - 1) / n
+
+
+# the slowest collective a profile may hold: a bus that moves a buffer at under 1 MB/s (below a
+# 10 Mbit/s line) after waiting over a second for its first byte is no interconnect a job trains on;
+# a reading below it (a bandwidth of 1e-300) prices every layout that communicates at nothing
+BUS_FLOOR_BYTES_S = 1e6
+LATENCY_CEILING_S = 1.0
+
+
 class CollectivePoint(_Row):
     """One collective over `ranks` processes (`scope`: within a node or across two) of a `bytes` buffer;
     across nodes, `per_node` of each node's ranks take part (they share the node's link), and
-    `algorithm` is how the backend ran it (gloo: a flat ring over the ranks in order)."""
+    `algorithm` is how the backend ran it (gloo: a flat ring over the ranks in order). `seconds` and
+    the time `busbw_gbps` implies stay above the physical floor (BUS_FLOOR_BYTES_S, LATENCY_CEILING_S)."""
 
     op: CollectiveOp
     scope: Scope
@@ -129,6 +147,20 @@ class CollectivePoint(_Row):
     bytes: Count
     seconds: Seconds
     busbw_gbps: Annotated[float, Strict(), Field(gt=0, lt=1e6)]  # GB/s: no bus moves a petabyte a second
+
+    @model_validator(mode="after")
+    def _above_the_floor(self) -> CollectivePoint:
+        on_bus = float(traffic(self.op, np.array(float(self.ranks)))) * self.bytes
+        slowest = LATENCY_CEILING_S + on_bus / BUS_FLOOR_BYTES_S
+        implied = on_bus / (self.busbw_gbps * 1e9)
+        for what, s in (("seconds", self.seconds), (f"busbw_gbps {self.busbw_gbps:.3g} GB/s", implied)):
+            if s > slowest:
+                raise ValueError(
+                    f"{what}: {self.op} of {self.bytes:,} bytes over {self.ranks} ranks in {s:.3g} s, slower than "
+                    f"any interconnect; allowed: at most {LATENCY_CEILING_S:g} s of latency, then "
+                    f"{BUS_FLOOR_BYTES_S / 1e6:g} MB/s or faster ({slowest:.3g} s)"
+                )
+        return self
 
 
 HOST_STEP_BOUNDS = (0.25, 4.0)  # a whole step against its priced parts: beyond these, not the host's doing
@@ -298,76 +330,51 @@ class Profile(_Row):
             object.__setattr__(self, name, tuple(rows))
         return self
 
+    @model_validator(mode="after")
+    def _one_measurement(self, info: ValidationInfo) -> Profile:
+        """In a file: its numbers as one run of `sweep profile` writes them, or one line naming the
+        field that contradicts the rest (an edit that makes a 2-rank profile claim 64 processes
+        multiplies every CPU layout's predicted MFU)."""
+        if info.context and info.context.get("from_file"):
+            wrong = self._contradiction()
+            if wrong is not None:
+                raise ValueError(wrong)
+        return self
+
+    def _contradiction(self) -> str | None:
+        """What `sweeper.runtime.profile_run` never writes: collectives within a node over other than
+        all its ranks, or across nodes over other than `per_node` of each; `processes` other than the
+        ranks that shared a node's cores (every node's, on namespaces of one machine); a CPU rank's
+        `threads` other than its share of the cores; reference steps where ranks never outnumbered them."""
+        within = sorted({c.ranks for c in self.collectives if c.scope == "intra"})
+        across = [c for c in self.collectives if c.scope == "inter"]
+        if len(within) > 1:
+            return f"collectives: within a node over {within} ranks; a profile measures them over all its ranks, once"
+        if (across or self.shared_host) and self.nodes < 2:
+            return "nodes: 1, but collectives across nodes or shared_host: true; allowed: nodes of 2 or more"
+        for c in across:
+            if c.ranks != self.nodes * (c.per_node or c.ranks // self.nodes):
+                return (
+                    f"collectives: {c.op} across {self.nodes} nodes over {c.ranks} ranks with per_node {c.per_node}; "
+                    f"allowed: {self.nodes} x per_node ranks"
+                )
+        node = within[0] if within else max((c.per_node or c.ranks // self.nodes for c in across), default=None)
+        expected = None if node is None else node * (self.nodes if self.shared_host else 1)
+        if expected is not None and self.processes != expected:
+            where = f"{node} ranks a node{' of a shared host' if self.shared_host else ''}"
+            return f"processes: {self.processes}, but its collectives ran on {where}; allowed: {expected}"
+        if self.gpu == "cpu" and self.threads != max(1, self.cpus // self.processes):
+            return (
+                f"threads: {self.threads} per process, but {self.processes} processes share {self.cpus} cores; "
+                f"allowed: {max(1, self.cpus // self.processes)}"
+            )
+        if self.reference_steps and not (self.gpu == "cpu" and self.processes > self.cpus):
+            here = f"{self.processes} processes on {self.cpus} cores" if self.gpu == "cpu" else f"gpu {self.gpu}"
+            return f"reference_steps: measured only on CPU ranks that outnumber the cores, here {here}"
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
-
-
-def cache_dir(env: Mapping[str, str] | None = None) -> Path:
-    """`${XDG_CACHE_HOME:-~/.cache}/sweep/profiles/`: measured profiles, and learned ones in `learned/`."""
-    env = os.environ if env is None else env
-    base = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
-    return Path(base) / "sweep" / "profiles"
-
-
-def check_cached(path: Path) -> None:
-    """Refuse a cached profile (measured or learned) that another user owns or others may write, or
-    that sits in such a folder of the cache: whoever can write it steers every sweep of this user.
-    A FileRefused line says how to make it the user's own."""
-    top = cache_dir().parent  # <cache>/sweep: the folders below it are the tool's
-    folders = [f for f in path.parents if f == top or top in f.parents]
-    for p in [path, *folders]:
-        if p.exists() or p.is_symlink():
-            fix = (
-                f"remove it (`rm {p}`) and measure again with `sweep profile`"
-                if p == path
-                else f"use a cache folder of your own (XDG_CACHE_HOME) or have {p} removed"
-            )
-            check_owned(p, fix=fix)
-
-
-def deletable(path: Path, folder: Path, kind: str) -> Path:
-    """`path` checked before `forget` deletes it: a regular file (not a link) of the user's, directly
-    in `folder` of the cache, reached through no link from `<cache>/sweep` down (a linked folder is
-    someone's elsewhere), whose `kind:` is `kind` (a file the tool wrote). Else one FileRefused line."""
-    import stat
-
-    top = cache_dir().parent
-    folder = Path(os.path.abspath(folder))
-    for f in [folder, *folder.parents]:
-        if f != top and top not in f.parents:
-            break
-        try:
-            st = f.lstat()
-        except OSError as e:
-            raise FileRefused(f"{f}: {e.strerror or e}; nothing deleted") from None
-        if not stat.S_ISDIR(st.st_mode):
-            what = "a link" if stat.S_ISLNK(st.st_mode) else "not a folder"
-            raise FileRefused(f"{f}: {what}, not the cache's own folder; `forget` deletes nothing through it")
-        if st.st_uid != os.geteuid():
-            raise FileRefused(f"{f}: owned by user {st.st_uid}, not you; `forget` deletes nothing in it")
-    path = Path(os.path.abspath(path))
-    try:
-        st = path.lstat()
-    except OSError as e:
-        raise FileRefused(f"{path}: {e.strerror or e}; nothing deleted") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise FileRefused(f"{path}: not a regular file (a link or a folder); `forget` deletes cached profiles only")
-    if path.parent != folder:
-        raise FileRefused(f"{path}: not in the cache folder {folder}; `forget` deletes cached profiles only")
-    if st.st_uid != os.geteuid():
-        raise FileRefused(f"{path}: owned by user {st.st_uid}, not you; nothing deleted")
-    try:
-        found = read_header(path).get("kind", MEASURED)
-    except ProfileError as e:
-        raise FileRefused(f"not a {kind} profile ({e}); nothing deleted") from None
-    if found != kind:
-        raise FileRefused(f"{path}: a {found} profile, not a {kind} one; nothing deleted")
-    return path
-
-
-def cached_profile_path(gpu: str, env: Mapping[str, str] | None = None) -> Path:
-    """Where `sweep profile` keeps the measured profile of a GPU table key, and where the model finds it."""
-    return cache_dir(env) / f"{gpu}.profile.yaml"
 
 
 def save_profile(profile: Profile, path: Path) -> None:

@@ -41,7 +41,8 @@ from sweeper.estimate.shapes import (
 )
 from sweeper.launchers.netns import LocalNodes, existing, link_description, local_nodes, refuse_another_link
 from sweeper.process import alive
-from sweeper.profiles.profile import Profile, cache_dir, cached_profile_path, save_profile
+from sweeper.profiles.cache import cache_dir, cached_profile_path
+from sweeper.profiles.profile import Profile, save_profile
 from sweeper.run.reference_step import TrialRunner, measure_reference, wants_reference
 
 if TYPE_CHECKING:

@@ -17,8 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from sweeper.profiles.lookup import traffic
-from sweeper.profiles.profile import BlockPoint, CollectivePoint
+from sweeper.profiles.profile import BlockPoint, CollectivePoint, traffic
 from sweeper.spec.models import ModelShape
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all", "broadcast")

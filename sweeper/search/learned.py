@@ -54,7 +54,8 @@ from sweeper.estimate.memfit import SCALE_BOUNDS as MEMORY_SCALE_BOUNDS
 from sweeper.estimate.memfit import MemoryFit
 from sweeper.estimate.step_time import Calibration
 from sweeper.files import FileRefused, atomic_write_text, parse_yaml, read_limited
-from sweeper.profiles.profile import LEARNED, cache_dir, check_cached
+from sweeper.profiles.cache import cache_dir, check_cached
+from sweeper.profiles.profile import LEARNED
 from sweeper.search.prior import EFFECT_BOUND, EffectKey, LearnedEffect, Prior
 from sweeper.spec.hardware import GIB
 from sweeper.spec.sweep import Sweep

@@ -153,7 +153,7 @@ def _layout_text(plan: Plan, row: int) -> str:
 def forget(key: LearnedKey | None = None) -> tuple[list[Path], list[str]]:
     """Remove the learned profile of `key` (every learned profile when None): the files removed, and
     a line for each file kept (not a regular learned profile of the user's in the real cache folder)."""
-    from sweeper.profiles.profile import deletable
+    from sweeper.profiles.cache import deletable
 
     folder = learned_dir()
     paths = [key.path] if key is not None else sorted(folder.glob("*.yaml")) if folder.is_dir() else []

@@ -14,8 +14,9 @@ from sweeper.errors import SpecError
 from sweeper.files import FileRefused, SweepYamlLoader, parse_yaml, read_limited
 from sweeper.knobs import KNOBS
 from sweeper.layouts.layout import DECIDED_ALONE, unusable
+from sweeper.profiles.cache import cached_profile_path, check_cached
 from sweeper.profiles.lookup import MeasuredProfile
-from sweeper.profiles.profile import ProfileError, cached_profile_path, check_cached, load_profile
+from sweeper.profiles.profile import ProfileError, load_profile
 from sweeper.spec.checks import check_layout_count
 from sweeper.spec.hardware import alias_of
 from sweeper.spec.hf_config import ModelFile, read_config, resolve

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from sweeper.errors import SpecError
-from sweeper.profiles.profile import cached_profile_path, save_profile
+from sweeper.profiles.cache import cached_profile_path
+from sweeper.profiles.profile import save_profile
 from sweeper.spec.loader import parse_sweep
 from tests.conftest import base_spec, cli_env, sweep_cli
 from tests.profiles.test_profile import synthetic_profile

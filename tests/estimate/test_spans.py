@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from sweeper.estimate.spans import collective_by_span, fit_alpha_beta, path, span, steps
-from sweeper.profiles.lookup import Lookup, traffic
-from sweeper.profiles.profile import CollectivePoint
+from sweeper.profiles.lookup import Lookup
+from sweeper.profiles.profile import CollectivePoint, traffic
 from tests.profiles.test_profile import synthetic_profile
 
 ALPHA, LINK = 50e-6, 100e6  # a link's per-step latency and bytes per second, per node's share

@@ -158,7 +158,7 @@ def test_forget_learned_deletes_nothing_through_a_linked_folder(tmp_path: Path, 
     assert "a link, not the cache's own folder; `forget` deletes nothing through it" in r.stderr
     # and the refusal to read through it names no `chmod` (which would change the link's target)
     from sweeper.files import FileRefused
-    from sweeper.profiles.profile import check_cached
+    from sweeper.profiles.cache import check_cached
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     with pytest.raises(FileRefused) as info:
@@ -186,7 +186,7 @@ def test_forget_learned_keeps_what_is_not_a_learned_profile_of_the_user(tmp_path
 
 
 def test_forget_a_measured_profile_deletes_nothing_through_a_linked_folder(tmp_path: Path):
-    from sweeper.profiles.profile import cached_profile_path
+    from sweeper.profiles.cache import cached_profile_path
 
     cache = tmp_path / "cache"
     team = tmp_path / "team"

@@ -211,7 +211,8 @@ def test_profile_show_on_a_device_or_a_sparse_file_is_one_line(tmp_path):
 
 
 def test_a_cached_profile_others_may_write_is_refused(tmp_path, monkeypatch):
-    from sweeper.profiles.profile import cached_profile_path, save_profile
+    from sweeper.profiles.cache import cached_profile_path
+    from sweeper.profiles.profile import save_profile
     from tests.profiles.test_profile import synthetic_profile, tiny_sweep
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

@@ -18,6 +18,7 @@ from sweeper.estimate.predict import predict
 from sweeper.estimate.profiled import BLOCK_TENSORS, END_TENSORS
 from sweeper.estimate.shapes import DEFAULT_CPU, block_gemms, elementwise_sizes
 from sweeper.layouts.layout import Layout
+from sweeper.profiles.cache import cache_dir, cached_profile_path
 from sweeper.profiles.lookup import Lookup
 from sweeper.profiles.profile import (
     DP_WRAPPER_DEPTHS,
@@ -32,8 +33,6 @@ from sweeper.profiles.profile import (
     ProfileError,
     ReferenceStep,
     Versions,
-    cache_dir,
-    cached_profile_path,
     host_costs,
     load_profile,
     save_profile,
@@ -254,7 +253,9 @@ def test_the_data_parallel_wrappers_cost_what_the_profile_measured(tmp_path):
     per_block = {"ddp": 1e-3, "replicate": 3e-3, "replicate_sync": 5e-3, "fsdp": 7e-3}
     per_model = {"ddp": 2e-3, "replicate": 4e-3, "replicate_sync": 6e-3, "fsdp": 9e-3}
     # measured on 4 ranks of 4 cores (on fewer, a pipeline would be priced by its busiest core: `core_share`)
-    plain = synthetic_profile().model_copy(update={"processes": 4, "cpus": 4})
+    base = synthetic_profile()
+    four = tuple(c.model_copy(update={"ranks": 4}) for c in base.collectives)  # its collectives over the 4 ranks
+    plain = base.model_copy(update={"processes": 4, "cpus": 4, "collectives": four})
     wrapped = plain.model_copy(update={"block": plain.block + wrapped_points(per_block, per_model)})
     save_profile(plain, tmp_path / "plain.yaml")
     save_profile(wrapped, tmp_path / "wrapped.yaml")
@@ -335,7 +336,7 @@ def test_host_costs_part_a_steps_waits_from_a_block_pass(tmp_path):
 
 
 def test_reference_steps_add_what_whole_steps_took_beyond_their_parts(tmp_path):
-    plain = synthetic_profile()
+    plain = synthetic_profile().model_copy(update={"cpus": 1})  # 2 ranks on 1 core: where they are measured
     refs = (reference(1, 0.07), reference(3, 0.11))  # 0.05 s a step, 10 ms a block pass
     save_profile(plain, tmp_path / "plain.yaml")
     save_profile(plain.model_copy(update={"reference_steps": refs}), tmp_path / "ref.yaml")
@@ -349,9 +350,13 @@ def test_reference_steps_add_what_whole_steps_took_beyond_their_parts(tmp_path):
         cols = Layout.from_mapping(knobs).columns(with_)
         a, b = predict(cols, without), predict(cols, with_)
         added = 0.05 + 0.01 * passes
-        assert b.parts["framework"][0] == pytest.approx(a.parts["framework"][0] + added)
-        assert all(b.parts[k][0] == pytest.approx(a.parts[k][0]) for k in a.parts if k not in ("framework", "bubble"))
-        assert b.total[0] >= a.total[0] + added - 1e-12
+        # a pipeline's work is paced by its busiest core, which the passes' waits move a little
+        # (by 1 % here); data parallelism's ranks all do the same
+        rel = 1e-12 if knobs["pp"] == 1 else 1e-2
+        assert b.parts["framework"][0] == pytest.approx(a.parts["framework"][0] + added, rel=rel)
+        others = [k for k in a.parts if k not in ("framework", "bubble")]
+        assert all(b.parts[k][0] == pytest.approx(a.parts[k][0], rel=rel) for k in others)
+        assert b.total[0] >= a.total[0] + added * (1 - rel)
     text = "\n".join(describe(load_profile(tmp_path / "ref.yaml"), tmp_path / "ref.yaml"))
     assert "added to every step: 0.05 s, and 10 ms a block pass" in text
     assert (
@@ -436,3 +441,70 @@ def test_rows_of_one_shape_that_contradict_each_other_are_refused_in_one_line(tm
     message = str(info.value)
     assert "gemm: 2 rows of one shape ('fp32'," in message and "over 2x apart; keep one row per shape" in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        # a 2-rank profile claiming 64 processes on 1 core multiplied predicted MFU 3.5-5x
+        ({"processes": 64, "cpus": 1}, "processes: 64, but its collectives ran on 2 ranks a node; allowed: 2"),
+        ({"cpus": 8}, "threads: 1 per process, but 2 processes share 8 cores; allowed: 4"),
+        # a host's waits, on ranks that each had a core of their own, predicted 0.0 % everywhere
+        (
+            {"reference_steps": [{"layout": "x", "passes": 2, "measured_s": 3999.0, "predicted_s": 1000.0}]},
+            "reference_steps: measured only on CPU ranks that outnumber the cores, here 2 processes on 2 cores",
+        ),
+        (
+            {"nodes": 1, "shared_host": True},
+            "nodes: 1, but collectives across nodes or shared_host: true; allowed: nodes of 2 or more",
+        ),
+    ],
+)
+def test_a_profile_whose_numbers_contradict_each_other_is_refused_in_one_line(tmp_path, edit, words):
+    """Issue 48: numbers each within bounds that no run of `sweep profile` writes together."""
+    data = synthetic_profile().to_dict() | edit
+    bad = tmp_path / "bad.profile.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError) as e:
+        load_profile(bad)
+    assert f"{bad}: profile: {words}" == str(e.value)
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump(dict(TINY, cluster={**TINY["cluster"], "profile": str(bad)})))
+    r = sweep_cli("run", str(spec), "--dry-run", cwd=tmp_path)
+    assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_collectives_of_other_ranks_or_below_any_interconnect_are_refused(tmp_path):
+    base = synthetic_profile().to_dict()
+    rows = base["collectives"]
+    cases = {
+        # within a node over two rank counts: a profile measures them once, over all its ranks
+        "mixed": [rows[0], dict(rows[1], ranks=4)],
+        # across 2 nodes, 1 of each node's ranks: a group of 2, not 3
+        "odd": [dict(rows[0], scope="inter", ranks=3, per_node=1)],
+        # a bus bandwidth of 1e-300 GB/s priced every layout that communicates at 0.0 % MFU
+        "slow": [dict(rows[0], busbw_gbps=1e-300)],
+        "stuck": [dict(rows[0], seconds=3600.0)],
+    }
+    said = {}
+    for name, collectives in cases.items():
+        path = tmp_path / f"{name}.yaml"
+        nodes = {"nodes": 2, "processes": 2} if name == "odd" else {}
+        path.write_text(yaml.safe_dump(base | nodes | {"collectives": collectives}))
+        with pytest.raises(ProfileError) as e:
+            load_profile(path)
+        said[name] = str(e.value).removeprefix(f"{path}: ")
+        assert "\n" not in said[name]
+    assert (
+        said["mixed"]
+        == "profile: collectives: within a node over [2, 4] ranks; a profile measures them over all its ranks, once"
+    )
+    op = rows[0]["op"]
+    assert (
+        said["odd"]
+        == f"profile: collectives: {op} across 2 nodes over 3 ranks with per_node 1; allowed: 2 x per_node ranks"
+    )
+    floor = "slower than any interconnect; allowed: at most 1 s of latency, then 1 MB/s or faster (1 s)"
+    assert said["slow"].startswith(f"collectives.0: busbw_gbps 1e-300 GB/s: {op} of 4,096 bytes over 2 ranks in ")
+    assert said["slow"].endswith(floor)
+    assert said["stuck"] == f"collectives.0: seconds: {op} of 4,096 bytes over 2 ranks in 3.6e+03 s, {floor}"

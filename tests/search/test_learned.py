@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from sweeper.cli.profile import profile_app
 from sweeper.errors import SpecError
 from sweeper.estimate.step_time import Calibration
-from sweeper.profiles.profile import cache_dir
+from sweeper.profiles.cache import cache_dir
 from sweeper.results.identity import sweep_identity
 from sweeper.search.learned import (
     MAX_LEARNED_BYTES,
