@@ -41,6 +41,10 @@ Scope = Literal["intra", "inter"]
 Count = Annotated[int, Strict(), Field(ge=1, lt=10**15)]
 Seconds = Annotated[float, Strict(), Field(gt=0, lt=1e6)]
 MaybeSeconds = Annotated[float, Strict(), Field(ge=0, lt=1e6)]  # a part that may do nothing (adamw's backward)
+# a name a measurement writes (a device, a host, a version, a knob): no run writes a longer one, and a
+# file's longer text would print as a page on every dry run; a path, at most the system's PATH_MAX
+Name = Annotated[str, Field(max_length=200)]
+PathText = Annotated[str, Field(max_length=4096)]
 
 
 class ProfileError(SweepError):
@@ -54,12 +58,12 @@ class _Row(BaseModel):
 class Versions(_Row):
     """What the numbers were measured with (None: not there, e.g. CUDA on a CPU node)."""
 
-    python: str
-    torch: str
-    cuda: str | None = None
-    nccl: str | None = None
-    driver: str | None = None
-    backend: str = Field(description="the collectives' backend: nccl or gloo")
+    python: Name
+    torch: Name
+    cuda: Name | None = None
+    nccl: Name | None = None
+    driver: Name | None = None
+    backend: Name = Field(description="the collectives' backend: nccl or gloo")
 
 
 class GemmPoint(_Row):
@@ -76,7 +80,7 @@ class GemmPoint(_Row):
 class AttentionPoint(_Row):
     """One causal attention call of `kernel` on (batch, heads, seq, head_dim) queries: forward and backward."""
 
-    kernel: str
+    kernel: Name
     batch: Count
     heads: Count
     kv_heads: Count
@@ -109,8 +113,8 @@ class BlockPoint(_Row):
     the profile's base values (`Profile.block_base`). A knob of `DP_WRAPPERS`: the tiny model of
     `value` blocks under that wrapper."""
 
-    knob: str
-    value: str
+    knob: Name
+    value: Name
     rows: Count
     seconds: Seconds
 
@@ -172,7 +176,7 @@ class ReferenceStep(_Row):
     beside what the rest of the profile prices them at: on ranks that share cores, a whole step takes
     longer than its separately measured parts add up to, by `gap_s`."""
 
-    layout: Annotated[str, Field(max_length=200)]
+    layout: Name
     passes: Annotated[int, Strict(), Field(ge=1, le=1_000_000)]
     measured_s: Seconds
     predicted_s: Seconds
@@ -257,12 +261,12 @@ class Profile(_Row):
 
     schema_: Literal[1] = Field(alias="schema")
     kind: Literal["measured"] = "measured"
-    gpu: str = Field(description="the GPU table's key of the device (sweeper.spec.hardware.GPUS)")
-    device: str = Field(description="the device's own name (torch.cuda.get_device_name, or the CPU's)")
-    host: str
-    measured_at: str = Field(description="ISO 8601, UTC")
+    gpu: Name = Field(description="the GPU table's key of the device (sweeper.spec.hardware.GPUS)")
+    device: Name = Field(description="the device's own name (torch.cuda.get_device_name, or the CPU's)")
+    host: Name
+    measured_at: Name = Field(description="ISO 8601, UTC")
     versions: Versions
-    shapes_from: str = Field(description="the sweep file whose shapes were measured, or 'default'")
+    shapes_from: PathText = Field(description="the sweep file whose shapes were measured, or 'default'")
     processes: Annotated[int, Strict(), Field(ge=1, le=100_000)] = Field(
         description="processes that shared the cores while the compute was measured"
     )
@@ -272,13 +276,11 @@ class Profile(_Row):
     shared_host: Annotated[bool, Strict()] = Field(
         default=False, description="the nodes were namespaces of one machine: their ranks shared its cores"
     )
-    link: Annotated[str, Field(max_length=200)] | None = Field(
-        default=None, description="the link between the nodes, as measured or shaped"
-    )
+    link: Name | None = Field(default=None, description="the link between the nodes, as measured or shaped")
     cpus: Annotated[int, Strict(), Field(ge=1, le=1_000_000)] = Field(description="the node's CPU cores")
     threads: Annotated[int, Strict(), Field(ge=1, le=1_000_000)] = Field(description="threads per process (CPU)")
     launch_s: MaybeSeconds = Field(description="host time of one small eager op, forward and backward")
-    block_base: dict[str, str] = Field(default_factory=dict)
+    block_base: Annotated[dict[Name, Name], Field(max_length=64)] = Field(default_factory=dict)
     gemm: tuple[GemmPoint, ...] = ()
     attention: tuple[AttentionPoint, ...] = ()
     elementwise: tuple[ElementwisePoint, ...] = ()

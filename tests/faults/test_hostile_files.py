@@ -180,6 +180,12 @@ def _first(d: dict, table: str, **change) -> None:
         (lambda d: _first(d, "gemm", m=True), "gemm.0.m: Input should be a valid integer"),
         (lambda d: _first(d, "gemm", m=16.0), "gemm.0.m: Input should be a valid integer"),
         (lambda d: d.update(processes="2"), "processes: Input should be a valid integer"),
+        # a name no measurement writes, printed on every dry run's profile line (issue 48)
+        (lambda d: d.update(device="x" * 100_000), "device: String should have at most 200 characters"),
+        (
+            lambda d: d.update(block_base={f"k{i}": "v" for i in range(1000)}),
+            "block_base: Dictionary should have at most 64 items",
+        ),
     ],
 )
 def test_an_impossible_profile_number_is_one_line(tmp_path, edit, words):
