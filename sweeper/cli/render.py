@@ -69,9 +69,10 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     """Candidates (knobs that vary, dp, grad_accum, predicted GiB and share of the card), then a summary."""
     console = console or make_console()
     sweep = plan.sweep
-    frame = plan.to_frame()
+    cols = plan.columns()
     # best predicted first: the order in which the default search starts
-    cands = frame[frame.status == PlanStatus.CANDIDATE].sort_values("pred_mfu", ascending=False, kind="stable")
+    cands = np.flatnonzero(cols["status"] == PlanStatus.CANDIDATE)
+    cands = cands[np.argsort(-cols["pred_mfu"][cands], kind="stable")]
     varying = [k for k, knob in KNOBS.items() if len(sweep.space[k]) > 1 or knob.always_shown]
     gpu = sweep.cluster.gpu
 
@@ -90,9 +91,9 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
     table.add_column("GiB/GPU", justify="right")
     table.add_column(f"of {gpu.memory_gib:g}", justify="right")
     table.add_column("pred MFU", justify="right")
-    shown = cands if limit <= 0 else cands.head(limit)
-    for row in shown.itertuples(index=False):
-        r = row._asdict()
+    shown = cands if limit <= 0 else cands[:limit]
+    for i in shown:
+        r = {name: values[i] for name, values in cols.items()}
         cells = [str(r["nodes"])] if several else []
         cells += [_fmt(r[k]) for k in varying[:3]] + [str(r["dp"]), str(r["grad_accum"])]
         cells += [_fmt(r[k]) for k in varying[3:]]
@@ -106,7 +107,7 @@ def print_plan(plan: Plan, *, limit: int = 40, console: Console | None = None) -
         table.add_row(*cells)
     if len(cands):
         console.print(table)
-        print_float8_note(console, shown["float8"].tolist(), "pred MFU")
+        print_float8_note(console, cols["float8"][shown].tolist(), "pred MFU")
     if len(shown) < len(cands):
         console.print(
             f"[dim]… {len(cands) - len(shown)} more candidates (--limit 0 shows all; --out writes the plan)[/]"
