@@ -248,16 +248,19 @@ def measure_startup(tree: Path) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="dry-run-") as tmp:
         env["XDG_CACHE_HOME"] = tmp
         spec = tree / "search_spaces" / "tiny_cpu.yaml"
-        result["dry_run_cpu_s"] = _cpu_of([sys.executable, "-m", "sweeper.cli", "run", str(spec), "--dry-run"], env)
+        # run from the temporary folder: `python -m` puts the working folder first on sys.path, ahead of
+        # PYTHONPATH, so from this checkout every tree's dry run would import this checkout's package
+        cmd = [sys.executable, "-m", "sweeper.cli", "run", str(spec), "--dry-run"]
+        result["dry_run_cpu_s"] = _cpu_of(cmd, env, cwd=Path(tmp))
     return result
 
 
-def _cpu_of(cmd: list[str], env: dict[str, str]) -> float:
+def _cpu_of(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> float:
     """CPU seconds (user + system) of `cmd`, read from the kernel's record of the reaped child."""
     import resource
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(f"{' '.join(cmd[2:])} exited {done.returncode}: {done.stdout.strip().splitlines()[-1:]}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -273,6 +276,10 @@ def startup_main(rounds: int, before: str | None) -> None:
             old = Path(tmp) / "ref"
             subprocess.run(["git", "-C", str(root), "worktree", "add", "-q", "--detach", str(old), before], check=True)
             trees = {before: old, **trees}
+        for (
+            tree
+        ) in trees.values():  # both trees read compiled modules (the runs write none): no tree pays the compiling
+            subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "sweeper")], check=True)
         try:
             runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
             for i in range(rounds):
