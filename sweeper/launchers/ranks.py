@@ -138,8 +138,9 @@ def launch(
     # the namespaces of local nodes share this machine's cores: every rank of every node counts
     here = nprocs * (nodes.nodes if nodes else 1)
     # threads sized by the cores the ranks are bound to (the affinity), as the profile counts them
-    base.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // here)))
-    base[NODE_CPUS_VAR] = str(usable_cpus())  # what a bound rank cannot see: the cores it shares (a profile's cpus)
+    cpus = usable_cpus()
+    base.setdefault("OMP_NUM_THREADS", str(max(1, cpus // here)))
+    base[NODE_CPUS_VAR] = str(cpus)  # what a bound rank cannot see: the cores it shares (a profile's cpus)
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     watch = OomWatch()  # before the first rank: the kernel log is read from here on
     zygote: Zygote | None = None
