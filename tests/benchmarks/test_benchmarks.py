@@ -127,6 +127,25 @@ def test_nodes_cost_quick(tmp_path: Path) -> None:
     assert 0 < trials < every and share == round(100 * trials / every)
 
 
+@pytest.mark.slow
+def test_sizes_tables_quick(tmp_path: Path) -> None:
+    table_code = ROOT.parent / "shared" / "checks" / "_sizes_table.py"
+    if not table_code.exists():
+        missing_reference(table_code, "the measured-sizes check's table code this benchmark replays")
+    out = run_benchmark(tmp_path, "sizes_tables.py", "--quick")
+    held, n, doubt, n_doubt, time_gap, cost_gap, trials = line(
+        out,
+        rf"sizes_tables: the check's bar holds on {INT}/{INT} tables; the best by cost is a layout the plan holds "
+        rf"in doubt on {INT}/{INT}; mean gap by time {NUM} %, by cost {NUM} %; {INT} trials",
+    )
+    assert float(time_gap) >= 0 and float(cost_gap) >= -0.05  # the truth's best is the best (-0.0: rounding)
+    # the check's default table, on which its bar must hold (a replay: the same trials every run)
+    assert int(n) == int(n_doubt) == 1 and int(held) == 1 and int(doubt) <= 1
+    assert 4 <= int(trials) <= 24  # the check's budget: 24 trials, at least one size's confirmations
+    table = out.splitlines()
+    assert table[0].split()[:4] == ["seed", "eff", "time", "time"] and table[1].split()[:2] == ["0", "0.04"]
+
+
 SEARCH_LINES = {
     "tables": rf"default within 10% of the grid's trials on {INT}/{INT} tables; within 1% of the best MFU in 5 trials on {INT}/{INT}",
     "geomean": rf"geometric mean of trials to best, default / grid size {NUM}, default / random {NUM}",
