@@ -23,11 +23,13 @@ from sweeper.search.residual import PRIOR_SIGMA
 from sweeper.search.sizes import (
     bars,
     change_chance,
+    confirming,
     in_play,
     size_bounds,
     size_chance,
     sizes_out_of_play,
     trial_value,
+    trials_at,
 )
 
 if TYPE_CHECKING:
@@ -114,7 +116,10 @@ def _next_trial(plan: Plan, step: np.ndarray, tried: np.ndarray, free: np.ndarra
     measured = {int(i): float(step[i]) for i in np.flatnonzero(tried)}
     bounds = size_bounds(sweep, nodes, measured, untried, step[untried], sigma, step[untried])
     chance = change_chance(sweep, nodes[free], speed[free], np.full(free.size, PRIOR_SIGMA), bars(sweep, bounds.seen))
-    open_rows = in_play(sweep, nodes, free, sizes_out_of_play(sweep, bounds), size_chance(nodes[free], chance))
+    to_confirm = confirming(sweep, bounds.seen, trials_at(nodes[tried]))
+    open_rows = in_play(
+        sweep, nodes, free, sizes_out_of_play(sweep, bounds), size_chance(nodes[free], chance), to_confirm
+    )
     if not open_rows.size:
         return None
     pick = np.isin(free, open_rows)

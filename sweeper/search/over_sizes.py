@@ -14,11 +14,13 @@ from sweeper.search.residual import PRIOR_SIGMA, calibrate
 from sweeper.search.sizes import (
     bars,
     change_chance,
+    confirming,
     in_play,
     size_bounds,
     size_chance,
     sizes_out_of_play,
     trial_value,
+    trials_at,
     unconfirmed,
 )
 
@@ -73,7 +75,9 @@ def next_over_sizes(plan: Plan, rows: np.ndarray, belief: Belief, *, by_prior: b
         from_model = change_chance(sweep, nodes[unseen], work / b.elsewhere_s[unseen], prior, held)
         chance[unseen] = np.maximum(chance[unseen], from_model)
     may = np.isin(b.untried, rows)  # those the budget leaves
-    open_rows = in_play(sweep, plan.nodes, rows, left_out, size_chance(nodes[may], chance[may]))
+    # a size holding an answer on too few of its own trials is not settled (`confirming`)
+    to_confirm = confirming(sweep, bounds.seen, trials_at(plan.nodes[list(b.measured)]))
+    open_rows = in_play(sweep, plan.nodes, rows, left_out, size_chance(nodes[may], chance[may]), to_confirm)
     if not open_rows.size or by_prior:
         return SizeChoice(open_rows, left_out, settled=not open_rows.size)
     pick = np.isin(b.untried, open_rows)

@@ -21,8 +21,10 @@ A size gets no more trials when it cannot win (`sweeper.plan.sizes.out_of_play` 
 `size_bounds`: not the fastest, not the cheapest, not the cheapest within the deadline, or missing
 a limit, even at the top of its band; the search keeps its reason, `LayoutSearch.left_out`) or
 once it is settled within noise (`size_chance`: the chance that any of its untried layouts changes
-a served answer, as if independent, below `SETTLED`). When every size in play is settled, the
-search stops (`LayoutSearch.settled`).
+a served answer, as if independent, below `SETTLED`). A size that holds an answer on fewer than
+`CONFIRMATIONS` trials of its own is never settled (`confirming`): an answer is confirmed at its
+size before its trials stop. When every size in play is settled, the search stops
+(`LayoutSearch.settled`).
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ MARGIN = 0.03
 # A size is settled when no untried layout there has even this chance to change a served answer:
 # one trial in twenty; below it, the size's trials are better spent where the answer is in doubt.
 SETTLED = 0.05
+# A size that holds a served answer is not settled on fewer of its own trials that ran: its answer
+# rests on the residual's spread, which a few trials say little of. Without it, replayed sweeps of
+# the measured-sizes check's tables stopped settled at 18 of their 24 trials with `--by cost`
+# answered by 2 trials at its size (benchmarks/sizes_tables.py).
+CONFIRMATIONS = 4
 
 
 @dataclass(frozen=True)
@@ -121,17 +128,43 @@ def served(sweep: Sweep) -> tuple[Winner, ...]:
     return (Winner.time, Winner.cost) if priced else (Winner.time,)
 
 
-def bars(sweep: Sweep, seen: dict[int, float]) -> dict[Winner, float]:
-    """What each served answer holds now, as `sweep best` names it (`sweeper.plan.sizes.winner`): of
-    the sizes whose best measured run (`seen`, tokens/s) meets every limit, the best tokens/s (time)
-    or tokens/s per GPU (cost); 0 while no size's does (any trial that runs and meets them changes it)."""
+def answer_value(sweep: Sweep, by: Winner, nodes: int, tokens_per_s: float) -> float:
+    """What a run at `nodes` of `tokens_per_s` is worth to an answer: its tokens/s (`--by time`) or
+    its tokens/s per GPU (`--by cost`)."""
+    return tokens_per_s if by is Winner.time else tokens_per_s / (nodes * sweep.cluster.gpus_per_node)
+
+
+def holders(sweep: Sweep, seen: dict[int, float]) -> dict[Winner, tuple[int, float]]:
+    """Who holds each served answer now, as `sweep best` names it (`sweeper.plan.sizes.winner`): of
+    the sizes whose best measured run (`seen`, tokens/s) meets every limit, the one with the best
+    tokens/s (time) or tokens/s per GPU (cost), with that value; absent while no size's does."""
     gpn = sweep.cluster.gpus_per_node
     able = {n: s for n, s in seen.items() if s > 0 and not at_best(s, n * gpn, sweep.goal)}
     out = {}
     for by in served(sweep):
-        per = (lambda n: 1.0) if by is Winner.time else (lambda n: 1.0 / (n * gpn))
-        out[by] = max((s * per(n) for n, s in able.items()), default=0.0)
+        value = {n: answer_value(sweep, by, n, s) for n, s in able.items()}
+        if value:
+            n = max(value, key=lambda k: value[k])
+            out[by] = (n, value[n])
     return out
+
+
+def bars(sweep: Sweep, seen: dict[int, float]) -> dict[Winner, float]:
+    """What each served answer holds now (`holders`): the best tokens/s (time) or tokens/s per GPU
+    (cost); 0 while no size meets every limit (any trial that runs and meets them changes it)."""
+    held = holders(sweep, seen)
+    return {by: held[by][1] if by in held else 0.0 for by in served(sweep)}
+
+
+def confirming(sweep: Sweep, seen: dict[int, float], ran: dict[int, int]) -> set[int]:
+    """The sizes that hold a served answer (`holders`) on fewer than `CONFIRMATIONS` trials that ran
+    there (`ran`: node count -> trials that ran ok): not settled, whatever their chance (`in_play`)."""
+    return {n for n, _ in holders(sweep, seen).values() if ran.get(n, 0) < CONFIRMATIONS}
+
+
+def trials_at(nodes: np.ndarray) -> dict[int, int]:
+    """How many trials ran at each node count (`nodes`: one entry per trial that ran)."""
+    return {int(n): int(k) for n, k in zip(*np.unique(nodes, return_counts=True))}
 
 
 def limit_speed(sweep: Sweep, gpus: np.ndarray) -> np.ndarray:
@@ -188,17 +221,24 @@ def size_chance(nodes: np.ndarray, chance: np.ndarray) -> dict[int, float]:
 
 
 def in_play(
-    sweep: Sweep, nodes: np.ndarray, rows: np.ndarray, left_out: dict[int, str], chance: dict[int, float]
+    sweep: Sweep,
+    nodes: np.ndarray,
+    rows: np.ndarray,
+    left_out: dict[int, str],
+    chance: dict[int, float],
+    to_confirm: set[int] | None = None,
 ) -> np.ndarray:
     """The untried `rows` the next trial may be spent on: those of the sizes that can still win (not in
-    `left_out`) and are not settled (`size_chance` at least `SETTLED`); none when every such size is
-    settled (the answer is settled within noise). A sweep of one size, or every size left out: all."""
+    `left_out`) and are not settled (`size_chance` at least `SETTLED`, or holding an answer on too
+    few trials: `to_confirm`, from `confirming`); none when every such size is settled (the answer
+    is settled within noise). A sweep of one size, or every size left out: all."""
     if not sweep.several_sizes:
         return rows
     live = [n for n in sweep.node_counts if n not in left_out and bool((nodes[rows] == n).any())]
     if not live:  # every size left out: the rest, as one size's would be
         return rows
-    return rows[np.isin(nodes[rows], [n for n in live if chance.get(n, 0.0) >= SETTLED])]
+    keep = to_confirm or set()
+    return rows[np.isin(nodes[rows], [n for n in live if chance.get(n, 0.0) >= SETTLED or n in keep])]
 
 
 def trial_value(chance: np.ndarray, ok: np.ndarray, gpu_hours: np.ndarray) -> np.ndarray:

@@ -13,14 +13,18 @@ import yaml
 from sweeper.plan.plan import make_plan
 from sweeper.plan.sizes import Winner
 from sweeper.search.sizes import (
+    CONFIRMATIONS,
     MARGIN,
     SETTLED,
     bars,
     change_chance,
+    confirming,
+    holders,
     in_play,
     served,
     size_chance,
     trial_value,
+    trials_at,
 )
 from sweeper.spec.loader import parse_sweep
 from tests.conftest import base_spec
@@ -122,3 +126,48 @@ def test_a_search_whose_answer_is_settled_stops_and_one_in_doubt_goes_on(tmp_pat
     # what is left cannot beat either answer by more than noise: settled, nothing more is started
     assert search.choose() is None and search.settled and search.should_stop()
     assert sorted(search.untried()) == sorted(last)
+
+
+def test_a_size_holding_an_answer_on_fewer_than_four_trials_is_never_settled(tmp_path):
+    sweep = _sweep(tmp_path, goal={"tokens": 1.0e12, "gpu_hour_cost": 2.0})
+    seen = {8: 64_000.0, 16: 100_000.0}  # 16 nodes holds --by time, 8 nodes --by cost
+    assert holders(sweep, seen) == {Winner.time: (16, 100_000.0), Winner.cost: (8, 1000.0)}
+    assert trials_at(np.array([8, 16, 8])) == {8: 2, 16: 1}
+    assert confirming(sweep, seen, {8: 5, 16: 2}) == {16}
+    assert confirming(sweep, seen, {8: 2, 16: 2}) == {8, 16}
+    assert confirming(sweep, seen, {8: CONFIRMATIONS, 16: CONFIRMATIONS}) == set()
+    nodes, rows = np.array([8, 8, 16, 16]), np.arange(4)
+    settled = size_chance(nodes, np.full(4, 0.01))  # no layout left may change an answer by more than noise
+    assert in_play(sweep, nodes, rows, {}, settled).size == 0
+    # ... but 16 nodes holds its answer on two trials: its layouts stay in play, 8 nodes' do not
+    assert in_play(sweep, nodes, rows, {}, settled, {16}).tolist() == [2, 3]
+    # a size that cannot win is left out even so
+    assert in_play(sweep, nodes, rows, {16: "cannot win"}, settled, {16}).size == 0
+
+
+def test_the_next_trial_goes_to_an_answer_resting_on_two_trials_not_to_a_settled_stop(tmp_path):
+    from sweeper.search.over_sizes import Belief, next_over_sizes
+
+    sweep = _sweep(tmp_path, goal={"tokens": 1.0e12, "gpu_hour_cost": 2.0})
+    plan = make_plan(sweep)
+    model = plan.throughput.total
+    rows = np.flatnonzero(plan.candidate_mask)
+    at8, at16 = rows[plan.nodes[rows] == 8], sorted(rows[plan.nodes[rows] == 16], key=lambda r: model[r])
+    # every 8-node layout and 16 nodes' two fastest ran at the model's time; what is left at 16 nodes
+    # is expected 40 % slower than its best, surely: no layout left may change either answer
+    measured = {int(r): float(model[r]) for r in [*at8, *at16[:2]]}
+    untried = np.asarray(at16[2:], dtype=np.int64)
+    slow = 1.4 * model[at16[0]] * np.ones(untried.size)
+    belief = Belief(
+        untried, slow, np.full(untried.size, 0.15), slow, np.ones(untried.size), np.ones(untried.size), measured
+    )
+    choice = next_over_sizes(plan, untried, belief, by_prior=False)
+    # 16 nodes holds --by time on two trials: it is confirmed, not settled
+    assert not choice.settled and choice.rows.size == 1 and plan.nodes[choice.rows[0]] == 16
+    # with four trials there, the same belief is settled within noise
+    measured |= {int(r): float(model[r]) * 1.5 for r in at16[2:4]}
+    rest = untried[2:]
+    belief = Belief(
+        rest, slow[2:], np.full(rest.size, 0.15), slow[2:], np.ones(rest.size), np.ones(rest.size), measured
+    )
+    assert next_over_sizes(plan, rest, belief, by_prior=False).settled
