@@ -276,9 +276,8 @@ def startup_main(rounds: int, before: str | None) -> None:
             old = Path(tmp) / "ref"
             subprocess.run(["git", "-C", str(root), "worktree", "add", "-q", "--detach", str(old), before], check=True)
             trees = {before: old, **trees}
-        for (
-            tree
-        ) in trees.values():  # both trees read compiled modules (the runs write none): no tree pays the compiling
+        # both trees read compiled modules (the runs write none): no tree pays for the compiling
+        for tree in trees.values():
             subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "sweeper")], check=True)
         try:
             runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}

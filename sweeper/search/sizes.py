@@ -128,12 +128,6 @@ def served(sweep: Sweep) -> tuple[Winner, ...]:
     return (Winner.time, Winner.cost) if priced else (Winner.time,)
 
 
-def answer_value(sweep: Sweep, by: Winner, nodes: int, tokens_per_s: float) -> float:
-    """What a run at `nodes` of `tokens_per_s` is worth to an answer: its tokens/s (`--by time`) or
-    its tokens/s per GPU (`--by cost`)."""
-    return tokens_per_s if by is Winner.time else tokens_per_s / (nodes * sweep.cluster.gpus_per_node)
-
-
 def holders(sweep: Sweep, seen: dict[int, float]) -> dict[Winner, tuple[int, float]]:
     """Who holds each served answer now, as `sweep best` names it (`sweeper.plan.sizes.winner`): of
     the sizes whose best measured run (`seen`, tokens/s) meets every limit, the one with the best
@@ -142,7 +136,7 @@ def holders(sweep: Sweep, seen: dict[int, float]) -> dict[Winner, tuple[int, flo
     able = {n: s for n, s in seen.items() if s > 0 and not at_best(s, n * gpn, sweep.goal)}
     out = {}
     for by in served(sweep):
-        value = {n: answer_value(sweep, by, n, s) for n, s in able.items()}
+        value = {n: s if by is Winner.time else s / (n * gpn) for n, s in able.items()}
         if value:
             n = max(value, key=lambda k: value[k])
             out[by] = (n, value[n])
