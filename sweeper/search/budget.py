@@ -25,6 +25,7 @@ from sweeper.search.sizes import (
     change_chance,
     confirming,
     in_play,
+    reserved,
     size_bounds,
     size_chance,
     sizes_out_of_play,
@@ -116,10 +117,11 @@ def _next_trial(plan: Plan, step: np.ndarray, tried: np.ndarray, free: np.ndarra
     measured = {int(i): float(step[i]) for i in np.flatnonzero(tried)}
     bounds = size_bounds(sweep, nodes, measured, untried, step[untried], sigma, step[untried])
     chance = change_chance(sweep, nodes[free], speed[free], np.full(free.size, PRIOR_SIGMA), bars(sweep, bounds.seen))
-    to_confirm = confirming(sweep, bounds.seen, trials_at(nodes[tried]))
-    open_rows = in_play(
-        sweep, nodes, free, sizes_out_of_play(sweep, bounds), size_chance(nodes[free], chance), to_confirm
-    )
+    ran = trials_at(nodes[tried])
+    to_confirm = confirming(sweep, bounds.seen, ran)
+    keep_for = reserved(to_confirm, ran, sweep.search.max_trials - int(tried.sum()))
+    left_out, chances = sizes_out_of_play(sweep, bounds), size_chance(nodes[free], chance)
+    open_rows = in_play(sweep, nodes, free, left_out, chances, to_confirm, keep_for)
     if not open_rows.size:
         return None
     pick = np.isin(free, open_rows)

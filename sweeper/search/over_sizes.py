@@ -16,6 +16,7 @@ from sweeper.search.sizes import (
     change_chance,
     confirming,
     in_play,
+    reserved,
     size_bounds,
     size_chance,
     sizes_out_of_play,
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
 class Belief:
     """What the search believes of its untried layouts (plan rows `untried`): expected step time,
     the residual's spread (log), the model scaled by the other sizes' trials, the chance to run and
-    the GPU-hours of each one's trial; and the ok trials' step times (plan row -> seconds)."""
+    the GPU-hours of each one's trial; the ok trials' step times (plan row -> seconds); the plan rows
+    running; and the trials the budget leaves, the next one included (None: no count)."""
 
     untried: np.ndarray
     expected_s: np.ndarray
@@ -43,6 +45,8 @@ class Belief:
     ok: np.ndarray
     gpu_hours: np.ndarray
     measured: dict[int, float]
+    running: tuple[int, ...] = ()
+    trials_left: int | None = None
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,10 @@ def next_over_sizes(plan: Plan, rows: np.ndarray, belief: Belief, *, by_prior: b
     may = np.isin(b.untried, rows)  # those the budget leaves
     # a size holding an answer on too few of its own trials is not settled (`confirming`)
     to_confirm = confirming(sweep, bounds.seen, trials_at(plan.nodes[list(b.measured)]))
-    open_rows = in_play(sweep, plan.nodes, rows, left_out, size_chance(nodes[may], chance[may]), to_confirm)
+    # the last trials go to an answer's confirmations while it lacks them (`reserved`)
+    keep_for = reserved(to_confirm, trials_at(plan.nodes[[*b.measured, *b.running]]), b.trials_left)
+    chances = size_chance(nodes[may], chance[may])
+    open_rows = in_play(sweep, plan.nodes, rows, left_out, chances, to_confirm, keep_for)
     if not open_rows.size or by_prior:
         return SizeChoice(open_rows, left_out, settled=not open_rows.size)
     pick = np.isin(b.untried, open_rows)

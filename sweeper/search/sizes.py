@@ -23,7 +23,9 @@ a limit, even at the top of its band; the search keeps its reason, `LayoutSearch
 once it is settled within noise (`size_chance`: the chance that any of its untried layouts changes
 a served answer, as if independent, below `SETTLED`). A size that holds an answer on fewer than
 `CONFIRMATIONS` trials of its own is never settled (`confirming`): an answer is confirmed at its
-size before its trials stop. When every size in play is settled, the search stops
+size before its trials stop. Once the trials the budget leaves are no more than the confirmations
+such sizes still lack, the rest go to them alone (`reserved`): an answer found late is confirmed at
+its size, not left on the trials that found it. When every size in play is settled, the search stops
 (`LayoutSearch.settled`).
 """
 
@@ -156,6 +158,19 @@ def confirming(sweep: Sweep, seen: dict[int, float], ran: dict[int, int]) -> set
     return {n for n, _ in holders(sweep, seen).values() if ran.get(n, 0) < CONFIRMATIONS}
 
 
+def reserved(to_confirm: set[int], ran: dict[int, int], trials_left: int | None) -> set[int]:
+    """The sizes the rest of the trial budget is kept for: those of `to_confirm` (`confirming`) once the
+    trials the budget leaves (`trials_left`, the next one included; None: no count) are no more than
+    the confirmations they still lack (`CONFIRMATIONS` less `ran`: node count -> trials that ran ok
+    or are running there); none before. Without it, replayed sweeps whose answer turned up in their
+    last few trials ended with it on 2-3 trials at its size (benchmarks/sizes_tables.py)."""
+    lacking = {n: CONFIRMATIONS - ran.get(n, 0) for n in to_confirm}
+    owed = {n: k for n, k in lacking.items() if k > 0}
+    if trials_left is None or not owed or trials_left > sum(owed.values()):
+        return set()
+    return set(owed)
+
+
 def trials_at(nodes: np.ndarray) -> dict[int, int]:
     """How many trials ran at each node count (`nodes`: one entry per trial that ran)."""
     return {int(n): int(k) for n, k in zip(*np.unique(nodes, return_counts=True))}
@@ -221,18 +236,22 @@ def in_play(
     left_out: dict[int, str],
     chance: dict[int, float],
     to_confirm: set[int] | None = None,
+    keep_for: set[int] | None = None,
 ) -> np.ndarray:
     """The untried `rows` the next trial may be spent on: those of the sizes that can still win (not in
     `left_out`) and are not settled (`size_chance` at least `SETTLED`, or holding an answer on too
     few trials: `to_confirm`, from `confirming`); none when every such size is settled (the answer
-    is settled within noise). A sweep of one size, or every size left out: all."""
+    is settled within noise). Of those, only the sizes the rest of the budget is kept for
+    (`keep_for`, from `reserved`) while any has a row. A sweep of one size, or every size left out: all."""
     if not sweep.several_sizes:
         return rows
     live = [n for n in sweep.node_counts if n not in left_out and bool((nodes[rows] == n).any())]
     if not live:  # every size left out: the rest, as one size's would be
         return rows
     keep = to_confirm or set()
-    return rows[np.isin(nodes[rows], [n for n in live if chance.get(n, 0.0) >= SETTLED or n in keep])]
+    open_sizes = [n for n in live if chance.get(n, 0.0) >= SETTLED or n in keep]
+    kept = [n for n in open_sizes if n in (keep_for or set())]
+    return rows[np.isin(nodes[rows], kept or open_sizes)]
 
 
 def trial_value(chance: np.ndarray, ok: np.ndarray, gpu_hours: np.ndarray) -> np.ndarray:

@@ -21,6 +21,7 @@ from sweeper.search.sizes import (
     confirming,
     holders,
     in_play,
+    reserved,
     served,
     size_chance,
     trial_value,
@@ -171,3 +172,45 @@ def test_the_next_trial_goes_to_an_answer_resting_on_two_trials_not_to_a_settled
         rest, slow[2:], np.full(rest.size, 0.15), slow[2:], np.ones(rest.size), np.ones(rest.size), measured
     )
     assert next_over_sizes(plan, rest, belief, by_prior=False).settled
+
+
+def test_the_last_trials_are_kept_for_an_answer_that_lacks_its_confirmations():
+    # 16 nodes holds an answer on 2 trials (1 more running): it lacks 1, then 2 with nothing running
+    assert reserved({16}, {16: 3}, trials_left=1) == {16}
+    assert reserved({16}, {16: 3}, trials_left=2) == set()  # a trial to spare: the rule as before
+    assert reserved({8, 16}, {8: 3, 16: 2}, trials_left=3) == {8, 16}
+    assert reserved({8, 16}, {8: 3, 16: 2}, trials_left=4) == set()
+    assert reserved({16}, {16: 2}, trials_left=None) == set()  # no trial count: nothing kept
+    assert reserved(set(), {}, trials_left=1) == set()
+
+
+def test_in_play_keeps_the_last_trials_for_the_sizes_reserved(tmp_path):
+    sweep = _sweep(tmp_path)
+    nodes, rows = np.array([8, 8, 16, 16]), np.arange(4)
+    open_both = size_chance(nodes, np.array([0.3, 0.3, 0.3, 0.3]))
+    assert in_play(sweep, nodes, rows, {}, open_both, set(), {16}).tolist() == [2, 3]
+    # a reserved size with no untried layout left keeps nothing back
+    assert in_play(sweep, nodes, rows[:2], {}, open_both, set(), {16}).tolist() == [0, 1]
+
+
+def test_at_the_end_of_the_budget_the_next_trial_confirms_the_answer_not_a_cheaper_size(tmp_path):
+    from sweeper.search.build import build_search
+
+    space = SPACE | {"tp": [2, 4], "activation_checkpointing": ["none", "full"]}
+    sweep = _sweep(tmp_path, space=space, goal={"tokens": 1.0e12, "gpu_hour_cost": 2.0})
+    plan = make_plan(sweep)
+    search = build_search(plan, max_trials=40, seed=0)
+    model = plan.throughput.total
+    rows = [int(r) for r in np.flatnonzero(plan.candidate_mask)]
+    at8 = sorted((r for r in rows if plan.nodes[r] == 8), key=lambda r: model[r])
+    at16 = sorted((r for r in rows if plan.nodes[r] == 16), key=lambda r: model[r])
+    # 16 nodes' two fastest ran at the model's time: it holds --by time on 2 trials; 8 nodes ran 4
+    # of its slower layouts, and its fastest untried ones may still beat the cheapest
+    for r in [*at16[:2], *at8[-4:]]:
+        search.observe(r, status="ok", mfu=None, step_time_s=float(model[r]))
+    free = search.choose(trials_left=10)
+    assert free is not None and plan.nodes[free] == 8  # cheaper trials that may change --by cost
+    search.running.discard(free)
+    last = search.choose(trials_left=2)  # two trials left, both lacking at 16 nodes
+    assert last is not None and plan.nodes[last] == 16
+    assert search.trial_gpu_hours(np.array([last]))[0] > search.trial_gpu_hours(np.array([free]))[0]
