@@ -17,8 +17,10 @@ without the launcher around it.
 
 `--startup` measures instead what starting a trial costs in CPU seconds (user + system, so a busy
 machine slows it less than it slows wall time): the ranks of one tiny trial (the demo sweep's model,
-2 ranks of data parallelism, 2 steps, through the local launcher's `launch_trial`), and a whole
-`sweep run --dry-run` of the demo sweep. `--before REF` runs the same measurements, in the same
+2 ranks of data parallelism, 2 steps, through the local launcher's `launch_trial`), a whole
+`sweep run --dry-run` of the demo sweep, and `sweep best` and `sweep status` of the demo sweep
+replayed to its end (12 trials, every candidate answered at its predicted step time with 10 steps:
+what the commands that read a finished sweep cost, the most frequent processes of the test suite). `--before REF` runs the same measurements, in the same
 alternating rounds, on the code of git revision REF (a temporary worktree) and prints the change.
 
     python benchmarks/trial_overhead.py [--rounds 4] [--explain] [--quick]
@@ -236,8 +238,31 @@ def startup_probe() -> dict[str, float]:
     return {"ranks_cpu_s": used.ru_utime + used.ru_stime, "startup_s": r.startup_s}
 
 
-def measure_startup(tree: Path) -> dict[str, float]:
-    """The probe and a dry run on the code in `tree`, each in a fresh interpreter."""
+def replay_table(out: Path) -> Path:
+    """The demo sweep's candidates, each at its predicted step time (10 steps, 1 % apart), as a replay table."""
+    import numpy as np
+    import pandas as pd
+    import yaml
+
+    from sweeper.knobs import KNOBS
+    from sweeper.plan.plan import make_plan
+
+    spec = yaml.safe_load((Path(__file__).resolve().parents[1] / "search_spaces" / "tiny_cpu.yaml").read_text())
+    plan = make_plan(parse_sweep(yaml.safe_dump(spec)))
+    rows = []
+    for r in np.flatnonzero(plan.candidate_mask):
+        layout = plan.layout(int(r))
+        step = float(plan.throughput.total[r])
+        row = {k: getattr(layout, k) for k in KNOBS}
+        rows.append(row | {"status": "ok", "step_times_s": [step * (1 + 0.01 * (i % 3)) for i in range(10)]})
+    path = out / "table.parquet"
+    pd.DataFrame(rows).to_parquet(path)
+    return path
+
+
+def measure_startup(tree: Path, table: Path) -> dict[str, float]:
+    """The probe, a dry run, and `best` and `status` of a replayed sweep on the code in `tree`, each in a
+    fresh interpreter (the replayed sweep runs once first, not measured)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
     probe = subprocess.run(
         [sys.executable, __file__, "--startup-probe"], env=env, capture_output=True, text=True, check=False
@@ -252,6 +277,13 @@ def measure_startup(tree: Path) -> dict[str, float]:
         # PYTHONPATH, so from this checkout every tree's dry run would import this checkout's package
         cmd = [sys.executable, "-m", "sweeper.cli", "run", str(spec), "--dry-run"]
         result["dry_run_cpu_s"] = _cpu_of(cmd, env, cwd=Path(tmp))
+        replayed = Path(tmp) / "replayed.yaml"
+        text = spec.read_text().replace("launcher: local", f"launcher: {{kind: replay, table: {table}}}")
+        replayed.write_text(text + f"results_dir: {Path(tmp) / 'results'}\n")
+        _cpu_of([sys.executable, "-m", "sweeper.cli", "run", str(replayed)], env, cwd=Path(tmp))
+        for command in ("best", "status"):
+            cmd = [sys.executable, "-m", "sweeper.cli", command, str(replayed)]
+            result[f"{command}_cpu_s"] = _cpu_of(cmd, env, cwd=Path(tmp))
     return result
 
 
@@ -280,32 +312,40 @@ def startup_main(rounds: int, before: str | None) -> None:
         for tree in trees.values():
             subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "sweeper")], check=True)
         try:
+            table = replay_table(Path(tmp))
             runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
             for i in range(rounds):
                 print(f"round {i + 1}/{rounds} ...", file=sys.stderr)
                 for name, tree in trees.items():
-                    runs[name].append(measure_startup(tree))
+                    runs[name].append(measure_startup(tree, table))
         finally:
             if before:
                 subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(old)], check=False)
-    print(f"tiny trial (2 ranks, dp=2, 2 steps) and `sweep run --dry-run` of the demo sweep; median of {rounds} rounds")
-    print(f"{'code':28}{'ranks CPU (s)':>15}{'start to first step (s)':>25}{'dry run CPU (s)':>17}")
-    med = {
-        name: {k: statistics.median(r[k] for r in rs) for k in ("ranks_cpu_s", "startup_s", "dry_run_cpu_s")}
-        for name, rs in runs.items()
-    }
+    print(
+        "tiny trial (2 ranks, dp=2, 2 steps), `sweep run --dry-run` of the demo sweep, and `sweep best` and "
+        f"`sweep status` of it replayed; median of {rounds} rounds"
+    )
+    keys = ("ranks_cpu_s", "startup_s", "dry_run_cpu_s", "best_cpu_s", "status_cpu_s")
+    heads = ("ranks CPU (s)", "start to first step (s)", "dry run CPU (s)", "best CPU (s)", "status CPU (s)")
+    print(f"{'code':28}" + "".join(f"{h:>{len(h) + 2}}" for h in heads))
+    med = {name: {k: statistics.median(r[k] for r in rs) for k in keys} for name, rs in runs.items()}
     for name, m in med.items():
-        print(f"{name[:28]:28}{m['ranks_cpu_s']:>15.2f}{m['startup_s']:>25.2f}{m['dry_run_cpu_s']:>17.2f}")
+        print(f"{name[:28]:28}" + "".join(f"{m[k]:>{len(h) + 2}.2f}" for k, h in zip(keys, heads)))
     now = med["this tree"]
     if before:
         was = med[before]
+        change = {k: (now[k] / was[k], now[k] - was[k]) for k in keys}
         print(
-            f"start-up against {before}: ranks CPU {now['ranks_cpu_s'] / was['ranks_cpu_s']:.2f}x "
-            f"({now['ranks_cpu_s'] - was['ranks_cpu_s']:+.2f} s a trial), dry run CPU "
-            f"{now['dry_run_cpu_s'] / was['dry_run_cpu_s']:.2f}x ({now['dry_run_cpu_s'] - was['dry_run_cpu_s']:+.2f} s)"
+            f"start-up against {before}: ranks CPU {change['ranks_cpu_s'][0]:.2f}x ({change['ranks_cpu_s'][1]:+.2f} s a "
+            f"trial), dry run CPU {change['dry_run_cpu_s'][0]:.2f}x ({change['dry_run_cpu_s'][1]:+.2f} s), best CPU "
+            f"{change['best_cpu_s'][0]:.2f}x ({change['best_cpu_s'][1]:+.2f} s), status CPU "
+            f"{change['status_cpu_s'][0]:.2f}x ({change['status_cpu_s'][1]:+.2f} s)"
         )
     else:
-        print(f"start-up: ranks CPU {now['ranks_cpu_s']:.2f} s a trial, dry run CPU {now['dry_run_cpu_s']:.2f} s")
+        print(
+            f"start-up: ranks CPU {now['ranks_cpu_s']:.2f} s a trial, dry run CPU {now['dry_run_cpu_s']:.2f} s, "
+            f"best CPU {now['best_cpu_s']:.2f} s, status CPU {now['status_cpu_s']:.2f} s"
+        )
 
 
 def main() -> None:
