@@ -43,7 +43,9 @@ def read_parquet_bounded(data: bytes, path: Path, *, max_decoded: int) -> pa.Tab
     try:
         schema = meta.schema.to_arrow_schema()
         text = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_binary(f.type)]
-        table = pq.read_table(pa.BufferReader(buf), read_dictionary=text)
+        # the one file's reader, not `pq.read_table`: the same table, without importing pyarrow.dataset
+        # (about 0.3 s of CPU in every command that reads a row)
+        table = pq.ParquetFile(pa.BufferReader(buf), read_dictionary=text).read()
     except (pa.ArrowException, OSError) as e:
         raise FileRefused(f"{path}: unreadable Parquet ({' '.join(str(e).split())[:120]})") from None
     expanded = sum(_expanded_bytes(table.column(name)) for name in text)
