@@ -108,15 +108,19 @@ def test_a_settled_size_gets_no_more_trials_and_all_settled_stops(tmp_path):
     assert in_play(sweep, nodes, rows, {}, settled).size == 0
 
 
-def test_a_search_whose_answer_is_settled_stops_and_one_in_doubt_goes_on(tmp_path):
+def _priced_search(tmp_path):
+    """A search over 8 and 16 nodes with a priced goal (both answers served): the plan, the search
+    (40 trials), the model's step times and the candidate rows."""
     from sweeper.search.build import build_search
 
     space = SPACE | {"tp": [2, 4], "activation_checkpointing": ["none", "full"]}
-    sweep = _sweep(tmp_path, space=space, goal={"tokens": 1.0e12, "gpu_hour_cost": 2.0})
-    plan = make_plan(sweep)
-    search = build_search(plan, max_trials=40, seed=0)
-    model = plan.throughput.total
+    plan = make_plan(_sweep(tmp_path, space=space, goal={"tokens": 1.0e12, "gpu_hour_cost": 2.0}))
     rows = [int(r) for r in np.flatnonzero(plan.candidate_mask)]
+    return plan, build_search(plan, max_trials=40, seed=0), plan.throughput.total, rows
+
+
+def test_a_search_whose_answer_is_settled_stops_and_one_in_doubt_goes_on(tmp_path):
+    plan, search, model, rows = _priced_search(tmp_path)
     at8 = sorted((r for r in rows if plan.nodes[r] == 8), key=lambda r: -model[r])
     last = at8[:2]  # the two slowest at 8 nodes: full checkpointing, over 50 % slower than its best
     for r in [r for r in rows if r not in last and r != at8[-1]]:
@@ -194,14 +198,7 @@ def test_in_play_keeps_the_last_trials_for_the_sizes_reserved(tmp_path):
 
 
 def test_at_the_end_of_the_budget_the_next_trial_confirms_the_answer_not_a_cheaper_size(tmp_path):
-    from sweeper.search.build import build_search
-
-    space = SPACE | {"tp": [2, 4], "activation_checkpointing": ["none", "full"]}
-    sweep = _sweep(tmp_path, space=space, goal={"tokens": 1.0e12, "gpu_hour_cost": 2.0})
-    plan = make_plan(sweep)
-    search = build_search(plan, max_trials=40, seed=0)
-    model = plan.throughput.total
-    rows = [int(r) for r in np.flatnonzero(plan.candidate_mask)]
+    plan, search, model, rows = _priced_search(tmp_path)
     at8 = sorted((r for r in rows if plan.nodes[r] == 8), key=lambda r: model[r])
     at16 = sorted((r for r in rows if plan.nodes[r] == 16), key=lambda r: model[r])
     # 16 nodes' two fastest ran at the model's time: it holds --by time on 2 trials; 8 nodes ran 4
