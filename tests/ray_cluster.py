@@ -6,10 +6,12 @@ every port it opens chosen free (so that it runs beside any other Ray on the mac
 temporary folder, and its dashboard's job API answering (torchx's `ray` scheduler submits there:
 cfg `dashboard_address=head.dashboard`).
 
-Stopped at the end of the session by its own processes only: every process whose command line or
-working directory names its temporary folder, and their process groups (SIGTERM, then SIGKILL: ~4 s);
-never `ray stop`, which ends every Ray process of the machine, another user's head included. The
-stop then checks that none of them is left.
+Stopped after the last test that uses it (`pytest_runtest_teardown`; its dashboard, agents and
+monitors took about 250 s of CPU over a whole run when it lived to the end of the session), else at
+the end of the session, by its own processes only: every process whose command line or working
+directory names its temporary folder, and their process groups (SIGTERM, then SIGKILL: ~4 s); never
+`ray stop`, which ends every Ray process of the machine, another user's head included. The stop then
+checks that none of them is left.
 
 Ray not installed (with its dashboard: `ray[default]`): the tests that use it are skipped, unless the
 environment variable CI is set (CI must run them), in which case they fail.
@@ -29,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -279,7 +281,7 @@ def _wait_for_jobs_api(head: RayHead, deadline: float) -> None:
 
 
 @pytest.fixture(scope="session")
-def ray_head() -> Iterator[RayHead]:
+def ray_head(request: pytest.FixtureRequest) -> Iterator[RayHead]:
     """A Ray head of its own for the session, on free ports, stopped by its own PIDs."""
     try:
         import ray.job_submission  # noqa: F401  (the dashboard's job API: ray[default])
@@ -296,8 +298,46 @@ def ray_head() -> Iterator[RayHead]:
         shutil.rmtree(temp_dir, ignore_errors=True)
         pytest.fail(str(e), pytrace=False)
     print(f"Ray head: GCS {head.address}, dashboard {head.dashboard}, temp dir {temp_dir}")
+    stopped = False
+
+    def stop() -> None:
+        nonlocal stopped
+        if not stopped:
+            stopped = True
+            stop_head(temp_dir, pgid)
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+    request.session.stash[_STOP] = stop
     try:
         yield head
     finally:
-        stop_head(temp_dir, pgid)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        stop()
+
+
+_STOP = pytest.StashKey[Callable[[], None]]()
+
+
+def _uses_ray(item: pytest.Item) -> bool:
+    """As tests/conftest.py groups them: the `ray` mark, or the fixture by name."""
+    return item.get_closest_marker("ray") is not None or "ray_head" in getattr(item, "fixturenames", ())
+
+
+def _ray_later(item: pytest.Item, nextitem: pytest.Item | None) -> bool:
+    """Whether a test after `item` in this process may still use the head. Under `pytest -n 2 --dist
+    loadgroup` the Ray tests are one group, run one after another by one worker, so the next test says
+    it; under xdist's other schedules nothing says it (assume so); in one process, every later test."""
+    if nextitem is not None and _uses_ray(nextitem):
+        return True
+    workerinput = getattr(item.config, "workerinput", None)
+    if workerinput is not None:
+        return "sweep_groups_dir" not in workerinput
+    items = item.session.items
+    return any(_uses_ray(later) for later in items[items.index(item) + 1 :])
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last test that uses the head (its own fixtures already torn down), stop it."""
+    stop = item.session.stash.get(_STOP, None)
+    if stop is not None and _uses_ray(item) and not _ray_later(item, nextitem):
+        stop()
