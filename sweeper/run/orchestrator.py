@@ -314,7 +314,7 @@ def step(run: SweepRun, progress: Progress | None = None) -> bool:
         and not run.search.should_stop()
     ):
         number = run.store.next_trial_number()
-        chosen = run.search.choose(gpu_hours_left=run.gpu_hours_left(), trials_left=run.budget - run.launched)
+        chosen = run.search.choose(gpu_hours_left=run.gpu_hours_left())
         if chosen is None:
             break
         _submit(run, number, run.plan.layout(chosen), optuna_trial=None, row=chosen)

@@ -78,7 +78,7 @@ class LayoutSearch:
         self.plan = plan
         self.study = study
         self.sweep = plan.sweep
-        self.sampler = sampler
+        self.sampler, self.max_trials = sampler, max_trials
         self.rows = np.flatnonzero(plan.candidate_mask)
         self.searched = [k for k in KNOBS if len(self.sweep.space[k]) > 1]
         # a sweep over several node counts: `nodes` is one more parameter of every Optuna trial
@@ -166,10 +166,10 @@ class LayoutSearch:
             return None
         return Proposal(self.enqueue(row, trial_number=trial_number), row, self.plan.layout(row))
 
-    def _at_sizes(self, rows: np.ndarray, trials_left: int | None) -> np.ndarray:
+    def _at_sizes(self, rows: np.ndarray) -> np.ndarray:
         """Over several node counts, what the rule leaves of `rows` (`over_sizes.next_over_sizes`):
         one row, the open sizes' rows (seed trials left), or none (`settled`); `left_out`: the sizes
-        that cannot win, and why. `trials_left`: what the trial budget leaves, this one included."""
+        that cannot win, and why. The last of `max_trials` may be kept for confirmations (`sizes.reserved`)."""
         if not self.sweep.several_sizes:
             return rows
         untried = np.asarray(self.untried(), dtype=np.int64)
@@ -178,10 +178,9 @@ class LayoutSearch:
             sigma = self.residual.predict(self._pos[untried])[1]
         ok = {int(r): t for r, t in self.learning.measured.items() if self.outcome.get(int(r)) == TrialStatus.OK}
         hours = self.trial_gpu_hours(untried, expected_s)
-        running = tuple(sorted(self.running))
-        elsewhere, ok_chance = self.elsewhere_step_s(untried), self._ok_chance(untried)
-        belief = Belief(untried, expected_s, sigma, elsewhere, ok_chance, hours, ok, running, trials_left)
         started = len(self.done) + len(self.running)
+        elsewhere, ok_chance, left = self.elsewhere_step_s(untried), self._ok_chance(untried), self.max_trials - started
+        belief = Belief(untried, expected_s, sigma, elsewhere, ok_chance, hours, ok, (*self.running,), left)
         choice = next_over_sizes(self.plan, rows, belief, by_prior=self.policy.by_prior(started=started))
         self.left_out, self.settled = choice.left_out, choice.settled
         return choice.rows
@@ -193,14 +192,10 @@ class LayoutSearch:
         gpus = self.plan.nodes[rows] * self.sweep.cluster.gpus_per_node
         return trial_gpu_hours(gpus, step_s, self.sweep.trial, self.startup_s)
 
-    def choose(
-        self, *, max_rejections: int = 200, gpu_hours_left: float | None = None, trials_left: int | None = None
-    ) -> int | None:
+    def choose(self, *, max_rejections: int = 200, gpu_hours_left: float | None = None) -> int | None:
         """The plan row to run next, marked running (its study trial is made by `enqueue`), or None.
         `gpu_hours_left`: what the sweep's GPU-hour budget leaves; only a layout whose trial is
-        expected to take no more (`trial_gpu_hours`) is started (none: `over_budget`). `trials_left`:
-        what its trial budget leaves, this one included (over several sizes, the last trials go to an
-        answer's confirmations: `sweeper.search.sizes.reserved`)."""
+        expected to take no more (`trial_gpu_hours`) is started (none: `over_budget`)."""
         untried = self.untried()
         if gpu_hours_left is not None and untried:
             fits = self.trial_gpu_hours(np.asarray(untried, dtype=np.int64)) <= gpu_hours_left
@@ -211,7 +206,7 @@ class LayoutSearch:
         if self.policy.in_plan_order:
             row = untried[0]
         elif self.policy.exploit(started=(started := len(self.done) + len(self.running))):
-            rows = self._at_sizes(np.asarray(untried, dtype=np.int64), trials_left)
+            rows = self._at_sizes(np.asarray(untried, dtype=np.int64))
             if not rows.size:  # every size in play settled within noise: nothing left worth a trial
                 return None
             if self.policy.by_prior(started=started):

@@ -108,15 +108,15 @@ def test_a_settled_size_gets_no_more_trials_and_all_settled_stops(tmp_path):
     assert in_play(sweep, nodes, rows, {}, settled).size == 0
 
 
-def _priced_search(tmp_path):
+def _priced_search(tmp_path, max_trials=40):
     """A search over 8 and 16 nodes with a priced goal (both answers served): the plan, the search
-    (40 trials), the model's step times and the candidate rows."""
+    (`max_trials`), the model's step times and the candidate rows."""
     from sweeper.search.build import build_search
 
     space = SPACE | {"tp": [2, 4], "activation_checkpointing": ["none", "full"]}
     plan = make_plan(_sweep(tmp_path, space=space, goal={"tokens": 1.0e12, "gpu_hour_cost": 2.0}))
     rows = [int(r) for r in np.flatnonzero(plan.candidate_mask)]
-    return plan, build_search(plan, max_trials=40, seed=0), plan.throughput.total, rows
+    return plan, build_search(plan, max_trials=max_trials, seed=0), plan.throughput.total, rows
 
 
 def test_a_search_whose_answer_is_settled_stops_and_one_in_doubt_goes_on(tmp_path):
@@ -198,16 +198,17 @@ def test_in_play_keeps_the_last_trials_for_the_sizes_reserved(tmp_path):
 
 
 def test_at_the_end_of_the_budget_the_next_trial_confirms_the_answer_not_a_cheaper_size(tmp_path):
-    plan, search, model, rows = _priced_search(tmp_path)
-    at8 = sorted((r for r in rows if plan.nodes[r] == 8), key=lambda r: model[r])
-    at16 = sorted((r for r in rows if plan.nodes[r] == 16), key=lambda r: model[r])
-    # 16 nodes' two fastest ran at the model's time: it holds --by time on 2 trials; 8 nodes ran 4
-    # of its slower layouts, and its fastest untried ones may still beat the cheapest
-    for r in [*at16[:2], *at8[-4:]]:
-        search.observe(r, status="ok", mfu=None, step_time_s=float(model[r]))
-    free = search.choose(trials_left=10)
+    chosen = {}
+    for max_trials in (16, 8):  # after 6 trials: 10 left, or 2
+        plan, search, model, rows = _priced_search(tmp_path, max_trials)
+        at8 = sorted((r for r in rows if plan.nodes[r] == 8), key=lambda r: model[r])
+        at16 = sorted((r for r in rows if plan.nodes[r] == 16), key=lambda r: model[r])
+        # 16 nodes' two fastest ran at the model's time: it holds --by time on 2 trials; 8 nodes ran 4
+        # of its slower layouts, and its fastest untried ones may still beat the cheapest
+        for r in [*at16[:2], *at8[-4:]]:
+            search.observe(r, status="ok", mfu=None, step_time_s=float(model[r]))
+        chosen[max_trials] = search.choose()
+    free, last = chosen[16], chosen[8]
     assert free is not None and plan.nodes[free] == 8  # cheaper trials that may change --by cost
-    search.running.discard(free)
-    last = search.choose(trials_left=2)  # two trials left, both lacking at 16 nodes
-    assert last is not None and plan.nodes[last] == 16
+    assert last is not None and plan.nodes[last] == 16  # two trials left, both lacking at 16 nodes
     assert search.trial_gpu_hours(np.array([last]))[0] > search.trial_gpu_hours(np.array([free]))[0]
