@@ -118,6 +118,22 @@ def die_with_parent(parent: int) -> None:
             os._exit(1)
 
 
+def enter_netns(name: str) -> None:
+    """Move this process into the named network namespace (`ip netns add NAME`: /run/netns/NAME), as
+    `ip netns exec NAME` does before it execs its command; a forked rank of a node in a namespace calls
+    it before anything opens a socket. Root only (CAP_SYS_ADMIN), as the namespaces are."""
+    import ctypes
+
+    CLONE_NEWNET = 0x40000000
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"cannot enter network namespace {name}: {os.strerror(errno)}")
+    finally:
+        os.close(fd)
+
+
 def read_result(path: Path) -> dict[str, Any] | None:
     """The result JSON object a trial wrote (a `TrialResult` as a mapping), or None when there is none.
 

@@ -1,8 +1,9 @@
 """A cluster of several nodes on this machine: network namespaces joined by shaped veth links
 (`scripts/netns/start.sh`), for tests and benchmarks across a real, slower link.
 
-Node k is namespace `sweep-node<k>`; its ranks are started there with `ip netns exec`, and they meet
-at node 0's address (`HUB_ADDR`). The namespaces share the machine's cores and memory: only the
+Node k is namespace `sweep-node<k>`; its ranks run there (forked by the launch's zygote, each enters
+its node's namespace before it opens a socket; with SWEEP_FORK_RANKS=0 started by `ip netns exec`), and
+they meet at node 0's address (`HUB_ADDR`). The namespaces share the machine's cores and memory: only the
 network between them is apart. `SWEEP_NETNS=sweep-node0,sweep-node1` in the environment makes the
 local launcher run a trial of that many nodes in them (`local_nodes`); `shaped_link` makes and
 removes them around a block (root only). The local SLURM can have them as its nodes too

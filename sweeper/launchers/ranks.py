@@ -1,8 +1,9 @@
 """Start the rank processes of one trial on this machine, with torchrun-style variables and a wall-clock limit.
 
 No torch here: the parent (the CLI, the local launcher) only starts the ranks, forked by a zygote that
-imported torch once (`sweeper.runtime.zygote`), or each as `python -m sweeper.runtime.worker` inside a
-network namespace, waits, and reads the result rank 0 wrote. Each rank runs in its own session, so a timeout kills
+imported torch once (`sweeper.runtime.zygote`; a rank of a node in a network namespace enters it after the
+fork), or each as `python -m sweeper.runtime.worker` with SWEEP_FORK_RANKS=0, waits, and reads the result
+rank 0 wrote. Each rank runs in its own session, so a timeout kills
 it with everything it started (compile workers included).
 """
 
@@ -151,10 +152,11 @@ def launch(
             node, local = homes[rank] if homes else (rv.node_rank, rank)
             env = base | {"RANK": str(node * nprocs + local), "LOCAL_RANK": str(local), "GROUP_RANK": str(node)}
             envs.append(env | (nodes.environ(node) if nodes else {}))
-        if nodes is None and forks_ranks(base):
-            zygote = Zygote(workdir, base, envs, [core_of(r, here, cores) for r in range(here)])
+        if forks_ranks(base):
+            netns = [nodes.namespaces[int(env["GROUP_RANK"])] if nodes else None for env in envs]
+            zygote = Zygote(workdir, base, envs, [core_of(r, here, cores) for r in range(here)], netns)
             procs: list[Rank] = list(zygote.ranks)
-        else:  # each node's ranks in its namespace (`ip netns exec`): a process each, started as the zygote's children would be
+        else:  # a process each (in its node's namespace: `ip netns exec`), started as the zygote's children would be
             procs = [_exec_rank(workdir, rank, env, nodes, core_of(rank, here, cores)) for rank, env in enumerate(envs)]
         pids = [p.pid for p in procs]
         timed_out, killed = _wait(
@@ -205,9 +207,16 @@ def _exec_rank(workdir: Path, rank: int, env: dict[str, str], nodes: LocalNodes 
 
 class Zygote:
     """The fork server of one launch (`sweeper.runtime.zygote`): started with the launch's common
-    environment, it forks every rank (each with its own environment, log and core) and says how each ended."""
+    environment, it forks every rank (each with its own environment, log, core and network namespace) and says how each ended."""
 
-    def __init__(self, workdir: Path, env: dict[str, str], envs: list[dict[str, str]], cores: list[int | None]):
+    def __init__(
+        self,
+        workdir: Path,
+        env: dict[str, str],
+        envs: list[dict[str, str]],
+        cores: list[int | None],
+        netns: list[str | None],
+    ):
         logs = [workdir / "logs" / f"rank{r}.log" for r in range(len(envs))]
         for path in logs:  # made ours (a link planted there is replaced), then written by the rank
             open_own(path).close()
@@ -223,7 +232,7 @@ class Zygote:
                 preexec_fn=partial(die_with_parent, os.getpid()),
             )
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        ranks = [{"env": e, "log": str(p), "core": c} for e, p, c in zip(envs, logs, cores)]
+        ranks = [{"env": e, "log": str(p), "core": c, "netns": n} for e, p, c, n in zip(envs, logs, cores, netns)]
         self.proc.stdin.write(json.dumps({"ranks": ranks}))
         self.proc.stdin.close()
         self.pids: dict[int, int] = {}

@@ -7,8 +7,9 @@ launch from there; a forked rank starts with it imported, as a DataLoader worker
 device or reads a rank's environment before the fork: CUDA and the process group start in the rank.
 
 Protocol (one launch): the launcher writes on stdin one JSON object, {"ranks": [{"env": {...}, "log":
-path, "core": int | null}, ...]}, and closes it. The zygote forks rank r (in a session of its own, bound
-to its core, killed with the zygote, its environment replaced, stdout and stderr to its log) and
+path, "core": int | null, "netns": name | null}, ...]}, and closes it. The zygote forks rank r (in a
+session of its own, in its node's network namespace when it has one, bound to its core, killed with the
+zygote, its environment replaced, stdout and stderr to its log) and
 prints `pid R PID`; then, as each rank ends, `exit R CODE` (CODE as `Popen.returncode`: negative for a
 signal), and exits once every rank has. It dies with its launcher.
 """
@@ -41,11 +42,13 @@ def warm(workdir: Path) -> None:
 
 def start_rank(workdir: Path, spec: dict[str, Any], zygote: int, started: float | None) -> None:
     """In the forked child: become rank `spec` and run it (never returns)."""
-    from sweeper.process import STARTED_VAR, die_with_parent
+    from sweeper.process import STARTED_VAR, die_with_parent, enter_netns
 
     code = 1
     try:
         os.setsid()  # its own session: a timeout kills it with everything it starts
+        if spec.get("netns"):  # a node of namespaces as nodes: its sockets there, before any is opened
+            enter_netns(spec["netns"])
         if spec.get("core") is not None:
             os.sched_setaffinity(0, {int(spec["core"])})
         die_with_parent(zygote)

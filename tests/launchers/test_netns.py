@@ -53,12 +53,16 @@ def test_environment_names_missing_namespaces() -> None:
     assert netns.local_nodes({}) is None
 
 
-def test_ranks_of_each_node_run_in_its_namespace(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fork", ["1", "0"], ids=["forked-then-setns", "ip-netns-exec"])
+def test_ranks_of_each_node_run_in_its_namespace(tmp_path: Path, fork: str) -> None:
     """Two ranks per node: each reports the namespace it runs in and its peers' (all-gather over gloo
-    across the link), so node k's ranks are in sweep-node<k> and meet at node 0's address."""
+    across the link), so node k's ranks are in sweep-node<k> and meet at node 0's address; whether the
+    zygote forked them (each entered its node's namespace after the fork) or each was started afresh."""
     with netns.shaped_link("1gbit") as nodes:
         task = {"kind": "call", "target": "tests.ranks_targets:report_netns", "kwargs": {}}
-        done = launch(task, nprocs=2, timeout_s=120, workdir=tmp_path, nodes=nodes)
+        env = {"SWEEP_FORK_RANKS": fork}
+        done = launch(task, nprocs=2, timeout_s=120, workdir=tmp_path, nodes=nodes, extra_env=env)
+    assert (done.workdir / "logs" / "zygote.log").exists() == (fork == "1")
     assert done.returncodes == [0, 0, 0, 0], [done.log_tail(r) for r in range(4)]
     got = (done.out_dir / "netns.txt").read_text().split()
     assert got == ["sweep-node0", "sweep-node0", "sweep-node1", "sweep-node1"]
