@@ -17,6 +17,7 @@ import yaml
 
 from sweeper.spec.loader import parse_sweep
 from sweeper.spec.sweep import Sweep
+from tests.in_process import run_here, runs_here
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACES = ROOT / "search_spaces"
@@ -85,9 +86,14 @@ def sweep_cli(
     input: str | None = None,
     timeout: float = 600,
     merge_stderr: bool = False,
+    process: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """`sweep ARGS` run to its end in `cwd`, as a script sees it: stdout and stderr piped (not a
-    terminal; one pipe with `merge_stderr`), stdin `input` or empty, `env` (default `cli_env()`)."""
+    terminal; one pipe with `merge_stderr`), stdin `input` or empty, `env` (default `cli_env()`).
+    A command that only reads and prints runs in this process (`tests/in_process.py`: a new Python
+    for each cost a third of the suite's CPU); `process=True` runs it as a process all the same."""
+    if not process and runs_here(args):
+        return run_here(args, cwd=cwd, env=cli_env() if env is None else env, input=input, merge_stderr=merge_stderr)
     return subprocess.run(
         cli_command(*args),
         cwd=cwd,
