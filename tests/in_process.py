@@ -3,15 +3,18 @@ the command's own working folder, environment, argument list and standard stream
 
 Why: the suite ran some 470 short `sweep` commands, each a new Python that imported typer, pydantic,
 pandas and pyarrow before any work (1.3-1.8 s of CPU each: a third of the suite's CPU, by process
-accounting). The commands that only read a results folder or a sweep file and print (`best`, `status`,
-`compare`, `report`, a dry run) run here instead; what sweeps, forks or signals (a real `run`, `trial`,
-`profile`) still runs as a process of its own, as do the tests that check the process itself.
+accounting). `best`, `status`, `compare`, `report` and `run` (a dry run, a replayed sweep, or a sweep whose trials
+are processes of their own, as every launcher starts them) run here instead: a replayed `sweep run` of 4
+trials took 5 s of CPU as a process, 4 of them importing scikit-learn, scipy and Optuna's storage, which
+a test's process imports once. `trial` and `profile` (ranks and measurements in the process itself) still
+run as processes of their own, as does every command a test starts to signal or kill (`start_cli`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import subprocess
 import sys
@@ -20,17 +23,16 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-# subcommands that read and print, and write nothing but the files they are asked to (an export, a page)
-_READ_ONLY = frozenset({"best", "status", "compare", "report"})
+# subcommands whose own process does no work of a trial: they read, print, plan and start processes
+_HERE = frozenset({"best", "status", "compare", "report", "run"})
 
 
 def runs_here(args: Sequence[str]) -> bool:
-    """Whether `sweep ARGS` is a command that reads and prints (a dry run included). `SWEEP_TEST_CLI_PROCESS=1`
-    runs every command as a process again (to compare, or to check that nothing here leaks between tests)."""
+    """Whether `sweep ARGS` runs in the test's process. `SWEEP_TEST_CLI_PROCESS=1` runs every command as a
+    process again (to compare, or to check that nothing here leaks between tests)."""
     if os.environ.get("SWEEP_TEST_CLI_PROCESS", "") not in ("", "0"):
         return False
-    command = next((a for a in args if not a.startswith("-")), None)
-    return command in _READ_ONLY or (command == "run" and "--dry-run" in args)
+    return next((a for a in args if not a.startswith("-")), None) in _HERE
 
 
 def run_here(
@@ -64,10 +66,16 @@ def _as_a_process(
     out: io.TextIOWrapper,
     err: io.TextIOWrapper,
 ) -> Iterator[None]:
-    """The working folder, environment, argv and streams of a process of its own, and Python's
-    warnings shown on its stderr (pytest's would collect them instead); all put back after."""
+    """The working folder, environment, argv, umask and streams of a process of its own, Python's
+    warnings shown on its stderr (pytest's would collect them instead), and the log handlers that write
+    to stderr writing to its stderr (Optuna's is made once, on the stderr of its day); all put back after."""
     saved = (os.getcwd(), dict(os.environ), sys.argv, sys.stdin, sys.stdout, sys.stderr)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    handlers = _stderr_handlers()
     try:
+        for handler in handlers:
+            handler.setStream(err)
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)
@@ -86,6 +94,24 @@ def _as_a_process(
         os.environ.clear()
         os.environ.update(env_before)
         os.chdir(cwd_before)
+        os.umask(umask)  # `sweep run` makes its own 077
+        for handler in {*handlers, *_stderr_handlers(out, err)}:  # and any it made on the command's stderr
+            handler.setStream(sys.stderr)
+
+
+def _stderr_handlers(*streams: object) -> list[logging.StreamHandler]:
+    """The log handlers of every logger that write to `streams` (default: this process's stderr)."""
+    streams = streams or (sys.stderr, sys.__stderr__)
+    loggers = [
+        logging.getLogger(),
+        *(lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)),
+    ]
+    return [
+        h
+        for lg in loggers
+        for h in lg.handlers
+        if type(h) is logging.StreamHandler and any(h.stream is s for s in streams)
+    ]
 
 
 def _show_on_stderr(message, category, filename, lineno, file=None, line=None) -> None:  # type: ignore[no-untyped-def]

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from tests import conftest
 from tests.conftest import ROOT, SPACES
 
 PLAN_COLUMNS = [
@@ -41,13 +42,7 @@ PLAN_COLUMNS = [
 
 
 def sweep_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", "from sweeper.cli import main; main()", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return conftest.sweep_cli(*args, cwd=cwd, timeout=120)
 
 
 def test_dry_run_prints_table_and_summary():
