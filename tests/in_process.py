@@ -8,6 +8,8 @@ are processes of their own, as every launcher starts them) run here instead: a r
 trials took 5 s of CPU as a process, 4 of them importing scikit-learn, scipy and Optuna's storage, which
 a test's process imports once. `trial` and `profile` (ranks and measurements in the process itself) still
 run as processes of their own, as does every command a test starts to signal or kill (`start_cli`).
+A command run here has no `timeout` of its own: one that hangs is ended by pytest-timeout's limit on its
+test (`timeout` in pyproject.toml), where the process would have been killed at the caller's `timeout`.
 """
 
 from __future__ import annotations
