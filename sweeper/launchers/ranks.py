@@ -153,7 +153,9 @@ def launch(
             env = base | {"RANK": str(node * nprocs + local), "LOCAL_RANK": str(local), "GROUP_RANK": str(node)}
             envs.append(env | (nodes.environ(node) if nodes else {}))
         if forks_ranks(base):
-            netns = [nodes.namespaces[int(env["GROUP_RANK"])] if nodes else None for env in envs]
+            netns: list[str | None] = (
+                [nodes.namespaces[node] for node, _ in homes] if nodes and homes else [None] * len(envs)
+            )
             zygote = Zygote(workdir, base, envs, [core_of(r, here, cores) for r in range(here)], netns)
             procs: list[Rank] = list(zygote.ranks)
         else:  # a process each (in its node's namespace: `ip netns exec`), started as the zygote's children would be
