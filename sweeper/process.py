@@ -40,6 +40,11 @@ def node_cpus() -> int:
 STARTED_VAR = "SWEEP_RANK_STARTED_UNIX"
 
 
+# The socket of the fork server the local launcher keeps warm across a sweep's trials (`sweeper.runtime.zygote
+# --serve`), in the environment of each of its trials: their launches fork their ranks from it.
+SERVER_VAR = "SWEEP_ZYGOTE_SERVER"
+
+
 def process_start_unix() -> float | None:
     """When this rank started (seconds since the epoch), from /proc; None where there is no /proc.
     A rank forked by the launch's zygote (`sweeper.runtime.zygote`) started when the zygote did: its

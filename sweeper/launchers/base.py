@@ -154,6 +154,11 @@ class Launcher(ABC):
         """End trial processes under `jobs_dir` that no in-flight record names; their job ids."""
         return []
 
+    def close(self) -> None:
+        """Let go of what the launcher keeps for its sweep's trials (the local one: a warm fork server);
+        trials in flight keep running. Default: nothing kept."""
+        return None
+
 
 def failure(status: TrialStatus, error: str, job: TrialJob) -> TrialResult:
     """The result of a trial that produced no result of its own."""

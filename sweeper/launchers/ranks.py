@@ -9,10 +9,8 @@ it with everything it started (compile workers included).
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
-import select
 import signal
 import subprocess
 import sys
@@ -24,15 +22,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sweeper.files import open_own, own_dir
+from sweeper.launchers.forking import EXIT_GRACE_S, Zygote
 from sweeper.launchers.netns import LocalNodes, local_nodes
 from sweeper.layouts.layout import Layout
 from sweeper.process import NODE_CPUS_VAR, die_with_parent, free_port, kill_group, read_result, usable_cpus
 from sweeper.results.trial import FAILED, OOM, TIMEOUT, TrialResult, without_run
 from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE, OomSigns, OomWatch, oom_evidence
 from sweeper.spec.sweep import Sweep
-
-# After rank 0 wrote its result (or a rank died), how long the others get to finish on their own.
-EXIT_GRACE_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -205,101 +201,6 @@ def _exec_rank(workdir: Path, rank: int, env: dict[str, str], nodes: LocalNodes 
             start_new_session=True,
             preexec_fn=partial(_start_rank, os.getpid(), core),
         )
-
-
-class Zygote:
-    """The fork server of one launch (`sweeper.runtime.zygote`): started with the launch's common
-    environment, it forks every rank (each with its own environment, log, core and network namespace) and says how each ended."""
-
-    def __init__(
-        self,
-        workdir: Path,
-        env: dict[str, str],
-        envs: list[dict[str, str]],
-        cores: list[int | None],
-        netns: list[str | None],
-    ):
-        logs = [workdir / "logs" / f"rank{r}.log" for r in range(len(envs))]
-        for path in logs:  # made ours (a link planted there is replaced), then written by the rank
-            open_own(path).close()
-        with open_own(workdir / "logs" / "zygote.log") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sweeper.runtime.zygote", str(workdir)],
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-                start_new_session=True,
-                preexec_fn=partial(die_with_parent, os.getpid()),
-            )
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        ranks = [{"env": e, "log": str(p), "core": c, "netns": n} for e, p, c, n in zip(envs, logs, cores, netns)]
-        self.proc.stdin.write(json.dumps({"ranks": ranks}))
-        self.proc.stdin.close()
-        self.pids: dict[int, int] = {}
-        self.codes: dict[int, int] = {}
-        self.ranks = [ForkedRank(self, r, pid) for r, pid in enumerate(self._pids(len(envs)))]
-
-    def close(self) -> None:
-        """Reap the zygote (it ends once its ranks have; its usage, theirs included, is then this
-        process's children's), killed if it lingers."""
-        try:
-            self.proc.wait(timeout=EXIT_GRACE_S)
-        except subprocess.TimeoutExpired:
-            kill_group(self.proc.pid)
-            self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-    def _pids(self, n: int) -> list[int]:
-        """The ranks' pids as the zygote forks them; -1 for each it never forked (it died first)."""
-        while len(self.pids) < n and self._take(block=True):
-            pass
-        for r in range(n):
-            if r not in self.pids:
-                self.codes[r] = 1  # never started: a failed rank (the zygote's log says why)
-        return [self.pids.get(r, -1) for r in range(n)]
-
-    def _take(self, *, block: bool) -> bool:
-        """Take in the zygote's next line (`pid R PID` or `exit R CODE`), waiting for one with `block`;
-        False when there is none yet (not blocking) or the zygote has ended."""
-        assert self.proc.stdout is not None
-        if not block and not select.select([self.proc.stdout], [], [], 0)[0]:
-            return False
-        text = self.proc.stdout.readline()
-        if not text:  # it ended: every rank it had not reported ended with it (killed with their parent)
-            self.proc.wait()
-            return False
-        kind, rank, value = text.split()
-        (self.pids if kind == "pid" else self.codes)[int(rank)] = int(value)
-        return True
-
-    def code(self, rank: int, *, block: bool) -> int | None:
-        while rank not in self.codes and self._take(block=block):
-            pass
-        if rank not in self.codes and self.proc.poll() is not None:  # the zygote is gone: its ranks died with it
-            self.codes[rank] = -signal.SIGKILL
-        return self.codes.get(rank)
-
-
-class ForkedRank:
-    """A rank the zygote forked: its pid, and its end as the zygote reports it."""
-
-    def __init__(self, zygote: Zygote, rank: int, pid: int):
-        self.zygote, self.rank, self.pid = zygote, rank, pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self.zygote.codes.get(self.rank)
-
-    def poll(self) -> int | None:
-        return self.zygote.code(self.rank, block=False)
-
-    def wait(self) -> int:
-        code = self.zygote.code(self.rank, block=True)
-        assert code is not None
-        return code
 
 
 def core_of(rank: int, ranks: int, cores: list[int]) -> int | None:

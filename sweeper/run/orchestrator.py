@@ -457,6 +457,7 @@ def run_sweep(
             run_loop(run, progress=progress)
         finally:
             signal.signal(signal.SIGINT, previous)
+            launcher.close()
     for n, why in run.search.left_out.items():  # a sweep over several node counts: sizes it stopped spending on
         run.notes.append(f"{n} node(s): no more trials spent there: {why}")
     run.notes += closing_notes(run)

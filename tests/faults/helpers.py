@@ -82,7 +82,9 @@ def wait_for(predicate, *, timeout: float, what: str, every: float = 0.1) -> Any
 
 
 def processes_with(marker: str) -> list[int]:
-    """Live (not zombie) processes whose command line or environment mentions `marker`."""
+    """Live (not zombie) processes whose command line, environment or standard output and error mention
+    `marker`: a zygote forked by the sweep's warm server, and its ranks, have the server's command line and
+    environment, but write to their trial's logs."""
     found = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == os.getpid():
@@ -90,7 +92,7 @@ def processes_with(marker: str) -> list[int]:
         try:
             if (d / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
                 continue
-            blob = (d / "cmdline").read_bytes() + b"\0" + (d / "environ").read_bytes()
+            blob = (d / "cmdline").read_bytes() + b"\0" + (d / "environ").read_bytes() + b"\0" + _outputs(d)
         except OSError:
             continue
         if marker.encode() in blob:
@@ -98,26 +100,30 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
-def rank_pids(trial_dir: Path) -> list[int]:
-    """The rank processes of a local trial, by rank: started as `python -m sweeper.runtime.worker DIR`,
-    or forked by the launch's zygote (`python -m sweeper.runtime.zygote DIR`: its children are the ranks)."""
-    ranks = trial_dir / "ranks"
-    pids = []
-    for pid in processes_with(str(ranks)):
+def _outputs(proc: Path) -> bytes:
+    """Where a process's stdout and stderr go (b"" for those it has not)."""
+    out = []
+    for fd in (1, 2):
         try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            parent = Path(f"/proc/{_ppid(pid)}/cmdline").read_bytes().split(b"\0")
+            out.append(os.readlink(proc / "fd" / str(fd)).encode())
+        except OSError:
+            pass
+    return b"\0".join(out)
+
+
+def rank_pids(trial_dir: Path) -> list[int]:
+    """The rank processes of a local trial, by rank: every process writing to a rank's log of its launch
+    (`ranks/logs/rankR.log`), forked by a zygote or each started as `python -m sweeper.runtime.worker DIR`."""
+    logs = trial_dir / "ranks" / "logs"
+    by_rank = {}
+    for pid in processes_with(str(logs)):
+        try:
+            out = Path(os.readlink(f"/proc/{pid}/fd/1"))
         except OSError:
             continue
-        if b"sweeper.runtime.worker" in cmd or (
-            b"sweeper.runtime.zygote" in cmd and b"sweeper.runtime.zygote" in parent
-        ):
-            pids.append(pid)
-    return sorted(pids)
-
-
-def _ppid(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        if out.parent == logs and out.name.startswith("rank"):
+            by_rank[int(out.stem.removeprefix("rank"))] = pid
+    return [by_rank[r] for r in sorted(by_rank)]
 
 
 def alive(pid: int) -> bool:

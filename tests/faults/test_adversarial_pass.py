@@ -94,7 +94,10 @@ def test_a_launch_replaces_links_in_its_job_folder_and_never_follows_them(tmp_pa
         (job_dir / "ranks" / "logs").symlink_to(v / "ranksdir")
         (job_dir / "ranks" / "out").symlink_to(v / "ranksdir")
     launcher = LocalLauncher()
-    outcome = wait_outcome(launcher, launcher.submit(TrialJob(0, Layout(), spec, job_dir, timeout_s=240)))
+    try:
+        outcome = wait_outcome(launcher, launcher.submit(TrialJob(0, Layout(), spec, job_dir, timeout_s=240)))
+    finally:
+        launcher.close()
     assert outcome.result.status == "ok", outcome.result.error
     untouched(v)
     for p in (job_dir / "result.json", job_dir / "log.txt", job_dir / "ranks" / "task.pkl"):
