@@ -17,12 +17,22 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
 from sweeper.files import open_own
 from sweeper.process import SERVER_VAR, die_with_parent, kill_group
+
+
+def forks_ranks(env: dict[str, str]) -> bool:
+    """Whether the ranks are forked from a zygote that imported torch once (`sweeper.runtime.zygote`),
+    not each started as `python -m sweeper.runtime.worker`; SWEEP_FORK_RANKS=0 in the environment
+    starts each one afresh (a site whose Python build or preloaded library cannot fork after torch)."""
+    return env.get("SWEEP_FORK_RANKS", "1") != "0"
+
 
 # After rank 0 wrote its result (or a rank died), how long the others get to finish on their own.
 EXIT_GRACE_S = 15.0
@@ -40,6 +50,8 @@ class Zygote:
         envs: list[dict[str, str]],
         cores: list[int | None],
         netns: list[str | None],
+        *,
+        set_by_launch: tuple[str, ...] = (),
     ):
         logs = [workdir / "logs" / f"rank{r}.log" for r in range(len(envs))]
         for path in logs:  # made ours (a link planted there is replaced), then written by the rank
@@ -50,7 +62,10 @@ class Zygote:
         ]
         self.proc: subprocess.Popen[str] | None = None
         self.sock: socket.socket | None = None
-        self.warm = bool(env.get(SERVER_VAR)) and self._ask_server(env[SERVER_VAR], workdir, ranks)
+        # compared with the warm server's environment, less what the launch sets in each rank itself
+        own = {k: v for k, v in env.items() if k not in set_by_launch}
+        asked = {"ranks": ranks, "workdir": str(workdir), "environ": own, "set_by_launch": list(set_by_launch)}
+        self.warm = bool(env.get(SERVER_VAR)) and self._ask_server(env[SERVER_VAR], asked)
         if not self.warm:
             self.out = self._start(workdir, env, ranks)
         self.pids: dict[int, int] = {}
@@ -58,9 +73,9 @@ class Zygote:
         self.ended = False
         self.ranks = [ForkedRank(self, r, pid) for r, pid in enumerate(self._pids(len(envs)))]
 
-    def _ask_server(self, path: str, workdir: Path, ranks: list[dict[str, Any]]) -> bool:
-        """Have the warm server fork this launch's zygote; False (said in the trial's log) when it cannot."""
-        request = {"ranks": ranks, "workdir": str(workdir), "environ": dict(os.environ), "asked": time.time()}
+    def _ask_server(self, path: str, asked: dict[str, Any]) -> bool:
+        """Have the warm server fork this launch's zygote; False (said on stderr: a trial's log) when it cannot."""
+        request = asked | {"asked": time.time()}
         try:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.sock.connect(path)
@@ -174,15 +189,30 @@ class WarmZygote:
         # the environment its imports read, and every trial it serves runs in: what the sweep's process
         # has now (its own imports may add to it later: scikit-learn sets KMP_* variables at the first refit)
         self.env = dict(os.environ)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sweeper.runtime.zygote", "--serve", str(self.path), "--for", str(sweep_folder)],
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,  # a server that fails is seen by each launch, which starts its own zygote
-            start_new_session=True,  # not in a trial's group: a cancelled trial leaves it
-            preexec_fn=partial(die_with_parent, os.getpid()),
-        )
+        # bound and listening before the server starts: a trial that asks while its imports run waits in the
+        # backlog, and one that asks after the server died is refused at once
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(self.path))
+        listener.listen(64)
+        with listener:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "sweeper.runtime.zygote",
+                    "--serve",
+                    str(listener.fileno()),
+                    "--for",
+                    str(sweep_folder),
+                ],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,  # a server that fails is seen by each launch, which starts its own zygote
+                pass_fds=(listener.fileno(),),
+                start_new_session=True,  # not in a trial's group: a cancelled trial leaves it
+                preexec_fn=partial(die_with_parent, os.getpid()),
+            )
 
     def environ(self) -> dict[str, str]:
         """The environment of a trial whose launches use this server: the server's own, and its socket."""
@@ -193,3 +223,17 @@ class WarmZygote:
         kill_group(self.proc.pid)
         self.proc.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@contextmanager
+def warm_zygote(folder: Path) -> Iterator[dict[str, str]]:
+    """A `WarmZygote` for the launches of a block (a profile's, a self-test's), stopped after it: yields the
+    environment to launch them with (`launch(extra_env=...)`); an empty one where ranks are not forked."""
+    if not forks_ranks(dict(os.environ)):
+        yield {}
+        return
+    server = WarmZygote(folder)
+    try:
+        yield server.environ()
+    finally:
+        server.close()

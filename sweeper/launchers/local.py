@@ -13,9 +13,8 @@ from typing import Literal
 from sweeper.errors import SpecError, SweepError
 from sweeper.files import open_own, own_dir
 from sweeper.launchers.base import KILL_GRACE_S, Handle, JobOutcome, Launcher, LauncherProfile, TrialJob, failure, tail
-from sweeper.launchers.forking import WarmZygote
+from sweeper.launchers.forking import WarmZygote, forks_ranks
 from sweeper.launchers.netns import LocalNodes, local_nodes, refuse_another_link
-from sweeper.launchers.ranks import forks_ranks
 from sweeper.process import alive, group_alive, kill_group, read_result
 from sweeper.results.trial import TrialResult
 from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE

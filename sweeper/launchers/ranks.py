@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sweeper.files import open_own, own_dir
-from sweeper.launchers.forking import EXIT_GRACE_S, Zygote
+from sweeper.launchers.forking import EXIT_GRACE_S, Zygote, forks_ranks
 from sweeper.launchers.netns import LocalNodes, local_nodes
 from sweeper.layouts.layout import Layout
 from sweeper.process import NODE_CPUS_VAR, die_with_parent, free_port, kill_group, read_result, usable_cpus
@@ -92,6 +92,19 @@ class Launched:
             return ""
 
 
+# What `launch` sets in every rank's environment itself, whatever the caller's: no import reads them (the
+# threads are set in each rank), so a warm zygote's environment is compared without them.
+SET_BY_LAUNCH: tuple[str, ...] = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "PYTHONUNBUFFERED",
+)
+SET_BY_LAUNCH += ("OMP_NUM_THREADS", NODE_CPUS_VAR)
+
+
 def launch(
     task: dict[str, Any],
     *,
@@ -152,7 +165,8 @@ def launch(
             netns: list[str | None] = (
                 [nodes.namespaces[node] for node, _ in homes] if nodes and homes else [None] * len(envs)
             )
-            zygote = Zygote(workdir, base, envs, [core_of(r, here, cores) for r in range(here)], netns)
+            cores_of = [core_of(r, here, cores) for r in range(here)]
+            zygote = Zygote(workdir, base, envs, cores_of, netns, set_by_launch=SET_BY_LAUNCH)
             procs: list[Rank] = list(zygote.ranks)
         else:  # a process each (in its node's namespace: `ip netns exec`), started as the zygote's children would be
             procs = [_exec_rank(workdir, rank, env, nodes, core_of(rank, here, cores)) for rank, env in enumerate(envs)]
@@ -166,13 +180,6 @@ def launch(
         if zygote is not None:
             zygote.close()
     return Launched(workdir, [p.returncode for p in procs], timed_out, killed, time.monotonic() - start, pids, signs)
-
-
-def forks_ranks(env: dict[str, str]) -> bool:
-    """Whether the ranks are forked from a zygote that imported torch once (`sweeper.runtime.zygote`),
-    not each started as `python -m sweeper.runtime.worker`; SWEEP_FORK_RANKS=0 in the environment
-    starts each one afresh (a site whose Python build or preloaded library cannot fork after torch)."""
-    return env.get("SWEEP_FORK_RANKS", "1") != "0"
 
 
 class Rank(Protocol):

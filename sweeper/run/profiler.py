@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +39,7 @@ from sweeper.estimate.shapes import (
     sweep_block_values,
     sweep_workloads,
 )
+from sweeper.launchers.forking import warm_zygote
 from sweeper.launchers.netns import LocalNodes, existing, link_description, local_nodes, refuse_another_link
 from sweeper.process import alive
 from sweeper.profiles.cache import cache_dir, cached_profile_path
@@ -134,38 +135,42 @@ def run_profile(
         where = f" on each of {slurm.nodes} nodes (one SLURM job; link {sweep.cluster.link or 'not named'})"
     progress(f"measuring on {processes} process{'es' if processes > 1 else ''}{where} ({'GPU' if cuda else 'CPU'})")
     folder = (out.parent if out is not None else cache_dir()).resolve()  # a SLURM job's files: shared with the nodes
-    if slurm is not None:
-        data = run_job(
-            slurm,
-            PROFILE_TARGET,
-            kwargs,
-            nodes=slurm.nodes,
-            tasks=processes,
-            folder=folder,
-            result_file=PROFILE_FILE,
-            timeout_s=TIMEOUT_S,
-            progress=progress,
-        )
-    else:
-        data = _launch_and_follow(kwargs, processes=processes, progress=progress, nodes=local)
-    profile, skipped = Profile.model_validate(data["profile"]), {**noted, **data["skipped"]}
-    if sweep is not None and sweep.cluster.gpu.name != profile.gpu:
-        skipped["gpu"] = (
-            f"this node's device is {profile.gpu} ({profile.device}), the sweep's cluster has {sweep.cluster.gpu.name}: "
-            "the sweep will not read this profile"
-        )
-    path = out if out is not None else cached_profile_path(profile.gpu)
-    if sweep is not None and wants_reference(profile, sweep):
-        runner = slurm_trial(slurm, folder, progress) if slurm is not None else None  # else local ranks
-        try:
-            references, why = measure_reference(
-                profile, sweep, path=path, nodes=local, progress=progress, runner=runner
+    # the local launches (the profile's ranks, then each reference step's) fork their ranks from one warm
+    # zygote: torch, dynamo and the trainer imported once, not once a launch
+    warm: AbstractContextManager[dict[str, str]] = warm_zygote(folder) if slurm is None else nullcontext({})
+    with warm as env:
+        if slurm is not None:
+            data = run_job(
+                slurm,
+                PROFILE_TARGET,
+                kwargs,
+                nodes=slurm.nodes,
+                tasks=processes,
+                folder=folder,
+                result_file=PROFILE_FILE,
+                timeout_s=TIMEOUT_S,
+                progress=progress,
             )
-        except SweepError as e:  # its SLURM job ended without a result: the profile stands without it
-            references, why = (), str(e)
-        if not references:
-            skipped["reference step"] = why
-        profile = profile.model_copy(update={"reference_steps": references})
+        else:
+            data = _launch_and_follow(kwargs, processes=processes, progress=progress, nodes=local, env=env)
+        profile, skipped = Profile.model_validate(data["profile"]), {**noted, **data["skipped"]}
+        if sweep is not None and sweep.cluster.gpu.name != profile.gpu:
+            skipped["gpu"] = (
+                f"this node's device is {profile.gpu} ({profile.device}), the sweep's cluster has {sweep.cluster.gpu.name}: "
+                "the sweep will not read this profile"
+            )
+        path = out if out is not None else cached_profile_path(profile.gpu)
+        if sweep is not None and wants_reference(profile, sweep):
+            runner = slurm_trial(slurm, folder, progress) if slurm is not None else None  # else local ranks
+            try:
+                references, why = measure_reference(
+                    profile, sweep, path=path, nodes=local, progress=progress, runner=runner, env=env
+                )
+            except SweepError as e:  # its SLURM job ended without a result: the profile stands without it
+                references, why = (), str(e)
+            if not references:
+                skipped["reference step"] = why
+            profile = profile.model_copy(update={"reference_steps": references})
     try:
         save_profile(profile, path)
     except OSError as e:
@@ -315,7 +320,12 @@ def _removed_at_exit(workdir: Path) -> Iterator[Path]:
 
 
 def _launch_and_follow(
-    kwargs: dict[str, Any], *, processes: int, progress: Callable[[str], None], nodes: LocalNodes | None = None
+    kwargs: dict[str, Any],
+    *,
+    processes: int,
+    progress: Callable[[str], None],
+    nodes: LocalNodes | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run `profile_worker` on `processes` local ranks (per node of `nodes`), passing rank 0's progress
     lines on; its result."""
@@ -327,7 +337,7 @@ def _launch_and_follow(
     with _removed_at_exit(Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-"))) as workdir:
         thread = threading.Thread(
             target=lambda: done.append(
-                launch(task, nprocs=processes, timeout_s=TIMEOUT_S, workdir=workdir, nodes=nodes)
+                launch(task, nprocs=processes, timeout_s=TIMEOUT_S, workdir=workdir, nodes=nodes, extra_env=env)
             ),
             daemon=True,
         )

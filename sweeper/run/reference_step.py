@@ -92,13 +92,17 @@ def measure_reference(
     nodes: LocalNodes | None,
     progress: Callable[[str], None],
     runner: TrialRunner | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[tuple[ReferenceStep, ...], str]:
     """The reference steps on the profile's ranks (in the namespaces of `nodes`, if any; through `runner`,
     e.g. a SLURM job, when given), one per depth, or none and why not: a depth that fails fails them all,
-    since one depth alone would put a pass's waits on every step."""
+    since one depth alone would put a pass's waits on every step. `env`: the local launches' extra
+    environment (a warm zygote's, `forking.warm_zygote`)."""
     steps = []
     for blocks in reference_depths(sweep.model.layers):
-        step, why = _measure_depth(profile, sweep, blocks, path=path, nodes=nodes, progress=progress, runner=runner)
+        step, why = _measure_depth(
+            profile, sweep, blocks, path=path, nodes=nodes, progress=progress, runner=runner, env=env
+        )
         if step is None:
             return (), why
         steps.append(step)
@@ -114,6 +118,7 @@ def _measure_depth(
     nodes: LocalNodes | None,
     progress: Callable[[str], None],
     runner: TrialRunner | None,
+    env: dict[str, str] | None = None,
 ) -> tuple[ReferenceStep | None, str]:
     from sweeper.launchers.ranks import launch_trial
 
@@ -128,7 +133,9 @@ def _measure_depth(
     progress(f"reference step: {ref.trial.steps} real steps of the built-in trainer ({what})")
     with tempfile.TemporaryDirectory(prefix="sweep-reference-") as work:
         result = (
-            runner(ref, layout) if runner is not None else launch_trial(ref, layout, workdir=Path(work), nodes=nodes)
+            runner(ref, layout)
+            if runner is not None
+            else launch_trial(ref, layout, workdir=Path(work), nodes=nodes, extra_env=env)
         )
     if result.status != OK or not result.step_times_s:
         return None, f"the reference trial at {blocks} blocks ended {result.status}: {(result.error or '')[:160]}"

@@ -246,6 +246,7 @@ def layout_checks(gpu: GPU | None, gpus: int, *, cuda: bool, workdir: Path) -> l
     """Each of TP, PP, FSDP, DDP for real on `gpus` local processes; estimate against measured peak."""
     import torch
 
+    from sweeper.launchers.forking import warm_zygote
     from sweeper.launchers.ranks import launch_trial
     from sweeper.layouts.layout import Layout
     from sweeper.plan.plan import make_plan
@@ -255,25 +256,29 @@ def layout_checks(gpu: GPU | None, gpus: int, *, cuda: bool, workdir: Path) -> l
     sweep = parse_sweep(selftest_sweep_text(gpu, gpus, cuda=cuda, memory_gib=memory), source="<selftest>")
     plan = make_plan(sweep)
     rows = []
-    for label, knobs in SELFTEST_LAYOUTS.items():
-        layout = Layout.from_mapping({**knobs, "micro_batch_size": 1, "attention": "flash2" if cuda else "sdpa_math"})
-        index = next((i for i in range(len(plan)) if plan.layout(i) == layout), None)
-        predicted = float(plan.memory.total[index]) / 1024**3 if index is not None else None
-        result = launch_trial(sweep, layout, workdir=workdir / label)
-        if result.status != TrialStatus.OK:
-            rows.append(Check("layouts", label, Verdict.FAIL, f"{result.status}: {one_line(result.error or '')}"))
-            continue
-        measured = result.peak_mem_gib or 0.0
-        what = "peak allocated" if cuda else "peak RSS growth"
-        mem = f"; estimate {predicted:.3f} GiB vs {what} {measured:.3f} GiB" if predicted is not None else ""
-        rows.append(
-            Check(
-                "layouts",
-                f"{label} on {gpus}",
-                Verdict.PASS,
-                f"{result.tokens_per_s:.0f} tokens/s, MFU {result.mfu:.1%}{mem}",
+    # one warm zygote for the four launches: torch, dynamo and the trainer imported once
+    with warm_zygote(workdir) as env:
+        for label, knobs in SELFTEST_LAYOUTS.items():
+            layout = Layout.from_mapping(
+                {**knobs, "micro_batch_size": 1, "attention": "flash2" if cuda else "sdpa_math"}
             )
-        )
+            index = next((i for i in range(len(plan)) if plan.layout(i) == layout), None)
+            predicted = float(plan.memory.total[index]) / 1024**3 if index is not None else None
+            result = launch_trial(sweep, layout, workdir=workdir / label, extra_env=env)
+            if result.status != TrialStatus.OK:
+                rows.append(Check("layouts", label, Verdict.FAIL, f"{result.status}: {one_line(result.error or '')}"))
+                continue
+            measured = result.peak_mem_gib or 0.0
+            what = "peak allocated" if cuda else "peak RSS growth"
+            mem = f"; estimate {predicted:.3f} GiB vs {what} {measured:.3f} GiB" if predicted is not None else ""
+            rows.append(
+                Check(
+                    "layouts",
+                    f"{label} on {gpus}",
+                    Verdict.PASS,
+                    f"{result.tokens_per_s:.0f} tokens/s, MFU {result.mfu:.1%}{mem}",
+                )
+            )
     return rows
 
 

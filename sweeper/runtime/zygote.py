@@ -1,6 +1,6 @@
 """The ranks' fork servers: `python -m sweeper.runtime.zygote WORKDIR`, started by `launch` for one
-launch, or `python -m sweeper.runtime.zygote --serve SOCKET --for FOLDER`, kept warm by the local
-launcher across a sweep's trials.
+launch, or `python -m sweeper.runtime.zygote --serve FD --for FOLDER`, kept warm by the local
+launcher across a sweep's trials (FD: the unix socket it listens on, bound by the launcher).
 
 Importing torch, torch.distributed and the trainer costs each rank about 4 s of CPU (torch 2 s, dynamo,
 which the optimizers import, 1.7 s, the trainer 0.5 s): a 2-rank trial spent more on imports than on
@@ -17,9 +17,10 @@ signal), and exits once every rank has. It dies with its launcher.
 
 Warm (`--serve`): the same zygote, forked afresh for each launch from a server that imported a trial's
 modules once, so a sweep's trials after its first start with them imported. A launch connects to the
-server's unix socket and writes the same line with two more keys, "workdir" and "environ" (its own
-environment, which must be the server's: what torch reads at its import was read there) and "asked" (when
-it asked: its ranks' start). The forked zygote answers `zygote PID` (or `refuse WHY`, and the launch starts
+server's unix socket and writes the same line with more keys: "workdir", "environ" (its ranks' common
+environment, which must be the server's: what torch reads at its import was read there), "set_by_launch"
+(the variables left out of that comparison: set in each rank, read by no import) and "asked" (when it
+asked: its ranks' start). The forked zygote answers `zygote PID` (or `refuse WHY`, and the launch starts
 a zygote of its own), then speaks as above; it dies when the launch's end of the socket closes.
 """
 
@@ -137,12 +138,11 @@ def report_exits(pids: dict[int, int], replies: TextIO) -> int:
     return 0
 
 
-def serve_warm(path: Path) -> int:
-    """Listen on `path` first (a launch that connects while the imports run waits in the backlog), import
-    a trial's modules, then fork a zygote for each launch that connects. Runs until it is killed."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(path))  # in a folder of the launcher's own (0700): nobody else can connect
-    listener.listen(64)
+def serve_warm(fd: int) -> int:
+    """On the listening unix socket `fd` (bound by the launcher in a folder of its own, 0700: nobody else
+    can connect), import a trial's modules, then fork a zygote for each launch that connects. Runs until
+    it is killed."""
+    listener = socket.socket(fileno=fd)
     environ = dict(os.environ)  # before the imports, which may set variables of their own
     warm(None)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its zygotes are reaped by the kernel, not waited for
@@ -170,8 +170,8 @@ def _serve_one(conn: socket.socket, environ: dict[str, str]) -> int:
     request = json.loads(conn.makefile("r", encoding="utf-8").readline() or "null")
     if not isinstance(request, dict):
         return 1  # the launch went away before it asked
-    asked = {k: v for k, v in request["environ"].items() if k != SERVER_VAR}
-    differs = sorted(k for k in asked.keys() | environ.keys() if asked.get(k) != environ.get(k) and k != SERVER_VAR)
+    asked, skip = request["environ"], {SERVER_VAR, *request["set_by_launch"]}
+    differs = sorted(k for k in asked.keys() | environ.keys() if asked.get(k) != environ.get(k) and k not in skip)
     if differs:
         print(f"refuse the launch's environment differs from the server's in {', '.join(differs[:8])}", file=replies)
         replies.flush()
@@ -198,7 +198,7 @@ def main(argv: list[str]) -> int:
     from sweeper.process import process_start_unix
 
     if argv[:1] == ["--serve"]:
-        return serve_warm(Path(argv[1]))  # argv[2:] (`--for FOLDER`) names its sweep for `ps`
+        return serve_warm(int(argv[1]))  # argv[2:] (`--for FOLDER`) names its sweep for `ps`
     started = process_start_unix()  # the ranks' start: what the zygote imports is their start-up
     workdir = Path(argv[0])
     return report_exits(fork_ranks(workdir, json.loads(sys.stdin.readline()), sys.stdout, started), sys.stdout)

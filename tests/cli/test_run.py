@@ -53,6 +53,9 @@ def test_sweep_runs_trials_and_best_reads_them(tiny_cpu_sweep, tmp_path):
     assert df.job_id.str.startswith("local-").all() and df.pred_mem_gib.gt(0).all()
     assert df.drop_duplicates(["tp", "pp", "micro_batch_size", "activation_checkpointing"]).shape[0] == 4
     assert "best layouts" in r.stdout
+    # each trial's ranks were forked from the zygote the run kept warm (launchers/forking.py), none from its own
+    logs = [p.read_text() for p in (tiny_cpu_sweep.results / "jobs").glob("trial-*/log.txt")]
+    assert len(logs) == 4 and not [log for log in logs if "warm zygote did not take" in log], logs
     best = sweep_cli("best", str(spec), "--format", "json", "--top", "2", cwd=tmp_path)
     doc = json.loads(best.stdout)
     rows = doc["top"]

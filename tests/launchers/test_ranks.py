@@ -61,7 +61,7 @@ def test_ranks_that_outnumber_the_cores_are_bound_one_core_each_round_robin(tmp_
 def test_ranks_are_forked_by_a_zygote_each_with_its_own_environment_log_and_session(tmp_path: Path) -> None:
     import json
 
-    from sweeper.launchers.ranks import forks_ranks
+    from sweeper.launchers.forking import forks_ranks
 
     task = {"kind": "call", "target": "tests.ranks_targets:report_start", "kwargs": {}}
     seen = {}

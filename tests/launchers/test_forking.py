@@ -1,0 +1,88 @@
+"""The fork server the local launcher keeps warm across a sweep's trials (`forking.WarmZygote`): each launch
+that names it has its zygote forked from it, in the launch's own terms (logs, sessions, start), unless its
+environment differs from the server's; a launch's zygote and ranks end with the launch."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sweeper.launchers.forking import WarmZygote
+from sweeper.launchers.ranks import launch
+from sweeper.process import alive
+from tests.faults.helpers import rank_pids, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+REPORT = {"kind": "call", "target": "tests.ranks_targets:report_start", "kwargs": {}}
+
+
+@pytest.fixture
+def warm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the server's environment: its launches' targets import
+    server = WarmZygote(tmp_path)
+    yield server
+    server.close()
+    assert not server.folder.exists() and not alive(server.proc.pid)
+
+
+def _started(folder: Path) -> list[dict[str, object]]:
+    return [json.loads((folder / "out" / f"start{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_each_launch_has_a_zygote_forked_by_the_warm_server(
+    warm: WarmZygote, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    server = Path(f"/proc/{warm.proc.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    for n in (1, 2):  # two launches, one server: the second finds it as the first left it
+        folder = tmp_path / f"launch{n}"
+        asked = time.time()
+        done = launch(REPORT, nprocs=2, timeout_s=120, workdir=folder, extra_env=warm.environ())
+        assert done.returncodes == [0, 0] and not done.timed_out, done.log_tail(0)
+        for r, got in enumerate(_started(folder)):
+            # a child of a zygote forked by the server (which has the server's command line), in a
+            # session of its own, writing to its own log, its start-up counted from when the launch asked
+            assert got["parent"] == server and got["own_session"] and got["rank"] == str(r)
+            assert got["stdout"] == str(folder / "logs" / f"rank{r}.log")
+            assert asked <= float(got["started"]) <= time.time()
+    assert "did not take" not in capfd.readouterr().err
+
+
+def test_a_launch_whose_environment_differs_starts_a_zygote_of_its_own(
+    warm: WarmZygote, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # torch read the server's environment at its import: a launch with another instruction set must not
+    # run on it (the parity launches set ATEN_CPU_CAPABILITY for their ranks)
+    env = warm.environ() | {"ATEN_CPU_CAPABILITY": "default"}
+    done = launch(REPORT, nprocs=2, timeout_s=120, workdir=tmp_path / "own", extra_env=env)
+    assert done.returncodes == [0, 0], done.log_tail(0)
+    assert all(f"sweeper.runtime.zygote {tmp_path / 'own'}" in s["parent"] for s in _started(tmp_path / "own"))
+    err = capfd.readouterr().err
+    assert "warm zygote did not take this launch" in err and "ATEN_CPU_CAPABILITY" in err
+
+
+def test_a_killed_launcher_takes_its_zygote_and_ranks_with_it(warm: WarmZygote, tmp_path: Path) -> None:
+    trial = tmp_path / "trial"  # laid out as a local trial's folder: its ranks write to ranks/logs
+    script = (
+        "import sys; from pathlib import Path; from sweeper.launchers.ranks import launch; "
+        "task = {'kind': 'call', 'target': 'tests.ranks_targets:wait_for_file', 'kwargs': {'path': sys.argv[2]}}; "
+        "launch(task, nprocs=2, timeout_s=300, workdir=Path(sys.argv[1]))"
+    )
+    env = os.environ | warm.environ()
+    never = tmp_path / "never"
+    proc = subprocess.Popen([sys.executable, "-c", script, str(trial / "ranks"), str(never)], env=env)
+    try:
+        ranks = wait_for(lambda: len(rank_pids(trial)) == 2 and rank_pids(trial), timeout=120, what="two ranks")
+        zygote = int(Path(f"/proc/{ranks[0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert alive(zygote) and zygote != warm.proc.pid
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    wait_for(lambda: not any(alive(p) for p in [*ranks, zygote]), timeout=20, what="the zygote and ranks to end")
+    assert alive(warm.proc.pid)  # the server serves the sweep's next trial
