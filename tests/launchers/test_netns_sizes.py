@@ -97,7 +97,7 @@ def test_a_profiled_sweep_over_two_and_four_nodes_names_before_its_trials_what_t
     same two cores as two, so two nodes win both: the four-node trials must not look faster."""
     spec, profile = tmp_path / "four_sizes.yaml", tmp_path / "profile.yaml"
     spec.write_text(yaml.safe_dump(FOUR | {"results_dir": str(tmp_path / "results")}))
-    with netns.shaped_link("1gbit", nodes=4) as nodes:
+    with netns.shaped_link("200mbit", nodes=4) as nodes:
         env = cli_env(SWEEP_NETNS=",".join(nodes.namespaces))
         done = sweep_cli("profile", str(spec), "--nodes", "2", "--quick", "--out", str(profile), cwd=tmp_path, env=env)
         assert done.returncode == 0, done.stderr[-3000:]
