@@ -76,22 +76,22 @@ class Zygote:
     def _ask_server(self, path: str, asked: dict[str, Any]) -> bool:
         """Have the warm server fork this launch's zygote; False (said on stderr: a trial's log) when it cannot."""
         request = asked | {"asked": time.time()}
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        reader = self.sock.makefile("r", encoding="utf-8")
         try:
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.sock.connect(path)
             self.sock.sendall((json.dumps(request) + "\n").encode())
-            self.out = self.sock.makefile("r", encoding="utf-8")
-            answer = self.out.readline().split(maxsplit=1)
+            answer = reader.readline().split(maxsplit=1)
         except OSError as e:
             answer = ["refuse", f"cannot reach it ({e})"]
         if answer[:1] == ["zygote"]:
-            self.pid = int(answer[1])
+            self.out, self.pid = reader, int(answer[1])
             return True
         why = answer[1].strip() if len(answer) > 1 else "it ended before it answered"
         print(f"the sweep's warm zygote did not take this launch ({why}); starting one for it", file=sys.stderr)
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
+        reader.close()
+        self.sock.close()
+        self.sock = None
         return False
 
     def _start(self, workdir: Path, env: dict[str, str], ranks: list[dict[str, Any]]) -> IO[str]:
