@@ -48,7 +48,8 @@ SERVER_VAR = "SWEEP_ZYGOTE_SERVER"
 def process_start_unix() -> float | None:
     """When this rank started (seconds since the epoch), from /proc; None where there is no /proc.
     A rank forked by the launch's zygote (`sweeper.runtime.zygote`) started when the zygote did: its
-    imports were made there, and a trial's start-up counts them."""
+    imports were made there, and a trial's start-up counts them; one forked from a warm server's zygote,
+    when its launch asked the server (the imports were made before, once for the sweep)."""
     if os.environ.get(STARTED_VAR):
         return float(os.environ[STARTED_VAR])
     try:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -27,7 +27,7 @@ from sweeper.files import open_own
 from sweeper.process import SERVER_VAR, die_with_parent, kill_group
 
 
-def forks_ranks(env: dict[str, str]) -> bool:
+def forks_ranks(env: Mapping[str, str]) -> bool:
     """Whether the ranks are forked from a zygote that imported torch once (`sweeper.runtime.zygote`),
     not each started as `python -m sweeper.runtime.worker`; SWEEP_FORK_RANKS=0 in the environment
     starts each one afresh (a site whose Python build or preloaded library cannot fork after torch)."""
@@ -65,8 +65,7 @@ class Zygote:
         # compared with the warm server's environment, less what the launch sets in each rank itself
         own = {k: v for k, v in env.items() if k not in set_by_launch}
         asked = {"ranks": ranks, "workdir": str(workdir), "environ": own, "set_by_launch": list(set_by_launch)}
-        self.warm = bool(env.get(SERVER_VAR)) and self._ask_server(env[SERVER_VAR], asked)
-        if not self.warm:
+        if not (env.get(SERVER_VAR) and self._ask_server(env[SERVER_VAR], asked)):
             self.out = self._start(workdir, env, ranks)
         self.pids: dict[int, int] = {}
         self.codes: dict[int, int] = {}
@@ -229,7 +228,7 @@ class WarmZygote:
 def warm_zygote(folder: Path) -> Iterator[dict[str, str]]:
     """A `WarmZygote` for the launches of a block (a profile's, a self-test's), stopped after it: yields the
     environment to launch them with (`launch(extra_env=...)`); an empty one where ranks are not forked."""
-    if not forks_ranks(dict(os.environ)):
+    if not forks_ranks(os.environ):
         yield {}
         return
     server = WarmZygote(folder)

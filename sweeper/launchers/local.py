@@ -152,7 +152,7 @@ class LocalLauncher(Launcher):
         importing torch, dynamo and the trainer again (about 5 s of CPU, more than a tiny trial's steps on
         2 cores). Every trial then runs in the environment the server was started with. Not for an
         external trainer's command, nor where ranks are not forked (SWEEP_FORK_RANKS=0)."""
-        if not self.forks or not forks_ranks(dict(os.environ)):
+        if not self.forks or not forks_ranks(os.environ):
             return dict(os.environ)
         if self.warm is None:
             self.warm = WarmZygote(job.workdir.parent)

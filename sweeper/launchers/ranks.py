@@ -101,8 +101,9 @@ SET_BY_LAUNCH: tuple[str, ...] = (
     "LOCAL_WORLD_SIZE",
     "GROUP_RANK",
     "PYTHONUNBUFFERED",
+    "OMP_NUM_THREADS",
+    NODE_CPUS_VAR,
 )
-SET_BY_LAUNCH += ("OMP_NUM_THREADS", NODE_CPUS_VAR)
 
 
 def launch(
