@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 
 from sweeper.layouts.layout import Layout
+from sweeper.process import SERVER_VAR
 from sweeper.spec.hardware import GPUS, gpu_matches
 from sweeper.spec.loader import parse_sweep
 from sweeper.spec.sweep import Sweep
@@ -294,7 +295,10 @@ def replay_table(out: Path) -> Path:
 def measure_startup(tree: Path, table: Path) -> dict[str, float]:
     """The probe, a dry run, and `best` and `status` of a replayed sweep on the code in `tree`, each in a
     fresh interpreter (the replayed sweep runs once first, not measured)."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    # a fork server its caller keeps warm (a test session's) is not the probe's: its first trial starts a
+    # zygote of its own, as a sweep's first trial does
+    env = {k: v for k, v in os.environ.items() if k != SERVER_VAR}
+    env |= {"PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
     probe = subprocess.run(
         [sys.executable, __file__, "--startup-probe"], env=env, capture_output=True, text=True, check=False
     )

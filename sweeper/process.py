@@ -41,8 +41,19 @@ STARTED_VAR = "SWEEP_RANK_STARTED_UNIX"
 
 
 # The socket of the fork server the local launcher keeps warm across a sweep's trials (`sweeper.runtime.zygote
-# --serve`), in the environment of each of its trials: their launches fork their ranks from it.
+# --serve`), in the environment of each of its trials: their launches fork their ranks from it. Already set
+# in a sweep's own environment (its caller keeps one warm across several sweeps), the sweep uses that one.
 SERVER_VAR = "SWEEP_ZYGOTE_SERVER"
+
+# Variables no import of a rank reads, each read when it is used, in the rank's own environment (which its
+# zygote sets after the fork): the tool's own settings, where caches and scratch files go, a test runner's
+# name of the test. A launch whose environment differs from a warm server's in these alone is served.
+READ_AT_USE = ("SWEEP_", "XDG_", "TMPDIR", "PYTEST_CURRENT_TEST")
+
+
+def read_at_use(name: str) -> bool:
+    """Whether `name` is one of `READ_AT_USE` (a prefix ending in `_`, else the whole name)."""
+    return any(name.startswith(p) if p.endswith("_") else name == p for p in READ_AT_USE)
 
 
 def process_start_unix() -> float | None:

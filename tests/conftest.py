@@ -8,7 +8,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -28,6 +28,30 @@ def _no_user_profiles(tmp_path_factory: pytest.TempPathFactory) -> None:
     """An empty profile cache for the whole session (the `sweep` subprocesses inherit it): a profile
     the developer measured (`sweep profile`) must not change what the tests predict."""
     os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg_cache"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _warm_zygote(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One fork server for the session's launches (`forking.WarmZygote`, named in the environment the
+    `sweep` commands and the tests' own launches inherit): each sweep, profile and launch forks its ranks'
+    zygote from it instead of starting one that imports torch, dynamo and the trainer (about 7 s of CPU,
+    some 60 times a run). Only for a session that runs a slow test: a quick one would pay for the imports
+    and fork nothing. A launch in another environment (the parity launches' kernels) starts its own, as
+    in a sweep; `tiny_sweep` runs without it, so that a sweep's own server is tested too."""
+    if not any(item.get_closest_marker("slow") for item in request.session.items):
+        yield
+        return
+    import sklearn  # noqa: F401  (sets KMP_* at its import, as each `sweep run`'s search does: before the server's copy)
+
+    from sweeper.launchers.forking import WarmZygote
+    from sweeper.process import SERVER_VAR
+
+    os.environ["PYTHONPATH"] = cli_env()["PYTHONPATH"]  # as every `sweep` command's (`cli_env`)
+    server = WarmZygote(tmp_path_factory.mktemp("zygote"))
+    os.environ[SERVER_VAR] = server.environ()[SERVER_VAR]
+    yield
+    os.environ.pop(SERVER_VAR, None)
+    server.close()
 
 
 def in_ci() -> bool:
@@ -75,7 +99,9 @@ def cli_command(*args: str) -> list[str]:
 def cli_env(**extra: str) -> dict[str, str]:
     """The environment of a `sweep` subprocess: this one's plus `extra`, with this checkout first on
     the import path (run from a temporary folder, `python -m` would import an installed copy)."""
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    path = os.environ.get("PYTHONPATH", "")
+    if path.split(os.pathsep)[0] != str(ROOT):
+        path = os.pathsep.join(p for p in (str(ROOT), path) if p)
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
@@ -141,7 +167,9 @@ def tiny_cpu_sweep(tmp_path_factory: pytest.TempPathFactory) -> RealSweep:
     spec["search"] = {"max_trials": 4, "parallel": 1, "seed": 0}
     path = root / "tiny_cpu.yaml"
     path.write_text(yaml.safe_dump(spec))
-    return RealSweep(path, root / "results" / spec["name"], sweep_cli("run", str(path), cwd=root))
+    # without the session's fork server (`_warm_zygote`): this sweep keeps one of its own, as a user's does
+    env = {k: v for k, v in cli_env().items() if k != "SWEEP_ZYGOTE_SERVER"}
+    return RealSweep(path, root / "results" / spec["name"], sweep_cli("run", str(path), cwd=root, env=env))
 
 
 # the session fixtures of the real engines: `slurm_cluster` (a real single-node SLURM, root only),

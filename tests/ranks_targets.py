@@ -100,10 +100,12 @@ def report_cores(*, out_dir: Path) -> None:
 
 def report_start(*, out_dir: Path) -> None:
     """Each rank writes, to start<RANK>.json, its rank variables, its parent's command line, what its
-    stdout goes to, whether this module was imported before the rank ran, and its session."""
+    stdout goes to, whether this module was imported before the rank ran, its session, the variables a
+    warm server's zygote may take from the launch (`process.READ_AT_USE`) and where its scratch files go."""
     import json
     import os
     import sys
+    import tempfile
 
     parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     (out_dir / f"start{os.environ['RANK']}.json").write_text(
@@ -116,6 +118,8 @@ def report_start(*, out_dir: Path) -> None:
                 "main": sys.argv[0],
                 "own_session": os.getsid(0) == os.getpid(),
                 "started": os.environ.get("SWEEP_RANK_STARTED_UNIX"),
+                "read_at_use": {k: os.environ.get(k) for k in ("XDG_CACHE_HOME", "TMPDIR", "SWEEP_NOTE")},
+                "tempdir": tempfile.gettempdir(),
             }
         )
     )

@@ -227,8 +227,9 @@ class WarmZygote:
 @contextmanager
 def warm_zygote(folder: Path) -> Iterator[dict[str, str]]:
     """A `WarmZygote` for the launches of a block (a profile's, a self-test's), stopped after it: yields the
-    environment to launch them with (`launch(extra_env=...)`); an empty one where ranks are not forked."""
-    if not forks_ranks(os.environ):
+    environment to launch them with (`launch(extra_env=...)`); an empty one where ranks are not forked, or
+    where this process's environment names a server already (its launches use that one)."""
+    if not forks_ranks(os.environ) or os.environ.get(SERVER_VAR):
         yield {}
         return
     server = WarmZygote(folder)

@@ -15,7 +15,7 @@ from sweeper.files import open_own, own_dir
 from sweeper.launchers.base import KILL_GRACE_S, Handle, JobOutcome, Launcher, LauncherProfile, TrialJob, failure, tail
 from sweeper.launchers.forking import WarmZygote, forks_ranks
 from sweeper.launchers.netns import LocalNodes, local_nodes, refuse_another_link
-from sweeper.process import alive, group_alive, kill_group, read_result
+from sweeper.process import SERVER_VAR, alive, group_alive, kill_group, read_result
 from sweeper.results.trial import TrialResult
 from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE
 from sweeper.spec.sweep import Sweep
@@ -121,6 +121,7 @@ class LocalLauncher(Launcher):
     def __init__(self, *, forks: bool = True) -> None:
         self.forks = forks  # the built-in trainer's ranks (not an external trainer's command)
         self.warm: WarmZygote | None = None  # started at the first trial
+        self.env: dict[str, str] | None = None  # every trial's: the server's, fixed at the first trial
 
     @classmethod
     def from_profile(cls, profile: LauncherProfile, sweep: Sweep) -> LocalLauncher:
@@ -150,18 +151,22 @@ class LocalLauncher(Launcher):
         """A trial's environment: the sweep's, with the socket of a zygote kept warm across the sweep
         (`forking.WarmZygote`), its ranks forked from it: each trial after the first starts without
         importing torch, dynamo and the trainer again (about 5 s of CPU, more than a tiny trial's steps on
-        2 cores). Every trial then runs in the environment the server was started with. Not for an
-        external trainer's command, nor where ranks are not forked (SWEEP_FORK_RANKS=0)."""
+        2 cores). Every trial then runs in the environment the server was started with; where the sweep's
+        own environment names a server already (`process.SERVER_VAR`), in the sweep's, from that server.
+        Not for an external trainer's command, nor where ranks are not forked (SWEEP_FORK_RANKS=0)."""
         if not self.forks or not forks_ranks(os.environ):
             return dict(os.environ)
-        if self.warm is None:
-            self.warm = WarmZygote(job.workdir.parent)
-        return self.warm.environ()
+        if self.env is None:
+            # one its caller keeps warm across several sweeps (a script's, a test session's) serves this one too
+            self.warm = None if os.environ.get(SERVER_VAR) else WarmZygote(job.workdir.parent)
+            self.env = dict(os.environ) if self.warm is None else self.warm.environ()
+        return self.env
 
     def close(self) -> None:
         if self.warm is not None:
             self.warm.close()
             self.warm = None
+        self.env = None
 
     def poll(self, handle: Handle) -> JobOutcome | None:
         proc = handle.native

@@ -18,9 +18,9 @@ signal), and exits once every rank has. It dies with its launcher.
 Warm (`--serve`): the same zygote, forked afresh for each launch from a server that imported a trial's
 modules once, so a sweep's trials after its first start with them imported. A launch connects to the
 server's unix socket and writes the same line with more keys: "workdir", "environ" (its ranks' common
-environment, which must be the server's: what torch reads at its import was read there), "set_by_launch"
-(the variables left out of that comparison: set in each rank, read by no import) and "asked" (when it
-asked: its ranks' start). The forked zygote answers `zygote PID` (or `refuse WHY`, and the launch starts
+environment, which must be the server's but for `process.READ_AT_USE`: what torch reads at its import was
+read there), "set_by_launch" (the variables left out of that comparison too: set in each rank, read by no
+import) and "asked" (when it asked: its ranks' start). The forked zygote answers `zygote PID` (or `refuse WHY`, and the launch starts
 a zygote of its own), then speaks as above; it dies when the launch's end of the socket closes.
 """
 
@@ -38,7 +38,7 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
-from sweeper.process import SERVER_VAR
+from sweeper.process import SERVER_VAR, read_at_use
 
 
 def warm(workdir: Path | None) -> None:
@@ -78,6 +78,8 @@ def start_rank(workdir: Path, spec: dict[str, Any], zygote: int, started: float 
         sys.stderr.reconfigure(line_buffering=True)
         os.environ.clear()
         os.environ.update(spec["env"])
+        if "tempfile" in sys.modules:  # the folder it found first was the zygote's TMPDIR, which may not be this one
+            sys.modules["tempfile"].tempdir = None
         if started is not None:
             os.environ[STARTED_VAR] = str(started)
         threads = spec["env"].get("OMP_NUM_THREADS")
@@ -171,7 +173,11 @@ def _serve_one(conn: socket.socket, environ: dict[str, str]) -> int:
     if not isinstance(request, dict):
         return 1  # the launch went away before it asked
     asked, skip = request["environ"], {SERVER_VAR, *request["set_by_launch"]}
-    differs = sorted(k for k in asked.keys() | environ.keys() if asked.get(k) != environ.get(k) and k not in skip)
+    differs = sorted(
+        k
+        for k in asked.keys() | environ.keys()
+        if asked.get(k) != environ.get(k) and k not in skip and not read_at_use(k)
+    )
     if differs:
         print(f"refuse the launch's environment differs from the server's in {', '.join(differs[:8])}", file=replies)
         replies.flush()

@@ -1,6 +1,7 @@
 """The fork server the local launcher keeps warm across a sweep's trials (`forking.WarmZygote`): each launch
-that names it has its zygote forked from it, in the launch's own terms (logs, sessions, start), unless its
-environment differs from the server's; a launch's zygote and ranks end with the launch."""
+that names it has its zygote forked from it, in the launch's own terms (logs, sessions, start, the variables
+read at use), unless its environment differs from the server's in another; a launch's zygote and ranks end
+with the launch."""
 
 from __future__ import annotations
 
@@ -13,10 +14,15 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
+from sweeper.cli.trial import layout_from_sets
+from sweeper.launchers.base import TrialJob
 from sweeper.launchers.forking import WarmZygote
+from sweeper.launchers.local import LocalLauncher
 from sweeper.launchers.ranks import launch
-from sweeper.process import alive
+from sweeper.process import SERVER_VAR, alive
+from sweeper.spec.loader import load_sweep
 from tests.faults.helpers import rank_pids, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,6 +73,23 @@ def test_a_launch_whose_environment_differs_starts_a_zygote_of_its_own(
     assert "warm zygote did not take this launch" in err and "ATEN_CPU_CAPABILITY" in err
 
 
+def test_a_launch_that_differs_only_in_what_is_read_at_use_is_served(
+    warm: WarmZygote, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # where caches and scratch files go, the tool's own settings: each test of a session has its own, and
+    # its launches are served by the session's server (tests/conftest.py), each rank in the launch's values
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    mine = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "TMPDIR": str(scratch), "SWEEP_NOTE": "this launch's"}
+    assert all(os.environ.get(k) != v for k, v in mine.items())  # the server's environment has others
+    done = launch(REPORT, nprocs=2, timeout_s=120, workdir=tmp_path / "mine", extra_env=warm.environ() | mine)
+    assert done.returncodes == [0, 0], done.log_tail(0)
+    server = Path(f"/proc/{warm.proc.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    for got in _started(tmp_path / "mine"):
+        assert got["parent"] == server and got["read_at_use"] == mine and got["tempdir"] == str(scratch)
+    assert "did not take" not in capfd.readouterr().err
+
+
 def test_a_killed_launcher_takes_its_zygote_and_ranks_with_it(warm: WarmZygote, tmp_path: Path) -> None:
     trial = tmp_path / "trial"  # laid out as a local trial's folder: its ranks write to ranks/logs
     script = (
@@ -86,3 +109,27 @@ def test_a_killed_launcher_takes_its_zygote_and_ranks_with_it(warm: WarmZygote, 
         proc.wait()
     wait_for(lambda: not any(alive(p) for p in [*ranks, zygote]), timeout=20, what="the zygote and ranks to end")
     assert alive(warm.proc.pid)  # the server serves the sweep's next trial
+
+
+def test_a_sweep_whose_caller_keeps_a_server_has_its_trials_served_by_it(
+    warm: WarmZygote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a caller running several sweeps (a script, a test session) keeps one server warm across them: a sweep
+    # whose environment names it starts none of its own, and its end leaves it for the caller's next sweep
+    spec = yaml.safe_load((ROOT / "search_spaces" / "tiny_cpu.yaml").read_text())
+    spec["trial"].update(steps=2, warmup_steps=1)
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(spec))
+    sweep = load_sweep(tmp_path / "tiny.yaml")
+    layout = layout_from_sets(sweep, [])  # each knob's first value, as `sweep trial` takes it
+    monkeypatch.setenv(SERVER_VAR, warm.environ()[SERVER_VAR])
+    launcher = LocalLauncher()
+    job = TrialJob(0, layout, tmp_path / "tiny.yaml", tmp_path / "jobs" / "trial-0", timeout_s=120)
+    handle = launcher.submit(job)
+    deadline = time.time() + 120
+    while (done := launcher.poll(handle)) is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert launcher.warm is None  # it started no server of its own
+    launcher.close()
+    assert done is not None and done.result.status == "ok", done
+    assert alive(warm.proc.pid)
+    assert "did not take" not in (job.workdir / "log.txt").read_text()
