@@ -236,10 +236,11 @@ def test_user_errors_exit_2(args, words, tmp_path):
 def test_dry_run_imports_no_torch_or_submitit():
     code = (
         "import sys\n"
-        "from sweeper.cli import app\n"
+        "from sweeper.cli import main\n"
+        f"sys.argv = ['sweep', 'run', {str(SPACES / 'llama13b_2k.yaml')!r}, '--dry-run']\n"
         "code = 0\n"
         "try:\n"
-        f"    app(['run', {str(SPACES / 'llama13b_2k.yaml')!r}, '--dry-run'])\n"
+        "    main()\n"
         "except SystemExit as e:\n"
         "    code = e.code\n"
         "heavy = [m for m in ('torch', 'submitit', 'optuna') if m in sys.modules]\n"

@@ -63,3 +63,24 @@ def test_table_result_of_a_tensor_parallel_layout(tmp_path: Path) -> None:
     r = sweep_cli("trial", "tiny_cpu.yaml", "--set", "tp=2", "--set", "micro_batch_size=2")
     assert r.returncode == 0, r.stderr
     assert "status" in r.stdout and "ok" in r.stdout and "MFU" in r.stdout
+
+
+def test_trial_imports_no_other_command() -> None:
+    # `sweep trial` runs once per local trial of a sweep: the planner, search and report it does not use
+    # stay unimported (about 0.3 s of CPU a trial), and `sweep --help` still lists every command
+    code = (
+        "import sys\n"
+        "from sweeper.cli import main\n"
+        "sys.argv = ['sweep', *sys.argv[1:]]\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('LOADED', sorted(m for m in ('sweeper.cli.best', 'sweeper.cli.run', 'sweeper.plan.sizes') if m in sys.modules))\n"
+    )
+    trial = subprocess.run([sys.executable, "-c", code, "trial", "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert "--workdir" in trial.stdout and trial.stdout.splitlines()[-1] == "LOADED []", trial.stdout + trial.stderr
+    every = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True, cwd=ROOT)
+    for command in ("run", "best", "status", "trial", "report", "compare", "selftest", "profile"):
+        assert f" {command} " in every.stdout, every.stdout
+    assert every.stdout.splitlines()[-1].startswith("LOADED ['sweeper.cli.best'"), every.stdout
