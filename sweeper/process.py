@@ -46,9 +46,10 @@ STARTED_VAR = "SWEEP_RANK_STARTED_UNIX"
 SERVER_VAR = "SWEEP_ZYGOTE_SERVER"
 
 # Variables no import of a rank reads, each read when it is used, in the rank's own environment (which its
-# zygote sets after the fork): the tool's own settings, where caches and scratch files go, a test runner's
-# name of the test. A launch whose environment differs from a warm server's in these alone is served.
-READ_AT_USE = ("SWEEP_", "XDG_", "TMPDIR", "PYTEST_CURRENT_TEST")
+# zygote sets after the fork): the tool's own settings, where caches and scratch files go (inductor's reads
+# its variable at each use, and sets it in the process at the first), a test runner's name of the test. A
+# launch whose environment differs from a warm server's in these alone is served.
+READ_AT_USE = ("SWEEP_", "XDG_", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "PYTEST_CURRENT_TEST")
 
 
 def read_at_use(name: str) -> bool:

@@ -41,7 +41,10 @@ def _warm_zygote(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     if not any(item.get_closest_marker("slow") for item in request.session.items):
         yield
         return
-    import sklearn  # noqa: F401  (sets KMP_* at its import, as each `sweep run`'s search does: before the server's copy)
+    # imports that set variables in the process (scikit-learn KMP_*, as each `sweep run`'s search imports it;
+    # Ray RAY_CLIENT_MODE, as the torchx tests import it): made before the server copies the environment
+    import ray  # noqa: F401
+    import sklearn  # noqa: F401
 
     from sweeper.launchers.forking import WarmZygote
     from sweeper.process import SERVER_VAR

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from sweeper.files import open_own
-from sweeper.process import SERVER_VAR, die_with_parent, kill_group
+from sweeper.process import NODE_CPUS_VAR, SERVER_VAR, die_with_parent, kill_group
 
 
 def forks_ranks(env: Mapping[str, str]) -> bool:
@@ -36,6 +36,37 @@ def forks_ranks(env: Mapping[str, str]) -> bool:
 
 # After rank 0 wrote its result (or a rank died), how long the others get to finish on their own.
 EXIT_GRACE_S = 15.0
+
+# What `launch` sets in every rank's environment itself, whatever the caller's: no import reads them (the
+# threads are set in each rank), so a warm zygote's environment is compared without them.
+SET_BY_LAUNCH: tuple[str, ...] = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "PYTHONUNBUFFERED",
+    "OMP_NUM_THREADS",
+    NODE_CPUS_VAR,
+)
+
+
+def refusal(server: str, env: Mapping[str, str]) -> str | None:
+    """Why the warm server at `server` would not take a launch from `env` (its environment differs from
+    the server's: `sweeper.runtime.zygote`), or None when it would. Asked once, before a sweep's first
+    trial, of a server its caller keeps (`process.SERVER_VAR`): a sweep it would not take keeps its own."""
+    own = {k: v for k, v in env.items() if k not in SET_BY_LAUNCH}
+    request = {"ranks": [], "environ": own, "set_by_launch": list(SET_BY_LAUNCH), "probe": True}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock, sock.makefile("r", encoding="utf-8") as reader:
+        try:
+            sock.connect(server)
+            sock.sendall((json.dumps(request) + "\n").encode())
+            answer = reader.readline().split(maxsplit=1)
+        except OSError as e:
+            return f"cannot reach it ({e})"
+    if answer[:1] == ["takes"]:
+        return None
+    return answer[1].strip() if len(answer) > 1 else "it ended before it answered"
 
 
 class Zygote:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sweeper.files import open_own, own_dir
-from sweeper.launchers.forking import EXIT_GRACE_S, Zygote, forks_ranks
+from sweeper.launchers.forking import EXIT_GRACE_S, SET_BY_LAUNCH, Zygote, forks_ranks
 from sweeper.launchers.netns import LocalNodes, local_nodes
 from sweeper.layouts.layout import Layout
 from sweeper.process import NODE_CPUS_VAR, die_with_parent, free_port, kill_group, read_result, usable_cpus
@@ -90,20 +90,6 @@ class Launched:
             return "\n".join(self.log(rank).read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
-
-
-# What `launch` sets in every rank's environment itself, whatever the caller's: no import reads them (the
-# threads are set in each rank), so a warm zygote's environment is compared without them.
-SET_BY_LAUNCH: tuple[str, ...] = (
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "PYTHONUNBUFFERED",
-    "OMP_NUM_THREADS",
-    NODE_CPUS_VAR,
-)
 
 
 def launch(

@@ -21,7 +21,8 @@ server's unix socket and writes the same line with more keys: "workdir", "enviro
 environment, which must be the server's but for `process.READ_AT_USE`: what torch reads at its import was
 read there), "set_by_launch" (the variables left out of that comparison too: set in each rank, read by no
 import) and "asked" (when it asked: its ranks' start). The forked zygote answers `zygote PID` (or `refuse WHY`, and the launch starts
-a zygote of its own), then speaks as above; it dies when the launch's end of the socket closes.
+a zygote of its own), then speaks as above; it dies when the launch's end of the socket closes. A request
+with "probe" true (and no ranks) is answered `takes` or `refuse WHY`, and ends there.
 """
 
 from __future__ import annotations
@@ -181,6 +182,9 @@ def _serve_one(conn: socket.socket, environ: dict[str, str]) -> int:
     if differs:
         print(f"refuse the launch's environment differs from the server's in {', '.join(differs[:8])}", file=replies)
         replies.flush()
+        return 0
+    if request.get("probe"):  # a sweep asking whether its trials would be taken (`forking.refusal`)
+        print("takes", file=replies, flush=True)
         return 0
     workdir = Path(request["workdir"])
     _redirect(str(workdir / "logs" / "zygote.log"), (2,), append=True)

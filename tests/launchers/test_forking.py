@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from sweeper.cli.trial import layout_from_sets
-from sweeper.launchers.base import TrialJob
+from sweeper.launchers.base import JobOutcome, TrialJob
 from sweeper.launchers.forking import WarmZygote
 from sweeper.launchers.local import LocalLauncher
 from sweeper.launchers.ranks import launch
@@ -111,25 +111,47 @@ def test_a_killed_launcher_takes_its_zygote_and_ranks_with_it(warm: WarmZygote, 
     assert alive(warm.proc.pid)  # the server serves the sweep's next trial
 
 
-def test_a_sweep_whose_caller_keeps_a_server_has_its_trials_served_by_it(
-    warm: WarmZygote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # a caller running several sweeps (a script, a test session) keeps one server warm across them: a sweep
-    # whose environment names it starts none of its own, and its end leaves it for the caller's next sweep
+def _one_trial(launcher: LocalLauncher, tmp_path: Path) -> tuple[JobOutcome, Path]:
+    """One trial of the tiny CPU sweep (2 steps) through `launcher`, polled to its end: its outcome and log."""
     spec = yaml.safe_load((ROOT / "search_spaces" / "tiny_cpu.yaml").read_text())
     spec["trial"].update(steps=2, warmup_steps=1)
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(spec))
-    sweep = load_sweep(tmp_path / "tiny.yaml")
-    layout = layout_from_sets(sweep, [])  # each knob's first value, as `sweep trial` takes it
-    monkeypatch.setenv(SERVER_VAR, warm.environ()[SERVER_VAR])
-    launcher = LocalLauncher()
+    layout = layout_from_sets(load_sweep(tmp_path / "tiny.yaml"), [])  # each knob's first value, as `sweep trial`
     job = TrialJob(0, layout, tmp_path / "tiny.yaml", tmp_path / "jobs" / "trial-0", timeout_s=120)
     handle = launcher.submit(job)
     deadline = time.time() + 120
     while (done := launcher.poll(handle)) is None and time.time() < deadline:
         time.sleep(0.2)
+    assert done is not None, "the trial did not end in 120 s"
+    return done, job.workdir / "log.txt"
+
+
+def test_a_sweep_whose_caller_keeps_a_server_has_its_trials_served_by_it(
+    warm: WarmZygote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a caller running several sweeps (a script, a test session) keeps one server warm across them: a sweep
+    # whose environment names it starts none of its own, and its end leaves it for the caller's next sweep
+    monkeypatch.setenv(SERVER_VAR, warm.environ()[SERVER_VAR])
+    launcher = LocalLauncher()
+    done, log = _one_trial(launcher, tmp_path)
     assert launcher.warm is None  # it started no server of its own
     launcher.close()
-    assert done is not None and done.result.status == "ok", done
-    assert alive(warm.proc.pid)
-    assert "did not take" not in (job.workdir / "log.txt").read_text()
+    assert done.result.status == "ok", done
+    assert alive(warm.proc.pid) and "did not take" not in log.read_text()
+
+
+def test_a_sweep_the_callers_server_would_not_take_keeps_its_own(
+    warm: WarmZygote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # asked before the first trial: a server that would refuse every trial (each then importing torch in a
+    # zygote of its own) is left for one of the sweep's own, which takes them all
+    monkeypatch.setenv(SERVER_VAR, warm.environ()[SERVER_VAR])
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    launcher = LocalLauncher()
+    done, log = _one_trial(launcher, tmp_path)
+    assert launcher.warm is not None
+    launcher.close()
+    assert done.result.status == "ok", done
+    assert "did not take" not in log.read_text()
+    err = capfd.readouterr().err
+    assert "would not take its trials" in err and "ATEN_CPU_CAPABILITY" in err, err
