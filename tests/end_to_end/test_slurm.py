@@ -15,14 +15,19 @@ import pytest
 import yaml
 
 from tests.conftest import SPACES, start_cli, sweep_cli
+from tests.slurm_cluster import ONE_CORE
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-def slurm_spec(tmp_path: Path, name: str, *, trial: dict, max_trials: int, parallel: int) -> Path:
+def slurm_spec(
+    tmp_path: Path, name: str, *, trial: dict, max_trials: int, parallel: int, launcher: dict | None = None
+) -> Path:
     spec = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
     spec.update(
-        name=name, results_dir=str(tmp_path / "results"), launcher={"kind": "slurm", "poll_s": 1.0, "exclusive": False}
+        name=name,
+        results_dir=str(tmp_path / "results"),
+        launcher={"kind": "slurm", "poll_s": 1.0, "exclusive": False, **(ONE_CORE if launcher is None else launcher)},
     )
     spec["trial"].update(trial)
     spec["search"] = {"max_trials": max_trials, "parallel": parallel, "seed": 0}
@@ -121,7 +126,10 @@ def test_time_limit_and_scancel_become_rows(slurm_cluster, tmp_path):
 
 def test_external_workload_through_slurm(slurm_cluster, tmp_path):
     standin = Path(__file__).parents[1] / "standins" / "megatron_pretrain.py"
-    spec = slurm_spec(tmp_path, "mega_slurm", trial={"steps": 4, "timeout_min": 5}, max_trials=2, parallel=2)
+    # the launcher's default cpus_per_task (the node's CPUs over its tasks, from sinfo): a stand-in trains nothing
+    spec = slurm_spec(
+        tmp_path, "mega_slurm", trial={"steps": 4, "timeout_min": 5}, max_trials=2, parallel=2, launcher={}
+    )
     data = yaml.safe_load(spec.read_text())
     data["workload"] = {"kind": "megatron", "command": f"{sys.executable} {standin} --node {{node_rank}} {{flags}}"}
     spec.write_text(yaml.safe_dump(data))

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from sweeper.process import SERVER_VAR
 from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE
 from tests.faults.helpers import alive, env_with, kill, rank_pids, wait_for
 
@@ -64,7 +65,10 @@ def start_driver(workdir: Path, *, pid_namespace: bool = False, **args: Any) -> 
     cmd = [sys.executable, "-m", "tests.faults.oom_driver", json.dumps({"workdir": str(workdir / "ranks"), **args})]
     if pid_namespace:  # a shell as the namespace's pid 1: a rank whose parent is pid 1 takes it for init and quits
         cmd = ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", '"$@"; exit $?', "sh", *cmd]
-    return subprocess.Popen(cmd, env=env_with(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # its ranks are forked in its cgroup and pid namespace: by a zygote of the launch's own, not from the
+    # session's fork server (tests/conftest.py), which is in neither
+    env = {k: v for k, v in env_with().items() if k != SERVER_VAR}
+    return subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def finish(driver: subprocess.Popen[str]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from tests.conftest import SPACES, cli_env, start_cli, sweep_cli
+from tests.slurm_cluster import ONE_CORE
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -26,7 +27,7 @@ def spec_file(tmp_path: Path, name: str, *, steps: int = 4, **launcher: Any) -> 
     spec.update(
         name=name,
         results_dir=str(tmp_path / "results"),
-        launcher={"kind": "slurm", "poll_s": 0.5, "exclusive": False, **launcher},
+        launcher={"kind": "slurm", "poll_s": 0.5, "exclusive": False, **ONE_CORE, **launcher},
     )
     spec["space"] = {"tp": [1], "pp": [1], "micro_batch_size": [1], "attention": ["sdpa_math"]}
     spec["trial"].update(steps=steps, timeout_min=5)

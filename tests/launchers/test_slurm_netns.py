@@ -38,7 +38,7 @@ cluster: {{nodes: NODES, gpus_per_node: RANKS, gpu: cpu}}
 space: {{tp: [1], pp: [1], micro_batch_size: [1], attention: [sdpa_math]}}
 trial: {{steps: {STEPS}, warmup_steps: 1, timeout_min: 5, precision: fp32}}
 search: {{max_trials: 1, parallel: 1, seed: 0}}
-launcher: {{kind: slurm, poll_s: 0.5, exclusive: false}}
+launcher: {{kind: slurm, poll_s: 0.5, exclusive: false, cpus_per_task: 1}}
 """
 
 
