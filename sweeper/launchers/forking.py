@@ -69,6 +69,22 @@ def refusal(server: str, env: Mapping[str, str]) -> str | None:
     return answer[1].strip() if len(answer) > 1 else "it ended before it answered"
 
 
+def callers_server(env: Mapping[str, str]) -> bool:
+    """Whether `env` names a warm server its caller keeps (`process.SERVER_VAR`) that takes launches from
+    `env` as it is now (this process's imports may have set variables since: torch's, inductor's). One
+    that would not is said on stderr; the launches then need a server of their own."""
+    server = env.get(SERVER_VAR)
+    if not server:
+        return False
+    why = refusal(server, env)
+    if why is not None:
+        print(
+            f"the fork server this environment names would not take its launches ({why}); keeping one of its own",
+            file=sys.stderr,
+        )
+    return why is None
+
+
 class Zygote:
     """The fork server of one launch: it forks every rank (each with its own environment, log, core and
     network namespace) and says how each ended. Forked by the warm server its environment names when that
@@ -259,8 +275,8 @@ class WarmZygote:
 def warm_zygote(folder: Path) -> Iterator[dict[str, str]]:
     """A `WarmZygote` for the launches of a block (a profile's, a self-test's), stopped after it: yields the
     environment to launch them with (`launch(extra_env=...)`); an empty one where ranks are not forked, or
-    where this process's environment names a server already (its launches use that one)."""
-    if not forks_ranks(os.environ) or os.environ.get(SERVER_VAR):
+    where this process's environment names a server that takes its launches (they use that one)."""
+    if not forks_ranks(os.environ) or callers_server(os.environ):
         yield {}
         return
     server = WarmZygote(folder)

@@ -13,9 +13,9 @@ from typing import Literal
 from sweeper.errors import SpecError, SweepError
 from sweeper.files import open_own, own_dir
 from sweeper.launchers.base import KILL_GRACE_S, Handle, JobOutcome, Launcher, LauncherProfile, TrialJob, failure, tail
-from sweeper.launchers.forking import WarmZygote, forks_ranks, refusal
+from sweeper.launchers.forking import WarmZygote, callers_server, forks_ranks
 from sweeper.launchers.netns import LocalNodes, local_nodes, refuse_another_link
-from sweeper.process import SERVER_VAR, alive, group_alive, kill_group, read_result
+from sweeper.process import alive, group_alive, kill_group, read_result
 from sweeper.results.trial import TrialResult
 from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE
 from sweeper.spec.sweep import Sweep
@@ -159,15 +159,7 @@ class LocalLauncher(Launcher):
         if self.env is None:
             # one its caller keeps warm across several sweeps (a script's, a test session's) serves this one
             # too, if it takes this sweep's environment
-            caller = os.environ.get(SERVER_VAR)
-            why = refusal(caller, os.environ) if caller else None
-            if why is not None:
-                print(
-                    f"the fork server this sweep's environment names would not take its trials ({why}); "
-                    "the sweep keeps one of its own",
-                    file=sys.stderr,
-                )
-            self.warm = None if caller and why is None else WarmZygote(job.workdir.parent)
+            self.warm = None if callers_server(os.environ) else WarmZygote(job.workdir.parent)
             self.env = dict(os.environ) if self.warm is None else self.warm.environ()
         return self.env
 

@@ -154,4 +154,4 @@ def test_a_sweep_the_callers_server_would_not_take_keeps_its_own(
     assert done.result.status == "ok", done
     assert "did not take" not in log.read_text()
     err = capfd.readouterr().err
-    assert "would not take its trials" in err and "ATEN_CPU_CAPABILITY" in err, err
+    assert "would not take its launches" in err and "ATEN_CPU_CAPABILITY" in err, err
