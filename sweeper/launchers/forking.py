@@ -53,8 +53,8 @@ SET_BY_LAUNCH: tuple[str, ...] = (
 
 def refusal(server: str, env: Mapping[str, str]) -> str | None:
     """Why the warm server at `server` would not take a launch from `env` (its environment differs from
-    the server's: `sweeper.runtime.zygote`), or None when it would. Asked once, before a sweep's first
-    trial, of a server its caller keeps (`process.SERVER_VAR`): a sweep it would not take keeps its own."""
+    the server's: `sweeper.runtime.zygote`), or None when it would. Asked once (`callers_server`), before
+    the first launch of a sweep, a profile or a self-test, of a server its caller keeps."""
     own = {k: v for k, v in env.items() if k not in SET_BY_LAUNCH}
     request = {"ranks": [], "environ": own, "set_by_launch": list(SET_BY_LAUNCH), "probe": True}
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock, sock.makefile("r", encoding="utf-8") as reader:
