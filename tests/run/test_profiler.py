@@ -31,7 +31,9 @@ def test_profile_quick_measures_this_cpu_and_the_dry_run_uses_it(tmp_path):
     wrapped = {(b.knob, int(b.value)): b.seconds for b in profile.block if b.knob in DP_WRAPPERS}
     assert set(wrapped) == {(w, n) for w in DP_WRAPPERS for n in DP_WRAPPER_DEPTHS}
     deep = DP_WRAPPER_DEPTHS[-1]
-    assert wrapped[("fsdp", deep)] > 1.2 * wrapped[("model", deep)] and wrapped[("model", deep)] > wrapped[("model", 1)]
+    # FSDP adds its hooks and copies to every block: the median of the paired differences is positive; how
+    # much it adds depends on the machine's load (11 % with the other test worker busy, where a bound of 20 % failed)
+    assert wrapped[("fsdp", deep)] > wrapped[("model", deep)] > wrapped[("model", 1)]
 
     shown = sweep_cli("profile", "show", str(out), cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
