@@ -215,6 +215,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # session here, in place before any session fixture runs a sweep, and one per test (`_own_cache`)
     import tempfile
 
+    if config.getoption("store_durations") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_DurationRecorder(), "sweep-durations")
     config.stash[_CACHE_DIR] = Path(tempfile.mkdtemp(prefix="sweep-test-cache-"))
     os.environ["XDG_CACHE_HOME"] = str(config.stash[_CACHE_DIR])
     if config.getoption("dist", "no") == "loadgroup" and not hasattr(config, "workerinput"):
@@ -256,6 +258,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class SharedLaunchScheduling(LoadScopeScheduling):  # type: ignore[misc]
         groups: dict[str, str] | None = None
         slow: set[str] = set()
+        known = _recorded_durations()
 
         def _split_scope(self, nodeid: str) -> str:
             if self.groups is None:  # called once every worker has collected, so every file is there
@@ -270,17 +273,61 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             """The unit of most work first (the longest-first rule: what is left at the end is short,
             so neither worker waits long for the other), not xdist's order (most tests first, then
             the order of collection, which left a `slow` test of a minute or more to start last)."""
-            heaviest = max(self.workqueue, key=lambda scope: _weight(self.workqueue[scope], self.slow))
+            heaviest = max(self.workqueue, key=lambda scope: _weight(self.workqueue[scope], self.slow, self.known))
             self.workqueue.move_to_end(heaviest, last=False)
             super()._assign_work_unit(node)
 
     return SharedLaunchScheduling(config, log)
 
 
-def _weight(unit: Mapping[str, bool], slow: set[str]) -> float:
-    """A guess at the seconds a unit of work takes, from its tests' marks alone: a test marked `slow`
-    (a multi-process run, a real sweep) takes tens of seconds, any other well under one."""
-    return sum(20.0 if nodeid in slow else 0.5 for nodeid in unit)
+# The seconds each test of a second or more took in a run of the README's command (setup, call and
+# teardown, on a worker sharing the machine with the other), written by `--store-durations`. Why: guessed
+# from the marks alone (20 s a `slow` test, 0.5 s any other), the longest-first rule left the parsers'
+# group (90 s, no test marked slow) to start last, and one worker ran 214 s alone at the end of a 23-minute
+# run. A test not listed (new, or under a second) is guessed from its mark, so the file may lag the suite.
+DURATIONS = Path(__file__).with_name("durations.json")
+_STORED = 1.0  # the least seconds a test must take to be listed: the 1400 quicker tests take 90 s in all
+
+
+def _weight(unit: Mapping[str, bool], slow: set[str], known: Mapping[str, float]) -> float:
+    """The seconds a unit of work takes: its tests' recorded seconds (`DURATIONS`), or a guess from the
+    mark of a test not recorded: one marked `slow` (a multi-process run, a real sweep) takes tens of
+    seconds, any other a tenth of one."""
+    return sum(known.get(nodeid, 20.0 if nodeid in slow else 0.1) for nodeid in unit)
+
+
+def _recorded_durations() -> dict[str, float]:
+    try:
+        return {str(k): float(v) for k, v in json.loads(DURATIONS.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}  # no file, or not one this wrote: every unit guessed from its marks
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--store-durations",
+        action="store_true",
+        help=f"record the seconds of each test run (those of {_STORED:g} s or more) in {DURATIONS.name}, for the scheduler",
+    )
+
+
+class _DurationRecorder:
+    """The controller's view of every test's report (each worker's, under xdist): their seconds summed
+    by test, merged into `DURATIONS` when the session ends."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if hasattr(session.config, "workerinput"):
+            return
+        # the tests this run ran replace what was recorded of them; the others' records stay
+        kept = {k: v for k, v in _recorded_durations().items() if k not in self.seconds}
+        kept |= {k: round(v, 1) for k, v in self.seconds.items() if v >= _STORED}
+        DURATIONS.write_text(json.dumps(dict(sorted(kept.items())), indent=0) + "\n")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
