@@ -190,10 +190,21 @@ _SAME_GROUP = {"netns": "slurm"}
 
 # Fixtures made once per session or module that are cheap or hold nothing shared between workers
 # (the engines' fixtures are handled by their groups, above).
-# `_no_user_profiles` is autouse: every test uses it, and counted as shared it would put every test in
-# one group, run by one worker (the whole suite in one process, as it was for a while).
+# `_no_user_profiles` and `_warm_zygote` are autouse (each worker makes its own): every test uses them,
+# and counted as shared either would put every test outside the engines' groups in one unit of work, run
+# by one worker in the order of collection (the whole suite in one process, as it was for a while; and,
+# through `_warm_zygote`, 1527 of 1647 tests in one worker, while the other ran the engines' 120 and then
+# waited 228 s). tests/harness/test_scheduling.py checks that a plain test is in no group.
 _NOT_SHARED = frozenset(
-    {*_ENGINES.values(), "_no_user_profiles", "private_tmpdir", "tmp_path_factory", "worker_id", "testrun_uid"}
+    {
+        *_ENGINES.values(),
+        "_no_user_profiles",
+        "_warm_zygote",
+        "private_tmpdir",
+        "tmp_path_factory",
+        "worker_id",
+        "testrun_uid",
+    }
 )
 _GROUPS_DIR = pytest.StashKey[Path]()
 _CACHE_DIR = pytest.StashKey[Path]()

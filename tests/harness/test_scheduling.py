@@ -37,3 +37,18 @@ def test_an_unreadable_file_leaves_every_unit_guessed(tmp_path: Path, monkeypatc
     assert conftest._recorded_durations() == {}
     (tmp_path / "durations.json").write_text('{"a.py::t": 3.5}')
     assert conftest._recorded_durations() == {"a.py::t": 3.5}
+
+
+def test_a_test_that_shares_nothing_is_a_unit_of_its_own(request: pytest.FixtureRequest) -> None:
+    # every autouse fixture made once per session (the learned-profile cache, each worker's fork server)
+    # is the worker's own: counted as shared, it would group every test with every other in one unit
+    assert conftest._shared_fixtures(request.node) == []
+
+
+@pytest.fixture(scope="module")
+def shared_launch() -> str:
+    return "made once for the module's tests"
+
+
+def test_a_test_of_a_shared_launch_is_grouped_by_it(request: pytest.FixtureRequest, shared_launch: str) -> None:
+    assert conftest._shared_fixtures(request.node) == ["shared_launch"]
