@@ -25,6 +25,7 @@ from sweeper.trainers import trainer_of
 
 MAX_LOCAL_PROCESSES = 64  # the local launcher starts one process per device of the cluster
 STRAY_EXIT_WAIT_S = 30.0  # how long a restart waits for the stray trials it killed to be gone
+ARGS_WAIT_S = 2.0  # how long a process may show no command line (its exec or exit under way) before it is not ours
 
 
 class LocalProfile(LauncherProfile):
@@ -220,7 +221,7 @@ class LocalLauncher(Launcher):
     def reattach(self, job_id: str, job: TrialJob) -> Handle | None:
         """A local trial survives its `sweep run` (own session): find it by pid and command line."""
         pid = int(job_id.removeprefix("local-"))
-        if pid > 0 and alive(pid) and str(job.workdir / "ranks") in _cmdline(pid):
+        if pid > 0 and _runs_trial(pid, job.workdir):
             return Handle(job_id, job, None, {"started": time.time(), "pid": pid})
         if (
             read_result(job.workdir / "result.json") is not None
@@ -284,6 +285,21 @@ def _ppid(pid: int) -> int | None:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _runs_trial(pid: int, workdir: Path) -> bool:
+    """Whether process `pid` runs the trial of `workdir`: alive, its command line naming the folder. A
+    process shows an empty command line for a moment while its exec is under way (Popen has returned
+    by then) or its exit is: asked again until it shows one or has ended (`ARGS_WAIT_S`), so that a
+    trial looked for just after its start is not taken for one gone (a loaded machine once made the
+    moment long enough for the contract test's reattach, right after its submit, to find nothing)."""
+    deadline = time.monotonic() + ARGS_WAIT_S
+    while alive(pid):
+        args = [a for a in _cmdline(pid) if a]
+        if args or time.monotonic() > deadline:
+            return str(workdir / "ranks") in args
+        time.sleep(0.01)
+    return False
 
 
 def _cmdline(pid: int) -> list[str]:
