@@ -230,11 +230,6 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_DurationRecorder(), "sweep-durations")
     config.stash[_CACHE_DIR] = Path(tempfile.mkdtemp(prefix="sweep-test-cache-"))
     os.environ["XDG_CACHE_HOME"] = str(config.stash[_CACHE_DIR])
-    # torch.compile's C++ compiled in the process that compiles, not in a pool of its own: the pool (one
-    # process a core) starts fresh Pythons that import torch, and each compiling rank of the tests starts
-    # one; the 2-rank parity launch, whose two compiled layouts are the suite's largest compile, took
-    # 192 s of CPU with pools and 153 s without. What inductor generates is the same either way.
-    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     if config.getoption("dist", "no") == "loadgroup" and not hasattr(config, "workerinput"):
         import tempfile
 
