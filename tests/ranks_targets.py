@@ -118,7 +118,9 @@ def report_start(*, out_dir: Path) -> None:
                 "main": sys.argv[0],
                 "own_session": os.getsid(0) == os.getpid(),
                 "started": os.environ.get("SWEEP_RANK_STARTED_UNIX"),
-                "read_at_use": {k: os.environ.get(k) for k in ("XDG_CACHE_HOME", "TMPDIR", "SWEEP_NOTE")},
+                "read_at_use": {
+                    k: os.environ.get(k) for k in ("XDG_CACHE_HOME", "TMPDIR", "DOCKER_HOST", "SWEEP_NOTE")
+                },
                 "tempdir": tempfile.gettempdir(),
             }
         )

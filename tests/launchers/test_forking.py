@@ -77,10 +77,17 @@ def test_a_launch_that_differs_only_in_what_is_read_at_use_is_served(
     warm: WarmZygote, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     # where caches and scratch files go, the tool's own settings: each test of a session has its own, and
-    # its launches are served by the session's server (tests/conftest.py), each rank in the launch's values
+    # its launches are served by the session's server (tests/conftest.py), each rank in the launch's values;
+    # so is a private dockerd's socket (tests/docker_daemon.py names it in its worker's environment: every
+    # launch of that worker after a Docker test started a zygote of its own, importing torch, until it was here)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    mine = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "TMPDIR": str(scratch), "SWEEP_NOTE": "this launch's"}
+    mine = {
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "TMPDIR": str(scratch),
+        "DOCKER_HOST": f"unix://{tmp_path / 'docker.sock'}",
+        "SWEEP_NOTE": "this launch's",
+    }
     assert all(os.environ.get(k) != v for k, v in mine.items())  # the server's environment has others
     done = launch(REPORT, nprocs=2, timeout_s=120, workdir=tmp_path / "mine", extra_env=warm.environ() | mine)
     assert done.returncodes == [0, 0], done.log_tail(0)
