@@ -333,9 +333,8 @@ class _DurationRecorder:
         self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if hasattr(session.config, "workerinput"):
-            return
-        # the tests this run ran replace what was recorded of them; the others' records stay
+        # registered in the controller only (pytest_configure); the tests this run ran replace what was
+        # recorded of them, the others' records stay
         kept = {k: v for k, v in _recorded_durations().items() if k not in self.seconds}
         kept |= {k: round(v, 1) for k, v in self.seconds.items() if v >= _STORED}
         DURATIONS.write_text(json.dumps(dict(sorted(kept.items())), indent=0) + "\n")
