@@ -22,6 +22,15 @@ from tests.in_process import run_here, runs_here
 ROOT = Path(__file__).resolve().parents[1]
 SPACES = ROOT / "search_spaces"
 
+# The suite's processes keep compiled bytecode, as Python does unless told not to. A machine that tells it
+# not to (PYTHONDONTWRITEBYTECODE=1, as this project's CI image does) makes every Python the suite starts
+# (some 450 a run: `sweep` commands, trials, zygotes, SLURM's tasks) compile sweeper's modules anew, 0.5-1 s
+# of CPU each, and each test worker rewrite every test module's asserts anew, 8 s. Set when pytest reads
+# this file, before xdist starts its workers: they and everything they start inherit it. The files go to
+# `__pycache__/`, which git ignores.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _no_user_profiles(tmp_path_factory: pytest.TempPathFactory) -> None:
