@@ -35,8 +35,12 @@ arguments.get_device_arch_version = lambda: FAKE_GPU_ARCH  # the GPU this machin
 torch.cuda.get_device_capability = lambda *a, **k: (FAKE_GPU_ARCH, 0)
 transformer_config.is_te_min_version = lambda *a, **k: True  # Transformer Engine is not installed here
 
+START_ENV = dict(os.environ)  # each case's environment: this one, then its own "env" (none left by another case)
+
 for line in sys.stdin:
     case = json.loads(line)
+    os.environ.clear()
+    os.environ.update(START_ENV)
     for name, value in case["env"].items():
         if value is None:
             os.environ.pop(name, None)

@@ -10,7 +10,7 @@
   the archive of that tree in ../shared/reference/megatron-lm/ (beside the repository) is read,
   else it is downloaded from GitHub at test time; with none of them the Megatron tests skip saying
   so, except in CI (`CI=true`), where they fail: CI runs every reference case.
-The harnesses under tests/parsers/ run in subprocesses, one per trainer for the whole grid.
+The harnesses under tests/parsers/ run in subprocesses, one per trainer for all its cases.
 """
 
 from __future__ import annotations
@@ -144,8 +144,10 @@ WORKLOAD_IDS = ["workload-tp2-pp2", "workload-fsdp-compile"]
 
 
 @pytest.fixture(scope="module")
-def titan_cli() -> dict[str, dict[str, Any]]:
-    """torchtitan's answers to the grid's exports and to the workload commands, one harness run for all."""
+def titan_cli_answers() -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """torchtitan 0.3's answers, one harness run for all (each run imports torch and torchtitan anew):
+    to the grid's exports and the workload commands, by id; then to the MoE and cp cases
+    (`titan_cli_moe_cases`), in order."""
     try:
         version = importlib.metadata.version("torchtitan")
     except importlib.metadata.PackageNotFoundError:
@@ -154,7 +156,14 @@ def titan_cli() -> dict[str, dict[str, Any]]:
         pytest.skip(f"torchtitan {version} installed; the CLI export targets {TORCHTITAN_CLI_VERSION}")
     cases = [{"argv": torchtitan_cli_args(layout_record(row, sweep))[0], "world": WORLD} for _, sweep, row in GRID]
     cases += [{"argv": argv, "world": WORLD} for argv in workload_argvs()]
-    return dict(zip([*IDS, *WORKLOAD_IDS], run_harness("torchtitan_cli.py", cases)))
+    answers = run_harness("torchtitan_cli.py", cases + titan_cli_moe_cases())
+    return dict(zip([*IDS, *WORKLOAD_IDS], answers[: len(cases)])), answers[len(cases) :]
+
+
+@pytest.fixture(scope="module")
+def titan_cli(titan_cli_answers) -> dict[str, dict[str, Any]]:
+    """torchtitan 0.3's answers to the grid's exports and to the workload commands, by id."""
+    return titan_cli_answers[0]
 
 
 @pytest.mark.slow
@@ -222,7 +231,9 @@ def titan_toml_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def titan_toml(tmp_path_factory) -> dict[str, dict[str, Any]]:
+def titan_toml_answers(tmp_path_factory) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """torchtitan 0.2.2's answers, one harness run for all: to the grid's TOML exports, by id; then to
+    the MoE and cp ones (`titan_toml_moe_cases`), in order."""
     root = titan_toml_tree(tmp_path_factory)
     out = tmp_path_factory.mktemp("toml")
     cases = []
@@ -230,7 +241,14 @@ def titan_toml(tmp_path_factory) -> dict[str, dict[str, Any]]:
         path = out / f"{i}.toml"
         path.write_text(to_torchtitan(row, sweep))
         cases.append({"toml": str(path), "world": WORLD})
-    return dict(zip(IDS, run_harness("torchtitan_toml.py", cases, pythonpath=str(root))))
+    answers = run_harness("torchtitan_toml.py", cases + titan_toml_moe_cases(out), pythonpath=str(root))
+    return dict(zip(IDS, answers[: len(cases)])), answers[len(cases) :]
+
+
+@pytest.fixture(scope="module")
+def titan_toml(titan_toml_answers) -> dict[str, dict[str, Any]]:
+    """torchtitan 0.2.2's answers to the grid's TOML exports, by id."""
+    return titan_toml_answers[0]
 
 
 @pytest.mark.slow
@@ -321,7 +339,12 @@ def megatron_model_args(sweep: Sweep) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def megatron(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def megatron_answers(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """Megatron-LM's answers, one harness run for all (each imports torch and Megatron anew, from one
+    extracted tree): to the grid's exports and an FSDP layout's old workload variable, by id; then to the
+    MoE and cp cases (`megatron_moe_cases`), in order."""
     tree = megatron_tree(tmp_path_factory)
     cases = []
     for _, sweep, row in GRID:
@@ -337,8 +360,14 @@ def megatron(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, An
             "world": WORLD,
         }
     )
-    results = run_harness("megatron_validate.py", cases, pythonpath=str(tree))
-    return dict(zip([*IDS, "fsdp-with-max-connections-1"], results))
+    answers = run_harness("megatron_validate.py", cases + megatron_moe_cases(), pythonpath=str(tree))
+    return dict(zip([*IDS, "fsdp-with-max-connections-1"], answers[: len(cases)])), answers[len(cases) :]
+
+
+@pytest.fixture(scope="module")
+def megatron(megatron_answers) -> dict[str, dict[str, Any]]:
+    """Megatron-LM's answers to the grid's exports and the FSDP case, by id."""
+    return megatron_answers[0]
 
 
 @pytest.mark.slow
@@ -458,10 +487,8 @@ def moe_case(i: int, kind: str) -> tuple[Sweep, dict[str, Any]]:
     return sweep, layout_row(sweep, **knobs)
 
 
-@pytest.fixture(scope="module")
-def megatron_moe(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """Megatron-LM's answers to the MoE and cp exports, TransformerConfig built for each."""
-    tree = megatron_tree(tmp_path_factory)
+def megatron_moe_cases() -> list[dict[str, Any]]:
+    """Megatron-LM's cases of the MoE and cp exports, TransformerConfig built for each."""
     cases = []
     for i in range(len(MOE_LAYOUTS)):
         sweep, row = moe_case(i, "megatron")
@@ -481,7 +508,13 @@ def megatron_moe(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any
     argv = model_args + ["--qk-layernorm", "--no-rope-fusion", "--lr", "1e-4", "--mock-data"]
     argv += ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(sweep.model.vocab), *flags]
     cases.append({"argv": argv, "env": workload_env(sweep, lay)[0], "world": WORLD, "config": True})
-    return run_harness("megatron_validate.py", cases, pythonpath=str(tree))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def megatron_moe(megatron_answers) -> list[dict[str, Any]]:
+    """Megatron-LM's answers to `megatron_moe_cases`, in order."""
+    return megatron_answers[1]
 
 
 @pytest.mark.slow
@@ -540,17 +573,10 @@ def test_megatron_moe_flags():
     assert "experts" not in rec and megatron_env(rec | {"sharding": "zero1"})[0] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 
 
-@pytest.fixture(scope="module")
-def titan_cli_moe() -> list[dict[str, Any]]:
-    """torchtitan 0.3's answers to the MoE and cp exports, with the model's config function where it
-    ships one (else qwen3_moe_debug for an MoE, llama3_debugmodel for a dense model), and to the
+def titan_cli_moe_cases() -> list[dict[str, Any]]:
+    """torchtitan 0.3's cases of the MoE and cp exports, with the model's config function where it
+    ships one (else qwen3_moe_debug for an MoE, llama3_debugmodel for a dense model), and of the
     workload commands of two cp/ep layouts."""
-    try:
-        version = importlib.metadata.version("torchtitan")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("torchtitan is not installed (pip install -e '.[test]')")
-    if version.split(".")[:2] != TORCHTITAN_CLI_VERSION.split(".")[:2]:
-        pytest.skip(f"torchtitan {version} installed; the CLI export targets {TORCHTITAN_CLI_VERSION}")
     cases = []
     for i in range(len(MOE_LAYOUTS)):
         sweep, row = moe_case(i, "torchtitan")
@@ -564,7 +590,13 @@ def titan_cli_moe() -> list[dict[str, Any]]:
         lay = Layout(**{k: row[k] for k in KNOBS})
         argv = render_command(sweep.workload.command, sweep, lay, "torchtitan")[1:]
         cases.append({"argv": argv, "world": WORLD, "module": "qwen3", "config": "qwen3_moe_debug"})
-    return run_harness("torchtitan_cli.py", cases)
+    return cases
+
+
+@pytest.fixture(scope="module")
+def titan_cli_moe(titan_cli_answers) -> list[dict[str, Any]]:
+    """torchtitan 0.3's answers to `titan_cli_moe_cases`, in order."""
+    return titan_cli_answers[1]
 
 
 @pytest.mark.slow
@@ -597,18 +629,21 @@ def test_torchtitan_moe_model_and_notes():
     assert any(n.startswith("etp=2: torchtitan 0.3 has no expert tensor parallel degree") for n in notes)
 
 
-@pytest.fixture(scope="module")
-def titan_toml_moe(tmp_path_factory) -> list[dict[str, Any]]:
-    """torchtitan 0.2.2's answers to the MoE and cp TOML exports."""
-    root = titan_toml_tree(tmp_path_factory)
-    out = tmp_path_factory.mktemp("toml-moe")
+def titan_toml_moe_cases(out: Path) -> list[dict[str, Any]]:
+    """torchtitan 0.2.2's cases of the MoE and cp TOML exports, written under `out`."""
     cases = []
     for i in range(len(MOE_LAYOUTS)):
         sweep, row = moe_case(i, "torchtitan-0.2")
-        path = out / f"{i}.toml"
+        path = out / f"moe-{i}.toml"
         path.write_text(to_torchtitan(row, sweep))
         cases.append({"toml": str(path), "world": WORLD})
-    return run_harness("torchtitan_toml.py", cases, pythonpath=str(root))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def titan_toml_moe(titan_toml_answers) -> list[dict[str, Any]]:
+    """torchtitan 0.2.2's answers to `titan_toml_moe_cases`, in order."""
+    return titan_toml_answers[1]
 
 
 @pytest.mark.slow
