@@ -1,9 +1,9 @@
 """The local SLURM on the cluster of network namespaces (`SLURM_NETNS=1 scripts/slurm/start.sh` after
-scripts/netns/start.sh; root, CI runs it): srun puts node k's tasks in namespace k, and a trial of two
-nodes submitted through sweep's SLURM launcher all-reduces its gradients across the shaped link, where
-a trial of one node leaves the link alone; on four namespaces a trial of four nodes is one job on all
-of them, and `sweep profile --nodes 2` of a SLURM sweep is one SLURM job of two of them, and measures
-the link."""
+scripts/netns/start.sh; root, CI runs it): srun puts node k's tasks in namespace k; a trial of four nodes
+submitted through sweep's SLURM launcher is one job on all of them and all-reduces its gradients across
+the shaped links, where a trial of one node leaves them alone; and `sweep profile --nodes 2` of a SLURM
+sweep is one SLURM job of two of them, and measures the link. The cluster is remade on the namespaces
+once, for all the tests of this module (a fixture): each remaking restarts SLURM twice."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -29,6 +30,7 @@ pytestmark = [
 ]
 
 STEPS = 4
+LINKED = (1, 2, 3)  # the nodes whose link to the hub (node 0) is theirs alone
 SWEEP = f"""
 name: NAME
 model: {{layers: 4, hidden: 64, heads: 4, kv_heads: 2, ffn: 176, vocab: 256}}
@@ -42,49 +44,31 @@ launcher: {{kind: slurm, poll_s: 0.5, exclusive: false, cpus_per_task: 1}}
 """
 
 
-def link_bytes() -> tuple[int, int]:
-    """Bytes node 1's end of the shaped link has sent and received (the kernel's counters, read in its namespace)."""
+def link_bytes(node: int) -> tuple[int, int]:
+    """Bytes node k's end of its shaped link (k >= 1: node 0 is the star's hub) has sent and received
+    (the kernel's counters, read in its namespace)."""
     out = subprocess.run(
-        ["ip", "-n", "sweep-node1", "-s", "-j", "link", "show", "sw-node1"], capture_output=True, text=True, check=True
+        ["ip", "-n", f"sweep-node{node}", "-s", "-j", "link", "show", f"sw-node{node}"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     stats = json.loads(out)[0]["stats64"]
     return stats["tx"]["bytes"], stats["rx"]["bytes"]
 
 
-def run_trial(tmp_path: Path, name: str, nodes: int, ranks: int) -> tuple[pd.Series, int, int]:
+def run_trial(tmp_path: Path, name: str, nodes: int, ranks: int) -> tuple[pd.Series, dict[int, tuple[int, int]]]:
     """One trial of data parallelism over `nodes` x `ranks` through the SLURM launcher: its row, and the
-    bytes node 1's end of the link sent and received meanwhile."""
+    bytes each shaped link's node end (nodes 1-3 of the star) sent and received meanwhile."""
     spec = tmp_path / f"{name}.yaml"
     text = SWEEP.replace("NAME", name).replace("NODES", str(nodes)).replace("RANKS", str(ranks))
     spec.write_text(text + f"results_dir: {tmp_path / 'results'}\n")
-    tx, rx = link_bytes()
+    before = {k: link_bytes(k) for k in LINKED}
     done = sweep_cli("run", str(spec), cwd=tmp_path, timeout=300)
-    tx2, rx2 = link_bytes()
+    after = {k: link_bytes(k) for k in LINKED}
     assert done.returncode == 0, done.stderr[-3000:]
     row = pd.read_parquet(tmp_path / "results" / name / "trials").iloc[0]
-    return row, tx2 - tx, rx2 - rx
-
-
-def test_a_trial_of_two_nodes_all_reduces_across_the_shaped_link(slurm_cluster, tmp_path: Path) -> None:
-    with netns.shaped_link("1gbit"), on_namespaces(slurm_cluster) as cluster:
-        assert cluster.nodes == ("sweep-node0", "sweep-node1"), cluster
-        placed = subprocess.run(
-            ["srun", "-N2", "-n2", "-l", "ip", "netns", "identify"], capture_output=True, text=True, timeout=60
-        )
-        assert sorted(placed.stdout.splitlines()) == ["0: sweep-node0", "1: sweep-node1"], placed
-        across, tx, rx = run_trial(tmp_path, "across", nodes=2, ranks=1)
-        within, tx1, rx1 = run_trial(tmp_path, "within", nodes=1, ranks=2)
-    assert across.status == "ok" and across.nodelist == "sweep-node[0-1]" and across.dp == 2, across.error
-    assert within.status == "ok" and within.nodelist in cluster.nodes and within.dp == 2, within.error
-    # an all-reduce of G bytes over 2 ranks sends at least 2 (n-1)/n G = G from each rank (gloo's ring: G/2
-    # in its reduce-scatter, G/2 in its all-gather), once per step (gradient accumulation without a sync)
-    grads = 4 * load_sweep(tmp_path / "across.yaml", profiles=False).model.num_params  # fp32 gradients
-    print(
-        f"gradients {grads} B x {STEPS} steps; across two nodes node 1's link sent {tx} B ({tx / grads:.2f} G), "
-        f"received {rx} B ({rx / grads:.2f} G); within one node {tx1} B, {rx1} B"
-    )
-    assert tx >= STEPS * grads and rx >= STEPS * grads
-    assert tx1 + rx1 < 0.05 * STEPS * grads  # the same all-reduce over one node's loopback: SLURM's own chatter at most
+    return row, {k: (after[k][0] - before[k][0], after[k][1] - before[k][1]) for k in LINKED}
 
 
 PROFILE_SWEEP = """
@@ -102,26 +86,65 @@ launcher: {kind: slurm, poll_s: 0.5, exclusive: false, cpus_per_task: 1}
 # profile measured them with (its cores shared among its ranks: 1 each here)
 
 
-def test_four_nodes_a_trial_across_all_and_a_profile_of_two(slurm_cluster, tmp_path: Path) -> None:
-    """On four SLURM nodes that are four namespaces (a star: node 0 forwards between the others): a
-    trial of four nodes of one rank is one job on all four, its gradients all-reduced across the links;
-    and `sweep profile --nodes 2` of a sweep whose launcher is SLURM is one job of 2 nodes x 2 tasks on
-    two of them; its collectives across nodes run at the link's rate, the profile names the link the
+@pytest.fixture(scope="module")
+def four_nodes(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Four SLURM nodes that are four namespaces (a star: node 0 forwards between the others), remade
+    once for every test here: srun's placement of a task per node, a trial of one node of two ranks, a
+    trial of four nodes of one rank, and `sweep profile --nodes 2` of a sweep whose launcher is SLURM."""
+    tmp_path = tmp_path_factory.mktemp("slurm_netns")
+    spec, out = tmp_path / "prof.yaml", tmp_path / "p.yaml"
+    spec.write_text(PROFILE_SWEEP)
+    with netns.shaped_link("200mbit", nodes=4), on_namespaces(slurm_cluster) as cluster:
+        placed = subprocess.run(
+            ["srun", "-N4", "-n4", "-l", "ip", "netns", "identify"], capture_output=True, text=True, timeout=60
+        )
+        within, within_links = run_trial(tmp_path, "within", nodes=1, ranks=2)
+        four, four_links = run_trial(tmp_path, "four", nodes=4, ranks=1)
+        done = sweep_cli("profile", str(spec), "--nodes", "2", "--quick", "--out", str(out), cwd=tmp_path, timeout=600)
+    print(done.stderr)
+    return {
+        "dir": tmp_path,
+        "cluster": cluster,
+        "placed": placed,
+        "within": (within, within_links),
+        "four": (four, four_links),
+        "profile": (done, out),
+    }
+
+
+def test_srun_puts_node_k_tasks_in_namespace_k(four_nodes: dict[str, Any]) -> None:
+    assert four_nodes["cluster"].nodes == tuple(f"sweep-node{k}" for k in range(4)), four_nodes["cluster"]
+    placed = four_nodes["placed"]
+    assert sorted(placed.stdout.splitlines()) == [f"{k}: sweep-node{k}" for k in range(4)], placed
+
+
+def test_a_trial_of_four_nodes_all_reduces_across_the_links_and_one_of_one_node_leaves_them_alone(
+    four_nodes: dict[str, Any],
+) -> None:
+    """A trial of four nodes of one rank is one job on all four, its gradients all-reduced across the
+    links; the same all-reduce over one node's two ranks stays on that node's loopback."""
+    tmp_path = four_nodes["dir"]
+    (four, links), (within, quiet) = four_nodes["four"], four_nodes["within"]
+    assert four.status == "ok" and four.nodelist == "sweep-node[0-3]" and four.dp == 4, four.error
+    assert within.status == "ok" and within.nodelist in four_nodes["cluster"].nodes and within.dp == 2, within.error
+    grads = 4 * load_sweep(tmp_path / "four.yaml", profiles=False).model.num_params  # fp32 gradients
+    print(f"gradients {grads} B x {STEPS} steps; four nodes: links {links}; one node: links {quiet}")
+    # node 1 is in gloo's ring of four: it sends 2 (n-1)/n G = 1.5 G a step, and forwards nothing (node 0 does)
+    tx, rx = links[1]
+    assert tx >= 1.5 * STEPS * grads and rx >= 1.5 * STEPS * grads, (tx, rx, grads)
+    # every byte between two nodes crosses a non-hub node's link: one node's all-reduce crosses none
+    # (SLURM's own chatter at most)
+    assert sum(t + r for t, r in quiet.values()) < 0.05 * STEPS * grads, quiet
+
+
+def test_a_profile_of_two_nodes_is_one_slurm_job_and_measures_the_link(four_nodes: dict[str, Any]) -> None:
+    """`sweep profile --nodes 2` of a sweep whose launcher is SLURM is one job of 2 nodes x 2 tasks on two
+    of the four; its collectives across nodes run at the link's rate, the profile names the link the
     sweep does (no tc to read on a real cluster), and its reference step is a job per depth on the same
     nodes."""
     from sweeper.profiles.profile import load_profile
 
-    spec, out = tmp_path / "prof.yaml", tmp_path / "p.yaml"
-    spec.write_text(PROFILE_SWEEP)
-    with netns.shaped_link("200mbit", nodes=4), on_namespaces(slurm_cluster) as cluster:
-        assert cluster.nodes == tuple(f"sweep-node{k}" for k in range(4)), cluster
-        four, tx, rx = run_trial(tmp_path, "four", nodes=4, ranks=1)
-        done = sweep_cli("profile", str(spec), "--nodes", "2", "--quick", "--out", str(out), cwd=tmp_path, timeout=600)
-    assert four.status == "ok" and four.nodelist == "sweep-node[0-3]" and four.dp == 4, four.error
-    grads = 4 * load_sweep(tmp_path / "four.yaml", profiles=False).model.num_params
-    # node 1 is in gloo's ring of four: it sends 2 (n-1)/n G = 1.5 G a step, and forwards nothing (node 0 does)
-    assert tx >= 1.5 * STEPS * grads and rx >= 1.5 * STEPS * grads, (tx, rx, grads)
-    print(done.stderr)
+    done, out = four_nodes["profile"]
     assert done.returncode == 0, done.stderr[-3000:]
     assert "measuring on 2 processes on each of 2 nodes (one SLURM job; link TBF 200mbit)" in done.stderr
     # the profile's job, then one job per depth of the reference step: each on the same two of the four nodes
@@ -145,4 +168,4 @@ def test_four_nodes_a_trial_across_all_and_a_profile_of_two(slurm_cluster, tmp_p
     for r in p.reference_steps:
         print(f"reference step at {r.passes} block passes: {r.measured_s:.3g} s measured, {r.predicted_s:.3g} s priced")
     assert "reference step: 10 real steps of the built-in trainer" in done.stderr
-    assert not list(tmp_path.glob(".sweep-profile-*")), "the job's folder is removed after it"
+    assert not list(four_nodes["dir"].glob(".sweep-profile-*")), "the job's folder is removed after it"
