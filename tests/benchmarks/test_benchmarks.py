@@ -30,7 +30,7 @@ INT = r"(\d+)"
 def run_benchmark(tmp_path: Path, script: str, *args: str, timeout: int = 600, **env_extra: str) -> str:
     """stdout of `python benchmarks/SCRIPT ARGS` from the repository's root (this checkout first on the
     import path, an empty profile cache, `env_extra` set); fails with its output's tail unless it exits 0."""
-    env = cli_env(XDG_CACHE_HOME=str(tmp_path / "cache"), PYTHONDONTWRITEBYTECODE="1", **env_extra)
+    env = cli_env(XDG_CACHE_HOME=str(tmp_path / "cache"), **env_extra)
     done = subprocess.run(
         [sys.executable, f"benchmarks/{script}", *args],
         cwd=ROOT,
