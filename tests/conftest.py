@@ -218,6 +218,7 @@ _NOT_SHARED = frozenset(
 )
 _GROUPS_DIR = pytest.StashKey[Path]()
 _CACHE_DIR = pytest.StashKey[Path]()
+_INDUCTOR_DIR = pytest.StashKey[Path]()
 
 
 @pytest.fixture(autouse=True)
@@ -240,6 +241,12 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_DurationRecorder(), "sweep-durations")
     config.stash[_CACHE_DIR] = Path(tempfile.mkdtemp(prefix="sweep-test-cache-"))
     os.environ["XDG_CACHE_HOME"] = str(config.stash[_CACHE_DIR])
+    if not hasattr(config, "workerinput"):
+        # one inductor cache for the whole run, which the workers and all they start inherit: a kernel or
+        # the precompiled header (13 s of cc1plus) one worker compiled, the other loads (inductor locks
+        # each entry while it compiles it) instead of compiling it again under its own TMPDIR
+        config.stash[_INDUCTOR_DIR] = Path(tempfile.mkdtemp(prefix="sweep-test-inductor-"))
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(config.stash[_INDUCTOR_DIR])
     if config.getoption("dist", "no") == "loadgroup" and not hasattr(config, "workerinput"):
         import tempfile
 
@@ -255,6 +262,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         import shutil
 
         shutil.rmtree(config.stash[_GROUPS_DIR], ignore_errors=True)
+    if _INDUCTOR_DIR in config.stash:
+        import shutil
+
+        shutil.rmtree(config.stash[_INDUCTOR_DIR], ignore_errors=True)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -1,5 +1,5 @@
-"""The trainer tests write torch's scratch files (inductor cache, launch folders) under pytest's tmp dir; the
-parity launches that test_parity, test_parity_families, test_context_parallel, test_moe and
+"""The trainer tests write torch's scratch files (launch folders) under pytest's tmp dir (inductor's cache is the
+run's own, tests/conftest.py); the parity launches that test_parity, test_parity_families, test_context_parallel, test_moe and
 test_cp_ep_trainer share."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from .helpers import KERNELS, run_workers
 
 @pytest.fixture(scope="session", autouse=True)
 def private_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Inductor's cache and every launch's scratch files go under pytest's tmp dir, cleaned by pytest."""
+    """Every launch's scratch files go under pytest's tmp dir, cleaned by pytest."""
     path = tmp_path_factory.mktemp("torch-tmp")
     old = os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = str(path)
