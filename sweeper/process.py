@@ -47,10 +47,20 @@ SERVER_VAR = "SWEEP_ZYGOTE_SERVER"
 
 # Variables no import of a rank reads, each read when it is used, in the rank's own environment (which its
 # zygote sets after the fork): the tool's own settings, where caches and scratch files go (inductor's reads
-# its variable at each use, and sets it in the process at the first), the container engine a torchx trial
-# submits to (a process that started a private dockerd names it), a test runner's name of the test. A
-# launch whose environment differs from a warm server's in these alone is served.
-READ_AT_USE = ("SWEEP_", "XDG_", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "DOCKER_HOST", "PYTEST_CURRENT_TEST")
+# its variable at each use, and sets it in the process at the first), the address inductor sets in its own
+# process before each compiled kernel it loads (which reads it there: a process that has compiled anything
+# has one), the container engine a torchx trial submits to (a process that started a private dockerd names
+# it), a test runner's name of the test. A launch whose environment differs from a warm server's in these
+# alone is served.
+READ_AT_USE = (
+    "SWEEP_",
+    "XDG_",
+    "TMPDIR",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
+    "DOCKER_HOST",
+    "PYTEST_CURRENT_TEST",
+)
 
 
 def read_at_use(name: str) -> bool:

@@ -119,7 +119,14 @@ def report_start(*, out_dir: Path) -> None:
                 "own_session": os.getsid(0) == os.getpid(),
                 "started": os.environ.get("SWEEP_RANK_STARTED_UNIX"),
                 "read_at_use": {
-                    k: os.environ.get(k) for k in ("XDG_CACHE_HOME", "TMPDIR", "DOCKER_HOST", "SWEEP_NOTE")
+                    k: os.environ.get(k)
+                    for k in (
+                        "XDG_CACHE_HOME",
+                        "TMPDIR",
+                        "DOCKER_HOST",
+                        "SWEEP_NOTE",
+                        "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
+                    )
                 },
                 "tempdir": tempfile.gettempdir(),
             }

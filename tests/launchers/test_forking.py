@@ -79,7 +79,9 @@ def test_a_launch_that_differs_only_in_what_is_read_at_use_is_served(
     # where caches and scratch files go, the tool's own settings: each test of a session has its own, and
     # its launches are served by the session's server (tests/conftest.py), each rank in the launch's values;
     # so is a private dockerd's socket (tests/docker_daemon.py names it in its worker's environment: every
-    # launch of that worker after a Docker test started a zygote of its own, importing torch, until it was here)
+    # launch of that worker after a Docker test started a zygote of its own, importing torch, until it was here),
+    # and the address inductor sets in a process that loaded a compiled kernel (every launch of a test worker
+    # after its first in-process compile started a zygote of its own: some 30 a run, about 5 s of CPU each)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     mine = {
@@ -87,6 +89,7 @@ def test_a_launch_that_differs_only_in_what_is_read_at_use_is_served(
         "TMPDIR": str(scratch),
         "DOCKER_HOST": f"unix://{tmp_path / 'docker.sock'}",
         "SWEEP_NOTE": "this launch's",
+        "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR": "140000000000",
     }
     assert all(os.environ.get(k) != v for k, v in mine.items())  # the server's environment has others
     done = launch(REPORT, nprocs=2, timeout_s=120, workdir=tmp_path / "mine", extra_env=warm.environ() | mine)
