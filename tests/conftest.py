@@ -230,42 +230,35 @@ def _own_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The controller of `pytest -n 2 --dist loadgroup` makes a folder where each worker writes
-    the group of each test it collected (read by `pytest_xdist_make_scheduler`)."""
+    """The folders the run's processes share, removed at its end (`pytest_unconfigure`): the controller of
+    `pytest -n 2 --dist loadgroup` makes one where each worker writes the group of each test it collected
+    (read by `pytest_xdist_make_scheduler`), and the run's inductor cache."""
     # learned profiles (`sweeper.search.learned`) live in the user's cache: never the real one, and never
     # one shared by two tests (a sweep's profile would steer the next test's sweep): a folder for the
     # session here, in place before any session fixture runs a sweep, and one per test (`_own_cache`)
     import tempfile
 
-    if config.getoption("store_durations") and not hasattr(config, "workerinput"):
-        config.pluginmanager.register(_DurationRecorder(), "sweep-durations")
     config.stash[_CACHE_DIR] = Path(tempfile.mkdtemp(prefix="sweep-test-cache-"))
     os.environ["XDG_CACHE_HOME"] = str(config.stash[_CACHE_DIR])
-    if not hasattr(config, "workerinput"):
-        # one inductor cache for the whole run, which the workers and all they start inherit: a kernel or
-        # the precompiled header (13 s of cc1plus) one worker compiled, the other loads (inductor locks
-        # each entry while it compiles it) instead of compiling it again under its own TMPDIR
-        config.stash[_INDUCTOR_DIR] = Path(tempfile.mkdtemp(prefix="sweep-test-inductor-"))
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(config.stash[_INDUCTOR_DIR])
-    if config.getoption("dist", "no") == "loadgroup" and not hasattr(config, "workerinput"):
-        import tempfile
-
+    if hasattr(config, "workerinput"):
+        return
+    if config.getoption("store_durations"):
+        config.pluginmanager.register(_DurationRecorder(), "sweep-durations")
+    # one inductor cache for the whole run, which the workers and all they start inherit: a kernel or
+    # the precompiled header (13 s of cc1plus) one worker compiled, the other loads (inductor locks
+    # each entry while it compiles it) instead of compiling it again under its own TMPDIR
+    config.stash[_INDUCTOR_DIR] = Path(tempfile.mkdtemp(prefix="sweep-test-inductor-"))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(config.stash[_INDUCTOR_DIR])
+    if config.getoption("dist", "no") == "loadgroup":
         config.stash[_GROUPS_DIR] = Path(tempfile.mkdtemp(prefix="sweep-xdist-groups-"))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _CACHE_DIR in config.stash:
-        import shutil
+    import shutil
 
-        shutil.rmtree(config.stash[_CACHE_DIR], ignore_errors=True)
-    if _GROUPS_DIR in config.stash:
-        import shutil
-
-        shutil.rmtree(config.stash[_GROUPS_DIR], ignore_errors=True)
-    if _INDUCTOR_DIR in config.stash:
-        import shutil
-
-        shutil.rmtree(config.stash[_INDUCTOR_DIR], ignore_errors=True)
+    for folder in (_CACHE_DIR, _GROUPS_DIR, _INDUCTOR_DIR):
+        if folder in config.stash:
+            shutil.rmtree(config.stash[folder], ignore_errors=True)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -1,6 +1,6 @@
-"""The trainer tests write torch's scratch files (launch folders) under pytest's tmp dir (inductor's cache is the
-run's own, tests/conftest.py); the parity launches that test_parity, test_parity_families, test_context_parallel, test_moe and
-test_cp_ep_trainer share."""
+"""The trainer tests write torch's scratch files (launch folders) under pytest's tmp dir (inductor's cache
+is the run's own, tests/conftest.py); the parity launches that test_parity, test_parity_families,
+test_context_parallel, test_moe and test_cp_ep_trainer share."""
 
 from __future__ import annotations
 
