@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -67,31 +69,68 @@ def job_tasks(job_id: str) -> list[int]:
     return sorted(found)
 
 
-def test_time_limit_and_scancel_become_rows(slurm_cluster, tmp_path):
-    # two trials that would run for hours: one is cancelled from outside, the other hangs (its ranks
-    # stopped, as a trial stuck in a collective is) until the 1-minute SLURM time limit ends it;
-    # the sweep ends with one row each and no hang. Stopped, the hung trial takes no CPU while the
-    # limit is waited out (SLURM sends SIGCONT before SIGTERM and SIGKILL, as to any stopped task).
+@dataclasses.dataclass
+class TimeLimited:
+    """The time-limit test's sweep while it waits out its limit: the `sweep run`, its two in-flight
+    records (the cancelled trial's first), and what went wrong before the wait, if anything."""
+
+    proc: subprocess.Popen[str]
+    folder: Path
+    records: list[dict]
+    problem: str | None = None
+
+
+TIME_LIMIT_TEST = "test_time_limit_and_scancel_become_rows"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def time_limited(
+    request: pytest.FixtureRequest, slurm_cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TimeLimited | None]:
+    """Two trials that would run for hours: one cancelled from outside, the other hung (its ranks
+    stopped, as a trial stuck in a collective is) until SLURM's time limit ends it. Started before this
+    module's first test and left to wait out the limit (SLURM's shortest, a minute, which slurmctld
+    checks every 30 s: 60-90 s with nothing to do) while the module's other tests run; the last test,
+    `test_time_limit_and_scancel_become_rows`, reads how it ended. Stopped, the hung trial takes no
+    CPU (SLURM sends SIGCONT before SIGTERM and SIGKILL, as to any stopped task). Not started where that
+    test was not selected."""
+    if not any(item.name == TIME_LIMIT_TEST for item in request.session.items):
+        yield None
+        return
+    tmp_path = tmp_path_factory.mktemp("time_limit")
     spec = slurm_spec(tmp_path, "tiny_faults", trial={"steps": 100_000, "timeout_min": 1}, max_trials=2, parallel=2)
-    proc = start_cli("run", str(spec), cwd=tmp_path)
-    inflight = tmp_path / "results" / "tiny_faults" / "inflight"
+    run = TimeLimited(start_cli("run", str(spec), cwd=tmp_path), tmp_path / "results" / "tiny_faults", [])
+    try:
+        run.problem = _cancel_one_and_stop_the_other(run)
+        yield run
+    finally:
+        if run.proc.poll() is None:  # the test did not wait for it (not run, or failed before)
+            run.proc.kill()
+            run.proc.communicate()
+            ids = [r["job_id"] for r in run.records if r.get("job_id")]
+            if ids:
+                subprocess.run(["scancel", *ids], check=False)
+
+
+def _cancel_one_and_stop_the_other(run: TimeLimited) -> str | None:
+    """Wait for both trials' jobs, scancel the first once it runs (as an operator would), SIGSTOP the
+    other's two tasks; what went wrong, or None."""
+    inflight = run.folder / "inflight"
     deadline = time.time() + 120
-    records: list[dict] = []
     # a record is saved before its job is submitted (job_id null), then again with the job id
     while (
         time.time() < deadline
-        and proc.poll() is None
-        and (len(records) < 2 or not all(r.get("job_id") for r in records))
+        and run.proc.poll() is None
+        and (len(run.records) < 2 or not all(r.get("job_id") for r in run.records))
     ):
-        records = (
+        run.records = (
             [json.loads(p.read_text()) for p in sorted(inflight.glob("trial-*.json"))] if inflight.is_dir() else []
         )
         time.sleep(0.5)
-    assert len(records) == 2, (
-        f"two trials should be in flight: {proc.poll()} {proc.stderr.read() if proc.poll() is not None else ''}"
-    )
-    victim = records[0]
-    # wait until it runs, then cancel it as an operator would
+    if len(run.records) != 2 or not all(r.get("job_id") for r in run.records):
+        ended = run.proc.poll()
+        return f"two trials should be in flight: {ended} {run.proc.stderr.read() if ended is not None else ''}"
+    victim = run.records[0]
     deadline = time.time() + 60
     while time.time() < deadline:
         state = subprocess.run(
@@ -101,27 +140,15 @@ def test_time_limit_and_scancel_become_rows(slurm_cluster, tmp_path):
             break
         time.sleep(0.5)
     subprocess.run(["scancel", victim["job_id"]], check=True)
-    hung = records[1]["job_id"]
+    hung = run.records[1]["job_id"]
     deadline = time.time() + 120
-    while len(tasks := job_tasks(hung)) < 2 and time.time() < deadline and proc.poll() is None:
+    while len(tasks := job_tasks(hung)) < 2 and time.time() < deadline and run.proc.poll() is None:
         time.sleep(0.2)
-    assert len(tasks) == 2, f"job {hung}: tasks {tasks}, sweep {proc.poll()}"
+    if len(tasks) != 2:
+        return f"job {hung}: tasks {tasks}, sweep {run.proc.poll()}"
     for pid in tasks:
         os.kill(pid, signal.SIGSTOP)
-    out, err = proc.communicate(timeout=400)
-    assert proc.returncode == 1, err[-3000:]  # both trials failed: `sweep run` says no trial succeeded
-    df = pd.read_parquet(tmp_path / "results" / "tiny_faults" / "trials").set_index("trial_number")
-    cancelled = df.loc[victim["trial_number"]]
-    assert cancelled.status == "failed" and "cancelled" in cancelled.error, cancelled.error
-    other = df.drop(index=victim["trial_number"]).iloc[0]
-    assert other.status == "timeout", other.error
-    assert not list(inflight.iterdir())
-    # nothing of the sweep still pending or running (a job that just hit its limit may linger a
-    # few seconds in SLURM's COMPLETING state, which is SLURM's epilog, not a leftover)
-    left = subprocess.run(
-        ["squeue", "-h", "-t", "PENDING,RUNNING", "-o", "%A"], capture_output=True, text=True
-    ).stdout.split()
-    assert not set(left) & {r["job_id"] for r in records}
+    return None
 
 
 def test_external_workload_through_slurm(slurm_cluster, tmp_path):
@@ -138,3 +165,26 @@ def test_external_workload_through_slurm(slurm_cluster, tmp_path):
     df = pd.read_parquet(tmp_path / "results" / "mega_slurm" / "trials")
     assert len(df) == 2 and (df.status == "ok").all(), df[["status", "error"]].to_string()
     assert (df.device == "megatron workload").all() and df.job_id.str.fullmatch(r"\d+").all()
+
+
+def test_time_limit_and_scancel_become_rows(time_limited: TimeLimited | None) -> None:
+    # the module's fixture started the two trials, cancelled one and stopped the other before the
+    # tests above ran: the sweep ends with one row each and no hang
+    assert time_limited is not None
+    run = time_limited
+    assert run.problem is None, run.problem
+    out, err = run.proc.communicate(timeout=400)
+    assert run.proc.returncode == 1, err[-3000:]  # both trials failed: `sweep run` says no trial succeeded
+    victim = run.records[0]
+    df = pd.read_parquet(run.folder / "trials").set_index("trial_number")
+    cancelled = df.loc[victim["trial_number"]]
+    assert cancelled.status == "failed" and "cancelled" in cancelled.error, cancelled.error
+    other = df.drop(index=victim["trial_number"]).iloc[0]
+    assert other.status == "timeout", other.error
+    assert not list((run.folder / "inflight").iterdir())
+    # nothing of the sweep still pending or running (a job that just hit its limit may linger a
+    # few seconds in SLURM's COMPLETING state, which is SLURM's epilog, not a leftover)
+    left = subprocess.run(
+        ["squeue", "-h", "-t", "PENDING,RUNNING", "-o", "%A"], capture_output=True, text=True
+    ).stdout.split()
+    assert not set(left) & {r["job_id"] for r in run.records}
