@@ -49,7 +49,13 @@ def _cmd(spec: Path) -> list[str]:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    """This environment with this checkout first on the import path, added only where it is not already
+    first: a fork server the caller keeps (`SWEEP_ZYGOTE_SERVER`) takes only launches whose environment
+    is its own, and a path named twice would send every `sweep run` here to start its own zygote."""
+    path = os.environ.get("PYTHONPATH", "")
+    if path.split(os.pathsep)[0] != str(ROOT):
+        path = os.pathsep.join(p for p in (str(ROOT), path) if p)
+    return {**os.environ, "PYTHONPATH": path}
 
 
 def run_to_end(spec: Path) -> None:
