@@ -50,8 +50,10 @@ SERVER_VAR = "SWEEP_ZYGOTE_SERVER"
 # its variable at each use, and sets it in the process at the first), the address inductor sets in its own
 # process before each compiled kernel it loads (which reads it there: a process that has compiled anything
 # has one), the container engine a torchx trial submits to (a process that started a private dockerd names
-# it), a test runner's name of the test. A launch whose environment differs from a warm server's in these
-# alone is served.
+# it), a test runner's name of the test, the CUDA allocator's settings (read when CUDA initialises, which a
+# zygote never does: `sweep selftest` sets them in its own process before its launches), the terminal's
+# size (read by whatever prints, when it prints). A launch whose environment differs from a warm server's
+# in these alone is served.
 READ_AT_USE = (
     "SWEEP_",
     "XDG_",
@@ -60,6 +62,9 @@ READ_AT_USE = (
     "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
     "DOCKER_HOST",
     "PYTEST_CURRENT_TEST",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "COLUMNS",
+    "LINES",
 )
 
 

@@ -126,6 +126,9 @@ def report_start(*, out_dir: Path) -> None:
                         "DOCKER_HOST",
                         "SWEEP_NOTE",
                         "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
+                        "PYTORCH_CUDA_ALLOC_CONF",
+                        "COLUMNS",
+                        "LINES",
                     )
                 },
                 "tempdir": tempfile.gettempdir(),

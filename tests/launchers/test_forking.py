@@ -81,7 +81,9 @@ def test_a_launch_that_differs_only_in_what_is_read_at_use_is_served(
     # so is a private dockerd's socket (tests/docker_daemon.py names it in its worker's environment: every
     # launch of that worker after a Docker test started a zygote of its own, importing torch, until it was here),
     # and the address inductor sets in a process that loaded a compiled kernel (every launch of a test worker
-    # after its first in-process compile started a zygote of its own: some 30 a run, about 5 s of CPU each)
+    # after its first in-process compile started a zygote of its own: some 30 a run, about 5 s of CPU each);
+    # so are the CUDA allocator's settings, which `sweep selftest` sets in its own process, and the terminal's
+    # size (a test of `sweep trial` sets it: each started a zygote of its own)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     mine = {
@@ -90,6 +92,9 @@ def test_a_launch_that_differs_only_in_what_is_read_at_use_is_served(
         "DOCKER_HOST": f"unix://{tmp_path / 'docker.sock'}",
         "SWEEP_NOTE": "this launch's",
         "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR": "140000000000",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "COLUMNS": "211",
+        "LINES": "47",
     }
     assert all(os.environ.get(k) != v for k, v in mine.items())  # the server's environment has others
     done = launch(REPORT, nprocs=2, timeout_s=120, workdir=tmp_path / "mine", extra_env=warm.environ() | mine)
