@@ -12,8 +12,10 @@ card), which only a repeat of both layouts measures. Pure: no torch.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -26,12 +28,69 @@ MAX_STEPS = 100_000  # beyond this many steps per trial, more steps are no way t
 
 def t_factor(steps: int, confidence: float = CONFIDENCE) -> float:
     """Student's t quantile for a two-sided `confidence` interval of the mean of `steps` samples."""
-    # the special function (the inverse of the t distribution's CDF), not scipy.stats' `t.ppf`, which
-    # gives the same number (to the last bit, 2-100000 steps) after an import of about 0.9 s of CPU:
-    # every `sweep best`, `status` and `report` asks for an interval
-    from scipy.special import stdtrit
+    if steps < 2 or not 0 < confidence < 1:
+        raise ValueError(f"a t interval needs 2 or more steps and a confidence in (0, 1), not {steps} and {confidence}")
+    return _t_quantile(steps - 1, (1 + confidence) / 2)
 
-    return float(stdtrit(steps - 1, (1 + confidence) / 2))
+
+# Computed here, not by scipy.special's `stdtrit` (the same number, to 1e-12 relative below 1000 steps and
+# 1e-10 at 100,000, where lgamma's differences lose digits): importing scipy.special
+# cost every process that asks for an interval about 0.3 s of CPU (each trial's worker, `sweep run`,
+# `best`, `status`, `report`), for one function.
+@functools.cache
+def _t_quantile(df: int, p: float) -> float:
+    """The `p` quantile (1/2 < p < 1) of Student's t with `df` degrees of freedom: Newton's method on its
+    upper tail from the normal's quantile, which lies below it; the tail is convex there, so each step
+    stays below the answer and the steps shrink to it."""
+    t = statistics.NormalDist().inv_cdf(p)
+    for _ in range(200):
+        step = (_t_upper_tail(t, df) - (1 - p)) / _t_density(t, df)
+        t += step
+        if step <= 4 * sys.float_info.epsilon * t:
+            break
+    return t
+
+
+def _t_upper_tail(t: float, df: int) -> float:
+    """P(T > t) for t >= 0: half the regularized incomplete beta I_x(df/2, 1/2) at x = df / (df + t²)."""
+    return 0.5 * _beta_regularized(df / 2, 0.5, df / (df + t * t), t * t / (df + t * t))
+
+
+def _t_density(t: float, df: int) -> float:
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    return math.exp(log_norm - (df + 1) / 2 * math.log1p(t * t / df))
+
+
+def _beta_regularized(a: float, b: float, x: float, y: float) -> float:
+    """I_x(a, b), with y = 1 - x given apart (exact where x is near 1); the continued fraction where it
+    converges fast, else through I_x(a, b) = 1 - I_y(b, a) (Numerical Recipes, 6.4)."""
+    if x <= 0 or y <= 0:
+        return 0.0 if x <= 0 else 1.0
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log(y)
+    if x < (a + 1) / (a + b + 2):
+        return math.exp(log_front) * _beta_fraction(a, b, x) / a
+    return 1 - math.exp(log_front) * _beta_fraction(b, a, y) / b
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    """The incomplete beta's continued fraction, by the modified Lentz method."""
+    tiny = 1e-300
+    c, d = 1.0, 1 - (a + b) * x / (a + 1)
+    d = 1 / (d if abs(d) > tiny else tiny)
+    out = d
+    for m in range(1, 10_000):
+        for num in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1 + num * d
+            d = 1 / (d if abs(d) > tiny else tiny)
+            c = 1 + num / c
+            c = c if abs(c) > tiny else tiny
+            out *= d * c
+        if abs(d * c - 1) < sys.float_info.epsilon:
+            break
+    return out
 
 
 @dataclass(frozen=True)
