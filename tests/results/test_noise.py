@@ -32,7 +32,7 @@ def test_t_factor_is_students_quantile():
 
 
 @pytest.mark.parametrize("confidence", [0.5, 0.8, 0.9, 0.95, 0.99, 0.999])
-def test_t_factor_is_scipys_quantile_to_the_last_digits(confidence: float) -> None:
+def test_t_factor_agrees_with_scipys_quantile(confidence: float) -> None:
     """noise.py computes the quantile itself (scipy.special's import cost every process 0.3 s): scipy's
     inverse of the t distribution's CDF agrees, to 1e-12 up to 1000 steps and 1e-9 at 100,000."""
     from scipy.special import stdtrit
