@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import math
 import os
+import random
 import subprocess
 import time
 from collections.abc import Iterator
@@ -68,6 +69,11 @@ INHERITED_LAUNCH_VARS = (
     "CUDA_VISIBLE_DEVICES",
 )
 INHERITED_LAUNCH_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_")
+# The master ports a job's rank 0 listens on, one drawn per job id. Below Linux's ephemeral range
+# (ip_local_port_range, 32768-60999 by default), where any process's outgoing connection on the
+# master node may hold the port: submitit's own draw (20000-60000) overlaps it, and a trial failed
+# with EADDRINUSE before training. torchrun's default, 29500, lies in this range too.
+MASTER_PORTS = range(20000, 32768)
 
 
 @contextlib.contextmanager
@@ -176,12 +182,25 @@ def slurm_call(target: str, kwargs: dict[str, Any], out_dir: str) -> None:
     getattr(importlib.import_module(module), name)(out_dir=Path(out_dir), **kwargs)
 
 
+def master_port_for(job_id: str) -> int:
+    """The master port of the job `job_id` (an array's task: "123_4"): the same in every task of the
+    job, on every node, with nothing exchanged; below the ephemeral ports (`MASTER_PORTS`)."""
+    return random.Random(job_id).choice(MASTER_PORTS)  # seeded by a string: the same in every process
+
+
 def export_task_environ() -> None:
     """RANK, WORLD_SIZE, MASTER_ADDR/PORT, ... from SLURM's variables, in this task's environment."""
+    from submitit import JobEnvironment
     from submitit.helpers import TorchDistributedEnvironment
 
     if "RANK" not in os.environ:  # a profile's setup line may have set them itself
-        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # RANK, MASTER_ADDR/PORT, ...
+        torch_env = TorchDistributedEnvironment()
+        # a master address or port a setup line exported is kept (submitit would refuse to export over
+        # it); submitit's own draw of the port is not
+        torch_env.master_addr = os.environ.get("MASTER_ADDR", torch_env.master_addr)
+        if "MASTER_PORT" not in os.environ:
+            torch_env.master_port = master_port_for(JobEnvironment().job_id)
+        torch_env.export(set_cuda_visible_devices=False, overwrite=True)  # RANK, MASTER_ADDR/PORT, ...
     # a node of the local cluster of network namespaces (SLURM_NETNS=1 scripts/slurm/start.sh): gloo
     # on the node's end of the shaped link, not on the loopback the host name resolves to
     os.environ.update(scheduled_node_environ(os.environ))

@@ -6,9 +6,20 @@ launchers/test_slurm_multinode.py against the session's real SLURM.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
-from sweeper.launchers.slurm import RESULT_GRACE_S, SlurmLauncher, SlurmProfile
+from sweeper.launchers.slurm import (
+    MASTER_PORTS,
+    RESULT_GRACE_S,
+    SlurmLauncher,
+    SlurmProfile,
+    export_task_environ,
+    master_port_for,
+)
 from sweeper.launchers.task import node_rank, task_count, tasks_per_node
 from tests.conftest import make_sweep
 
@@ -46,3 +57,67 @@ def test_tasks_of_a_job_one_per_device_for_the_builtin_trainer_one_per_node_for_
 )
 def test_a_tasks_node_from_torchrun_style_variables(env: dict[str, str], node: int):
     assert node_rank(env) == node
+
+
+def _slurm_task_environ(monkeypatch: pytest.MonkeyPatch, job_id: str, procid: int, **extra: str) -> None:
+    """This process as task `procid` of a SLURM job of 2 nodes x 2 tasks: the variables slurmstepd and
+    submitit's batch file set in each task (submitit's JobEnvironment reads them), no torchrun-style ones."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    slurm = {
+        "SLURM_JOB_ID": job_id,
+        "SLURM_NTASKS": "4",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_NODEID": str(procid // 2),
+        "SLURM_JOB_NODELIST": "gpu[07-08]",
+        "SLURM_PROCID": str(procid),
+        "SLURM_LOCALID": str(procid % 2),
+        "SUBMITIT_EXECUTOR": "slurm",
+    }
+    for name, value in (slurm | extra).items():
+        monkeypatch.setenv(name, value)
+
+
+def test_every_task_of_a_job_takes_one_master_port_below_the_ephemeral_ones(monkeypatch: pytest.MonkeyPatch):
+    # submitit draws the port from 20000-60000, across Linux's ephemeral ports (32768-60999 by
+    # default), where an outgoing connection on the master node may hold it: a trial's rank 0 failed
+    # to listen with EADDRINUSE
+    ephemeral_low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])  # noqa: SIM115
+    ports = {}
+    for job_id in ("7", "1234567", "987654321"):
+        seen = set()
+        for procid in range(4):
+            _slurm_task_environ(monkeypatch, job_id, procid)
+            export_task_environ()
+            assert os.environ["RANK"] == str(procid) and os.environ["MASTER_ADDR"] == "gpu07"
+            seen.add(int(os.environ["MASTER_PORT"]))
+        assert len(seen) == 1, seen  # every task, on either node, the same port
+        ports[job_id] = seen.pop()
+    assert len(set(ports.values())) == 3, ports  # another job, another port
+    drawn = [master_port_for(str(j)) for j in range(100_000, 102_000)] + [master_port_for(f"55_{t}") for t in range(99)]
+    assert all(p in MASTER_PORTS for p in drawn) and max(drawn) < ephemeral_low <= 32768
+    assert len(set(drawn)) > 1800  # spread over the range, not a few ports
+
+
+@pytest.mark.parametrize("exported", [{"MASTER_PORT": "29777"}, {"MASTER_ADDR": "gpu08-ib", "MASTER_PORT": "29777"}])
+def test_a_master_address_or_port_the_setup_lines_exported_is_kept(
+    monkeypatch: pytest.MonkeyPatch, exported: dict[str, str]
+):
+    # `export MASTER_PORT=...` in a profile's setup lines (SLURM recipes have it) made submitit refuse
+    # to export over it: the task failed before its rank started
+    _slurm_task_environ(monkeypatch, "1234567", 2, **exported)
+    export_task_environ()
+    got = {name: os.environ[name] for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    assert got == {"MASTER_ADDR": "gpu07", "RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0"} | exported
+
+
+def test_the_master_port_is_the_same_in_every_process():
+    # each task is its own process: a draw that hashed with Python's per-process salt would differ
+    code = "from sweeper.launchers.slurm import master_port_for; print(master_port_for('1234567'))"
+    seen = {
+        subprocess.run(
+            [sys.executable, "-c", code], env=os.environ | {"PYTHONHASHSEED": seed}, capture_output=True, text=True
+        ).stdout.strip()
+        for seed in ("1", "2", "3")
+    }
+    assert seen == {str(master_port_for("1234567"))}
