@@ -148,33 +148,36 @@ def measure_wrapped(
 ) -> list[BlockPoint]:
     """The tiny model at each of `DP_WRAPPER_DEPTHS` unwrapped (knob `model`) and under each other of
     `DP_WRAPPERS` (knob: the wrapper; value: the blocks). What a wrapper adds is a difference of a few
-    milliseconds on tens, so each is timed in turn with the unwrapped model, batch by batch for
-    `rounds` rounds (a load that comes and goes hits both), and its seconds are the unwrapped model's
-    plus the median of the rounds' differences."""
+    milliseconds on tens, so each round times the unwrapped model and then every wrapper, one batch
+    each (a load that comes and goes hits the round's base and its wrappers alike); a wrapper's seconds
+    are the unwrapped model's median plus the median of its rounds' differences from their base."""
     one = replace(timer, batches=1)
     out = []
     for layers in DP_WRAPPER_DEPTHS:
         make = partial(
             wrapped_step, shape, settings, layers=layers, rows=rows, precision=precision, device=timer.device, mesh=mesh
         )
-        plain = make(wrapper="model")
-        bases: list[float] = []
-        added: dict[str, float] = {}
+        wrapped: dict[str, Callable[[], None]] = {}
         for wrapper in DP_WRAPPERS[1:]:
             try:
-                step = make(wrapper=wrapper)
+                wrapped[wrapper] = make(wrapper=wrapper)
             except Exception as e:  # noqa: BLE001 - a wrapper this torch cannot run is left out, with why
                 failed[f"{wrapper} model"] = " ".join(str(e).split())[:200]
-                continue
-            pairs = [(one(plain), one(step)) for _ in range(rounds)]
-            bases += [b for b, _ in pairs]
-            added[wrapper] = statistics.median(w - b for b, w in pairs)
-        if not bases:
+        if not wrapped:
             continue
+        plain, names = make(wrapper="model"), list(wrapped)
+        bases: list[float] = []
+        added: dict[str, list[float]] = {w: [] for w in names}
+        for r in range(rounds):
+            base = one(plain)
+            bases.append(base)
+            # each round starts its wrappers at another: none is always the one timed furthest from the base
+            for w in names[r % len(names) :] + names[: r % len(names)]:
+                added[w].append(one(wrapped[w]) - base)
         base = statistics.median(bases)
         out.append(BlockPoint(knob="model", value=str(layers), rows=rows, seconds=base))
         out += [
-            BlockPoint(knob=w, value=str(layers), rows=rows, seconds=max(base + extra, 1e-9))
+            BlockPoint(knob=w, value=str(layers), rows=rows, seconds=max(base + statistics.median(extra), 1e-9))
             for w, extra in added.items()
         ]
     return out
