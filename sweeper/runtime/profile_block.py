@@ -169,11 +169,10 @@ def measure_wrapped(
         bases: list[float] = []
         added: dict[str, list[float]] = {w: [] for w in names}
         for r in range(rounds):
-            base = one(plain)
-            bases.append(base)
+            bases.append(one(plain))
             # each round starts its wrappers at another: none is always the one timed furthest from the base
             for w in names[r % len(names) :] + names[: r % len(names)]:
-                added[w].append(one(wrapped[w]) - base)
+                added[w].append(one(wrapped[w]) - bases[-1])
         base = statistics.median(bases)
         out.append(BlockPoint(knob="model", value=str(layers), rows=rows, seconds=base))
         out += [
