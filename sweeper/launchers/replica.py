@@ -128,35 +128,24 @@ def _sweep(text: str, source: str, nodes: int) -> Sweep:
 
 def _run(sweep: Sweep, layout: Layout, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """This node's part of the trial: the trial's result on node 0, how its ranks ended elsewhere."""
-    from sweeper.launchers.ranks import Rendezvous, launch, launch_trial
+    from sweeper.launchers.task import run_node
 
     node, nodes = args.node_rank, args.nodes
     if trainer_of(sweep).runs_command:  # an external trainer's command, once per node
         return {"result": _run_external(sweep, layout, node, nodes, args, workdir)}
-    rendezvous = None
-    if nodes > 1:
-        master = "127.0.0.1" if node == 0 else os.environ.get(args.rank0_env, "")
-        if not master:
-            return {"error": f"{args.rank0_env} is not set: node {node} cannot find node 0"}
-        rendezvous = Rendezvous(node, nodes, master, args.master_port)
-    if node == 0:
-        result = launch_trial(sweep, layout, workdir=workdir / "ranks", timeout_s=args.timeout_s, rendezvous=rendezvous)
-        return {"result": result.to_dict()}
-    assert rendezvous is not None
-    task = {"kind": "trial", "sweep": sweep, "layout": layout}
-    done = launch(
-        task,
-        nprocs=sweep.cluster.gpus_per_node,
+    master = "127.0.0.1" if node == 0 else os.environ.get(args.rank0_env, "")
+    if nodes > 1 and not master:
+        return {"error": f"{args.rank0_env} is not set: node {node} cannot find node 0"}
+    return run_node(
+        sweep,
+        layout,
+        node=node,
+        nodes=nodes,
+        master_addr=master,
+        master_port=args.master_port,
         timeout_s=args.timeout_s,
         workdir=workdir / "ranks",
-        rendezvous=rendezvous,
     )
-    oom = done.oom()
-    return {
-        "returncodes": done.returncodes,
-        "timed_out": done.timed_out,
-        "oom_evidence": f"rank {node * sweep.cluster.gpus_per_node + oom[0]}: {oom[1]}" if oom else None,
-    }
 
 
 def _run_external(

@@ -1,4 +1,5 @@
-"""Trials as SLURM jobs through submitit: one job per trial, nodes x GPUs of the sweep's cluster."""
+"""Trials as SLURM jobs through submitit: one job per trial on the nodes of the sweep's cluster, one task
+on each node, which forks that node's ranks (`sweeper.launchers.task`)."""
 
 from __future__ import annotations
 
@@ -29,12 +30,13 @@ from sweeper.launchers.base import (
     tail,
 )
 from sweeper.launchers.netns import scheduled_node_environ
-from sweeper.launchers.task import run_task, task_count, tasks_per_node
-from sweeper.process import read_result
+from sweeper.launchers.task import rank0_result, run_task, with_nodes_oom
+from sweeper.process import SERVER_VAR, read_result
 from sweeper.results.folder import check_trusted_file
 from sweeper.results.trial import TrialResult
 from sweeper.spec.sweep import Sweep
 from sweeper.statuses import TrialStatus
+from sweeper.trainers import trainer_of
 
 # submitit is imported where a job is submitted or read: the launcher registry imports this module
 # for every sweep, and a local sweep or a dry run should not pay for (or need) submitit
@@ -53,8 +55,11 @@ RESULT_GRACE_S = 60.0
 # Variables of a distributed launch in the submitting shell (a login shell inside torchrun, an
 # salloc with a framework's exports) that sbatch would pass into the job, where they would
 # override what submitit derives from SLURM: every task would think it is that one rank.
-# CUDA_VISIBLE_DEVICES of the login node says nothing about the compute node's GPUs.
+# CUDA_VISIBLE_DEVICES of the login node says nothing about the compute node's GPUs. A fork server
+# the submitting process keeps (SERVER_VAR: the local launcher's, a test session's) is this machine's:
+# a node's task forks its ranks from a zygote of its own, inside its job.
 INHERITED_LAUNCH_VARS = (
+    SERVER_VAR,
     "RANK",
     "WORLD_SIZE",
     "LOCAL_RANK",
@@ -91,7 +96,8 @@ def clean_submit_environment(environ: dict[str, str] | None = None) -> Iterator[
 
 
 def cpus_per_task_for(node_cpus: int | None, tasks_per_node: int) -> int | None:
-    """The node's cores shared evenly among its tasks (one task per GPU): the default cpus_per_task."""
+    """The node's cores shared evenly among its tasks: the default cpus_per_task (a trial's job runs
+    one task a node; a profile's, one per GPU)."""
     if not node_cpus:
         return None
     return max(1, node_cpus // max(1, tasks_per_node))
@@ -122,7 +128,8 @@ class SlurmProfile(LauncherProfile):
         ge=1,
         le=1024,
         description=(
-            "default: the node's CPUs (sinfo) shared among its tasks, one per GPU; OMP_NUM_THREADS follows it"
+            "CPUs for each rank (one per GPU; for a trainer's own command, for its one task a node); "
+            "default: the node's CPUs (sinfo) shared among its ranks; OMP_NUM_THREADS follows it"
         ),
     )
     mem_gb: float | None = Field(default=None, gt=0)
@@ -231,20 +238,33 @@ class SlurmLauncher(Launcher):
 
     def _executor(self, job: TrialJob) -> submitit.AutoExecutor:
         exclude = self.failed_nodes.get(job.number) if job.attempt > 1 else None
+        # one task a node: the built-in trainer's forks the node's ranks (one per GPU), a trainer's
+        # own command starts them itself
+        ranks = 1 if trainer_of(self.sweep).runs_command else self.sweep.cluster.gpus_per_node
         return self.executor(
             job.workdir / "slurm",
             nodes=self._sweep_of(job).cluster.nodes,  # the layout's node count, not the smallest
-            tasks=tasks_per_node(self.sweep),
+            tasks=1,
+            ranks_per_task=ranks,
             timeout_min=self.sweep.trial.timeout_min,  # the trial's limit is the job's
             name=f"sweep-{self.sweep.name}-{job.number}",
             exclude=exclude,
         )
 
     def executor(
-        self, folder: Path, *, nodes: int, tasks: int, timeout_min: float, name: str, exclude: str | None = None
+        self,
+        folder: Path,
+        *,
+        nodes: int,
+        tasks: int,
+        timeout_min: float,
+        name: str,
+        exclude: str | None = None,
+        ranks_per_task: int = 1,
     ) -> submitit.AutoExecutor:
         """An executor of jobs of `nodes` x `tasks` on the profile's partition, account, ... with the
-        sweep's GPUs per node, job files in `folder`; `exclude`: a SLURM host list to keep off."""
+        sweep's GPUs per node, job files in `folder`, each task running `ranks_per_task` ranks (a
+        trial's task forks its node's); `exclude`: a SLURM host list to keep off."""
         import submitit
 
         p, cluster = self.profile, self.sweep.cluster
@@ -255,8 +275,8 @@ class SlurmLauncher(Launcher):
             timeout_min=max(1, math.ceil(timeout_min)),
             name=name,
             slurm_signal_delay_s=0,  # no checkpoint/requeue: a time limit is a TIMEOUT, predictably
-            # OpenMP threads: the task's own cores, not every core of the node per rank
-            slurm_setup=["export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}", *p.setup],
+            # OpenMP threads: each rank's share of its task's cores, not every core of the node per rank
+            slurm_setup=[omp_threads_line(ranks_per_task), *p.setup],
             slurm_srun_args=list(p.srun_args),
             # SLURM would requeue a job whose node fails under the same id, unseen; the sweep keeps
             # its own count instead (NODE_FAIL -> one retry), so the job must not requeue itself
@@ -264,7 +284,7 @@ class SlurmLauncher(Launcher):
         )
         if cluster.gpu.name != "cpu":
             params["gpus_per_node"] = cluster.gpus_per_node
-        cpus = p.cpus_per_task or cpus_per_task_for(node_cpus(p.partition), tasks)
+        cpus = p.cpus_per_task * ranks_per_task if p.cpus_per_task else cpus_per_task_for(node_cpus(p.partition), tasks)
         if cpus:
             params["cpus_per_task"] = cpus
         if exclude:
@@ -322,7 +342,7 @@ class SlurmLauncher(Launcher):
 
         sj: submitit.Job = handle.native
         job = handle.job
-        written = read_result(job.workdir / "result.json")
+        written = read_result(rank0_result(job.workdir))
         # submitit's own sacct polling backs off to minutes; the loop already paces itself
         if not sj.done(force_check=True):
             if written is None:
@@ -348,19 +368,12 @@ class SlurmLauncher(Launcher):
         except SweepError as e:
             return JobOutcome(failure(TrialStatus.FAILED, str(e), job), handle.job_id, node, log)
         try:
-            result = sj.results()[0]  # every task returns its rank's result; rank 0 speaks for the trial
+            reports = sj.results()  # every node's task returns its report (`task.run_node`), node 0's first
         except FailedJobError as e:
             return JobOutcome(failure(TrialStatus.FAILED, _last_lines(str(e)), job), handle.job_id, node, log)
         except UncompletedJobError:
             return self._uncompleted(handle, state, node, log)
-        if not isinstance(result, dict):
-            return JobOutcome(
-                failure(TrialStatus.FAILED, f"the job returned {type(result).__name__}, not a result", job),
-                handle.job_id,
-                node,
-                log,
-            )
-        return JobOutcome(TrialResult.from_dict(result), handle.job_id, node, log)
+        return JobOutcome(_trial_result(reports, job), handle.job_id, node, log)
 
     def _uncompleted(self, handle: Handle, state: str, node: str | None, log: str | None) -> JobOutcome:
         status = TrialStatus.TIMEOUT if state.startswith("TIMEOUT") else TrialStatus.FAILED
@@ -389,7 +402,7 @@ class SlurmLauncher(Launcher):
             return None
         import submitit
 
-        ntasks = task_count(self._sweep_of(job))  # as many as `submit` started
+        ntasks = self._sweep_of(job).cluster.nodes  # as many as `submit` started: one a node
         sj: submitit.SlurmJob[Any] = submitit.SlurmJob(folder=folder, job_id=job_id, tasks=tuple(range(ntasks)))
         return Handle(job_id, job, sj)
 
@@ -423,6 +436,30 @@ class SlurmCall:
 
     def cancel(self) -> None:
         self.native.cancel(check=False)
+
+
+def omp_threads_line(ranks_per_task: int) -> str:
+    """The job script's line that gives each of a task's ranks its share of the task's CPUs as OpenMP
+    threads (one at least); a setup line after it may set its own."""
+    if ranks_per_task <= 1:
+        return "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}"
+    share = f"${{SLURM_CPUS_PER_TASK:-1}} / {ranks_per_task}"
+    return f"export OMP_NUM_THREADS=$(( {share} > 1 ? {share} : 1 ))"
+
+
+def _trial_result(reports: list[Any], job: TrialJob) -> TrialResult:
+    """The trial's result from its nodes' reports (`task.NodeReport`, node 0's first): node 0's result,
+    an OOM where it failed and another node's rank was killed for memory."""
+    first = reports[0] if reports else None
+    if not isinstance(first, dict) or not isinstance(first.get("result"), dict):
+        said = first.get("error") if isinstance(first, dict) else None
+        why = said or f"the job's node 0 returned {type(first).__name__}, not a result"
+        return failure(TrialStatus.FAILED, str(why), job)
+    try:
+        result = TrialResult.from_dict(first["result"])
+    except (TypeError, ValueError) as e:
+        return failure(TrialStatus.FAILED, f"node 0 returned an unreadable result: {e}", job)
+    return with_nodes_oom(result, {n: r for n, r in enumerate(reports) if isinstance(r, dict) and n > 0})
 
 
 def _nodelist(sj: submitit.Job) -> str | None:

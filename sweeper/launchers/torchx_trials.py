@@ -9,6 +9,7 @@ from typing import Any
 from sweeper.errors import SweepError
 from sweeper.launchers.base import TrialJob, failure
 from sweeper.launchers.replica import parse_reports
+from sweeper.launchers.task import nodes_oom, with_nodes_oom
 from sweeper.results.trial import TrialResult
 from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE
 from sweeper.statuses import TrialStatus
@@ -50,7 +51,7 @@ def trial_outcome(
     """The trial's result from its replicas' reports (`replica.parse_reports`) once its app ended in
     `state`, and whether it failed around the trial (retried once). Node 0 speaks for the trial; a rank
     any node saw killed for memory (its own evidence) makes a failure an OOM."""
-    oom = next((f"{r['oom_evidence']} (node {n})" for n, r in sorted(reports.items()) if r.get("oom_evidence")), None)
+    oom = nodes_oom(reports)
     result = _result_of(reports.get(0), job)
     if result is None:
         if cancelled:
@@ -63,8 +64,7 @@ def trial_outcome(
             result.error = f"{oom}; {result.error}"
         return result, infrastructure
     if result.status == TrialStatus.FAILED and oom:  # another node's rank was killed for memory
-        result.status, result.error = TrialStatus.OOM, f"{oom}; then: {result.error}"
-        return result, False
+        return with_nodes_oom(result, reports), False
     return result, result.status == TrialStatus.FAILED and str(result.error or "").startswith(INFRASTRUCTURE_FAILURE)
 
 

@@ -226,8 +226,3 @@ class Trainer:
     def parse_log(self, text: str, sweep: Sweep) -> ParsedLog:
         """Step times, losses and memory from the trainer's log (a trainer that runs a command)."""
         raise NotImplementedError(f"the {self.kind} trainer runs no command of its own: it writes no log to parse")
-
-    def tasks_per_node(self, gpus_per_node: int) -> int:
-        """Processes a launcher starts per node: one per GPU for the built-in runner; one for a
-        command, which starts its own (torchrun ...)."""
-        return 1 if self.runs_command else gpus_per_node

@@ -38,7 +38,7 @@ def slurm_spec(
     return path
 
 
-def test_tiny_sweep_through_slurm_two_tasks_per_trial(slurm_cluster, tmp_path):
+def test_tiny_sweep_through_slurm_one_task_forking_two_ranks(slurm_cluster, tmp_path):
     spec = slurm_spec(tmp_path, "tiny_slurm", trial={"steps": 4, "timeout_min": 5}, max_trials=2, parallel=2)
     r = sweep_cli("run", str(spec), cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:] + slurm_cluster.logs()
@@ -48,12 +48,19 @@ def test_tiny_sweep_through_slurm_two_tasks_per_trial(slurm_cluster, tmp_path):
     assert df.nodelist.isin(slurm_cluster.nodes).all()
     assert (df.num_devices == 2).all() and df.step_times_s.map(len).eq(4).all()
     assert (df.launcher == "slurm").all()
+    # each job ran one task (one result pickle: submitit's `<job>_<task>_result.pkl`), which forked
+    # the node's two ranks (their logs in the node's folder)
+    for job in (tmp_path / "results" / "tiny_slurm" / "jobs").glob("trial-*-a1"):
+        assert [p.name.split("_")[1] for p in (job / "slurm").glob("*_result.pkl")] == ["0"], job
+        assert sorted(p.name for p in (job / "node0" / "logs").glob("rank*.log")) == ["rank0.log", "rank1.log"]
 
 
-def job_tasks(job_id: str) -> list[int]:
-    """The live task processes of a SLURM job (submitit's `python -m submitit.core._submit`), found by
-    the SLURM_JOB_ID in their environment (every node's slurmd runs on this host)."""
-    found = []
+def job_processes(job_id: str) -> dict[str, list[int]]:
+    """The live processes of a SLURM job, found by the SLURM_JOB_ID in their environment (every node's
+    slurmd runs on this host): its tasks (submitit's `python -m submitit.core._submit`, not the `srun`
+    that started them) and the zygote each forked its node's ranks from, with those ranks (which keep
+    the zygote's command line)."""
+    found: dict[str, list[int]] = {"tasks": [], "zygote": []}
     for d in Path("/proc").iterdir():
         try:
             if not d.name.isdigit() or (d / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
@@ -62,11 +69,15 @@ def job_tasks(job_id: str) -> list[int]:
         except OSError:
             continue
         argv = cmdline.split(b"\0")
-        ours = f"SLURM_JOB_ID={job_id}\0".encode() in environ + b"\0"
-        # the tasks themselves, not the `srun ... python -m submitit.core._submit` that started them
-        if ours and Path(argv[0].decode()).name.startswith("python") and b"submitit.core._submit" in argv:
-            found.append(int(d.name))
-    return sorted(found)
+        if f"SLURM_JOB_ID={job_id}\0".encode() not in environ + b"\0":
+            continue
+        if not Path(argv[0].decode()).name.startswith("python"):
+            continue
+        if b"submitit.core._submit" in argv:
+            found["tasks"].append(int(d.name))
+        elif b"sweeper.runtime.zygote" in argv:
+            found["zygote"].append(int(d.name))
+    return found
 
 
 @dataclasses.dataclass
@@ -114,7 +125,7 @@ def time_limited(
 
 def _cancel_one_and_stop_the_other(run: TimeLimited) -> str | None:
     """Wait for both trials' jobs, scancel the first once it runs (as an operator would), SIGSTOP the
-    other's two tasks; what went wrong, or None."""
+    other's task and ranks; what went wrong, or None."""
     inflight = run.folder / "inflight"
     deadline = time.time() + 120
     # a record is saved before its job is submitted (job_id null), then again with the job id
@@ -142,11 +153,15 @@ def _cancel_one_and_stop_the_other(run: TimeLimited) -> str | None:
     subprocess.run(["scancel", victim["job_id"]], check=True)
     hung = run.records[1]["job_id"]
     deadline = time.time() + 120
-    while len(tasks := job_tasks(hung)) < 2 and time.time() < deadline and run.proc.poll() is None:
+    # the job's one task, its zygote and the two ranks it forked
+    while time.time() < deadline and run.proc.poll() is None:
+        procs = job_processes(hung)
+        if len(procs["tasks"]) == 1 and len(procs["zygote"]) >= 3:
+            break
         time.sleep(0.2)
-    if len(tasks) != 2:
-        return f"job {hung}: tasks {tasks}, sweep {run.proc.poll()}"
-    for pid in tasks:
+    else:
+        return f"job {hung}: processes {job_processes(hung)}, sweep {run.proc.poll()}"
+    for pid in procs["tasks"] + procs["zygote"]:  # the task first: it would end its stopped ranks itself
         os.kill(pid, signal.SIGSTOP)
     return None
 

@@ -1,4 +1,4 @@
-"""The SLURM launcher without SLURM: its profile's defaults and how many tasks a trial's job has.
+"""The SLURM launcher without SLURM: its profile's defaults, a trial's job (one task a node, each rank its CPUs).
 
 The jobs themselves run in launchers/test_contract.py, end_to_end/test_slurm.py and
 launchers/test_slurm_multinode.py against the session's real SLURM.
@@ -9,9 +9,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from sweeper.launchers import slurm
+from sweeper.launchers.base import TrialJob
 from sweeper.launchers.slurm import (
     MASTER_PORTS,
     RESULT_GRACE_S,
@@ -19,8 +22,10 @@ from sweeper.launchers.slurm import (
     SlurmProfile,
     export_task_environ,
     master_port_for,
+    omp_threads_line,
 )
-from sweeper.launchers.task import node_rank, task_count, tasks_per_node
+from sweeper.launchers.task import node_rank
+from sweeper.layouts.layout import Layout
 from tests.conftest import make_sweep
 
 
@@ -34,16 +39,40 @@ def test_a_job_is_cancelled_a_minute_after_its_result_unless_the_profile_says_ot
 
 
 @pytest.mark.parametrize(
-    "kind, per_node",
-    [("builtin", 8), ("megatron", 1), ("torchtitan", 1), ("command", 1)],
+    "kind, cpus, ranks",
+    [("builtin", 3, 8), ("builtin", None, 8), ("megatron", 3, 1), ("torchtitan", None, 1), ("command", 3, 1)],
 )
-def test_tasks_of_a_job_one_per_device_for_the_builtin_trainer_one_per_node_for_others(kind: str, per_node: int):
-    # submission starts these and re-attach waits for the same number (it waited for one per
-    # device even when an external trainer's job had one per node)
+def test_a_trials_job_runs_one_task_a_node_with_each_rank_its_cpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, cpus: int | None, ranks: int
+):
+    """One task on each node (re-attach waits for as many): the built-in trainer's forks the node's 8
+    ranks, and asks for `cpus_per_task` (CPUs a rank) for each of them, by default the node's CPUs
+    (sinfo's: 32 here); a trainer's own command is the node's one task. Each rank's OpenMP threads are
+    its share of the task's CPUs, one at least."""
+    monkeypatch.setattr(slurm, "node_cpus", lambda partition: 32)
     workload = {"kind": kind} if kind == "builtin" else {"kind": kind, "command": "run {flags}"}
     sweep = make_sweep(workload=workload)  # 8 nodes x 8 GPUs
-    assert tasks_per_node(sweep) == per_node
-    assert task_count(sweep) == 8 * per_node
+    profile = SlurmProfile(kind="slurm", cpus_per_task=cpus)
+    job = TrialJob(0, Layout(tp=1, pp=1, micro_batch_size=1), tmp_path / "s.yaml", tmp_path / "t", 600.0)
+    params = SlurmLauncher(profile, sweep)._executor(job)._executor.parameters
+    assert (params["nodes"], params["ntasks_per_node"]) == (8, 1)
+    assert params["cpus_per_task"] == (cpus * ranks if cpus else 32)
+    assert params["setup"][0] == omp_threads_line(ranks)
+    reattached = SlurmLauncher(profile, sweep).reattach("7", job)
+    assert reattached is None  # no job folder yet: nothing to re-attach to
+    (tmp_path / "t" / "slurm").mkdir(parents=True)
+    reattached = SlurmLauncher(profile, sweep).reattach("7", job)
+    assert reattached is not None and reattached.native.num_tasks == 8
+
+
+@pytest.mark.parametrize("cpus, ranks, threads", [("8", 4, 2), ("3", 2, 1), ("2", 4, 1), (None, 4, 1), ("16", 1, 16)])
+def test_each_rank_of_a_task_gets_its_share_of_the_tasks_cpus(cpus: str | None, ranks: int, threads: int):
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CPUS_PER_TASK"} | (
+        {"SLURM_CPUS_PER_TASK": cpus} if cpus else {}
+    )
+    line = omp_threads_line(ranks)
+    out = subprocess.run(["bash", "-c", f"{line}; echo $OMP_NUM_THREADS"], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == str(threads), (line, out.stderr)
 
 
 @pytest.mark.parametrize(

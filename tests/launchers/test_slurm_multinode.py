@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from sweeper.launchers.task import rank0_result
 from tests.conftest import SPACES, cli_env, start_cli, sweep_cli
 from tests.slurm_cluster import ONE_CORE
 
@@ -22,7 +23,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
 def spec_file(tmp_path: Path, name: str, *, steps: int = 4, **launcher: Any) -> Path:
-    """One trial of the tiny CPU sweep (2 tasks, tp=1 pp=1) through the slurm launcher."""
+    """One trial of the tiny CPU sweep (one node of 2 ranks, tp=1 pp=1) through the slurm launcher."""
     spec = yaml.safe_load((SPACES / "tiny_cpu.yaml").read_text())
     spec.update(
         name=name,
@@ -156,5 +157,5 @@ def test_job_still_running_after_its_result_is_cancelled(slurm_cluster, tmp_path
     end = subprocess.run(
         ["sacct", "-n", "-X", "-P", "-j", row.job_id, "-o", "End"], capture_output=True, text=True, check=True
     ).stdout.split()[0]
-    written = (tmp_path / "results" / "linger" / "jobs" / "trial-00000-a1" / "result.json").stat().st_mtime
+    written = rank0_result(tmp_path / "results" / "linger" / "jobs" / "trial-00000-a1").stat().st_mtime
     assert grace - 1 <= datetime.fromisoformat(end).timestamp() - written < grace + 60, (end, written)

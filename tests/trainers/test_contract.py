@@ -110,8 +110,7 @@ def test_trainer_contract(kind: str):
     for fmt, export in trainer.exports.items():
         assert EXPORTERS[fmt] is export and isinstance(export(rec, s), str)
         assert Format(fmt).value == fmt  # a `sweep best --format` choice
-    # processes per node, and the log it reads
-    assert trainer.tasks_per_node(8) == (1 if trainer.runs_command else 8)
+    # the log it reads
     if trainer.runs_command:
         parsed = trainer.parse_log(MEGATRON_LOG + TITAN_LOG + NANOTRON_LOG, s)
         assert isinstance(parsed, ParsedLog) and len(parsed.step_times_s) == 2 and len(parsed.losses) == 2
