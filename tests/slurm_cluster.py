@@ -40,11 +40,11 @@ STOP = ROOT / "scripts" / "slurm" / "stop.sh"
 DEFAULT_BASE = "/tmp/sweep-test-slurm"
 START_TIMEOUT_S = 600  # a cold start installs packages (~10 s here, longer on a slow mirror)
 STOP_TIMEOUT_S = 120
-# The launcher profile's `cpus_per_task` of the tests' trials that train: the cluster advertises 4 CPUs a node
-# on a 2-core machine (so that two jobs of two tasks fit), and the launcher's default share of them (2 a
-# task, OMP_NUM_THREADS 2) ran 8 threads on 2 cores when two trials ran at once, each spinning while it
-# waited: a 30-step trial's two tasks took 63 and 69 s of CPU. tests/end_to_end/test_slurm.py's external
-# workload keeps the default (the node's CPUs over its tasks, from sinfo).
+# The launcher profile's `cpus_per_task` (CPUs a rank) of the tests' trials that train: the cluster advertises
+# 4 CPUs a node on a 2-core machine (so that two jobs of two ranks fit), and the launcher's default share of
+# them (2 a rank, OMP_NUM_THREADS 2) ran 8 threads on 2 cores when two trials ran at once, each spinning while
+# it waited: a 30-step trial's two ranks took 63 and 69 s of CPU. tests/end_to_end/test_slurm.py's external
+# workload keeps the default (the node's CPUs for its one task, from sinfo).
 ONE_CORE = {"cpus_per_task": 1}
 
 

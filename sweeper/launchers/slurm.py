@@ -459,7 +459,7 @@ def _trial_result(reports: list[Any], job: TrialJob) -> TrialResult:
         result = TrialResult.from_dict(first["result"])
     except (TypeError, ValueError) as e:
         return failure(TrialStatus.FAILED, f"node 0 returned an unreadable result: {e}", job)
-    return with_nodes_oom(result, {n: r for n, r in enumerate(reports) if isinstance(r, dict) and n > 0})
+    return with_nodes_oom(result, {n: r for n, r in enumerate(reports) if isinstance(r, dict)})
 
 
 def _nodelist(sj: submitit.Job) -> str | None:

@@ -175,6 +175,7 @@ def test_submission_hides_inherited_launch_variables() -> None:
         "LOCAL_RANK": "3",
         "TORCHELASTIC_RUN_ID": "x",
         "CUDA_VISIBLE_DEVICES": "0",
+        "SWEEP_ZYGOTE_SERVER": "/tmp/login-node-server.sock",  # the submitting process's fork server
         "PATH": "/bin",
         "SLURM_ACCOUNT": "a",
     }
