@@ -356,8 +356,8 @@ class SlurmLauncher(Launcher):
         if written is not None:  # rank 0 writes it even when a stuck peer made a task exit early
             return JobOutcome(TrialResult.from_dict(written), handle.job_id, node, log)
         state = (sj.state or "UNKNOWN").upper()
-        rank0 = sj.task(0) if sj.num_tasks > 1 else sj
-        if not state.startswith("COMPLETED") and not rank0.paths.result_pickle.exists():
+        node0 = sj.task(0) if sj.num_tasks > 1 else sj
+        if not state.startswith("COMPLETED") and not node0.paths.result_pickle.exists():
             # killed around the trial: do not let submitit wait for a result that cannot come
             return self._uncompleted(handle, state, node, log)
         try:  # unpickled next: only private files of ours, of the recorded job id
