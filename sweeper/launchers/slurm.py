@@ -30,7 +30,7 @@ from sweeper.launchers.base import (
     tail,
 )
 from sweeper.launchers.netns import scheduled_node_environ
-from sweeper.launchers.task import rank0_result, run_task, with_nodes_oom
+from sweeper.launchers.task import node0_result, rank0_result, run_task, with_nodes_oom
 from sweeper.process import SERVER_VAR, read_result
 from sweeper.results.folder import check_trusted_file
 from sweeper.results.trial import TrialResult
@@ -451,15 +451,8 @@ def _trial_result(reports: list[Any], job: TrialJob) -> TrialResult:
     """The trial's result from its nodes' reports (`task.NodeReport`, node 0's first): node 0's result,
     an OOM where it failed and another node's rank was killed for memory."""
     first = reports[0] if reports else None
-    if not isinstance(first, dict) or not isinstance(first.get("result"), dict):
-        said = first.get("error") if isinstance(first, dict) else None
-        why = said or f"the job's node 0 returned {type(first).__name__}, not a result"
-        return failure(TrialStatus.FAILED, str(why), job)
-    try:
-        result = TrialResult.from_dict(first["result"])
-    except (TypeError, ValueError) as e:
-        return failure(TrialStatus.FAILED, f"node 0 returned an unreadable result: {e}", job)
-    return with_nodes_oom(result, {n: r for n, r in enumerate(reports) if isinstance(r, dict)})
+    report = first if isinstance(first, dict) else {"error": f"its task returned {type(first).__name__}, not a report"}
+    return with_nodes_oom(node0_result(report, job), {n: r for n, r in enumerate(reports) if isinstance(r, dict)})
 
 
 def _nodelist(sj: submitit.Job) -> str | None:

@@ -18,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from sweeper.launchers.base import TrialJob, failure
 from sweeper.layouts.layout import Layout
 from sweeper.results.trial import TrialResult
 from sweeper.spec.sweep import Sweep
@@ -83,6 +84,16 @@ def run_node(
         "timed_out": done.timed_out,
         "oom_evidence": f"rank {node * sweep.cluster.gpus_per_node + oom[0]}: {oom[1]}" if oom else None,
     }
+
+
+def node0_result(report: Mapping[str, Any], job: TrialJob) -> TrialResult:
+    """The trial's result from node 0's report; a report that holds none is said as the trial's failure."""
+    if isinstance(report.get("result"), dict):
+        try:
+            return TrialResult.from_dict(report["result"])
+        except (TypeError, ValueError) as e:
+            return failure(TrialStatus.FAILED, f"node 0 reported an unreadable result: {e}", job)
+    return failure(TrialStatus.FAILED, f"node 0: {report.get('error') or 'no result in its report'}", job)
 
 
 def nodes_oom(reports: Mapping[int, Mapping[str, Any]]) -> str | None:

@@ -9,7 +9,7 @@ from typing import Any
 from sweeper.errors import SweepError
 from sweeper.launchers.base import TrialJob, failure
 from sweeper.launchers.replica import parse_reports
-from sweeper.launchers.task import nodes_oom, with_nodes_oom
+from sweeper.launchers.task import node0_result, nodes_oom, with_nodes_oom
 from sweeper.results.trial import TrialResult
 from sweeper.runtime.evidence import INFRASTRUCTURE_FAILURE
 from sweeper.statuses import TrialStatus
@@ -52,7 +52,7 @@ def trial_outcome(
     `state`, and whether it failed around the trial (retried once). Node 0 speaks for the trial; a rank
     any node saw killed for memory (its own evidence) makes a failure an OOM."""
     oom = nodes_oom(reports)
-    result = _result_of(reports.get(0), job)
+    result = node0_result(reports[0], job) if 0 in reports else None
     if result is None:
         if cancelled:
             reason, infrastructure = f"torchx app {app} was cancelled ({state})", False
@@ -63,8 +63,7 @@ def trial_outcome(
         if oom:
             result.error = f"{oom}; {result.error}"
         return result, infrastructure
-    if result.status == TrialStatus.FAILED and oom:  # another node's rank was killed for memory
-        return with_nodes_oom(result, reports), False
+    result = with_nodes_oom(result, reports)  # another node's rank killed for memory: an OOM, not retried
     return result, result.status == TrialStatus.FAILED and str(result.error or "").startswith(INFRASTRUCTURE_FAILURE)
 
 
@@ -77,15 +76,3 @@ def reports_left(folder: Path) -> dict[int, dict[str, Any]]:
         except OSError:
             continue
     return parse_reports(lines)
-
-
-def _result_of(report: dict[str, Any] | None, job: TrialJob) -> TrialResult | None:
-    """Node 0's result from its report; a report that holds none is said as the trial's failure."""
-    if report is None:
-        return None
-    if isinstance(report.get("result"), dict):
-        try:
-            return TrialResult.from_dict(report["result"])
-        except (TypeError, ValueError) as e:
-            return failure(TrialStatus.FAILED, f"node 0 reported an unreadable result: {e}", job)
-    return failure(TrialStatus.FAILED, f"node 0: {report.get('error') or 'no result in its report'}", job)
